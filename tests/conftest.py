@@ -1,0 +1,38 @@
+"""Shared test fixtures: where ../shared lives, and skips for what this machine lacks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = (ROOT / ".." / "shared").resolve()
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"the reference folder {SHARED} is missing: tests read ../shared beside the repo")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def golden_dir(shared_dir) -> Path:
+    return shared_dir / "golden"
+
+
+@pytest.fixture(scope="session")
+def demo_dir(shared_dir) -> Path:
+    return shared_dir / "demo"
+
+
+def cuda_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs CUDA and CuPy")

@@ -1,0 +1,46 @@
+"""What every backend provides. Subclasses fill in the array library; the model supplies the maths."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class Backend:
+    """An array namespace plus the operations the network needs beyond the array API.
+
+    Required: ``xp``, ``asarray``, ``to_numpy``, ``sparse``, ``spmm``, ``conv2d_same``,
+    ``synchronize``. Optional fast paths (``graph_projection``, ``local_projection``,
+    ``local_gconv``) replace the model's own array-API code where a backend has a better kernel;
+    a backend that lacks one runs the model's version.
+    """
+
+    name = "abstract"
+    xp: Any = None
+    precision = "fp32"
+
+    def asarray(self, array, dtype=None):
+        raise NotImplementedError
+
+    def to_numpy(self, array):
+        raise NotImplementedError
+
+    def sparse(self, csr_host):
+        """A host ``scipy.sparse`` matrix -> this backend's sparse matrix (float32 CSR)."""
+        raise NotImplementedError
+
+    def spmm(self, sparse_matrix, dense):
+        """``sparse_matrix @ dense`` for a dense (N, C) or batched (B, N, C) array."""
+        raise NotImplementedError
+
+    def conv2d_same(self, x, weight, bias, stride: int, relu: bool = True):
+        """NHWC convolution with TensorFlow's 'SAME' padding, bias and optional ReLU."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on the CPU)."""
+
+    def fast_path(self, op: str):
+        """The backend's own implementation of ``op``, or None to use the model's array-API code."""
+        return getattr(self, f"op_{op}", None)
+
+    def __repr__(self) -> str:  # pragma: no cover - cosmetic
+        return f"<xmesh backend {self.name} ({self.precision})>"

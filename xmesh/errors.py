@@ -1,0 +1,47 @@
+"""The one family of errors xmesh raises on bad input, bad files and missing backends.
+
+Every message names the file or argument, what was wrong and what is expected, so a user can act
+on it without reading a traceback. Subclasses also derive from the built-in type that fits
+(ValueError, OSError, ...) so generic ``except`` clauses keep working.
+"""
+from __future__ import annotations
+
+
+class XmeshError(Exception):
+    """Base class of every error xmesh raises on purpose."""
+
+
+class InputError(XmeshError, ValueError):
+    """An argument (array, camera row, option) is of the wrong shape, type or range."""
+
+
+class FileFormatError(XmeshError, ValueError):
+    """A file exists but its content is not what its format requires."""
+
+
+class ChecksumError(FileFormatError):
+    """Stored data does not match its recorded checksum (a corrupt file)."""
+
+
+class UnsafePickleError(FileFormatError):
+    """A pickle asked for a class or callable outside the allow-list; nothing was executed."""
+
+
+class MissingFileError(XmeshError, FileNotFoundError):
+    """A file the caller named (or one it implies, e.g. a checkpoint shard) does not exist."""
+
+
+class WeightsError(XmeshError, ValueError):
+    """Model weights are missing variables, or hold them with the wrong shape or dtype."""
+
+
+class BackendUnavailableError(XmeshError, RuntimeError):
+    """The requested array backend cannot run here (package missing, no GPU)."""
+
+
+class KernelCompileError(XmeshError, RuntimeError):
+    """A CUDA kernel failed to compile; the message names the kernel and the compiler's log."""
+
+
+class DeviceOutOfMemoryError(XmeshError, MemoryError):
+    """Even the smallest batch does not fit in GPU memory."""

@@ -1,0 +1,1 @@
+"""File formats: templates, weights and checkpoints, images, cameras, meshes."""

@@ -1,0 +1,120 @@
+"""Camera rows: (azimuth deg, elevation deg, unused, distance, unused), one per input view.
+
+Sources: an array-like of shape (3, 5), or (V, 5) with ``views`` choosing 3 rows; or a text file
+of such rows, whitespace (or comma) separated, such as the demo ``cameras.txt`` or ShapeNet's
+``rendering_metadata.txt`` (24 rows, one per rendering). ``views`` defaults to (0, 6, 7) for a file
+named ``rendering_metadata.txt`` (the renderings Pixel2Mesh++ used) and to (0, 1, 2) otherwise.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from xmesh.errors import FileFormatError, InputError, MissingFileError
+from xmesh.io.images import NUM_VIEWS
+
+NUM_COLUMNS = 5
+DISTANCE_COLUMN = 3
+SHAPENET_METADATA_NAME = "rendering_metadata.txt"
+SHAPENET_DEFAULT_VIEWS = (0, 6, 7)
+DEFAULT_VIEWS = tuple(range(NUM_VIEWS))
+
+
+def read_camera_file(path: str | os.PathLike) -> np.ndarray:
+    """All rows of a camera text file as (V, 5) float64; blank lines and '#' comments are skipped."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingFileError(f"camera file {str(path)!r} does not exist; expected a text file of camera rows")
+    if path.is_dir():
+        raise InputError(f"camera path {str(path)!r} is a directory; expected a cameras.txt or {SHAPENET_METADATA_NAME} file")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(
+            f"camera file {str(path)!r} is not UTF-8 text (byte {exc.start}); expected lines of {NUM_COLUMNS} numbers"
+        ) from exc
+    rows: list[list[float]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        content = line.split("#", 1)[0].replace(",", " ").split()
+        if not content:
+            continue
+        if len(content) != NUM_COLUMNS:
+            raise FileFormatError(
+                f"camera file {str(path)!r}, line {lineno}: {len(content)} values; expected {NUM_COLUMNS} "
+                "(azimuth deg, elevation deg, 0, distance, 25)"
+            )
+        try:
+            rows.append([float(token) for token in content])
+        except ValueError as exc:
+            raise FileFormatError(
+                f"camera file {str(path)!r}, line {lineno}: {line.strip()!r} is not {NUM_COLUMNS} numbers ({exc})"
+            ) from exc
+    if not rows:
+        raise FileFormatError(f"camera file {str(path)!r} holds no camera rows; expected lines of {NUM_COLUMNS} numbers")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def _check_views(views: Any, count: int, source: str) -> list[int]:
+    if isinstance(views, (str, bytes)) or not isinstance(views, Sequence) and not isinstance(views, np.ndarray):
+        raise InputError(f"views={views!r}: expected a sequence of {NUM_VIEWS} row indices")
+    views = list(views)
+    if len(views) != NUM_VIEWS:
+        raise InputError(f"views={views!r}: {len(views)} indices; {NUM_VIEWS} views are needed")
+    out = []
+    for v in views:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise InputError(f"views={views!r}: {v!r} is not an integer row index")
+        if not 0 <= int(v) < count:
+            raise InputError(f"views={views!r}: index {int(v)} is out of range; {source} has {count} rows (0..{count - 1})")
+        out.append(int(v))
+    return out
+
+
+def _validate_rows(rows: np.ndarray, chosen: list[int], source: str) -> None:
+    """Check the chosen rows: finite, distance > 0; messages give the row index in the source."""
+    for i in chosen:
+        if not np.all(np.isfinite(rows[i])):
+            raise InputError(f"{source}: camera row {i} {rows[i].tolist()} holds NaN or infinite values; expected finite numbers")
+        if not rows[i, DISTANCE_COLUMN] > 0:
+            raise InputError(
+                f"{source}: camera row {i} has distance {rows[i, DISTANCE_COLUMN]:g} (column {DISTANCE_COLUMN}); "
+                "expected a distance > 0"
+            )
+
+
+def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
+    """The (3, 5) float32 camera rows for the 3 views, from an array-like or a camera text file.
+
+    ``views`` picks 3 rows (0-based) of a source with more rows; default (0, 6, 7) for
+    ``rendering_metadata.txt``, (0, 1, 2) for anything else.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        rows = read_camera_file(path)
+        name = f"camera file {str(path)!r}"
+        default = SHAPENET_DEFAULT_VIEWS if path.name == SHAPENET_METADATA_NAME else DEFAULT_VIEWS
+    else:
+        name = "load_cameras: cameras array"
+        try:
+            rows = np.asarray(source)
+        except Exception as exc:  # ragged nested lists and the like
+            raise InputError(f"{name} could not be read as an array ({exc}); expected shape ({NUM_VIEWS}, {NUM_COLUMNS})") from exc
+        if rows.dtype == np.bool_ or not (np.issubdtype(rows.dtype, np.integer) or np.issubdtype(rows.dtype, np.floating)):
+            raise InputError(f"{name} has dtype {rows.dtype}; expected real numbers, shape ({NUM_VIEWS}, {NUM_COLUMNS})")
+        if rows.ndim != 2 or rows.shape[1] != NUM_COLUMNS:
+            raise InputError(
+                f"{name} has shape {rows.shape}; expected ({NUM_VIEWS}, {NUM_COLUMNS}) rows of "
+                "(azimuth deg, elevation deg, 0, distance, 25), or (V, 5) with views="
+            )
+        rows = rows.astype(np.float64)
+        default = DEFAULT_VIEWS
+    if rows.shape[0] < NUM_VIEWS and views is None:
+        raise InputError(f"{name} holds {rows.shape[0]} camera rows; {NUM_VIEWS} views are needed")
+    chosen = _check_views(default if views is None else views, rows.shape[0], name)
+    _validate_rows(rows, chosen, name)
+    return np.ascontiguousarray(rows[chosen].astype(np.float32))

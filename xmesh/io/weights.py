@@ -1,0 +1,252 @@
+"""Model weights: the official variable spec, loading (npz / checkpoint / dict), validation, synthetic draws.
+
+Weights are dicts keyed by the official checkpoint names *with* ``:0`` (e.g.
+``meshnetmvp2m/cnn/conv2d_1/W:0``), holding float32 arrays. Stage 1 (MVP2M) variables start with
+``meshnetmvp2m/``, stage 2 (MeshNet) ones with ``meshnet/``; the official release ships one
+checkpoint per stage, so :func:`load_weights` accepts a list of sources and merges them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from xmesh.errors import InputError, MissingFileError, WeightsError
+from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix
+
+__all__ = [
+    "STAGE_PREFIXES",
+    "expected_variables",
+    "synthetic_weights",
+    "load_weights",
+    "validate_weights",
+    "normalize_name",
+]
+
+STAGE_PREFIXES = {1: "meshnetmvp2m/", 2: "meshnet/"}
+_STAGE_LABELS = {1: "stage-1 (meshnetmvp2m)", 2: "stage-2 (meshnet)"}
+
+# CNN18: (out channels, kernel size) for conv2d_1..18; strides do not affect the variables.
+_CNN = [(16, 3), (16, 3), (32, 3), (32, 3), (32, 3), (64, 3), (64, 3), (64, 3), (128, 3), (128, 3),
+        (128, 3), (256, 5), (256, 3), (256, 3), (512, 5), (512, 3), (512, 3), (512, 3)]
+_HIDDEN = 192
+_STAGE1_PROJ = 3 + 3 * 960  # coords + max/mean/std of 4 gathered maps (64+128+256+512)
+_STAGE2_PROJ = 3 + 3 * 112  # coords + max/mean/std of 16+32+64
+
+
+def _cnn(prefix: str) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    cin = 3
+    for k, (cout, ksize) in enumerate(_CNN, start=1):
+        out[f"{prefix}cnn/conv2d_{k}/W:0"] = (ksize, ksize, cin, cout)
+        out[f"{prefix}cnn/conv2d_{k}/b:0"] = (cout,)
+        cin = cout
+    return out
+
+
+def _gconv(scope: str, fin: int, fout: int) -> dict[str, tuple[int, ...]]:
+    return {f"{scope}/weights_0:0": (fin, fout), f"{scope}/weights_1:0": (fin, fout), f"{scope}/bias:0": (fout,)}
+
+
+def _stage1() -> dict[str, tuple[int, ...]]:
+    prefix = STAGE_PREFIXES[1]
+    out = _cnn(prefix)
+    # (block, number of layers, layer index of the first one, input width of the first one)
+    for block, count, first_idx, first_in in ((1, 14, 1, _STAGE1_PROJ), (2, 14, 17, _STAGE1_PROJ + _HIDDEN),
+                                               (3, 15, 33, _STAGE1_PROJ + _HIDDEN)):
+        for j in range(1, count + 1):
+            idx = first_idx + j - 1
+            fin = first_in if j == 1 else _HIDDEN
+            fout = 3 if j == count else _HIDDEN
+            out.update(_gconv(f"{prefix}pixel2mesh/graph_conv_blk{block}_{j}_layer_{idx}_vars", fin, fout))
+    return out
+
+
+def _stage2() -> dict[str, tuple[int, ...]]:
+    prefix = STAGE_PREFIXES[2]
+    out = _cnn(prefix)
+    widths = [(_STAGE2_PROJ, _HIDDEN)] + [(_HIDDEN, _HIDDEN)] * 4 + [(_HIDDEN, 1)]
+    for scope, first in (("graph_drb_blk1_layer_2", 1), ("graph_drb_blk2_layer_5", 7)):
+        for i, (fin, fout) in enumerate(widths):
+            out.update(_gconv(f"{prefix}pixel2mesh/{scope}/localgconv_{first + i}_vars", fin, fout))
+    return out
+
+
+def _check_stages(stages: Any, arg: str = "stages") -> tuple[int, ...]:
+    if isinstance(stages, int) and not isinstance(stages, bool):
+        stages = (stages,)
+    try:
+        chosen = tuple(sorted(set(stages)))
+    except TypeError:
+        raise InputError(f"{arg}: expected 1, 2 or a sequence of them, got {stages!r}") from None
+    if not chosen or any(s not in STAGE_PREFIXES for s in chosen):
+        raise InputError(f"{arg}: expected a non-empty subset of (1, 2), got {stages!r}")
+    return chosen
+
+
+def expected_variables(stage: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Official variable names (with ``:0``) -> shapes, for ``stage`` 1, 2, or both (None)."""
+    if stage is None:
+        return {**_stage1(), **_stage2()}
+    if stage == 1 and not isinstance(stage, bool):
+        return _stage1()
+    if stage == 2:
+        return _stage2()
+    raise InputError(f"stage: expected 1, 2 or None, got {stage!r}")
+
+
+def _draw(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if len(shape) == 4:
+        kh, kw, cin, _ = shape
+        lim = math.sqrt(6.0 / (kh * kw * cin))
+        return rng.uniform(-lim, lim, shape)
+    if len(shape) == 2:
+        fin, fout = shape
+        lim = math.sqrt(6.0 / (fin + fout))
+        if "graph_conv_blk" in name and fout == 3:
+            lim *= 0.1
+        u = rng.uniform(-lim, lim, shape)
+        if fout == 1:
+            u = 0.05 * (u + lim) if name.endswith("weights_0:0") else 0.01 * u
+        return u
+    u = rng.uniform(-0.05, 0.05, shape)
+    if "graph_conv_blk" in name and shape == (3,):
+        u = u + np.array([0.0, 0.0, -0.8])
+    elif shape == (1,):
+        u = u + 1.0
+    return u
+
+
+def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2)) -> dict[str, np.ndarray]:
+    """Weights drawn by the recipe of ``golden/README.md`` (float64 draws stored as float32)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InputError(f"seed: expected a non-negative integer, got {seed!r}")
+    out: dict[str, np.ndarray] = {}
+    for stage in _check_stages(stages):
+        for name, shape in expected_variables(stage).items():
+            out[name] = _draw(name, shape, int(seed)).astype(np.float32)
+    return out
+
+
+def normalize_name(key: str) -> str:
+    """Official form of a weight key: '|' -> '/', and ``:0`` appended when no ``:N`` suffix is present."""
+    name = str(key).replace("|", "/")
+    head, sep, tail = name.rpartition(":")
+    if not (sep and tail.isdigit()):
+        name += ":0"
+    return name
+
+
+def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
+    if path.suffix == ".npz":
+        if not path.is_file():
+            raise MissingFileError(f"{path}: weights file not found; expected an .npz keyed by official variable names")
+        with np.load(path, allow_pickle=False) as npz:
+            return {normalize_name(k): npz[k] for k in npz.files if normalize_name(k) in wanted}
+    if not path.exists() and not Path(f"{path}.index").exists():
+        raise MissingFileError(
+            f"{path}: weights source not found; expected an .npz file, a checkpoint prefix "
+            f"(PREFIX.index beside it), a .index file or a folder with a 'checkpoint' file"
+        )
+    prefix = resolve_prefix(path)
+    names = [n for n in read_index(prefix) if normalize_name(n) in wanted]
+    return {normalize_name(k): v for k, v in read_checkpoint(prefix, names).items()}
+
+
+def _collect(source: Any, wanted: set[str], out: dict[str, Any]) -> None:
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise InputError("source: empty list of weight sources; expected at least one .npz, checkpoint or dict")
+        for item in source:
+            _collect(item, wanted, out)
+    elif isinstance(source, Mapping):
+        for key, value in source.items():
+            name = normalize_name(key)
+            if name in wanted:
+                out[name] = value
+    elif isinstance(source, (str, os.PathLike)):
+        out.update(_from_path(Path(source), wanted))
+    else:
+        raise InputError(
+            f"source: expected a path (.npz or checkpoint prefix), a dict of arrays or a list of those, "
+            f"got {type(source).__name__}"
+        )
+
+
+def load_weights(source: Any, stages: Iterable[int] | int = (1, 2)) -> dict[str, np.ndarray]:
+    """Weights for ``stages`` from an .npz, a checkpoint (prefix, .index or folder), a dict, or a list of
+    these (merged; later sources override earlier ones). Returns float32 C-contiguous arrays keyed by
+    official names with ``:0``; variables the stages do not use are dropped. Raises WeightsError."""
+    chosen = _check_stages(stages)
+    wanted: set[str] = set()
+    for stage in chosen:
+        wanted.update(expected_variables(stage))
+    raw: dict[str, Any] = {}
+    _collect(source, wanted, raw)
+    validate_weights(raw, chosen)
+    return {name: np.ascontiguousarray(raw[name], dtype=np.float32) for name in sorted(raw)}
+
+
+def _missing_hint(missing: list[str], chosen: tuple[int, ...]) -> str:
+    """A hint when every variable of a requested stage is missing (the other checkpoint was not passed)."""
+    absent = set(missing)
+    hints = []
+    for stage in chosen:
+        if set(expected_variables(stage)) <= absent:
+            ckpt = "meshnetmvp2m" if stage == 1 else "meshnet"
+            hints.append(f"all {len(expected_variables(stage))} {_STAGE_LABELS[stage]} variables are missing: "
+                         f"pass the {ckpt} checkpoint too, e.g. load_weights([stage1_source, stage2_source])"
+                         + (f", or ask only for stages=({3 - stage},)" if len(chosen) == 2 else ""))
+    return "; ".join(hints)
+
+
+def validate_weights(weights: Mapping[str, Any], stages: Iterable[int] | int = (1, 2)) -> None:
+    """Check ``weights`` holds every variable of ``stages`` with the right shape, a floating dtype and
+    finite values (as float32). Raises WeightsError listing every problem; the error carries the
+    lists as attributes ``missing``, ``wrong_shape``, ``wrong_dtype``, ``non_finite``."""
+    chosen = _check_stages(stages)
+    given = {normalize_name(k): v for k, v in weights.items()}
+    missing: list[str] = []
+    wrong_shape: list[tuple[str, tuple, tuple]] = []
+    wrong_dtype: list[tuple[str, str]] = []
+    non_finite: list[tuple[str, int]] = []
+    for stage in chosen:
+        for name, shape in expected_variables(stage).items():
+            if name not in given:
+                missing.append(name)
+                continue
+            arr = np.asarray(given[name])
+            if arr.dtype.kind != "f":
+                wrong_dtype.append((name, str(arr.dtype)))
+                continue
+            if tuple(arr.shape) != shape:
+                wrong_shape.append((name, shape, tuple(arr.shape)))
+                continue
+            with np.errstate(over="ignore"):
+                bad = int(arr.size - np.count_nonzero(np.isfinite(arr.astype(np.float32, copy=False))))
+            if bad:
+                non_finite.append((name, bad))
+    if not (missing or wrong_shape or wrong_dtype or non_finite):
+        return
+    parts = [f"weights for stages {chosen} are invalid:"]
+    if missing:
+        hint = _missing_hint(missing, chosen)
+        parts.append(f"{len(missing)} missing variable(s)" + (f" ({hint})" if hint else "") + ":")
+        parts += [f"  {n}" for n in missing]
+    if wrong_shape:
+        parts.append(f"{len(wrong_shape)} variable(s) with the wrong shape:")
+        parts += [f"  {n}: expected {e}, got {g}" for n, e, g in wrong_shape]
+    if wrong_dtype:
+        parts.append(f"{len(wrong_dtype)} variable(s) with a non-floating dtype (expected float32):")
+        parts += [f"  {n}: {d}" for n, d in wrong_dtype]
+    if non_finite:
+        parts.append(f"{len(non_finite)} variable(s) with non-finite values (NaN/inf, also after casting to float32):")
+        parts += [f"  {n}: {c} value(s)" for n, c in non_finite]
+    err = WeightsError("\n".join(parts))
+    err.missing, err.wrong_shape, err.wrong_dtype, err.non_finite = missing, wrong_shape, wrong_dtype, non_finite
+    raise err

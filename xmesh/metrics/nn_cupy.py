@@ -1,0 +1,124 @@
+"""Nearest neighbours on the GPU with xmesh's own tiled brute-force CUDA kernel (fp32, batched).
+
+The kernel source is ``nn_bruteforce.cu`` in the installed ``xmesh.kernels`` folder; it is compiled
+with ``cupy.RawModule`` on first use and kept per device for the life of the process.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+
+import numpy as np
+
+from ..errors import BackendUnavailableError, InputError, KernelCompileError, MissingFileError
+
+KERNEL_FILE = "nn_bruteforce.cu"
+KERNEL_NAME = "nn_bruteforce"
+#: Threads per block; also the number of reference points staged in shared memory per tile.
+THREADS = 256
+_MAX_GRID_Y = 65535
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "backend='cupy' needs CuPy, which is not installed: run `pip install cupy-cuda12x` "
+            "(or `pip install xmesh[cupy]`) on a machine with an NVIDIA GPU, or use backend='scipy'"
+        ) from exc
+    return cupy
+
+
+def _source() -> str:
+    path = importlib.resources.files("xmesh.kernels").joinpath(KERNEL_FILE)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise MissingFileError(
+            f"the CUDA kernel source {path} is missing: reinstall xmesh (the package data "
+            f"xmesh/kernels/*.cu must be installed)"
+        ) from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device: int):
+    """The compiled ``nn_bruteforce`` function for one device (compiled once, then cached)."""
+    cupy = _cupy()
+    try:
+        module = cupy.RawModule(code=_source())
+        return module.get_function(KERNEL_NAME)
+    except cupy.cuda.compiler.CompileException as exc:
+        raise KernelCompileError(
+            f"the CUDA kernel {KERNEL_NAME} ({KERNEL_FILE}) failed to compile; compiler log:\n{exc}"
+        ) from exc
+
+
+def _lengths(lengths, batch: int, size: int, name: str):
+    """Validated (batch,) int64 lengths in [1, size] on the device; all ``size`` when None."""
+    cupy = _cupy()
+    if lengths is None:
+        return cupy.full(batch, size, dtype=cupy.int64)
+    host = cupy.asnumpy(lengths)
+    if host.shape != (batch,) or host.dtype.kind not in "iu":
+        raise InputError(
+            f"{name} must be a ({batch},) array of integers, one length per sample; "
+            f"got shape {host.shape} and dtype {host.dtype}"
+        )
+    if host.min() < 1 or host.max() > size:
+        raise InputError(f"{name} must lie in [1, {size}] (1 to the padded size); got {host.tolist()}")
+    return cupy.asarray(host, dtype=cupy.int64)
+
+
+def _cloud(x, name: str):
+    cupy = _cupy()
+    arr = cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32))
+    if arr.ndim not in (2, 3) or arr.shape[-1] != 3 or 0 in arr.shape:
+        raise InputError(
+            f"{name} must be an (N, 3) or (B, N, 3) array of points with B, N >= 1; got shape {arr.shape}"
+        )
+    return arr
+
+
+def nearest(a, b, lengths_a=None, lengths_b=None):
+    """Nearest point of ``b`` for each point of ``a`` on the GPU (fp32 brute force).
+
+    ``a`` is (N,3) or padded (B,N,3), ``b`` (M,3) or (B,M,3) with the same number of axes (NumPy or
+    CuPy; copied to the current device as float32). ``lengths_a``/``lengths_b`` (B,) give the valid
+    points of each sample (default: all); padding is never read. Coordinates must be finite.
+
+    Returns CuPy arrays ``(sqdist, index)`` of shape (N,) or (B,N): fp32 squared distances (difference
+    form, within a few float32 ulps of exact) and int64 indices into the sample's ``b``. Padded query
+    slots hold distance 0 and index -1.
+    """
+    cupy = _cupy()
+    a32, b32 = _cloud(a, "a"), _cloud(b, "b")
+    if a32.ndim != b32.ndim or (a32.ndim == 3 and a32.shape[0] != b32.shape[0]):
+        raise InputError(
+            "a and b must both be (N, 3) or both (B, ., 3) with the same B; "
+            f"got shapes {a32.shape} and {b32.shape}"
+        )
+    single = a32.ndim == 2
+    if single:
+        if lengths_a is not None or lengths_b is not None:
+            raise InputError("lengths_a/lengths_b apply only to padded (B, N, 3) inputs; got (N, 3) arrays")
+        a32, b32 = a32[None], b32[None]
+    batch, n_max, m_max = a32.shape[0], a32.shape[1], b32.shape[1]
+    if batch > _MAX_GRID_Y:
+        raise InputError(f"a and b hold {batch} samples; at most {_MAX_GRID_Y} per call are supported")
+    len_a = _lengths(lengths_a, batch, n_max, "lengths_a")
+    len_b = _lengths(lengths_b, batch, m_max, "lengths_b")
+
+    sqdist = cupy.empty((batch, n_max), dtype=cupy.float32)
+    index = cupy.empty((batch, n_max), dtype=cupy.int32)
+    grid = ((n_max + THREADS - 1) // THREADS, batch)
+    _kernel(cupy.cuda.Device().id)(
+        grid,
+        (THREADS,),
+        (a32, b32, len_a, len_b, np.int32(n_max), np.int32(m_max), sqdist, index),
+        shared_mem=3 * THREADS * 4,
+    )
+    index = index.astype(cupy.int64)
+    if single:
+        return sqdist[0], index[0]
+    return sqdist, index

@@ -1,0 +1,57 @@
+"""The fixed shape of the Pixel2Mesh++ network (MODEL.md), as data the other modules read."""
+from __future__ import annotations
+
+# CNN18: (output channels, kernel size, stride) of conv2d_1 .. conv2d_18.
+CNN_LAYERS = (
+    (16, 3, 1), (16, 3, 1), (32, 3, 2), (32, 3, 1), (32, 3, 1), (64, 3, 2), (64, 3, 1), (64, 3, 1),
+    (128, 3, 2), (128, 3, 1), (128, 3, 1), (256, 5, 2), (256, 3, 1), (256, 3, 1), (512, 5, 2),
+    (512, 3, 1), (512, 3, 1), (512, 3, 1),
+)
+STAGE1_TAPS = (8, 11, 14, 18)   # maps read by the stage-1 projection: 56x56x64 ... 7x7x512
+STAGE2_TAPS = (2, 5, 8)         # maps read by the stage-2 local projection: 224x224x16 ... 56x56x64
+IMAGE_SIZE = 224
+NUM_VIEWS = 3
+
+HIDDEN = 192
+COORD_DIM = 3
+# Stage 1 (MVP2M): three graph blocks. (block, first layer index, number of layers, support stage).
+GRAPH_BLOCKS = ((1, 1, 14), (2, 17, 14), (3, 33, 15))
+PROJECTION_LAYERS = (0, 15, 31)
+UNPOOL_LAYERS = {16: 0, 32: 1}
+RESIDUAL_LAYERS = frozenset({3, 5, 7, 9, 11, 13, 19, 21, 23, 25, 27, 29, 35, 37, 39, 41, 43, 45})
+CONCAT_LAYERS = frozenset({15, 31})
+NUM_STAGE1_LAYERS = 48
+
+# Stage 2 (MeshNet): two deformation reasoning blocks of six local graph convolutions each.
+DRB_BLOCKS = (("graph_drb_blk1_layer_2", range(1, 7)), ("graph_drb_blk2_layer_5", range(7, 13)))
+
+
+def graph_layer_name(block: int, j: int, idx: int) -> str:
+    return f"meshnetmvp2m/pixel2mesh/graph_conv_blk{block}_{j}_layer_{idx}_vars"
+
+
+def graph_layers():
+    """(block, layer index idx, variable scope) for the 43 stage-1 graph convolutions, in order."""
+    for block, first, count in GRAPH_BLOCKS:
+        for j in range(1, count + 1):
+            idx = first + j - 1
+            yield block, idx, graph_layer_name(block, j, idx)
+
+
+def block_of_layer(idx: int) -> int:
+    for block, first, count in GRAPH_BLOCKS:
+        if first <= idx < first + count:
+            return block
+    raise KeyError(idx)
+
+
+def last_layer_of_block(idx: int) -> bool:
+    return any(idx == first + count - 1 for _, first, count in GRAPH_BLOCKS)
+
+
+def cnn_name(stage: int, k: int) -> str:
+    return f"{'meshnetmvp2m' if stage == 1 else 'meshnet'}/cnn/conv2d_{k}"
+
+
+def drb_layer_name(scope: str, k: int) -> str:
+    return f"meshnet/pixel2mesh/{scope}/localgconv_{k}_vars"

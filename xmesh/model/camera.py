@@ -1,0 +1,89 @@
+"""Camera rows -> camera frames, and the pinhole projection of the original code.
+
+A camera row is (azimuth deg, elevation deg, unused, distance, unused). Mesh coordinates live in
+camera 0's frame; a point is moved into view i's frame by ``to_camera_i(from_camera_0(p))``.
+Frames are computed on the host in float32 (as the original graph did); the per-point transforms
+use only ``@``, ``-`` and ``+`` so they run unchanged on NumPy or CuPy arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FOCAL = 248.0          # pixels, at the 224x224 network input
+CENTER = 112.0         # principal point
+MAX_PIXEL = 223.0      # projections are clamped to [0, MAX_PIXEL]
+IMAGE_SIZE = 224
+
+
+def camera_frame(row) -> tuple[np.ndarray, np.ndarray]:
+    """(C, o) for one camera row: C's rows are the unit X, Y, Z axes, o the (unnormalised) Z vector."""
+    row = np.asarray(row, dtype=np.float32)
+    pi = np.float32(np.pi)
+    theta = row[0] * pi / np.float32(180.0)
+    phi = row[1] * pi / np.float32(180.0)
+    d = row[3]
+    camy = d * np.sin(phi)
+    lens = d * np.cos(phi)
+    camx = lens * np.cos(theta)
+    camz = lens * np.sin(theta)
+    z = np.array([camx, camy, camz], dtype=np.float32)
+    y = np.array([camy * np.cos(theta + pi), lens, camy * np.sin(theta + pi)], dtype=np.float32)
+    x = np.cross(y, z).astype(np.float32)
+    axes = [v / np.sqrt(np.sum(v * v, dtype=np.float32)) for v in (x, y, z)]
+    return np.stack(axes).astype(np.float32), z
+
+
+@dataclass(frozen=True)
+class ViewTransforms:
+    """Everything the projections need to map camera-0 points into each view, as host float32.
+
+    ``from0`` = (C_0^T)^-1 and ``origin0`` = o_0 undo camera 0; ``rot[i]`` = C_i^T and
+    ``origin[i]`` = o_i apply view i: q_i = (p @ from0 + origin0 - origin[i]) @ rot[i].
+    """
+
+    from0: np.ndarray    # (3,3)
+    origin0: np.ndarray  # (3,)
+    rot: np.ndarray      # (V,3,3)
+    origin: np.ndarray   # (V,3)
+
+    @classmethod
+    def from_cameras(cls, cameras) -> "ViewTransforms":
+        cameras = np.asarray(cameras, dtype=np.float32)
+        frames = [camera_frame(row) for row in cameras]
+        c0, o0 = frames[0]
+        from0 = np.linalg.inv(c0.T.astype(np.float64)).astype(np.float32)
+        rot = np.stack([c.T for c, _ in frames]).astype(np.float32)
+        origin = np.stack([o for _, o in frames]).astype(np.float32)
+        return cls(from0=from0, origin0=o0, rot=rot, origin=origin)
+
+    def packed(self) -> np.ndarray:
+        """All of it as one flat float32 vector (9 + 3 + V*12), for a kernel argument."""
+        return np.concatenate([self.from0.ravel(), self.origin0, self.rot.ravel(), self.origin.ravel()]).astype(np.float32)
+
+
+def to_view(points, tf: ViewTransforms, view: int, xp=np):
+    """Camera-0 points (..., 3) -> view ``view``'s camera frame."""
+    world = points @ xp.asarray(tf.from0) + xp.asarray(tf.origin0)
+    return (world - xp.asarray(tf.origin[view])) @ xp.asarray(tf.rot[view])
+
+
+def project(q, xp=np):
+    """View-frame points (..., 3) -> clamped pixel rows h and columns w, as the original computes them."""
+    x, y, z = q[..., 0], q[..., 1], q[..., 2]
+    h = FOCAL * ((-y) / (-z)) + CENTER
+    w = FOCAL * (x / (-z)) + CENTER
+    return xp.clip(h, 0.0, MAX_PIXEL), xp.clip(w, 0.0, MAX_PIXEL)
+
+
+def world_to_camera(points, row) -> np.ndarray:
+    """World (object) coordinates -> the frame of the camera ``row`` (host NumPy)."""
+    c, o = camera_frame(row)
+    return ((np.asarray(points, dtype=np.float32) - o) @ c.T).astype(np.float32)
+
+
+def camera_to_world(points, row) -> np.ndarray:
+    """The inverse of :func:`world_to_camera` (host NumPy)."""
+    c, o = camera_frame(row)
+    return (np.asarray(points, dtype=np.float32) @ np.linalg.inv(c.T) + o).astype(np.float32)

@@ -1,0 +1,49 @@
+"""Stage 2: the deformation reasoning block (local projection, six local graph convolutions, softmax).
+
+Activations are kept hypothesis-major, (B, K, N, C) with K = 43 hypotheses per vertex, so the
+43x43 support acts as one matrix product over the leading axis.
+"""
+from __future__ import annotations
+
+from .projection import local_projection
+
+
+def local_gconv(backend, layer, x, cheb1, cheb0=None):
+    """relu(sum_k A_k (X W_k) + b) over the hypothesis axis of x (B,K,N,cin); A_0 = identity when cheb0 is None."""
+    fast = backend.fast_path("local_gconv")
+    if fast is not None:
+        return fast(layer, x, cheb1, cheb0)
+    xp = backend.xp
+    b, k, n, _ = x.shape
+    cout = layer.cout
+    if cheb0 is None:
+        y = x @ layer.weight
+        y0, y1 = y[..., :cout], y[..., cout:]
+    else:
+        y0 = xp.reshape(cheb0 @ xp.reshape(x @ layer.weight0, (b, k, n * cout)), (b, k, n, cout))
+        y1 = x @ layer.weight
+    mixed = xp.reshape(cheb1 @ xp.reshape(y1, (b, k, n * cout)), (b, k, n, cout))
+    out = y0 + mixed + layer.bias
+    return xp.maximum(out, 0.0)
+
+
+def deformation_block(backend, layers, params, centers, maps, tf):
+    """One DRB: centers (B,N,3) -> refined centers (B,N,3)."""
+    xp = backend.xp
+    b, n, _ = centers.shape
+    offsets = params.sample_coord
+    k = offsets.shape[0]
+    points = centers[:, None, :, :] + offsets[None, :, None, :]          # (B,K,N,3)
+    feats = local_projection(backend, xp.reshape(points, (b, k * n, 3)), maps, tf)
+    x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
+    conv = lambda layer, h: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0)
+    x1 = conv(layers[0], x)
+    x2 = conv(layers[1], x1)
+    x3 = conv(layers[2], x2) + x1
+    x4 = conv(layers[3], x3)
+    x5 = conv(layers[4], x4) + x3
+    score = conv(layers[5], x5)[..., 0]                                  # (B,K,N)
+    score = score - xp.max(score, axis=1, keepdims=True)
+    e = xp.exp(score)
+    weight = e / xp.sum(e, axis=1, keepdims=True)
+    return centers + xp.matmul(xp.permute_dims(weight, (0, 2, 1)), offsets)

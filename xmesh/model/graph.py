@@ -1,0 +1,22 @@
+"""Stage-1 graph operations: graph convolution with sparse supports, and unpooling."""
+from __future__ import annotations
+
+
+def graph_conv(backend, layer, x, supports):
+    """act(S0 (x W0) + S1 (x W1) + b) for x (B,N,cin); S0 = None means the identity (product skipped)."""
+    xp = backend.xp
+    s0, s1 = supports
+    if layer.weight0 is None:
+        y = x @ layer.weight
+        out = y[..., : layer.cout] + backend.spmm(s1, y[..., layer.cout:])
+    else:
+        out = backend.spmm(s0, x @ layer.weight0) + backend.spmm(s1, x @ layer.weight)
+    out = out + layer.bias
+    return xp.maximum(out, 0.0) if layer.relu else out
+
+
+def unpool(backend, x, pool_idx):
+    """Append, for each edge (u, v) of ``pool_idx``, the midpoint (x_u + x_v) / 2 of its features."""
+    xp = backend.xp
+    mids = (xp.take(x, pool_idx[:, 0], axis=1) + xp.take(x, pool_idx[:, 1], axis=1)) * 0.5
+    return xp.concat([x, mids], axis=1)

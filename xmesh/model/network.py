@@ -1,0 +1,78 @@
+"""One Pixel2Mesh++ reconstruction, top to bottom.
+
+images (B,V,224,224,3) BGR in [0,1] + cameras (B,V,5)
+  -> stage 1 (MVP2M): CNN18 maps; 48 layers of graph projection / graph convolution / unpooling
+     deform the 156-vertex ellipsoid into the coarse 2466-vertex mesh
+  -> stage 2 (MeshNet): CNN18 maps (convs 1-8 only); two deformation reasoning blocks refine it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import architecture as arch
+from .cnn import run_cnn
+from .deformation import deformation_block
+from .graph import graph_conv, unpool
+from .projection import DeviceTransforms, graph_projection, pad_maps
+
+
+@dataclass
+class Trace:
+    """Intermediate results of one call, kept only when asked for (tests, debugging)."""
+
+    stage1_maps: list = field(default_factory=list)
+    stage2_maps: list = field(default_factory=list)
+    stage1_blocks: list = field(default_factory=list)
+    stage2_blocks: list = field(default_factory=list)
+
+
+def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True, trace: Trace | None = None):
+    """Coarse mesh: returns the coordinates after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3))."""
+    xp = backend.xp
+    batch = images.shape[0] // tf.num_views
+    maps = run_cnn(backend, p.cnn, images, arch.STAGE1_TAPS)
+    coords = xp.broadcast_to(p.coord[None], (batch,) + tuple(p.coord.shape))
+    previous, current = None, coords
+    blocks = []
+    for idx in range(arch.NUM_STAGE1_LAYERS):
+        if idx in arch.PROJECTION_LAYERS:
+            h = graph_projection(backend, current, maps, tf, view_quirk)
+        elif idx in arch.UNPOOL_LAYERS:
+            h = unpool(backend, current, p.pool_idx[arch.UNPOOL_LAYERS[idx]])
+        else:
+            block = arch.block_of_layer(idx)
+            h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1])
+            if arch.last_layer_of_block(idx):
+                blocks.append(h)
+        if idx in arch.RESIDUAL_LAYERS:
+            h = (h + previous) * 0.5
+        if idx in arch.CONCAT_LAYERS:
+            h = xp.concat([h, previous], axis=-1)
+        previous, current = current, h
+    if trace is not None:
+        trace.stage1_maps, trace.stage1_blocks = maps, blocks
+    return blocks
+
+
+def run_stage2(backend, p, images, coarse, tf: DeviceTransforms, trace: Trace | None = None):
+    """Refined mesh (B,N,3) from the coarse one, through the two deformation reasoning blocks."""
+    maps = run_cnn(backend, p.cnn, images, arch.STAGE2_TAPS)
+    padded = pad_maps(backend, maps)
+    centers = coarse
+    blocks = []
+    for layers in p.blocks:
+        centers = deformation_block(backend, layers, p, centers, padded, tf)
+        blocks.append(centers)
+    if trace is not None:
+        trace.stage2_maps, trace.stage2_blocks = maps, blocks
+    return centers
+
+
+def run_network(backend, stage1_params, stage2_params, images, cameras, view_quirk: bool = True,
+                trace: Trace | None = None):
+    """images: device (B*V,224,224,3); cameras: host (B,V,5). Returns (coarse (B,N,3), refined (B,N,3))."""
+    tf = DeviceTransforms.from_cameras(backend, cameras)
+    coarse = run_stage1(backend, stage1_params, images, tf, view_quirk, trace)[-1]
+    refined = run_stage2(backend, stage2_params, images, coarse, tf, trace)
+    return coarse, refined

@@ -1,0 +1,136 @@
+"""Perceptual feature pooling: the stage-1 graph projection and the stage-2 local projection.
+
+Both move camera-0 points into each view, project them with the original pinhole model, sample
+the views' CNN maps and pool over views by max, mean and std = sqrt(population variance + 1e-6).
+Written with the array API; a backend may replace either with a fused kernel (``op_*``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .architecture import IMAGE_SIZE
+from .camera import CENTER, FOCAL, MAX_PIXEL, ViewTransforms
+
+STD_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class DeviceTransforms:
+    """Batched view transforms on the device: from0 (B,3,3), origin0 (B,3), rot (B,V,3,3), origin (B,V,3)."""
+
+    from0: Any
+    origin0: Any
+    rot: Any
+    origin: Any
+    packed: Any      # (B, 12 + 12V) float32, the same numbers flat for kernels
+    num_views: int
+
+    @classmethod
+    def from_cameras(cls, backend, cameras) -> "DeviceTransforms":
+        """``cameras`` is a host array (B,V,5)."""
+        tfs = [ViewTransforms.from_cameras(c) for c in np.asarray(cameras, dtype=np.float32)]
+        stack = lambda field: backend.asarray(np.stack([getattr(t, field) for t in tfs]))
+        return cls(stack("from0"), stack("origin0"), stack("rot"), stack("origin"),
+                   backend.asarray(np.stack([t.packed() for t in tfs])), tfs[0].rot.shape[0])
+
+
+def _view_pixels(xp, points, tf: DeviceTransforms, view: int):
+    """Pixel (h, w) of camera-0 points (B,n,3) in ``view``, clamped to the image."""
+    world = points @ tf.from0 + tf.origin0[:, None, :]
+    q = (world - tf.origin[:, view, None, :]) @ tf.rot[:, view]
+    x, y, z = q[..., 0], q[..., 1], q[..., 2]
+    h = FOCAL * ((-y) / (-z)) + CENTER
+    w = FOCAL * (x / (-z)) + CENTER
+    return xp.clip(h, 0.0, MAX_PIXEL), xp.clip(w, 0.0, MAX_PIXEL)
+
+
+def _pool_views(xp, per_view):
+    stacked = xp.stack(per_view)
+    mean = xp.mean(stacked, axis=0)
+    var = xp.mean((stacked - mean) ** 2, axis=0)
+    return [xp.max(stacked, axis=0), mean, xp.sqrt(var + STD_EPS)]
+
+
+def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bool = True):
+    """Stage 1: (B,N,3) camera-0 coordinates -> (B,N,3+3*sum(C)) pooled features.
+
+    ``maps`` are the stacked (B*V,s,s,C) CNN maps. With ``view_quirk`` (the published weights'
+    behaviour) the view index is divided by the map stride like the pixel indices, so every view
+    samples view 0's maps.
+    """
+    fast = backend.fast_path("graph_projection")
+    if fast is not None:
+        return fast(coords, maps, tf, view_quirk)
+    xp = backend.xp
+    batch, n, _ = coords.shape
+    views = tf.num_views
+    per_view = []
+    for view in range(views):
+        h, w = _view_pixels(xp, coords, tf, view)
+        feats = []
+        for fmap in maps:
+            s, channels = fmap.shape[1], fmap.shape[3]
+            stride = IMAGE_SIZE // s
+            src_view = view // stride if view_quirk else view
+            ih = xp.astype(h / stride, xp.int64)
+            iw = xp.astype(w / stride, xp.int64)
+            base = (xp.arange(batch, dtype=xp.int64) * views + src_view)[:, None] * (s * s)
+            flat = xp.reshape(fmap, (-1, channels))
+            index = xp.reshape(base + ih * s + iw, (-1,))
+            feats.append(xp.reshape(xp.take(flat, index, axis=0), (batch, n, channels)))
+        per_view.append(xp.concat(feats, axis=-1))
+    return xp.concat([coords] + _pool_views(xp, per_view), axis=-1)
+
+
+def pad_maps(backend, maps):
+    """Append a zero row and column to each map, so an index equal to the size reads 0 (the original's rule)."""
+    xp = backend.xp
+    padded = []
+    for fmap in maps:
+        n, s, _, c = fmap.shape
+        out = xp.zeros((n, s + 1, s + 1, c), dtype=fmap.dtype)
+        out[:, :s, :s, :] = fmap
+        padded.append(out)
+    return padded
+
+
+def local_projection(backend, points, maps, tf: DeviceTransforms):
+    """Stage 2: (B,n,3) hypothesis points -> (B,n,3+3*sum(C)) bilinearly sampled, view-pooled features.
+
+    ``maps`` are the (B*V,s+1,s+1,C) zero-padded stage-2 maps (:func:`pad_maps`). The original's
+    bilinear rule is kept: x1 = floor(x), x2 = ceil(x), so at an integer coordinate both weights
+    along that axis are 0 and the sample is 0.
+    """
+    fast = backend.fast_path("local_projection")
+    if fast is not None:
+        return fast(points, maps, tf)
+    xp = backend.xp
+    batch, n, _ = points.shape
+    views = tf.num_views
+    per_view = []
+    for view in range(views):
+        h, w = _view_pixels(xp, points, tf, view)
+        feats = []
+        for fmap in maps:
+            sp, channels = fmap.shape[1], fmap.shape[3]
+            s = sp - 1
+            x = h / (IMAGE_SIZE / s)   # = h*s/224, exact for the power-of-two strides
+            y = w / (IMAGE_SIZE / s)
+            x1, x2 = xp.floor(x), xp.ceil(x)
+            y1, y2 = xp.floor(y), xp.ceil(y)
+            base = (xp.arange(batch, dtype=xp.int64) * views + view)[:, None] * (sp * sp)
+            flat = xp.reshape(fmap, (-1, channels))
+
+            def tap(xi, yi):
+                index = xp.reshape(base + xp.astype(xi, xp.int64) * sp + xp.astype(yi, xp.int64), (-1,))
+                return xp.reshape(xp.take(flat, index, axis=0), (batch, n, channels))
+
+            wx1, wx2 = (x2 - x)[..., None], (x - x1)[..., None]
+            wy1, wy2 = (y2 - y)[..., None], (y - y1)[..., None]
+            f = tap(x1, y1) * (wx1 * wy1) + tap(x2, y1) * (wx2 * wy1) + tap(x1, y2) * (wx1 * wy2) + tap(x2, y2) * (wx2 * wy2)
+            feats.append(f)
+        per_view.append(xp.concat(feats, axis=-1))
+    return xp.concat([points] + _pool_views(xp, per_view), axis=-1)
