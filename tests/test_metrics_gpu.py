@@ -82,6 +82,8 @@ def test_kernel_batched_with_ragged_lengths(cupy):
     padded = metrics.chamfer_batch(cupy.asarray(a), cupy.asarray(b), len_a, len_b)  # one launch per pass
     one_by_one = np.array([metrics.chamfer(p, g, backend="scipy") for p, g in pairs])
     np.testing.assert_allclose(padded, one_by_one, rtol=1e-6, atol=0)
+    listed = metrics.chamfer_batch([cupy.asarray(p) for p, _ in pairs], [cupy.asarray(g) for _, g in pairs])
+    np.testing.assert_allclose(listed, one_by_one, rtol=1e-6, atol=0)  # lists of CuPy arrays: auto -> cupy
 
 
 def test_kernel_rejects_bad_inputs(cupy):

@@ -9,7 +9,7 @@ class Backend:
 
     Required: ``xp``, ``asarray``, ``to_numpy``, ``sparse``, ``spmm``, ``conv2d_same``,
     ``synchronize``. Optional fast paths (``graph_projection``, ``local_projection``,
-    ``local_gconv``) replace the model's own array-API code where a backend has a better kernel;
+    ``local_gconv``, methods named ``op_<name>``) replace the model's own array-API code where a backend has a better kernel;
     a backend that lacks one runs the model's version.
     """
 
@@ -38,9 +38,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 
-    def fast_path(self, op: str):
-        """The backend's own implementation of ``op``, or None to use the model's array-API code."""
-        return getattr(self, f"op_{op}", None)
+    def try_fast_path(self, op: str, *args):
+        """Run the backend's own kernel for ``op`` if it has one for these arguments, else return None.
+
+        The model then runs its array-API code; a fast path must compute the same function.
+        """
+        kernel = getattr(self, f"op_{op}", None)
+        return None if kernel is None else kernel(*args)
 
     def __repr__(self) -> str:  # pragma: no cover - cosmetic
         return f"<xmesh backend {self.name} ({self.precision})>"

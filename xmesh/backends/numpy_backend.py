@@ -67,3 +67,29 @@ class NumpyBackend(Backend):
                 np.maximum(y, 0.0, out=y)
             outs.append(y.reshape(n, ho, wo, cout))
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    # -- fast paths (same function as the model's array-API code) -------------------------
+    def op_local_projection(self, points, maps, tf):
+        from . import numba_kernels
+
+        if len(maps) != 3:
+            return None
+        batch, n, _ = points.shape
+        channels = sum(m.shape[3] for m in maps)
+        out = np.empty((batch, n, 3 + 3 * channels), dtype=np.float32)
+        numba_kernels.local_projection(np.ascontiguousarray(points, dtype=np.float32), np.ascontiguousarray(tf.packed),
+                                       *maps, tf.num_views, out)
+        return out
+
+    def op_local_gconv(self, layer, x, cheb1, cheb0):
+        if cheb0 is not None or layer.weight0 is not None:
+            return None
+        b, k, n, cin = x.shape
+        cout = layer.cout
+        y = x.reshape(-1, cin) @ layer.weight                                   # (B*K*N, 2*cout), one GEMM
+        y1 = np.ascontiguousarray(y[:, cout:]).reshape(b, k, n * cout)
+        out = np.matmul(cheb1, y1).reshape(b, k, n, cout)                       # 43x43 mixing, one GEMM per sample
+        out += y[:, :cout].reshape(b, k, n, cout)
+        out += layer.bias
+        np.maximum(out, 0.0, out=out)
+        return out

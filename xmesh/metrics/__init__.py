@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import nn_cpu, nn_cupy, nn_faiss
+from .nn_cupy import array_module, is_cupy
 from .scores import (
     CATEGORIES,
     THRESHOLDS,
@@ -48,21 +49,13 @@ __all__ = [
 BACKENDS = ("auto", "scipy", "faiss", "cupy")
 
 
-def _is_cupy(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
-
-
-def _xp(x):
-    return nn_cupy._cupy() if _is_cupy(x) else np
-
-
 def _to_host(x) -> np.ndarray:
-    return x.get() if _is_cupy(x) else np.asarray(x)
+    return x.get() if is_cupy(x) else np.asarray(x)
 
 
 def _points(x, name: str):
     """``x`` as a validated float64 (N,3) array, N >= 1, finite; on the device it came from."""
-    xp = _xp(x)
+    xp = array_module(x)
     try:
         arr = xp.asarray(x)
     except (TypeError, ValueError) as exc:
@@ -87,13 +80,13 @@ def _backend(backend: str, *arrays) -> str:
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if backend == "auto":
-        return "cupy" if any(_is_cupy(a) for a in arrays) else "scipy"
+        return "cupy" if any(is_cupy(a) for a in arrays) else "scipy"
     return backend
 
 
 def _exact_sqdist(a, b, index):
     """|a - b[index]|^2 in float64, for (N,3) or batched (B,N,3) ``a`` with (.., N) ``index``."""
-    xp = _xp(a)
+    xp = array_module(a)
     if a.ndim == 2:
         nearest = b[index]
     else:
@@ -113,9 +106,9 @@ def _device_pair(a, b, backend: str):
     """Both arrays on the backend's device: CuPy for 'cupy', the host for 'scipy' (and for 'faiss'
     unless both are CuPy arrays, which GPU FAISS can take as they are)."""
     if backend == "cupy":
-        cupy = nn_cupy._cupy()
+        cupy = nn_cupy.require_cupy()
         return cupy.asarray(a), cupy.asarray(b)
-    if backend == "faiss" and _is_cupy(a) and _is_cupy(b):
+    if backend == "faiss" and is_cupy(a) and is_cupy(b):
         return a, b
     return _to_host(a), _to_host(b)
 
@@ -123,7 +116,7 @@ def _device_pair(a, b, backend: str):
 def _nn(a, b, backend: str):
     """(sqdist, index) for validated ``a``, ``b`` already on the backend's device."""
     index = _nearest_index(a, b, backend)
-    if not _is_cupy(index):  # computed on the host (FAISS without GPU support moves CuPy inputs there)
+    if not is_cupy(index):  # computed on the host (FAISS without GPU support moves CuPy inputs there)
         a, b = _to_host(a), _to_host(b)
     return _exact_sqdist(a, b, index), index
 
@@ -180,7 +173,7 @@ def evaluate(pred, gt, thresholds: Sequence[float] = THRESHOLDS, backend: str = 
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, np.ndarray) or _is_cupy(x)
+    return isinstance(x, np.ndarray) or is_cupy(x)
 
 
 def _samples(clouds, lengths, name: str) -> list:
@@ -218,7 +211,7 @@ def chamfer_batch(preds, gts, lengths_pred=None, lengths_gt=None, backend: str =
         raise InputError(
             f"preds and gts must hold the same number of samples, at least one; got {len(pred_list)} and {len(gt_list)}"
         )
-    name = _backend(backend, preds, gts)
+    name = _backend(backend, *pred_list, *gt_list)
     if name == "cupy" and _is_array(preds) and _is_array(gts):
         return _chamfer_padded_gpu(preds, gts, pred_list, gt_list)
     return np.array([chamfer_from_distances(*_d1_d2(p, g, name)) for p, g in zip(pred_list, gt_list)])
@@ -226,7 +219,7 @@ def chamfer_batch(preds, gts, lengths_pred=None, lengths_gt=None, backend: str =
 
 def _chamfer_padded_gpu(preds, gts, pred_list, gt_list) -> np.ndarray:
     """Both passes of a padded batch as single launches of the CUDA kernel (inputs already validated)."""
-    cupy = nn_cupy._cupy()
+    cupy = nn_cupy.require_cupy()
     p = cupy.asarray(preds, dtype=cupy.float64)
     g = cupy.asarray(gts, dtype=cupy.float64)
     len_p = cupy.asarray([len(x) for x in pred_list], dtype=cupy.int64)

@@ -19,7 +19,7 @@ THREADS = 256
 _MAX_GRID_Y = 65535
 
 
-def _cupy():
+def require_cupy():
     try:
         import cupy
     except ImportError as exc:
@@ -28,6 +28,16 @@ def _cupy():
             "(or `pip install xmesh[cupy]`) on a machine with an NVIDIA GPU, or use backend='scipy'"
         ) from exc
     return cupy
+
+
+def is_cupy(x) -> bool:
+    """True for a CuPy array (checked without importing CuPy)."""
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def array_module(x):
+    """``cupy`` for a CuPy array, else ``numpy``."""
+    return require_cupy() if is_cupy(x) else np
 
 
 def _source() -> str:
@@ -44,7 +54,7 @@ def _source() -> str:
 @functools.lru_cache(maxsize=None)
 def _kernel(device: int):
     """The compiled ``nn_bruteforce`` function for one device (compiled once, then cached)."""
-    cupy = _cupy()
+    cupy = require_cupy()
     try:
         module = cupy.RawModule(code=_source())
         return module.get_function(KERNEL_NAME)
@@ -56,7 +66,7 @@ def _kernel(device: int):
 
 def _lengths(lengths, batch: int, size: int, name: str):
     """Validated (batch,) int64 lengths in [1, size] on the device; all ``size`` when None."""
-    cupy = _cupy()
+    cupy = require_cupy()
     if lengths is None:
         return cupy.full(batch, size, dtype=cupy.int64)
     host = cupy.asnumpy(lengths)
@@ -71,7 +81,7 @@ def _lengths(lengths, batch: int, size: int, name: str):
 
 
 def _cloud(x, name: str):
-    cupy = _cupy()
+    cupy = require_cupy()
     arr = cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32))
     if arr.ndim not in (2, 3) or arr.shape[-1] != 3 or 0 in arr.shape:
         raise InputError(
@@ -91,7 +101,7 @@ def nearest(a, b, lengths_a=None, lengths_b=None):
     form, within a few float32 ulps of exact) and int64 indices into the sample's ``b``. Padded query
     slots hold distance 0 and index -1.
     """
-    cupy = _cupy()
+    cupy = require_cupy()
     a32, b32 = _cloud(a, "a"), _cloud(b, "b")
     if a32.ndim != b32.ndim or (a32.ndim == 3 and a32.shape[0] != b32.shape[0]):
         raise InputError(

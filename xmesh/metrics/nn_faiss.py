@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from ..errors import BackendUnavailableError
+from .nn_cupy import array_module, is_cupy
 
 #: Candidates FAISS returns per query before the exact float64 re-ranking.
 CANDIDATES = 8
@@ -46,10 +47,6 @@ def available() -> bool:
     return True
 
 
-def _is_cupy(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
-
-
 def gpu_available() -> bool:
     """True when the installed faiss is a GPU build that sees at least one GPU."""
     faiss = _faiss()
@@ -64,9 +61,9 @@ def nearest_index(a, b, candidates: int = CANDIDATES):
     int64 (N,) on the device that computed it.
     """
     faiss = _faiss()
-    if _is_cupy(a) and not gpu_available():
+    if is_cupy(a) and not gpu_available():
         a, b = a.get(), b.get()
-    xp = _array_module(a)
+    xp = array_module(a)
     # FAISS searches centred float32 copies (smaller norms, smaller rounding errors); the re-ranking
     # uses the original float64 coordinates, which centring could round together.
     centre = b.mean(axis=0)
@@ -80,14 +77,6 @@ def nearest_index(a, b, candidates: int = CANDIDATES):
         approx, cand = _gpu_knn(faiss, q32, b32, k)
     reach = xp.sqrt((a_c**2).sum(axis=1)) + float(xp.sqrt((b_c**2).sum(axis=1).max()))
     return _refine(xp, a, b, approx, cand, _BOUND_UNITS * _EPS32 * reach**2)
-
-
-def _array_module(x):
-    if _is_cupy(x):
-        import cupy
-
-        return cupy
-    return np
 
 
 def _refine(xp, a, b, approx, cand, bound):

@@ -10,9 +10,9 @@ from .projection import local_projection
 
 def local_gconv(backend, layer, x, cheb1, cheb0=None):
     """relu(sum_k A_k (X W_k) + b) over the hypothesis axis of x (B,K,N,cin); A_0 = identity when cheb0 is None."""
-    fast = backend.fast_path("local_gconv")
+    fast = backend.try_fast_path("local_gconv", layer, x, cheb1, cheb0)
     if fast is not None:
-        return fast(layer, x, cheb1, cheb0)
+        return fast
     xp = backend.xp
     b, k, n, _ = x.shape
     cout = layer.cout

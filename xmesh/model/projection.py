@@ -37,10 +37,20 @@ class DeviceTransforms:
                    backend.asarray(np.stack([t.packed() for t in tfs])), tfs[0].rot.shape[0])
 
 
+def _mat3(xp, p, m):
+    """p (B,n,3) times m (B,3,3) in the original's float32 order: ((p0*m0 + p1*m1) + p2*m2), no fused multiply-add."""
+    return (p[..., 0:1] * m[:, None, 0, :] + p[..., 1:2] * m[:, None, 1, :]) + p[..., 2:3] * m[:, None, 2, :]
+
+
 def _view_pixels(xp, points, tf: DeviceTransforms, view: int):
-    """Pixel (h, w) of camera-0 points (B,n,3) in ``view``, clamped to the image."""
-    world = points @ tf.from0 + tf.origin0[:, None, :]
-    q = (world - tf.origin[:, view, None, :]) @ tf.rot[:, view]
+    """Pixel (h, w) of camera-0 points (B,n,3) in ``view``, clamped to the image.
+
+    The original moves points out of camera 0 and into the view (a round trip for view 0) and
+    projects them; the same float32 operations in the same order are kept here, because the
+    published weights' outputs depend on which side of a pixel boundary a point falls.
+    """
+    world = _mat3(xp, points, tf.from0) + tf.origin0[:, None, :]
+    q = _mat3(xp, world - tf.origin[:, view, None, :], tf.rot[:, view])
     x, y, z = q[..., 0], q[..., 1], q[..., 2]
     h = FOCAL * ((-y) / (-z)) + CENTER
     w = FOCAL * (x / (-z)) + CENTER
@@ -61,9 +71,9 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
     behaviour) the view index is divided by the map stride like the pixel indices, so every view
     samples view 0's maps.
     """
-    fast = backend.fast_path("graph_projection")
+    fast = backend.try_fast_path("graph_projection", coords, maps, tf, view_quirk)
     if fast is not None:
-        return fast(coords, maps, tf, view_quirk)
+        return fast
     xp = backend.xp
     batch, n, _ = coords.shape
     views = tf.num_views
@@ -104,9 +114,9 @@ def local_projection(backend, points, maps, tf: DeviceTransforms):
     bilinear rule is kept: x1 = floor(x), x2 = ceil(x), so at an integer coordinate both weights
     along that axis are 0 and the sample is 0.
     """
-    fast = backend.fast_path("local_projection")
+    fast = backend.try_fast_path("local_projection", points, maps, tf)
     if fast is not None:
-        return fast(points, maps, tf)
+        return fast
     xp = backend.xp
     batch, n, _ = points.shape
     views = tf.num_views

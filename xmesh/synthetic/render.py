@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from xmesh.errors import FileFormatError, InputError
+from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.atomic import atomic_write
 from xmesh.model.camera import FOCAL, IMAGE_SIZE, camera_to_world, world_to_camera
 from xmesh.synthetic.raster import color_array, downsample, draw_points, rasterize, shade
@@ -182,8 +182,6 @@ def load_points(source) -> np.ndarray:
             raise FileFormatError(f"{path}: expected an (image, points) tuple or a points array in the pickle")
         return _check_points(data, f"ground-truth points in {path}")
     if suffix == ".npy":
-        from xmesh.errors import MissingFileError
-
         if not path.is_file():
             raise MissingFileError(f"{path}: no such points file")
         try:

@@ -177,12 +177,12 @@ def airplane(rng=None) -> tuple[np.ndarray, np.ndarray]:
 def chair(rng=None) -> tuple[np.ndarray, np.ndarray]:
     """Seat, backrest and four legs (boxes)."""
     width, depth, leg, back = _jitter(rng, 4) * np.array([0.5, 0.5, 0.45, 0.55])
-    thick = 0.06
-    legs = [box((sx * (width / 2 - 0.04), -leg / 2 - thick / 2, sz * (depth / 2 - 0.04)), (0.05, leg, 0.05))
+    thick, sink = 0.06, 0.02  # parts reach ``sink`` into the seat: no coplanar touching faces
+    legs = [box((sx * (width / 2 - 0.04), sink - leg / 2 - thick / 2, sz * (depth / 2 - 0.04)), (0.05, leg, 0.05))
             for sx in (-1, 1) for sz in (-1, 1)]
     return merge(
         box((0.0, 0.0, 0.0), (width, thick, depth), subdivisions=4),
-        box((0.0, back / 2 + thick / 2, -depth / 2 + 0.025), (width, back, 0.05), subdivisions=4),
+        box((0.0, back / 2 + thick / 2 - sink, -depth / 2 + 0.03), (0.98 * width, back, 0.05), subdivisions=4),
         *legs,
     )
 
@@ -191,7 +191,7 @@ def table(rng=None) -> tuple[np.ndarray, np.ndarray]:
     """A table top and four legs (boxes)."""
     width, depth, leg = _jitter(rng, 3) * np.array([1.0, 0.6, 0.5])
     thick = 0.05
-    legs = [box((sx * (width / 2 - 0.06), -leg / 2 - thick / 2, sz * (depth / 2 - 0.06)), (0.06, leg, 0.06))
+    legs = [box((sx * (width / 2 - 0.06), 0.02 - leg / 2 - thick / 2, sz * (depth / 2 - 0.06)), (0.06, leg, 0.06))
             for sx in (-1, 1) for sz in (-1, 1)]
     return merge(box((0.0, 0.0, 0.0), (width, thick, depth), subdivisions=5), *legs)
 

@@ -1,0 +1,244 @@
+// xmesh CUDA kernels for the CuPy backend (compiled once per process with cupy.RawModule).
+//
+// The camera arithmetic uses __fmul_rn/__fadd_rn/__fdiv_rn so the compiler cannot contract it into
+// fused multiply-adds: the pixel a point lands in must match the CPU's float32 computation bit for
+// bit (xmesh/model/projection.py, _mat3 and _view_pixels).
+#include <cuda_fp16.h>
+
+#define XM_MAX_VIEWS 8
+#define XM_FOCAL 248.0f
+#define XM_CENTER 112.0f
+#define XM_MAX_PIXEL 223.0f
+
+// Pixel (h, w) of a camera-0 point in view v. T: one sample's packed transforms
+// [from0 (9, [k][j]), origin0 (3), rot (V*9, [v][k][j]), origin (V*3)].
+__device__ __forceinline__ void xm_view_pixel(const float* __restrict__ T, int V, int v,
+                                              float p0, float p1, float p2, float& h, float& w) {
+    const float* F = T;
+    const float* o0 = T + 9;
+    const float* R = T + 12 + 9 * v;
+    const float* ov = T + 12 + 9 * V + 3 * v;
+    float d[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        float world = __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(p0, F[j]), __fmul_rn(p1, F[3 + j])),
+                                          __fmul_rn(p2, F[6 + j])), o0[j]);
+        d[j] = __fsub_rn(world, ov[j]);
+    }
+    float q[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        q[j] = __fadd_rn(__fadd_rn(__fmul_rn(d[0], R[j]), __fmul_rn(d[1], R[3 + j])), __fmul_rn(d[2], R[6 + j]));
+    }
+    float nz = -q[2];
+    h = __fadd_rn(__fmul_rn(XM_FOCAL, __fdiv_rn(-q[1], nz)), XM_CENTER);
+    w = __fadd_rn(__fmul_rn(XM_FOCAL, __fdiv_rn(q[0], nz)), XM_CENTER);
+    h = fminf(fmaxf(h, 0.0f), XM_MAX_PIXEL);
+    w = fminf(fmaxf(w, 0.0f), XM_MAX_PIXEL);
+}
+
+// max, mean, std = sqrt(mean((x - mean)^2) + 1e-6) over V values, summing left to right like
+// NumPy's reduction over a leading axis, dividing by V.
+__device__ __forceinline__ void xm_pool(const float* vals, int V, float& mx, float& mean, float& sd) {
+    mx = vals[0];
+    float sum = vals[0];
+#pragma unroll
+    for (int v = 1; v < XM_MAX_VIEWS; ++v) {
+        if (v < V) {
+            mx = fmaxf(mx, vals[v]);
+            sum = __fadd_rn(sum, vals[v]);
+        }
+    }
+    mean = __fdiv_rn(sum, (float)V);
+    float d0 = __fsub_rn(vals[0], mean);
+    float ss = __fmul_rn(d0, d0);
+#pragma unroll
+    for (int v = 1; v < XM_MAX_VIEWS; ++v) {
+        if (v < V) {
+            float d = __fsub_rn(vals[v], mean);
+            ss = __fadd_rn(ss, __fmul_rn(d, d));
+        }
+    }
+    sd = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f));
+}
+
+// Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
+// coords (B,N,3); tf (B, 12+12V); maps m_i (B*V, s_i, s_i, C_i); out (B, N, 3 + 3*CT).
+extern "C" __global__ void graph_projection(
+    const float* __restrict__ coords, const float* __restrict__ tf,
+    const float* __restrict__ m0, const float* __restrict__ m1,
+    const float* __restrict__ m2, const float* __restrict__ m3,
+    int s0, int s1, int s2, int s3, int c0, int c1, int c2, int c3,
+    int B, int N, int V, int quirk, float* __restrict__ out) {
+    const int CT = c0 + c1 + c2 + c3;
+    const long long total = (long long)B * N * CT;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    const int c = (int)(idx % CT);
+    const long long pt = idx / CT;
+    const int b = (int)(pt / N);
+    const float* p = coords + pt * 3;
+    const float p0 = p[0], p1 = p[1], p2 = p[2];
+    const float* T = tf + (long long)b * (12 + 12 * V);
+
+    const float* m;
+    int s, C, cc;
+    if (c < c0) { m = m0; s = s0; C = c0; cc = c; }
+    else if (c < c0 + c1) { m = m1; s = s1; C = c1; cc = c - c0; }
+    else if (c < c0 + c1 + c2) { m = m2; s = s2; C = c2; cc = c - c0 - c1; }
+    else { m = m3; s = s3; C = c3; cc = c - c0 - c1 - c2; }
+    const int r = 224 / s;
+    const float rf = (float)r;
+
+    float vals[XM_MAX_VIEWS];
+#pragma unroll
+    for (int v = 0; v < XM_MAX_VIEWS; ++v) {
+        if (v < V) {
+            float h, w;
+            xm_view_pixel(T, V, v, p0, p1, p2, h, w);
+            const int ih = (int)__fdiv_rn(h, rf);
+            const int iw = (int)__fdiv_rn(w, rf);
+            const int src = quirk ? v / r : v;
+            const long long row = ((long long)(b * V + src) * s + ih) * s + iw;
+            vals[v] = __ldg(m + row * C + cc);
+        } else {
+            vals[v] = 0.0f;
+        }
+    }
+    float mx, mean, sd;
+    xm_pool(vals, V, mx, mean, sd);
+    float* o = out + pt * (3 + 3 * CT);
+    o[3 + c] = mx;
+    o[3 + CT + c] = mean;
+    o[3 + 2 * CT + c] = sd;
+    if (c < 3) o[c] = p[c];
+}
+
+// Stage 2: one thread per (sample b, point n, channel c of the 3 concatenated maps).
+// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT).
+extern "C" __global__ void local_projection(
+    const float* __restrict__ points, const float* __restrict__ tf,
+    const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
+    int s0, int s1, int s2, int c0, int c1, int c2,
+    int B, int N, int V, float* __restrict__ out) {
+    const int CT = c0 + c1 + c2;
+    const long long total = (long long)B * N * CT;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    const int c = (int)(idx % CT);
+    const long long pt = idx / CT;
+    const int b = (int)(pt / N);
+    const float* p = points + pt * 3;
+    const float p0 = p[0], p1 = p[1], p2 = p[2];
+    const float* T = tf + (long long)b * (12 + 12 * V);
+
+    const float* m;
+    int s, C, cc;
+    if (c < c0) { m = m0; s = s0; C = c0; cc = c; }
+    else if (c < c0 + c1) { m = m1; s = s1; C = c1; cc = c - c0; }
+    else { m = m2; s = s2; C = c2; cc = c - c0 - c1; }
+    const int sp = s + 1;
+    const float rf = (float)(224.0 / (double)s);
+
+    float vals[XM_MAX_VIEWS];
+#pragma unroll
+    for (int v = 0; v < XM_MAX_VIEWS; ++v) {
+        if (v < V) {
+            float h, w;
+            xm_view_pixel(T, V, v, p0, p1, p2, h, w);
+            const float x = __fdiv_rn(h, rf);
+            const float y = __fdiv_rn(w, rf);
+            const float x1 = floorf(x), x2 = ceilf(x);
+            const float y1 = floorf(y), y2 = ceilf(y);
+            const float wx1 = __fsub_rn(x2, x), wx2 = __fsub_rn(x, x1);
+            const float wy1 = __fsub_rn(y2, y), wy2 = __fsub_rn(y, y1);
+            const long long base = (long long)(b * V + v) * sp * sp;
+            const int ix1 = (int)x1, ix2 = (int)x2, iy1 = (int)y1, iy2 = (int)y2;
+            const float q11 = __ldg(m + (base + (long long)ix1 * sp + iy1) * C + cc);
+            const float q21 = __ldg(m + (base + (long long)ix2 * sp + iy1) * C + cc);
+            const float q12 = __ldg(m + (base + (long long)ix1 * sp + iy2) * C + cc);
+            const float q22 = __ldg(m + (base + (long long)ix2 * sp + iy2) * C + cc);
+            float f = __fmul_rn(q11, __fmul_rn(wx1, wy1));
+            f = __fadd_rn(f, __fmul_rn(q21, __fmul_rn(wx2, wy1)));
+            f = __fadd_rn(f, __fmul_rn(q12, __fmul_rn(wx1, wy2)));
+            f = __fadd_rn(f, __fmul_rn(q22, __fmul_rn(wx2, wy2)));
+            vals[v] = f;
+        } else {
+            vals[v] = 0.0f;
+        }
+    }
+    float mx, mean, sd;
+    xm_pool(vals, V, mx, mean, sd);
+    float* o = out + pt * (3 + 3 * CT);
+    o[3 + c] = mx;
+    o[3 + CT + c] = mean;
+    o[3 + 2 * CT + c] = sd;
+    if (c < 3) o[c] = p[c];
+}
+
+// Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.
+template <typename TI, typename TO>
+__device__ __forceinline__ void xm_gconv_epilogue(const TI* __restrict__ y0, const TI* __restrict__ mixed,
+                                                  const float* __restrict__ bias, const TI* __restrict__ res,
+                                                  TO* __restrict__ out, long long total, int cout, int relu) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = __fadd_rn(__fadd_rn((float)y0[i], (float)mixed[i]), bias[i % cout]);
+        if (relu) v = fmaxf(v, 0.0f);
+        if (res != nullptr) v = __fadd_rn(v, (float)res[i]);
+        out[i] = (TO)v;
+    }
+}
+
+extern "C" __global__ void gconv_epilogue_f32(const float* y0, const float* mixed, const float* bias,
+                                              const float* res, float* out, long long total, int cout, int relu) {
+    xm_gconv_epilogue<float, float>(y0, mixed, bias, res, out, total, cout, relu);
+}
+
+extern "C" __global__ void gconv_epilogue_f16(const __half* y0, const __half* mixed, const float* bias,
+                                              const __half* res, __half* out, long long total, int cout, int relu) {
+    xm_gconv_epilogue<__half, __half>(y0, mixed, bias, res, out, total, cout, relu);
+}
+
+extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half* mixed, const float* bias,
+                                                  const __half* res, float* out, long long total, int cout, int relu) {
+    xm_gconv_epilogue<__half, float>(y0, mixed, bias, res, out, total, cout, relu);
+}
+
+// Convolution epilogue, in place: y = act(y + bias) over rows of width cout.
+extern "C" __global__ void bias_act(float* __restrict__ y, const float* __restrict__ bias,
+                                    long long total, int cout, int relu) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = __fadd_rn(y[i], bias[i % cout]);
+        y[i] = relu ? fmaxf(v, 0.0f) : v;
+    }
+}
+
+// im2col for NHWC input with TensorFlow 'SAME' zero padding: cols (N*Ho*Wo, kh*kw*C), rows in NHW
+// order, columns in (ky, kx, c) order (matching a [kh,kw,cin,cout] kernel reshaped to (kh*kw*cin, cout)).
+extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,
+                                       int N, int H, int W, int C, int kh, int kw, int stride,
+                                       int Ho, int Wo, int pad_top, int pad_left) {
+    const long long K = (long long)kh * kw * C;
+    const long long total = (long long)N * Ho * Wo * K;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / K;
+        const int col = (int)(i - row * K);
+        const int c = col % C;
+        const int kx = (col / C) % kw;
+        const int ky = col / (C * kw);
+        const int ox = (int)(row % Wo);
+        const long long t = row / Wo;
+        const int oy = (int)(t % Ho);
+        const int n = (int)(t / Ho);
+        const int iy = oy * stride - pad_top + ky;
+        const int ix = ox * stride - pad_left + kx;
+        float v = 0.0f;
+        if (iy >= 0 && iy < H && ix >= 0 && ix < W) {
+            v = __ldg(x + (((long long)n * H + iy) * W + ix) * C + c);
+        }
+        cols[i] = v;
+    }
+}

@@ -1,0 +1,44 @@
+"""Options shared by several subcommands."""
+from __future__ import annotations
+
+from ..errors import InputError
+from ..io.weights import synthetic_weights
+
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+def add_model_options(parser, weights_required: bool = True) -> None:
+    parser.add_argument("--weights", required=weights_required, nargs="+", metavar="W",
+                        help="an .npz keyed by the official variable names, or TensorFlow checkpoint prefix(es) "
+                             "(give both official checkpoints: meshnetmvp2m and meshnet); "
+                             f"'{SYNTHETIC_PREFIX}SEED' uses the synthetic test recipe (NOT trained weights)")
+    parser.add_argument("--template", default=None, help="a template .dat in the official layout (default: the built-in ellipsoid)")
+    parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array backend (default: numpy)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"), help="GPU precision mode (default: fp32)")
+    parser.add_argument("--no-view-quirk", action="store_true",
+                        help="let each view sample its own stage-1 maps (only for weights trained that way)")
+
+
+def resolve_weights(values):
+    """The --weights values -> something ``load_weights`` takes; 'synthetic:SEED' draws the test recipe."""
+    values = list(values)
+    if len(values) == 1 and values[0].startswith(SYNTHETIC_PREFIX):
+        seed = values[0][len(SYNTHETIC_PREFIX):]
+        if not seed.isdigit():
+            raise InputError(f"--weights {values[0]!r}: expected {SYNTHETIC_PREFIX}N with a whole number N")
+        return synthetic_weights(int(seed))
+    return values if len(values) > 1 else values[0]
+
+
+def describe_weights(values) -> str:
+    values = list(values)
+    if len(values) == 1 and values[0].startswith(SYNTHETIC_PREFIX):
+        return f"synthetic weights (recipe seed {values[0][len(SYNTHETIC_PREFIX):]}; random, NOT the trained Pixel2Mesh++ weights)"
+    return "weights from " + ", ".join(values)
+
+
+def reconstructor_from_args(args):
+    from ..reconstruct import Reconstructor
+
+    return Reconstructor(resolve_weights(args.weights), template=args.template, backend=args.backend,
+                         precision=args.precision, view_quirk=not args.no_view_quirk)

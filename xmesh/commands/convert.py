@@ -1,0 +1,20 @@
+"""xmesh convert CKPT_PREFIX OUT.npz: a TensorFlow checkpoint -> an .npz, without TensorFlow."""
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("convert", help="convert a TensorFlow V2 checkpoint to .npz (no TensorFlow needed)")
+    p.add_argument("checkpoint", help="checkpoint prefix (e.g. meshnet.ckpt-10), its .index file, or its folder")
+    p.add_argument("out", help="output .npz (written atomically)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..io.checkpoint import convert, read_index
+
+    count = len(read_index(args.checkpoint))
+    path = convert(args.checkpoint, args.out)
+    print(f"wrote {path}: {count} variables", file=sys.stderr)
+    return 0

@@ -1,0 +1,80 @@
+"""The public entry points: ``Reconstructor`` (weights and template loaded once) and ``reconstruct``."""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .backends import get_backend
+from .errors import InputError
+from .io.cameras import load_cameras
+from .io.images import NUM_VIEWS, load_images
+from .io.template import Template, load_template
+from .io.weights import load_weights
+from .mesh import Mesh
+from .model import network
+from .model.params import prepare_stage1, prepare_stage2
+from .template_gen import generate_template
+
+
+def _template(template) -> Template:
+    if template is None:
+        return generate_template()
+    if isinstance(template, Template):
+        return template
+    if isinstance(template, (str, os.PathLike)):
+        return load_template(template)
+    raise InputError(f"template={template!r}: expected None (the built-in ellipsoid), a Template, or the path of a .dat file")
+
+
+class Reconstructor:
+    """Pixel2Mesh++ with its weights and template resident on a backend, for repeated calls.
+
+    ``weights``: an ``.npz`` keyed by the official checkpoint names, a TensorFlow checkpoint prefix,
+    a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
+    stage). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
+    maps), which the published weights were trained with; turn it off only for weights trained
+    without it.
+    """
+
+    def __init__(self, weights: Any, template: Any = None, backend: Any = "numpy", precision: str = "fp32",
+                 view_quirk: bool = True):
+        self.backend = get_backend(backend, precision=precision) if isinstance(backend, str) else get_backend(backend)
+        self.template = _template(template)
+        arrays = load_weights(weights)
+        self.stage1 = prepare_stage1(self.backend, arrays, self.template)
+        self.stage2 = prepare_stage2(self.backend, arrays, self.template)
+        self.view_quirk = bool(view_quirk)
+        self.faces = np.asarray(self.template.faces_triangle[-1], dtype=np.int64)
+
+    # -- low level: device arrays in, device arrays out ------------------------------------
+    def run(self, images, cameras: np.ndarray, trace: network.Trace | None = None):
+        """images: host or device (B,V,224,224,3); cameras: host (B,V,5). Returns device (coarse, refined) (B,N,3)."""
+        xp = self.backend.xp
+        batch = cameras.shape[0]
+        flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
+        return network.run_network(self.backend, self.stage1, self.stage2, flat, cameras, self.view_quirk, trace)
+
+    # -- user level -------------------------------------------------------------------------
+    def __call__(self, images: Any, cameras: Any, views: Sequence[int] | None = None) -> Mesh:
+        """Reconstruct one object from 3 images (paths or arrays) and their 3 camera rows (array or file)."""
+        return self.reconstruct_batch([images], [cameras], views=views)[0]
+
+    def reconstruct_batch(self, images: Sequence[Any], cameras: Sequence[Any], views: Sequence[int] | None = None) -> list[Mesh]:
+        """Reconstruct B objects at once; ``images[b]`` and ``cameras[b]`` as for a single call."""
+        if len(images) != len(cameras):
+            raise InputError(f"got {len(images)} image sets but {len(cameras)} camera sets: give one camera set per sample")
+        if len(images) == 0:
+            raise InputError("reconstruct_batch needs at least one sample")
+        host_images = np.stack([load_images(i) for i in images])
+        host_cameras = np.stack([load_cameras(c, views=views) for c in cameras])
+        coarse, refined = self.run(host_images, host_cameras)
+        coarse, refined = self.backend.to_numpy(coarse), self.backend.to_numpy(refined)
+        return [Mesh(vertices=refined[b], faces=self.faces, coarse_vertices=coarse[b]) for b in range(len(images))]
+
+
+def reconstruct(images: Any, cameras: Any, weights: Any, template: Any = None, backend: str = "numpy",
+                precision: str = "fp32", view_quirk: bool = True, views: Sequence[int] | None = None) -> Mesh:
+    """One-shot reconstruction: 3 images + 3 camera rows -> ``Mesh`` (see :class:`Reconstructor`)."""
+    return Reconstructor(weights, template, backend, precision, view_quirk)(images, cameras, views=views)
