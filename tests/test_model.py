@@ -1,0 +1,192 @@
+"""Model building blocks against independent references (float64 NumPy written here from MODEL.md)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmesh.backends import get_backend
+from xmesh.backends.numpy_backend import same_padding
+from xmesh.model import deformation, graph, projection
+from xmesh.model.params import GraphConv
+from xmesh.model.projection import DeviceTransforms
+
+
+@pytest.fixture(scope="module")
+def be():
+    return get_backend("numpy")
+
+
+def conv_reference(x, w, b, stride):
+    """Direct float64 'SAME' convolution with TF's padding rule, written from the definition."""
+    n, h, wd, cin = x.shape
+    kh, kw, _, cout = w.shape
+    ho, top, _ = same_padding(h, kh, stride)
+    wo, left, _ = same_padding(wd, kw, stride)
+    out = np.zeros((n, ho, wo, cout))
+    for i in range(ho):
+        for j in range(wo):
+            for di in range(kh):
+                for dj in range(kw):
+                    r, c = i * stride + di - top, j * stride + dj - left
+                    if 0 <= r < h and 0 <= c < wd:
+                        out[:, i, j, :] += x[:, r, c, :].astype(np.float64) @ w[di, dj].astype(np.float64)
+    return np.maximum(out + b, 0.0)
+
+
+@pytest.mark.parametrize("size,kernel,stride", [(9, 3, 1), (9, 3, 2), (10, 3, 2), (11, 5, 2), (7, 5, 1), (14, 5, 2)])
+def test_conv2d_same_matches_direct_definition(be, size, kernel, stride):
+    rng = np.random.default_rng(size * 100 + kernel * 10 + stride)
+    x = rng.standard_normal((2, size, size, 4)).astype(np.float32)
+    w = rng.standard_normal((kernel, kernel, 4, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    got = be.conv2d_same(x, w, b, stride)
+    ref = conv_reference(x, w, b, stride)
+    assert got.shape == ref.shape == (2, -(-size // stride), -(-size // stride), 6)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_same_padding_puts_the_extra_row_after():
+    assert same_padding(224, 3, 2) == (112, 0, 1)
+    assert same_padding(28, 5, 2) == (14, 1, 2)
+    assert same_padding(224, 3, 1) == (224, 1, 1)
+
+
+def test_graph_conv_and_unpool_against_dense_reference(be):
+    rng = np.random.default_rng(0)
+    n, cin, cout = 30, 8, 5
+    s1 = sp.random(n, n, density=0.2, random_state=1, dtype=np.float32)
+    s1 = (s1 + s1.T).tocsr()
+    x = rng.standard_normal((2, n, cin)).astype(np.float32)
+    w0, w1 = rng.standard_normal((cin, cout)).astype(np.float32), rng.standard_normal((cin, cout)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    layer = GraphConv(np.concatenate([w0, w1], 1), bias, cout, relu=True)
+    got = graph.graph_conv(be, layer, x, (None, be.sparse(s1)))
+    dense = s1.toarray().astype(np.float64)
+    ref = np.maximum(x @ w0.astype(np.float64) + dense @ (x.astype(np.float64) @ w1) + bias, 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # a non-identity support 0 takes the unfused path
+    s0 = sp.identity(n, format="csr", dtype=np.float32) * 2
+    layer0 = GraphConv(w1, bias, cout, relu=False, weight0=w0)
+    got0 = graph.graph_conv(be, layer0, x, (be.sparse(s0), be.sparse(s1)))
+    np.testing.assert_allclose(got0, 2 * (x @ w0) + dense @ (x @ w1) + bias, rtol=1e-5, atol=1e-5)
+    pool = np.array([[0, 3], [5, 7]])
+    up = graph.unpool(be, x, pool)
+    assert up.shape == (2, n + 2, cin)
+    np.testing.assert_array_equal(up[:, n], (x[:, 0] + x[:, 3]) * 0.5)
+
+
+def random_cameras(rng, batch):
+    rows = np.zeros((batch, 3, 5), np.float32)
+    rows[..., 0] = rng.uniform(0, 360, (batch, 3))
+    rows[..., 1] = rng.uniform(20, 35, (batch, 3))
+    rows[..., 3] = rng.uniform(0.6, 0.9, (batch, 3))
+    rows[..., 4] = 25
+    return rows
+
+
+def bilinear_reference(fmap, x, y):
+    """MODEL.md's rule, float64: zero weights at integer coordinates, index == size reads 0."""
+    s = fmap.shape[0]
+    x1, x2, y1, y2 = np.floor(x), np.ceil(x), np.floor(y), np.ceil(y)
+
+    def at(i, j):
+        return fmap[int(i), int(j)] if i < s and j < s else np.zeros(fmap.shape[-1])
+
+    return (at(x1, y1) * (x2 - x) * (y2 - y) + at(x2, y1) * (x - x1) * (y2 - y)
+            + at(x1, y2) * (x2 - x) * (y - y1) + at(x2, y2) * (x - x1) * (y - y1))
+
+
+def test_local_projection_generic_fast_path_and_reference_agree(be):
+    rng = np.random.default_rng(3)
+    batch, n = 2, 60
+    cams = random_cameras(rng, batch)
+    tf = DeviceTransforms.from_cameras(be, cams)
+    points = rng.uniform(-0.25, 0.25, (batch, n, 3)).astype(np.float32)
+    points[..., 2] -= 0.8
+    points[:, :3] = [0.0, 0.0, -0.8]           # the optical axis of view 0: integer pixel 112 there
+    points[:, 3] = [5.0, 5.0, -0.8]            # far off-image: clamped to 223 / 0
+    maps = [rng.random((batch * 3, s, s, c), dtype=np.float32) for s, c in ((224, 4), (112, 3), (56, 2))]
+    padded = projection.pad_maps(be, maps)
+    fast = be.try_fast_path("local_projection", points, padded, tf)
+    assert fast is not None
+    # the array-API version, forced
+    generic = projection.local_projection(get_backend("numpy", conv_chunk=1), points, padded, tf)
+    np.testing.assert_array_equal(fast, generic)
+    # an independent float64 reference of the sampling and pooling (pixels from the model's own camera code)
+    for b in range(batch):
+        per_view = []
+        for v in range(3):
+            h, w = projection._view_pixels(be.xp, points[b:b + 1], DeviceTransforms.from_cameras(be, cams[b:b + 1]), v)
+            feats = []
+            for fmap in maps:
+                s = fmap.shape[1]
+                feats.append(np.stack([bilinear_reference(fmap[b * 3 + v].astype(np.float64), float(hh) * s / 224, float(ww) * s / 224)
+                                       for hh, ww in zip(h[0], w[0])]))
+            per_view.append(np.concatenate(feats, 1))
+        st = np.stack(per_view)
+        ref = np.concatenate([points[b], st.max(0), st.mean(0), np.sqrt(st.var(0) + 1e-6)], 1)
+        np.testing.assert_allclose(fast[b], ref, rtol=2e-5, atol=2e-6)
+    # the quirk: a sample exactly at an integer pixel reads 0 (view 0 axis point, all its map features)
+    assert np.all(fast[:, 0, 3:3 + 9][:, :4] >= 0)
+
+
+def test_integer_pixel_reads_zero(be):
+    fmap = np.ones((1, 5, 5, 1), np.float32)
+    padded = projection.pad_maps(be, [fmap])[0]
+    assert padded.shape == (1, 6, 6, 1) and padded[0, 5, 5, 0] == 0
+    assert bilinear_reference(np.ones((5, 5, 1)), 2.0, 3.0)[0] == 0.0
+    assert bilinear_reference(np.ones((5, 5, 1)), 2.5, 3.0)[0] == 0.0
+    assert bilinear_reference(np.ones((5, 5, 1)), 2.5, 3.25)[0] == pytest.approx(1.0)
+
+
+def test_local_gconv_fast_path_equals_array_api_version(be):
+    rng = np.random.default_rng(4)
+    k, n, cin, cout = 43, 17, 12, 7
+    x = rng.standard_normal((2, k, n, cin)).astype(np.float32)
+    w = rng.standard_normal((cin, 2 * cout)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    cheb = rng.standard_normal((k, k)).astype(np.float32)
+    layer = GraphConv(w, bias, cout, relu=True)
+    fast = be.try_fast_path("local_gconv", layer, x, cheb, None)
+
+    class Plain:
+        xp = be.xp
+
+        @staticmethod
+        def try_fast_path(*_):
+            return None
+
+    generic = deformation.local_gconv(Plain, layer, x, cheb)
+    np.testing.assert_allclose(fast, generic, rtol=1e-5, atol=5e-5)   # values up to ~50: float32 rounding
+    ref = np.maximum(x @ w[:, :cout].astype(np.float64) + np.einsum("ij,bjnc->binc", cheb, x @ w[:, cout:].astype(np.float64)) + bias, 0)
+    np.testing.assert_allclose(fast, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_projection_view_quirk_switch(be):
+    rng = np.random.default_rng(5)
+    cams = random_cameras(rng, 1)
+    tf = DeviceTransforms.from_cameras(be, cams)
+    pts = np.array([[[0.02, -0.03, -0.8], [-0.05, 0.04, -0.75]]], np.float32)
+    maps = []
+    for s, c in ((56, 2), (28, 2), (14, 2), (7, 2)):
+        m = np.zeros((3, s, s, c), np.float32)
+        for v in range(3):
+            m[v] = v + 1                     # each view's maps hold its own index
+        maps.append(m)
+    quirk = projection.graph_projection(be, pts, maps, tf, view_quirk=True)
+    own = projection.graph_projection(be, pts, maps, tf, view_quirk=False)
+    width = 8
+    assert quirk.shape == own.shape == (1, 2, 3 + 3 * width)
+    np.testing.assert_array_equal(quirk[0, :, 3:3 + width], 1.0)            # max over views: all read view 0
+    np.testing.assert_array_equal(own[0, :, 3:3 + width], 3.0)              # max over views 1,2,3
+    np.testing.assert_allclose(own[0, :, 3 + width:3 + 2 * width], 2.0)     # mean of 1,2,3
+    np.testing.assert_allclose(own[0, :, 3 + 2 * width:], np.sqrt(2 / 3 + 1e-6), rtol=1e-6)
+    np.testing.assert_array_equal(quirk[..., :3], pts)
+
+
+def test_unknown_backend_is_rejected():
+    from xmesh.errors import InputError
+
+    with pytest.raises(InputError, match="numpy, cupy"):
+        get_backend("torch")
