@@ -3,7 +3,9 @@
 // The camera arithmetic uses __fmul_rn/__fadd_rn/__fdiv_rn so the compiler cannot contract it into
 // fused multiply-adds: the pixel a point lands in must match the CPU's float32 computation bit for
 // bit (xmesh/model/projection.py, _mat3 and _view_pixels).
+#ifndef XM_NO_FP16
 #include <cuda_fp16.h>
+#endif
 
 #define XM_MAX_VIEWS 8
 #define XM_FOCAL 248.0f
@@ -195,6 +197,7 @@ extern "C" __global__ void gconv_epilogue_f32(const float* y0, const float* mixe
     xm_gconv_epilogue<float, float>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
+#ifndef XM_NO_FP16
 extern "C" __global__ void gconv_epilogue_f16(const __half* y0, const __half* mixed, const float* bias,
                                               const __half* res, __half* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<__half, __half>(y0, mixed, bias, res, out, total, cout, relu);
@@ -204,6 +207,8 @@ extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half
                                                   const __half* res, float* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<__half, float>(y0, mixed, bias, res, out, total, cout, relu);
 }
+
+#endif  // XM_NO_FP16
 
 // Convolution epilogue, in place: y = act(y + bias) over rows of width cout.
 extern "C" __global__ void bias_act(float* __restrict__ y, const float* __restrict__ bias,

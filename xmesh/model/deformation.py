@@ -24,7 +24,8 @@ def local_gconv(backend, layer, x, cheb1, cheb0=None):
         y1 = x @ layer.weight
     mixed = xp.reshape(cheb1 @ xp.reshape(y1, (b, k, n * cout)), (b, k, n, cout))
     out = y0 + mixed + layer.bias
-    return xp.maximum(out, 0.0)
+    out = xp.maximum(out, 0.0)
+    return out if residual is None else out + residual
 
 
 def deformation_block(backend, layers, params, centers, maps, tf):
@@ -36,12 +37,12 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     points = centers[:, None, :, :] + offsets[None, :, None, :]          # (B,K,N,3)
     feats = local_projection(backend, xp.reshape(points, (b, k * n, 3)), maps, tf)
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
-    conv = lambda layer, h: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0)
+    conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
     x1 = conv(layers[0], x)
     x2 = conv(layers[1], x1)
-    x3 = conv(layers[2], x2) + x1
+    x3 = conv(layers[2], x2, x1)
     x4 = conv(layers[3], x3)
-    x5 = conv(layers[4], x4) + x3
+    x5 = conv(layers[4], x4, x3)
     score = conv(layers[5], x5)[..., 0]                                  # (B,K,N)
     score = score - xp.max(score, axis=1, keepdims=True)
     e = xp.exp(score)

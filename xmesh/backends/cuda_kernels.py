@@ -1,0 +1,59 @@
+"""Loading xmesh's own CUDA kernels (``kernels/*.cu``, installed as package data ``xmesh.kernels``).
+
+``get_function(file, name)`` compiles ``file`` once per (device, options) with ``cupy.RawModule`` and
+returns the kernel ``name``; a compile failure raises :class:`~xmesh.errors.KernelCompileError`
+naming the kernel and carrying the compiler's log.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+
+from ..errors import BackendUnavailableError, KernelCompileError, MissingFileError
+
+
+def require_cupy():
+    """The ``cupy`` module, or a :class:`BackendUnavailableError` that says what to install."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "backend='cupy' needs CuPy, which is not installed: run `pip install cupy-cuda12x` "
+            "(CUDA 12; `pip install cupy-cuda13x` for CUDA 13) or `pip install xmesh[cupy]` on a "
+            "machine with an NVIDIA GPU, or use backend='numpy'"
+        ) from exc
+    return cupy
+
+
+def kernel_source(filename: str) -> str:
+    path = importlib.resources.files("xmesh.kernels").joinpath(filename)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise MissingFileError(
+            f"the CUDA kernel source {path} is missing: reinstall xmesh (the package data "
+            f"xmesh/kernels/*.cu must be installed)"
+        ) from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _module(filename: str, options: tuple, device: int):
+    cupy = require_cupy()
+    try:
+        module = cupy.RawModule(code=kernel_source(filename), options=options)
+        module.compile()
+        return module
+    except cupy.cuda.compiler.CompileException as exc:
+        raise KernelCompileError(
+            f"the CUDA kernels of {filename} (options {list(options)}) failed to compile; compiler log:\n{exc}"
+        ) from exc
+
+
+def get_function(filename: str, name: str, options: tuple = ()):
+    """Kernel ``name`` of ``kernels/filename``, compiled on first use for the current device."""
+    cupy = require_cupy()
+    module = _module(filename, tuple(options), cupy.cuda.Device().id)
+    try:
+        return module.get_function(name)
+    except cupy.cuda.driver.CUDADriverError as exc:
+        raise KernelCompileError(f"the CUDA kernel {name} is not in {filename} (options {list(options)}): {exc}") from exc
