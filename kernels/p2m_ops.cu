@@ -247,3 +247,24 @@ extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __res
         cols[i] = v;
     }
 }
+
+// Stage-1 graph convolution with support 0 the identity, after y = x [W0 | W1] (rows of width ldy):
+// out[b,i,c] = act((y[b,i,c] + sum_k S1[i,k] y[b,k,off1+c]) + bias[c]), S1 in CSR (int32 indices).
+extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,
+                                     const float* __restrict__ data, const float* __restrict__ y,
+                                     int ldy, int off1, const float* __restrict__ bias,
+                                     float* __restrict__ out, int B, int N, int cout, int relu) {
+    const long long total = (long long)B * N * cout;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    const int c = (int)(idx % cout);
+    const long long row = idx / cout;          // b * N + i
+    const int i = (int)(row % N);
+    const long long b0 = row - i;              // b * N
+    float acc = 0.0f;
+    for (int k = indptr[i]; k < indptr[i + 1]; ++k) {
+        acc = fmaf(data[k], y[(b0 + indices[k]) * ldy + off1 + c], acc);
+    }
+    float v = __fadd_rn(__fadd_rn(y[row * ldy + c], acc), bias[c]);
+    out[idx] = relu ? fmaxf(v, 0.0f) : v;
+}

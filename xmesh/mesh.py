@@ -9,6 +9,7 @@ and a face list ``vertex_indices`` or ``vertex_index``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,19 +17,27 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from xmesh.errors import FileFormatError, InputError, MissingFileError
+from xmesh.errors import FileFormatError, InputError, MissingFileError, XmeshError
 from xmesh.io.atomic import atomic_write
 
 FLOAT_FORMAT = "%.9g"  # 9 significant digits round-trip any float32
 
 
+def _as_array(values, what: str) -> np.ndarray:
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"Mesh: {what} cannot be read as an array ({exc})") from None
+
+
 def _as_vertices(values, name: str) -> np.ndarray:
-    array = np.asarray(values)
+    array = _as_array(values, f"{name} (expected shape (V, 3))")
     if array.dtype == np.bool_ or not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
         raise InputError(f"Mesh: {name} has dtype {array.dtype}; expected real numbers, shape (V, 3)")
     if array.ndim != 2 or array.shape[1] != 3:
         raise InputError(f"Mesh: {name} has shape {array.shape}; expected (V, 3)")
-    array = np.ascontiguousarray(array, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        array = np.ascontiguousarray(array, dtype=np.float32)
     if not np.all(np.isfinite(array)):
         row = int(np.argmax(~np.all(np.isfinite(array), axis=1)))
         raise InputError(f"Mesh: {name} row {row} is {array[row].tolist()}; expected finite coordinates")
@@ -36,7 +45,7 @@ def _as_vertices(values, name: str) -> np.ndarray:
 
 
 def _as_faces(values, num_vertices: int) -> np.ndarray:
-    array = np.asarray(values)
+    array = _as_array(values, "faces (expected shape (F, 3))")
     if array.size == 0 and array.ndim in (1, 2):
         array = array.reshape(0, 3).astype(np.int64)  # [] and the like: no faces
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
@@ -84,7 +93,7 @@ class Mesh:
 
     def to_obj(self, path: str | os.PathLike) -> Path:
         """Write a Wavefront OBJ: 'v x y z' ('%.9g') then 'f a b c' (1-based)."""
-        with atomic_write(path, "w") as handle:
+        with _output(path, "w", "OBJ") as handle:
             handle.write(f"# xmesh: {len(self.vertices)} vertices, {len(self.faces)} faces\n")
             _write_rows(handle, "v " + " ".join([FLOAT_FORMAT] * 3), self.vertices)
             _write_rows(handle, "f %d %d %d", self.faces + 1)
@@ -92,7 +101,7 @@ class Mesh:
 
     def to_xyz(self, path: str | os.PathLike) -> Path:
         """Write the vertices as a point cloud, one 'x y z' ('%.9g') per line."""
-        with atomic_write(path, "w") as handle:
+        with _output(path, "w", "XYZ") as handle:
             _write_rows(handle, " ".join([FLOAT_FORMAT] * 3), self.vertices)
         return Path(path)
 
@@ -114,16 +123,43 @@ class Mesh:
             face_records = np.empty(len(self.faces), dtype=[("n", "u1"), ("idx", "<i4", (3,))])
             face_records["n"] = 3
             face_records["idx"] = self.faces
-            with atomic_write(path, "wb") as handle:
+            with _output(path, "wb", "PLY") as handle:
                 handle.write(header.encode("ascii"))
                 _write_binary(handle, self.vertices.astype("<f4"))
                 _write_binary(handle, face_records)
         else:
-            with atomic_write(path, "w") as handle:
+            with _output(path, "w", "PLY") as handle:
                 handle.write(header)
                 _write_rows(handle, " ".join([FLOAT_FORMAT] * 3), self.vertices)
                 _write_rows(handle, "3 %d %d %d", self.faces)
         return Path(path)
+
+
+@contextlib.contextmanager
+def _output(path: str | os.PathLike, mode: str, what: str):
+    """``atomic_write`` with OS errors of the path itself (a folder, a folder that cannot be made, a
+    rename that fails) turned into an InputError that names the file. Errors raised while writing
+    the rows (e.g. a full disk) propagate unchanged."""
+    target = Path(path)
+    if target.is_dir():
+        raise InputError(f"{what} output {str(target)!r} is a folder; expected the path of a file to write")
+    in_body = False
+    try:
+        with atomic_write(target, mode) as handle:
+            try:
+                yield handle
+            except BaseException:
+                in_body = True
+                raise
+    except OSError as exc:
+        if in_body or isinstance(exc, XmeshError):
+            raise
+        reason = ("a part of its folder path is a file, not a folder"
+                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
+        raise InputError(
+            f"cannot write the {what} file {str(target)!r} ({reason}); expected a writable file path "
+            "in an existing or creatable folder (the previous file, if any, is unchanged)"
+        ) from None
 
 
 def _write_rows(handle: IO[str], fmt: str, rows: np.ndarray) -> None:
@@ -159,7 +195,7 @@ def _obj_index(token: str, count: int, where: str) -> int:
         value = int(head)
     except ValueError:
         raise FileFormatError(f"{where}: face vertex {token!r} is not an integer index") from None
-    if value == 0 or count + value < 0:
+    if value == 0 or count + value < 0 or value > np.iinfo(np.int32).max:
         raise FileFormatError(
             f"{where}: face vertex {token!r} is out of range; expected 1-based indices, or negative ones "
             f"down to -{count} ({count} vertices defined so far)"
@@ -419,6 +455,8 @@ def read_ply(path: str | os.PathLike) -> Mesh:
     where = f"PLY file {str(path)!r}"
     if not path.exists():
         raise MissingFileError(f"{where} does not exist")
+    if path.is_dir():
+        raise InputError(f"PLY path {str(path)!r} is a directory; expected a file")
     data = path.read_bytes()
     fmt, elements, body = _parse_ply_header(data, where)
     names = {e.name: e for e in elements}

@@ -77,4 +77,7 @@ class Reconstructor:
 def reconstruct(images: Any, cameras: Any, weights: Any, template: Any = None, backend: str = "numpy",
                 precision: str = "fp32", view_quirk: bool = True, views: Sequence[int] | None = None) -> Mesh:
     """One-shot reconstruction: 3 images + 3 camera rows -> ``Mesh`` (see :class:`Reconstructor`)."""
-    return Reconstructor(weights, template, backend, precision, view_quirk)(images, cameras, views=views)
+    # validate the inputs before the weights are loaded and the model is built
+    host_images = load_images(images)
+    host_cameras = load_cameras(cameras, views=views)
+    return Reconstructor(weights, template, backend, precision, view_quirk)(host_images, host_cameras)

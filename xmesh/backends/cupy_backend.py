@@ -21,7 +21,7 @@ import contextlib
 
 import numpy as np
 
-from ..errors import BackendUnavailableError, InputError
+from ..errors import BackendUnavailableError, InputError, XmeshError
 from .base import Backend
 from .cuda_kernels import get_function, require_cupy
 from .numpy_backend import same_padding
@@ -37,6 +37,10 @@ def _grid(total: int, cap: int = 1 << 20) -> tuple:
     return (max(1, min((total + THREADS - 1) // THREADS, cap)),)
 
 
+class GraphCaptureError(XmeshError, RuntimeError):
+    """A function could not be captured as a CUDA Graph (e.g. it calls cuBLAS, which CuPy refuses under capture)."""
+
+
 class CapturedGraph:
     """A CUDA Graph of one call of a function; ``replay()`` reruns it and returns the same output arrays.
 
@@ -49,9 +53,13 @@ class CapturedGraph:
         self.graph, self.stream, self.outputs, self.pool = graph, stream, outputs, pool
 
     def replay(self, synchronize: bool = False):
-        self.graph.launch(self.stream)
+        """Launch the graph on the current stream (so events and later work order after it)."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        self.graph.launch(stream)
         if synchronize:
-            self.stream.synchronize()
+            stream.synchronize()
         return self.outputs
 
 
@@ -208,6 +216,25 @@ class CupyBackend(Backend):
             (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), out))
         return out
 
+    def op_graph_conv(self, layer, x, supports):
+        """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel."""
+        cp = self.cupy
+        s0, s1 = supports
+        if s0 is not None or layer.weight0 is not None:
+            return None
+        b, n, cin = x.shape
+        cout = layer.cout
+        x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
+        with self._math():
+            y = x2 @ layer.weight                                   # (B*N, 2*cout)
+        out = cp.empty((b, n, cout), dtype=cp.float32)
+        total = out.size
+        self._kernel("csr_gconv")(
+            ((total + THREADS - 1) // THREADS,), (THREADS,),
+            (s1.indptr, s1.indices, s1.data, y, np.int32(2 * cout), np.int32(cout), layer.bias, out,
+             np.int32(b), np.int32(n), np.int32(cout), np.int32(bool(layer.relu))))
+        return out
+
     def _local_weights(self, layer, cheb1, cheb0):
         """(W0, W1, bias, A1, A0) in the GEMM dtype, split and cached per layer object."""
         key = (id(layer), id(cheb1), id(cheb0))
@@ -283,6 +310,15 @@ class CupyBackend(Backend):
             stream.begin_capture()
             try:
                 outputs = fn(*args)
-            finally:
-                graph = stream.end_capture()
+            except NotImplementedError as exc:
+                stream.end_capture()
+                raise GraphCaptureError(
+                    f"CUDA Graph capture failed: {exc}. CuPy {cp.__version__} refuses every cuBLAS call "
+                    "under stream capture, so only functions built from xmesh's own kernels and CuPy "
+                    "element-wise operations can be captured (no matmul)"
+                ) from exc
+            except BaseException:
+                stream.end_capture()
+                raise
+            graph = stream.end_capture()
         return CapturedGraph(graph, stream, outputs, pool)

@@ -81,7 +81,7 @@ class NumpyBackend(Backend):
                                        *maps, tf.num_views, out)
         return out
 
-    def op_local_gconv(self, layer, x, cheb1, cheb0):
+    def op_local_gconv(self, layer, x, cheb1, cheb0, residual=None):
         if cheb0 is not None or layer.weight0 is not None:
             return None
         b, k, n, cin = x.shape
@@ -92,4 +92,6 @@ class NumpyBackend(Backend):
         out += y[:, :cout].reshape(b, k, n, cout)
         out += layer.bias
         np.maximum(out, 0.0, out=out)
+        if residual is not None:
+            out += residual
         return out

@@ -12,9 +12,18 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from ..errors import InputError, XmeshError
     from ..io.checkpoint import convert, read_index
 
     count = len(read_index(args.checkpoint))
-    path = convert(args.checkpoint, args.out)
+    try:
+        path = convert(args.checkpoint, args.out)
+    except OSError as exc:
+        if isinstance(exc, XmeshError):
+            raise
+        reason = ("a part of its folder path is a file, not a folder"
+                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
+        raise InputError(f"{args.out}: writing the .npz failed ({reason}); the previous file, if any, "
+                         "is unchanged; expected a writable path with free space") from None
     print(f"wrote {path}: {count} variables", file=sys.stderr)
     return 0

@@ -18,25 +18,34 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..io.weights import synthetic_weights
+    from ..backends import get_backend
+    from ..errors import InputError
+    from ..io.weights import load_weights, synthetic_weights
     from ..reconstruct import Reconstructor
     from ..synthetic.dataset import demo_inputs
     from ..synthetic.render import render_mesh_file
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    images, cameras = demo_inputs(out / "inputs", seed=0)
-    if args.weights:
-        weights, said = (args.weights if len(args.weights) > 1 else args.weights[0]), "weights from " + ", ".join(args.weights)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: is a file; expected a folder (made if missing) for the demo's outputs")
+    backend = get_backend(args.backend)  # fail at once where the backend cannot run
+    if args.weights:  # check the weights before anything is rendered
+        weights = load_weights(args.weights if len(args.weights) > 1 else args.weights[0])
+        said = "weights from " + ", ".join(args.weights)
     else:
         weights = synthetic_weights(DEMO_SEED)
         said = (f"SYNTHETIC weights (the test recipe, seed {DEMO_SEED}): the official Pixel2Mesh++ weights cannot be "
                 "bundled, so this mesh shows the pipeline working, not a trained reconstruction. "
                 "Run with --weights meshnetmvp2m.ckpt-50 meshnet.ckpt-10 for the real one.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot make the folder ({exc.strerror or exc}); expected a writable folder path") from None
+    images, cameras = demo_inputs(out / "inputs", seed=0)
     print(f"xmesh demo: inputs {', '.join(str(i) for i in images)}, cameras {cameras}", file=sys.stderr)
     print(f"xmesh demo: using {said}", file=sys.stderr)
     start = time.perf_counter()
-    model = Reconstructor(weights, backend=args.backend)
+    model = Reconstructor(weights, backend=backend)
     mesh = model(images, cameras)
     elapsed = time.perf_counter() - start
     mesh_path = mesh.to_obj(out / "mesh.obj")

@@ -5,8 +5,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import InputError
-from .common import add_model_options, describe_weights, reconstructor_from_args
+from ..errors import InputError, XmeshError
+from .common import add_model_options, describe_weights, resolve_weights
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
 
@@ -22,24 +22,57 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def writer(path: str):
+def writer(path: str, option: str = "--out"):
     suffix = Path(path).suffix.lower()
     if suffix not in WRITERS:
-        raise InputError(f"--out {path}: unknown mesh format {suffix!r}; use one of {', '.join(WRITERS)}")
+        raise InputError(f"{option} {path}: unknown mesh format {suffix!r}; use one of {', '.join(WRITERS)}")
     return WRITERS[suffix]
 
 
+def _check_output(option: str, path: str | None) -> None:
+    if path and Path(path).is_dir():
+        raise InputError(f"{option} {path}: is a folder; expected the path of a mesh file to write (.obj, .ply or .xyz)")
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return "a part of its folder path is a file, not a folder"
+    return exc.strerror or str(exc)
+
+
+def _write(mesh, method: str, option: str, path: str) -> None:
+    try:
+        getattr(mesh, method)(path)
+    except OSError as exc:
+        if isinstance(exc, XmeshError):
+            raise
+        raise InputError(f"{option} {path}: writing failed ({_reason(exc)}); the previous file, if any, is "
+                         "unchanged; expected a writable path with free space") from None
+
+
 def run(args) -> int:
+    from ..io.cameras import load_cameras
+    from ..io.images import load_images
+    from ..io.template import load_template
+    from ..reconstruct import Reconstructor
+
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
     out_writer = writer(args.out)
-    coarse_writer = writer(args.coarse_out) if args.coarse_out else None
+    coarse_writer = writer(args.coarse_out, "--coarse-out") if args.coarse_out else None
+    _check_output("--out", args.out)
+    _check_output("--coarse-out", args.coarse_out)
     start = time.perf_counter()
-    model = reconstructor_from_args(args)
-    mesh = model(args.images, args.cameras, views=args.views)
-    getattr(mesh, out_writer)(args.out)
+    # validate every input before the (costly) model is built: images, cameras, template, then weights
+    images = load_images(args.images)
+    cameras = load_cameras(args.cameras, views=args.views)
+    template = load_template(args.template) if args.template else None
+    model = Reconstructor(resolve_weights(args.weights), template=template, backend=args.backend,
+                          precision=args.precision, view_quirk=not args.no_view_quirk)
+    mesh = model(images, cameras)
+    _write(mesh, out_writer, "--out", args.out)
     if coarse_writer:
-        getattr(mesh.coarse(), coarse_writer)(args.coarse_out)
+        _write(mesh.coarse(), coarse_writer, "--coarse-out", args.coarse_out)
     print(f"wrote {args.out} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces) in "
           f"{time.perf_counter() - start:.2f} s with {describe_weights(args.weights)} on {args.backend}", file=sys.stderr)
     return 0

@@ -14,10 +14,30 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+MAX_SIZE = 4096
+
+
 def run(args) -> int:
+    from pathlib import Path
+
+    from ..errors import InputError, XmeshError
     from ..synthetic.render import load_points, render_mesh_file
 
+    if not 1 <= args.size <= MAX_SIZE:
+        raise InputError(f"--size {args.size}: expected a whole number of pixels per view from 1 to {MAX_SIZE}")
+    if Path(args.out).suffix.lower() != ".png":
+        raise InputError(f"--out {args.out}: expected a .png file name (the picture is written as PNG)")
+    if Path(args.out).is_dir():
+        raise InputError(f"--out {args.out}: is a folder; expected the path of a .png file to write")
     points = load_points(args.points) if args.points else None
-    path = render_mesh_file(args.mesh, args.cameras, args.out, gt_points=points, size=args.size)
+    try:
+        path = render_mesh_file(args.mesh, args.cameras, args.out, gt_points=points, size=args.size)
+    except OSError as exc:
+        if isinstance(exc, XmeshError):
+            raise
+        reason = ("a part of its folder path is a file, not a folder"
+                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
+        raise InputError(f"--out {args.out}: writing failed ({reason}); the previous file, if any, is "
+                         "unchanged; expected a writable path with free space") from None
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -78,8 +78,11 @@ def _check_views(views: Any, count: int, source: str) -> list[int]:
 def _validate_rows(rows: np.ndarray, chosen: list[int], source: str) -> None:
     """Check the chosen rows: finite, distance > 0; messages give the row index in the source."""
     for i in chosen:
-        if not np.all(np.isfinite(rows[i])):
-            raise InputError(f"{source}: camera row {i} {rows[i].tolist()} holds NaN or infinite values; expected finite numbers")
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = np.all(np.isfinite(rows[i])) and np.all(np.isfinite(rows[i].astype(np.float32)))
+        if not finite:
+            raise InputError(f"{source}: camera row {i} {rows[i].tolist()} holds NaN or infinite values (or values "
+                             "beyond the float32 range, about 3.4e38); expected finite numbers")
         if not rows[i, DISTANCE_COLUMN] > 0:
             raise InputError(
                 f"{source}: camera row {i} has distance {rows[i, DISTANCE_COLUMN]:g} (column {DISTANCE_COLUMN}); "

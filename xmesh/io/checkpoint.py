@@ -129,6 +129,14 @@ def _proto_fields(buf: bytes, where: str) -> list[tuple[int, int | bytes]]:
     return fields
 
 
+def _typed(value: int | bytes, want: type, where: str, field: str) -> int | bytes:
+    """A field's value, checked to have the wire type its schema says (a number or a length-delimited blob)."""
+    if not isinstance(value, want):
+        kind = "a number" if want is int else "a nested message"
+        raise FileFormatError(f"{where}: field {field} has the wrong protobuf wire type; expected {kind}")
+    return value
+
+
 def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
@@ -138,9 +146,9 @@ def _parse_shape(buf: bytes, where: str) -> tuple[int, ...]:
     for number, value in _proto_fields(buf, where):
         if number == 2:  # repeated Dim {int64 size = 1; string name = 2}
             size = 0
-            for dnum, dval in _proto_fields(value, where):
+            for dnum, dval in _proto_fields(_typed(value, bytes, where, "shape.dim"), where):
                 if dnum == 1:
-                    size = _signed64(dval)
+                    size = _signed64(_typed(dval, int, where, "shape.dim.size"))
             dims.append(size)
         elif number == 3 and value:
             raise FileFormatError(f"{where}: tensor shape has unknown rank; a stored tensor needs a full shape")
@@ -244,17 +252,17 @@ def _parse_entry(value: bytes, where: str, big_endian: bool) -> TensorInfo:
     tf_dtype, shape, shard, offset, size, crc, sliced = 0, (), 0, 0, 0, 0, False
     for number, val in _proto_fields(value, where):
         if number == 1:
-            tf_dtype = val
+            tf_dtype = _typed(val, int, where, "dtype")
         elif number == 2:
-            shape = _parse_shape(val, where)
+            shape = _parse_shape(_typed(val, bytes, where, "shape"), where)
         elif number == 3:
-            shard = val
+            shard = _typed(val, int, where, "shard_id")
         elif number == 4:
-            offset = _signed64(val)
+            offset = _signed64(_typed(val, int, where, "offset"))
         elif number == 5:
-            size = _signed64(val)
+            size = _signed64(_typed(val, int, where, "size"))
         elif number == 6:
-            crc = unmask(val)
+            crc = unmask(_typed(val, int, where, "crc32c"))
         elif number == 7:
             sliced = True
     dtype = _DTYPES.get(tf_dtype)
@@ -305,9 +313,9 @@ def _read_bundle(path: str | os.PathLike) -> _Bundle:
     num_shards, big_endian = 1, False
     for number, val in _proto_fields(entries[0][1], f"{index}: bundle header"):
         if number == 1:
-            num_shards = val
+            num_shards = _typed(val, int, f"{index}: bundle header", "num_shards")
         elif number == 2:
-            big_endian = val == 1
+            big_endian = _typed(val, int, f"{index}: bundle header", "endianness") == 1
     if num_shards < 1:
         raise FileFormatError(f"{index}: bundle header says {num_shards} shards; expected at least 1")
     tensors: dict[str, TensorInfo] = {}
@@ -394,8 +402,25 @@ def read_checkpoint(path: str | os.PathLike, names: Iterable[str] | None = None)
 
 def convert(path: str | os.PathLike, out_npz: str | os.PathLike) -> Path:
     """Read every variable of a checkpoint and write them to ``out_npz`` (keys = checkpoint names), atomically."""
-    arrays = read_checkpoint(path)
     out = Path(out_npz)
-    with atomic_write(out, "wb") as handle:
-        np.savez(handle, **arrays)
+    if out.is_dir():
+        raise InputError(f"{out}: the output .npz is a folder; expected the path of a file to write")
+    arrays = read_checkpoint(path)
+    in_body = False
+    try:
+        with atomic_write(out, "wb") as handle:
+            try:
+                np.savez(handle, **arrays)
+            except BaseException:
+                in_body = True
+                raise
+    except OSError as exc:
+        if in_body or isinstance(exc, MissingFileError):
+            raise
+        reason = ("a part of its folder path is a file, not a folder"
+                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
+        raise InputError(
+            f"{out}: cannot write the output .npz ({reason}); expected a writable file path "
+            "in an existing or creatable folder (the previous file, if any, is unchanged)"
+        ) from None
     return out

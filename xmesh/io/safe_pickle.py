@@ -21,16 +21,47 @@ from ..errors import FileFormatError, MissingFileError, UnsafePickleError
 
 def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
     """Python 3 writes ``bytes`` into protocol-2 pickles as ``_codecs.encode(str, 'latin1')``."""
-    if codecs.lookup(encoding).name not in ("iso8859-1", "latin-1", "utf-8"):
+    try:
+        name = codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        name = None
+    if name not in ("iso8859-1", "latin-1", "utf-8"):
         raise UnsafePickleError(f"pickle asks for the text codec {encoding!r}; only latin-1/utf-8 are allowed")
     return codecs.encode(text, encoding)
 
 
 
+# Arrays created without data (their bytes come later from the pickle, or never) are capped so a
+# crafted shape cannot reserve memory that later validation would touch.
+_MAX_EMPTY_BYTES = 1 << 30
+
+
+def _empty_array(shape, dtype) -> np.ndarray:
+    dtype = _dtype(dtype)
+    try:
+        dims = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    except (TypeError, ValueError):
+        raise UnsafePickleError(f"pickle asks for an array of shape {shape!r}; expected a tuple of sizes") from None
+    count = 1
+    for d in dims:
+        count *= max(d, 0)
+    if count * max(dtype.itemsize, 1) > _MAX_EMPTY_BYTES:
+        raise UnsafePickleError(f"pickle asks for an empty array of shape {dims} ({dtype}), more than "
+                                f"{_MAX_EMPTY_BYTES} bytes; refused")
+    return np.ndarray.__new__(np.ndarray, dims, dtype)
+
+
+def _ndarray(shape, dtype=float, buffer=None, offset=0, strides=None, order=None):
+    """``numpy.ndarray(...)`` called by a pickle: same arguments, but no object dtype and no huge empty arrays."""
+    if buffer is None:
+        return _empty_array(shape, dtype)
+    return np.ndarray(shape, _dtype(dtype), buffer, offset, strides, order)
+
+
 def _ndarray_reconstruct(cls, shape, dtype_code):
-    if cls is not np.ndarray:
+    if cls is not np.ndarray and cls is not _ndarray:
         raise UnsafePickleError(f"pickle asks to rebuild an array of class {getattr(cls, '__name__', cls)!r}")
-    return np.ndarray.__new__(np.ndarray, shape, dtype_code)
+    return _empty_array(shape, dtype_code)
 
 
 def _numpy_scalar(dtype, data=None):
@@ -54,7 +85,7 @@ def _dtype(obj, align=False, copy=False):
 
 # (module, name) -> the callable or class handed to the unpickler.
 _ALLOWED: dict[tuple[str, str], Any] = {
-    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "ndarray"): _ndarray,
     ("numpy", "dtype"): _dtype,
     ("numpy.core.multiarray", "_reconstruct"): _ndarray_reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _ndarray_reconstruct,
@@ -94,8 +125,10 @@ def loads(data: bytes, source: str = "<bytes>") -> Any:
     """Unpickle ``data`` admitting only NumPy arrays and plain containers; ``source`` names it in errors."""
     try:
         return _RestrictedUnpickler(io.BytesIO(data), source).load()
-    except UnsafePickleError:
-        raise
+    except UnsafePickleError as exc:
+        if str(exc).startswith(f"{source}:"):
+            raise
+        raise UnsafePickleError(f"{source}: {exc}; nothing in it was run") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
             OverflowError, MemoryError, UnicodeError, RecursionError, struct.error) as exc:
         raise FileFormatError(

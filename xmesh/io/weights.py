@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -144,10 +145,21 @@ def normalize_name(key: str) -> str:
 
 def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
     if path.suffix == ".npz":
+        if path.is_dir():
+            raise InputError(f"{path}: weights path is a folder; expected an .npz file keyed by official variable names")
         if not path.is_file():
             raise MissingFileError(f"{path}: weights file not found; expected an .npz keyed by official variable names")
-        with np.load(path, allow_pickle=False) as npz:
-            return {normalize_name(k): npz[k] for k in npz.files if normalize_name(k) in wanted}
+        try:
+            npz = np.load(path, allow_pickle=False)
+            if not hasattr(npz, "files"):
+                raise ValueError("it holds a single array, not a zip archive of named arrays")
+            with npz:
+                return {normalize_name(k): npz[k] for k in npz.files if normalize_name(k) in wanted}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, NotImplementedError) as exc:
+            raise WeightsError(
+                f"{path}: not a readable weights .npz ({type(exc).__name__}: {exc}); expected an .npz of plain "
+                "float32 arrays keyed by official variable names (object arrays and pickles are refused)"
+            ) from None
     if not path.exists() and not Path(f"{path}.index").exists():
         raise MissingFileError(
             f"{path}: weights source not found; expected an .npz file, a checkpoint prefix "
@@ -220,7 +232,11 @@ def validate_weights(weights: Mapping[str, Any], stages: Iterable[int] | int = (
             if name not in given:
                 missing.append(name)
                 continue
-            arr = np.asarray(given[name])
+            try:
+                arr = np.asarray(given[name])
+            except (ValueError, TypeError) as exc:
+                wrong_dtype.append((name, f"not an array ({exc})"))
+                continue
             if arr.dtype.kind != "f":
                 wrong_dtype.append((name, str(arr.dtype)))
                 continue

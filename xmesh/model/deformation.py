@@ -8,9 +8,14 @@ from __future__ import annotations
 from .projection import local_projection
 
 
-def local_gconv(backend, layer, x, cheb1, cheb0=None):
-    """relu(sum_k A_k (X W_k) + b) over the hypothesis axis of x (B,K,N,cin); A_0 = identity when cheb0 is None."""
-    fast = backend.try_fast_path("local_gconv", layer, x, cheb1, cheb0)
+def local_gconv(backend, layer, x, cheb1, cheb0=None, residual=None):
+    """relu(sum_k A_k (X W_k) + b) over the hypothesis axis of x (B,K,N,cin); A_0 = identity when cheb0 is None.
+
+    ``residual`` (the output's shape), when given, is added after the ReLU; a backend's fast path
+    receives it as a fifth argument (only when given) and may fuse the addition.
+    """
+    extra = () if residual is None else (residual,)
+    fast = backend.try_fast_path("local_gconv", layer, x, cheb1, cheb0, *extra)
     if fast is not None:
         return fast
     xp = backend.xp

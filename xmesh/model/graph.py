@@ -4,6 +4,9 @@ from __future__ import annotations
 
 def graph_conv(backend, layer, x, supports):
     """act(S0 (x W0) + S1 (x W1) + b) for x (B,N,cin); S0 = None means the identity (product skipped)."""
+    fast = backend.try_fast_path("graph_conv", layer, x, supports)
+    if fast is not None:
+        return fast
     xp = backend.xp
     s0, s1 = supports
     if layer.weight0 is None:

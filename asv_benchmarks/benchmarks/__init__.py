@@ -1,0 +1,1 @@
+"""asv benchmarks of xmesh (run from ``asv_benchmarks/``; see the README's "Performance history")."""

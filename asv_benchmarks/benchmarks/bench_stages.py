@@ -1,0 +1,82 @@
+"""Time per call of each stage (one batch of ``batch`` samples); GPU calls synchronise inside the timing.
+
+Stage definitions: ``xmesh/benchmarking.py``. Divide by ``batch`` for the time per sample.
+"""
+from __future__ import annotations
+
+from .common import Benchmark
+
+
+class CNN(Benchmark):
+    """The two CNN18 passes over the B*3 images."""
+
+    def time_cnn_stage1(self, inputs, backend, batch):
+        self.work.cnn_stage1()
+
+    def time_cnn_stage2(self, inputs, backend, batch):
+        self.work.cnn_stage2()
+
+
+class GraphStage1(Benchmark):
+    """Stage 1 (MVP2M) after the CNN: graph projections and the three graph blocks."""
+
+    prepare = ("graph_block_1",)
+
+    def time_graph_projection(self, inputs, backend, batch):
+        self.work.graph_projection()
+
+    def time_graph_block_1(self, inputs, backend, batch):
+        self.work.graph_block_1()
+
+    def time_graph_block_2(self, inputs, backend, batch):
+        self.work.graph_block_2()
+
+    def time_graph_block_3(self, inputs, backend, batch):
+        self.work.graph_block_3()
+
+
+class DeformationReasoning(Benchmark):
+    """Stage 2 (MeshNet) after the CNN: local projections and the two deformation reasoning blocks."""
+
+    prepare = ("drb_1", "local_projection")
+
+    def time_local_projection(self, inputs, backend, batch):
+        self.work.local_projection()
+
+    def time_drb_1(self, inputs, backend, batch):
+        self.work.drb_1()
+
+    def time_drb_2(self, inputs, backend, batch):
+        self.work.drb_2()
+
+
+class Stages(Benchmark):
+    """Whole stages, and the whole reconstruction from host inputs to the host mesh."""
+
+    prepare = ("stage1", "stage2")
+
+    def time_stage1(self, inputs, backend, batch):
+        self.work.stage1()
+
+    def time_stage2(self, inputs, backend, batch):
+        self.work.stage2()
+
+    def time_total(self, inputs, backend, batch):
+        self.work.total()
+
+
+class Memory(Benchmark):
+    """Host peak memory (RSS, setup included) and CuPy's pool after one reconstruction."""
+
+    def peakmem_reconstruction(self, inputs, backend, batch):
+        self.work.total()
+
+    def track_gpu_memory(self, inputs, backend, batch):
+        if backend != "cupy":
+            raise NotImplementedError("device memory is tracked for cupy only")
+        return self.work.gpu_pool_bytes()
+
+    track_gpu_memory.unit = "bytes"
+
+
+__all__ = ["CNN", "GraphStage1", "DeformationReasoning", "Stages", "Memory"]

@@ -1,0 +1,302 @@
+"""The CuPy backend against the NumPy backend and the model's own array-API code (GPU; skipped without CUDA).
+
+Pixel choices are discontinuous (stage 1 truncates pixel positions, stage 2 takes floor/ceil), so a
+last-bit difference in a GEMM upstream can move one sample to a neighbouring pixel. The end-to-end
+checks therefore allow a small fraction of vertices (END_TO_END_MAX_FRACTION) to differ by more
+than END_TO_END_ATOL; the projection kernels themselves must match their references exactly in
+pixel choice (checked on random points with identical inputs).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import requires_cuda
+from xmesh.errors import BackendUnavailableError
+
+END_TO_END_ATOL = 1e-4
+END_TO_END_MAX_FRACTION = 0.01   # at most 1% of vertices beyond END_TO_END_ATOL
+gpu = [requires_cuda, pytest.mark.gpu]
+
+
+def test_missing_cupy_names_what_to_install(monkeypatch):
+    from xmesh.backends.cupy_backend import CupyBackend
+
+    monkeypatch.setitem(sys.modules, "cupy", None)   # `import cupy` now raises ImportError
+    with pytest.raises(BackendUnavailableError) as info:
+        CupyBackend()
+    message = str(info.value)
+    assert "pip install cupy-cuda12x" in message and "xmesh[cupy]" in message
+
+
+def test_unknown_precision_is_rejected():
+    from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.errors import InputError
+
+    with pytest.raises(InputError, match="precision"):
+        CupyBackend(precision="bf8")
+
+
+# --------------------------------------------------------------------------- fixtures (GPU)
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def gb():
+    from xmesh.backends import get_backend
+
+    return get_backend("cupy")
+
+
+@pytest.fixture(scope="module")
+def ref_gb():
+    """A second CuPy backend whose fast paths are switched off: the model's array-API code on the GPU."""
+    from xmesh.backends.cupy_backend import CupyBackend
+
+    be = CupyBackend()
+    be.try_fast_path = lambda *args, **kwargs: None
+    return be
+
+
+def random_cameras(rng, batch, views=3):
+    rows = np.zeros((batch, views, 5), np.float32)
+    rows[..., 0] = rng.uniform(0, 360, (batch, views))
+    rows[..., 1] = rng.uniform(15, 35, (batch, views))
+    rows[..., 3] = rng.uniform(0.7, 0.9, (batch, views))
+    rows[..., 4] = 25.0
+    return rows
+
+
+def random_points(rng, batch, n):
+    pts = rng.uniform(-0.25, 0.25, (batch, n, 3)).astype(np.float32)
+    pts[..., 2] -= 0.8
+    return pts
+
+
+# --------------------------------------------------------------------------- fast paths
+@pytest.mark.parametrize("quirk", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_graph_projection_kernel_equals_reference(cp, gb, ref_gb, quirk, seed):
+    from xmesh.backends import get_backend
+    from xmesh.model.projection import DeviceTransforms, graph_projection
+
+    rng = np.random.default_rng(seed)
+    batch, n = 2, 618
+    cams = random_cameras(rng, batch)
+    coords = random_points(rng, batch, n)
+    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
+    out = gb.to_numpy(graph_projection(gb, cp.asarray(coords), [cp.asarray(m) for m in maps],
+                                       DeviceTransforms.from_cameras(gb, cams), quirk))
+    ref = ref_gb.to_numpy(graph_projection(ref_gb, cp.asarray(coords), [cp.asarray(m) for m in maps],
+                                           DeviceTransforms.from_cameras(ref_gb, cams), quirk))
+    assert out.shape == (batch, n, 2883) and np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    cpu = get_backend("numpy")
+    host = graph_projection(cpu, coords, maps, DeviceTransforms.from_cameras(cpu, cams), quirk)
+    np.testing.assert_allclose(out, host, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed):
+    from xmesh.backends import get_backend
+    from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
+
+    rng = np.random.default_rng(10 + seed)
+    batch, n = 2, 5000
+    cams = random_cameras(rng, batch)
+    pts = random_points(rng, batch, n)
+    pts[0, :8] = [[0, 0, -0.8]] * 8       # on-axis points: h = w = 112 exactly (integer: zero-weight quirk)
+    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((224, 16), (112, 32), (56, 64))]
+    dmaps = pad_maps(gb, [cp.asarray(m) for m in maps])
+    out = gb.to_numpy(local_projection(gb, cp.asarray(pts), dmaps, DeviceTransforms.from_cameras(gb, cams)))
+    ref = ref_gb.to_numpy(local_projection(ref_gb, cp.asarray(pts), dmaps, DeviceTransforms.from_cameras(ref_gb, cams)))
+    assert out.shape == (batch, n, 339) and np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    cpu = get_backend("numpy")
+    host = local_projection(cpu, pts, pad_maps(cpu, maps), DeviceTransforms.from_cameras(cpu, cams))
+    np.testing.assert_allclose(out, host, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("cout", [192, 1])
+def test_local_gconv_equals_reference(cp, gb, ref_gb, residual, cout):
+    from xmesh.model.deformation import local_gconv
+    from xmesh.model.params import GraphConv
+
+    rng = np.random.default_rng(cout + residual)
+    b, k, n, cin = 2, 43, 300, 339
+    x = cp.asarray(rng.standard_normal((b, k, n, cin)).astype(np.float32))
+    w = cp.asarray((rng.standard_normal((cin, 2 * cout)) * 0.05).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
+    layer = GraphConv(w, bias, cout, True)
+    cheb1 = cp.asarray(rng.standard_normal((k, k)).astype(np.float32) * 0.2)
+    res = cp.asarray(rng.standard_normal((b, k, n, cout)).astype(np.float32)) if residual else None
+    out = local_gconv(gb, layer, x, cheb1, None, res)
+    ref = local_gconv(ref_gb, layer, x, cheb1, None, res)
+    assert out.shape == (b, k, n, cout) and out.dtype == cp.float32
+    np.testing.assert_allclose(out.get(), ref.get(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("size,kernel,stride,cin", [(224, 3, 1, 3), (224, 3, 2, 16), (28, 5, 2, 128), (7, 3, 1, 32)])
+def test_conv2d_same_equals_numpy(cp, gb, size, kernel, stride, cin):
+    from xmesh.backends import get_backend
+
+    rng = np.random.default_rng(size + kernel + stride)
+    x = rng.standard_normal((3, size, size, cin)).astype(np.float32)
+    w = (rng.standard_normal((kernel, kernel, cin, 24)) / np.sqrt(kernel * kernel * cin)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    got = gb.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), stride).get()
+    ref = get_backend("numpy").conv2d_same(x, w, b, stride)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_spmm_batched_equals_scipy(cp, gb):
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(5)
+    s = sp.random(618, 618, density=0.01, random_state=2, dtype=np.float32).tocsr()
+    dense = rng.standard_normal((3, 618, 40)).astype(np.float32)
+    got = gb.spmm(gb.sparse(s), cp.asarray(dense)).get()
+    ref = np.stack([s @ d for d in dense])
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- whole reconstructions
+@pytest.fixture(scope="module")
+def scenes():
+    rng = np.random.default_rng(42)
+    images = rng.uniform(0, 1, (3, 3, 224, 224, 3)).astype(np.float32)
+    cameras = random_cameras(rng, 3)
+    return images, cameras
+
+
+def differing_fraction(a, b, atol=END_TO_END_ATOL):
+    return float((np.abs(np.asarray(a) - np.asarray(b)).max(axis=-1) > atol).mean())
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_cupy_reconstruction_matches_numpy(cp, scenes, seed):
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.template_gen import generate_template
+
+    weights, template = synthetic_weights(seed), generate_template()
+    images, cameras = scenes
+    cpu = Reconstructor(weights, template=template, backend="numpy")
+    gpu = Reconstructor(weights, template=template, backend="cupy")
+    c_ref, r_ref = cpu.run(images[:1], cameras[:1])
+    c_gpu, r_gpu = (a.get() for a in gpu.run(images[:1], cameras[:1]))
+    assert np.isfinite(r_gpu).all()
+    assert differing_fraction(c_gpu, c_ref) <= END_TO_END_MAX_FRACTION
+    assert differing_fraction(r_gpu, r_ref) <= END_TO_END_MAX_FRACTION
+    # the stage-2 moves themselves agree (relative to their size)
+    move_ref, move_gpu = r_ref - c_ref, r_gpu - c_gpu
+    assert np.linalg.norm(move_gpu - move_ref) <= 5e-2 * np.linalg.norm(move_ref)
+
+
+@pytest.fixture(scope="module")
+def gpu_model():
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.template_gen import generate_template
+
+    return Reconstructor(synthetic_weights(2), template=generate_template(), backend="cupy")
+
+
+def test_batched_equals_one_by_one(cp, gpu_model, scenes):
+    images, cameras = scenes
+    coarse, refined = (a.get() for a in gpu_model.run(images, cameras))
+    for b in range(3):
+        c1, r1 = (a.get() for a in gpu_model.run(images[b:b + 1], cameras[b:b + 1]))
+        assert differing_fraction(coarse[b], c1[0], 1e-5) <= END_TO_END_MAX_FRACTION
+        assert differing_fraction(refined[b], r1[0], 1e-5) <= END_TO_END_MAX_FRACTION
+
+
+def test_graph_replay_equals_eager(cp, gb):
+    """A captured graph of the projection kernels replays to the eager result, also on new inputs."""
+    from xmesh.model.projection import DeviceTransforms, graph_projection, local_projection, pad_maps
+
+    rng = np.random.default_rng(7)
+    cams = random_cameras(rng, 2)
+    tf = DeviceTransforms.from_cameras(gb, cams)
+    coords = cp.asarray(random_points(rng, 2, 618))
+    maps1 = [cp.asarray(rng.standard_normal((6, s, s, c)).astype(np.float32)) for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
+    maps2 = pad_maps(gb, [cp.asarray(rng.standard_normal((6, s, s, c)).astype(np.float32)) for s, c in ((224, 16), (112, 32), (56, 64))])
+
+    def step(pts):
+        f1 = graph_projection(gb, pts, maps1, tf)
+        f2 = local_projection(gb, pts, maps2, tf)
+        return f1 * 2.0, cp.maximum(f2, 0.5)
+
+    eager = [a.get() for a in step(coords)]
+    graph = gb.capture(step, coords)
+    replay = [a.get() for a in graph.replay(synchronize=True)]
+    for e, r in zip(eager, replay):
+        np.testing.assert_array_equal(r, e)
+    coords[...] = cp.asarray(random_points(rng, 2, 618))
+    again = [a.get() for a in graph.replay(synchronize=True)]
+    fresh = [a.get() for a in step(coords)]
+    for e, r in zip(fresh, again):
+        np.testing.assert_array_equal(r, e)
+
+
+def test_capturing_cublas_work_says_why_it_fails(cp, gpu_model, scenes):
+    """CuPy refuses cuBLAS under stream capture; the backend says so instead of a bare NotImplementedError."""
+    from xmesh.backends.cupy_backend import GraphCaptureError
+    from xmesh.model import network
+    from xmesh.model.projection import DeviceTransforms
+
+    images, cameras = scenes
+    be = gpu_model.backend
+    flat = cp.asarray(images[:1].reshape(3, 224, 224, 3))
+    tf = DeviceTransforms.from_cameras(be, cameras[:1])
+    with pytest.raises(GraphCaptureError, match="cuBLAS"):
+        be.capture(lambda imgs: network.run_stage1(be, gpu_model.stage1, imgs, tf)[-1], flat, warmup=1)
+    # the backend still works afterwards
+    assert np.isfinite(gpu_model.run(images[:1], cameras[:1])[1].get()).all()
+
+
+def test_stage1_graph_conv_kernel_equals_reference(cp, gb, ref_gb):
+    import scipy.sparse as sp
+
+    from xmesh.model.graph import graph_conv
+    from xmesh.model.params import GraphConv
+
+    rng = np.random.default_rng(9)
+    n, cin, cout = 618, 300, 192
+    s1 = sp.random(n, n, density=0.01, random_state=3, dtype=np.float32).tocsr()
+    x = cp.asarray(rng.standard_normal((3, n, cin)).astype(np.float32))
+    for relu in (True, False):
+        layer = GraphConv(cp.asarray((rng.standard_normal((cin, 2 * cout)) * 0.05).astype(np.float32)),
+                          cp.asarray(rng.standard_normal(cout).astype(np.float32)), cout, relu)
+        out = graph_conv(gb, layer, x, (None, gb.sparse(s1)))
+        ref = graph_conv(ref_gb, layer, x, (None, ref_gb.sparse(s1)))
+        np.testing.assert_allclose(out.get(), ref.get(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision,rtol", [("tf32", 0.2), ("fp16", 0.2)])
+def test_reduced_precision_modes_stay_close(cp, gpu_model, scenes, precision, rtol):
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.template_gen import generate_template
+
+    images, cameras = scenes
+    model = Reconstructor(synthetic_weights(2), template=generate_template(), backend="cupy", precision=precision)
+    c_ref, r_ref = (a.get() for a in gpu_model.run(images[:1], cameras[:1]))
+    c, r = (a.get() for a in model.run(images[:1], cameras[:1]))
+    assert np.isfinite(r).all()
+    move_ref, move = r_ref - c_ref, r - c
+    assert np.linalg.norm(move - move_ref) <= rtol * np.linalg.norm(move_ref)
+
+
+# Every test above except the two CPU ones needs CUDA and CuPy.
+_CPU_TESTS = {"test_missing_cupy_names_what_to_install", "test_unknown_precision_is_rejected"}
+for _name, _obj in list(globals().items()):
+    if _name.startswith("test_") and _name not in _CPU_TESTS and callable(_obj):
+        globals()[_name] = requires_cuda(pytest.mark.gpu(_obj))
