@@ -39,7 +39,7 @@ from .model import architecture as arch
 from .model import network
 from .model.cnn import run_cnn
 from .model.deformation import deformation_block
-from .model.graph import graph_conv, unpool
+from .model.network import run_stage1_layers
 from .model.projection import DeviceTransforms, graph_projection, local_projection, pad_maps
 
 WEIGHTS_SEED = 1
@@ -255,23 +255,8 @@ class Workload:
 
     # -- the stage-1 layer loop over [start, stop), as network.run_stage1 runs it -----------
     def _layers(self, start, stop, previous, current, blocks=None):
-        p, xp, backend = self.model.stage1, self.xp, self.backend
-        for idx in range(start, stop):
-            if idx in arch.PROJECTION_LAYERS:
-                h = graph_projection(backend, current, self.maps1, self.tf, self.view_quirk)
-            elif idx in arch.UNPOOL_LAYERS:
-                h = unpool(backend, current, p.pool_idx[arch.UNPOOL_LAYERS[idx]])
-            else:
-                block = arch.block_of_layer(idx)
-                h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1])
-                if blocks is not None and arch.last_layer_of_block(idx):
-                    blocks.append(h)
-            if idx in arch.RESIDUAL_LAYERS:
-                h = (h + previous) * 0.5
-            if idx in arch.CONCAT_LAYERS:
-                h = xp.concat([h, previous], axis=-1)
-            previous, current = current, h
-        return previous, current
+        return run_stage1_layers(self.backend, self.model.stage1, self.maps1, self.tf, self.view_quirk,
+                                 start, stop, previous, current, blocks)
 
     def _segment(self, name):
         start, stop = _SEGMENTS[name]

@@ -27,15 +27,17 @@ class Trace:
     stage2_blocks: list = field(default_factory=list)
 
 
-def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True, trace: Trace | None = None):
-    """Coarse mesh: returns the coordinates after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3))."""
+def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, start: int, stop: int,
+                      previous, current, blocks: list | None = None):
+    """Run stage-1 layers ``start .. stop-1`` from the state (a[-2], a[-1]); returns the new state.
+
+    The original's list of 48 layers: graph projections at 0, 15, 31, unpooling at 16 and 32,
+    graph convolutions elsewhere; layers in RESIDUAL_LAYERS average with a[-2], those in
+    CONCAT_LAYERS append a[-2]'s features. Each block's last layer output (coordinates) is
+    appended to ``blocks``.
+    """
     xp = backend.xp
-    batch = images.shape[0] // tf.num_views
-    maps = run_cnn(backend, p.cnn, images, arch.STAGE1_TAPS)
-    coords = xp.broadcast_to(p.coord[None], (batch,) + tuple(p.coord.shape))
-    previous, current = None, coords
-    blocks = []
-    for idx in range(arch.NUM_STAGE1_LAYERS):
+    for idx in range(start, stop):
         if idx in arch.PROJECTION_LAYERS:
             h = graph_projection(backend, current, maps, tf, view_quirk)
         elif idx in arch.UNPOOL_LAYERS:
@@ -43,13 +45,24 @@ def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True
         else:
             block = arch.block_of_layer(idx)
             h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1])
-            if arch.last_layer_of_block(idx):
+            if blocks is not None and arch.last_layer_of_block(idx):
                 blocks.append(h)
         if idx in arch.RESIDUAL_LAYERS:
             h = (h + previous) * 0.5
         if idx in arch.CONCAT_LAYERS:
             h = xp.concat([h, previous], axis=-1)
         previous, current = current, h
+    return previous, current
+
+
+def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True, trace: Trace | None = None):
+    """Coarse mesh: returns the coordinates after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3))."""
+    xp = backend.xp
+    batch = images.shape[0] // tf.num_views
+    maps = run_cnn(backend, p.cnn, images, arch.STAGE1_TAPS)
+    coords = xp.broadcast_to(p.coord[None], (batch,) + tuple(p.coord.shape))
+    blocks: list = []
+    run_stage1_layers(backend, p, maps, tf, view_quirk, 0, arch.NUM_STAGE1_LAYERS, None, coords, blocks)
     if trace is not None:
         trace.stage1_maps, trace.stage1_blocks = maps, blocks
     return blocks
