@@ -5,8 +5,11 @@ from pathlib import Path
 
 import pytest
 
+import os
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = (ROOT / ".." / "shared").resolve()
+# ../shared beside the repository; XMESH_SHARED points elsewhere (e.g. a copy carried to a GPU machine).
+SHARED = Path(os.environ.get("XMESH_SHARED", ROOT / ".." / "shared")).resolve()
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from xmesh.errors import (ChecksumError, FileFormatError, InputError, MissingFil
                           XmeshError)
 from xmesh.io import safe_pickle
 from xmesh.io.images import load_images
-from xmesh.io.weights import expected_variables, synthetic_weights
+from xmesh.io.weights import synthetic_weights
 from xmesh.mesh import Mesh, read_obj, read_ply, read_xyz
 from xmesh.model import network
 
