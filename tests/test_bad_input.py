@@ -898,7 +898,9 @@ def test_reconstruct_failed_write_keeps_old_file(how, suffix, demo_files, weight
 
         monkeypatch.setattr(os, "replace", no_replace)
     else:
-        real_write = mesh_module.atomic_write
+        import xmesh.io.atomic as atomic_module
+
+        real_write = atomic_module.atomic_write
 
         @contextlib.contextmanager
         def interrupted(path, mode="w", encoding=None):
@@ -908,7 +910,7 @@ def test_reconstruct_failed_write_keeps_old_file(how, suffix, demo_files, weight
 
             yield  # pragma: no cover
 
-        monkeypatch.setattr(mesh_module, "atomic_write", interrupted)
+        monkeypatch.setattr(atomic_module, "atomic_write", interrupted)   # what Mesh's writers open
     argv = ["reconstruct", *images, "--cameras", cameras, "--out", str(out), "--weights", "unused.npz"]
     if how == "interrupt":
         assert main(argv) == 130
@@ -954,13 +956,13 @@ def test_reconstruct_cli_writes_after_validation(demo_files, weights, tmp_path, 
 
 @pytest.mark.parametrize("how", ["write", "interrupt"])
 def test_convert_failed_write_keeps_old_file(how, ckpt, tmp_path, capsys, monkeypatch):
-    import xmesh.io.checkpoint as checkpoint
+    import xmesh.io.atomic as atomic_module   # convert writes through atomic_output -> atomic_write
 
     out = tmp_path / "weights.npz"
     out.write_bytes(b"previous npz")
-    real = checkpoint.atomic_write
+    real = atomic_module.atomic_write
     if how == "write":
-        monkeypatch.setattr(checkpoint, "atomic_write", lambda path, mode: breaking_handle(real, path, mode))
+        monkeypatch.setattr(atomic_module, "atomic_write", lambda path, mode: breaking_handle(real, path, mode))
         message = cli_error(capsys, ["convert", str(ckpt), str(out)])
         check_message(message, "weights.npz", "writing the .npz failed", "No space left", "previous file")
     else:

@@ -40,7 +40,7 @@ from .model import network
 from .model.cnn import run_cnn
 from .model.deformation import deformation_block
 from .model.network import run_stage1_layers
-from .model.projection import DeviceTransforms, graph_projection, local_projection, pad_maps
+from .model.projection import DeviceTransforms, local_projection, pad_maps
 
 WEIGHTS_SEED = 1
 MODEL_MD_GFLOP = 250.0   # MODEL.md's round figure; flop_counts() derives the exact one from the shapes

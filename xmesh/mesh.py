@@ -9,7 +9,6 @@ and a face list ``vertex_indices`` or ``vertex_index``).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,8 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from xmesh.errors import FileFormatError, InputError, MissingFileError, XmeshError
-from xmesh.io.atomic import atomic_write
+from xmesh.errors import FileFormatError, InputError, MissingFileError
+from xmesh.io.atomic import atomic_output
 
 FLOAT_FORMAT = "%.9g"  # 9 significant digits round-trip any float32
 
@@ -93,7 +92,7 @@ class Mesh:
 
     def to_obj(self, path: str | os.PathLike) -> Path:
         """Write a Wavefront OBJ: 'v x y z' ('%.9g') then 'f a b c' (1-based)."""
-        with _output(path, "w", "OBJ") as handle:
+        with atomic_output(path, "w", "OBJ") as handle:
             handle.write(f"# xmesh: {len(self.vertices)} vertices, {len(self.faces)} faces\n")
             _write_rows(handle, "v " + " ".join([FLOAT_FORMAT] * 3), self.vertices)
             _write_rows(handle, "f %d %d %d", self.faces + 1)
@@ -101,7 +100,7 @@ class Mesh:
 
     def to_xyz(self, path: str | os.PathLike) -> Path:
         """Write the vertices as a point cloud, one 'x y z' ('%.9g') per line."""
-        with _output(path, "w", "XYZ") as handle:
+        with atomic_output(path, "w", "XYZ") as handle:
             _write_rows(handle, " ".join([FLOAT_FORMAT] * 3), self.vertices)
         return Path(path)
 
@@ -123,43 +122,16 @@ class Mesh:
             face_records = np.empty(len(self.faces), dtype=[("n", "u1"), ("idx", "<i4", (3,))])
             face_records["n"] = 3
             face_records["idx"] = self.faces
-            with _output(path, "wb", "PLY") as handle:
+            with atomic_output(path, "wb", "PLY") as handle:
                 handle.write(header.encode("ascii"))
                 _write_binary(handle, self.vertices.astype("<f4"))
                 _write_binary(handle, face_records)
         else:
-            with _output(path, "w", "PLY") as handle:
+            with atomic_output(path, "w", "PLY") as handle:
                 handle.write(header)
                 _write_rows(handle, " ".join([FLOAT_FORMAT] * 3), self.vertices)
                 _write_rows(handle, "3 %d %d %d", self.faces)
         return Path(path)
-
-
-@contextlib.contextmanager
-def _output(path: str | os.PathLike, mode: str, what: str):
-    """``atomic_write`` with OS errors of the path itself (a folder, a folder that cannot be made, a
-    rename that fails) turned into an InputError that names the file. Errors raised while writing
-    the rows (e.g. a full disk) propagate unchanged."""
-    target = Path(path)
-    if target.is_dir():
-        raise InputError(f"{what} output {str(target)!r} is a folder; expected the path of a file to write")
-    in_body = False
-    try:
-        with atomic_write(target, mode) as handle:
-            try:
-                yield handle
-            except BaseException:
-                in_body = True
-                raise
-    except OSError as exc:
-        if in_body or isinstance(exc, XmeshError):
-            raise
-        reason = ("a part of its folder path is a file, not a folder"
-                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
-        raise InputError(
-            f"cannot write the {what} file {str(target)!r} ({reason}); expected a writable file path "
-            "in an existing or creatable folder (the previous file, if any, is unchanged)"
-        ) from None
 
 
 def _write_rows(handle: IO[str], fmt: str, rows: np.ndarray) -> None:

@@ -39,20 +39,20 @@ def kernel_source(filename: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _module(filename: str, options: tuple, device: int):
     cupy = require_cupy()
-    try:
-        module = cupy.RawModule(code=kernel_source(filename), options=options)
-        module.compile()
-        return module
-    except cupy.cuda.compiler.CompileException as exc:
-        raise KernelCompileError(
-            f"the CUDA kernels of {filename} (options {list(options)}) failed to compile; compiler log:\n{exc}"
-        ) from exc
+    module = cupy.RawModule(code=kernel_source(filename), options=options)
+    module.compile()
+    return module
 
 
 def get_function(filename: str, name: str, options: tuple = ()):
     """Kernel ``name`` of ``kernels/filename``, compiled on first use for the current device."""
     cupy = require_cupy()
-    module = _module(filename, tuple(options), cupy.cuda.Device().id)
+    try:
+        module = _module(filename, tuple(options), cupy.cuda.Device().id)
+    except cupy.cuda.compiler.CompileException as exc:
+        raise KernelCompileError(
+            f"the CUDA kernel {name} ({filename}, options {list(options)}) failed to compile; compiler log:\n{exc}"
+        ) from exc
     try:
         return module.get_function(name)
     except cupy.cuda.driver.CUDADriverError as exc:

@@ -13,6 +13,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..errors import InputError, XmeshError
+    from ..io.atomic import os_error_reason
     from ..io.checkpoint import convert, read_index
 
     count = len(read_index(args.checkpoint))
@@ -21,8 +22,7 @@ def run(args) -> int:
     except OSError as exc:
         if isinstance(exc, XmeshError):
             raise
-        reason = ("a part of its folder path is a file, not a folder"
-                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
+        reason = os_error_reason(exc)
         raise InputError(f"{args.out}: writing the .npz failed ({reason}); the previous file, if any, "
                          "is unchanged; expected a writable path with free space") from None
     print(f"wrote {path}: {count} variables", file=sys.stderr)

@@ -21,6 +21,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..errors import InputError, XmeshError
+    from ..io.atomic import os_error_reason
     from ..synthetic.render import load_points, render_mesh_file
 
     if not 1 <= args.size <= MAX_SIZE:
@@ -35,8 +36,7 @@ def run(args) -> int:
     except OSError as exc:
         if isinstance(exc, XmeshError):
             raise
-        reason = ("a part of its folder path is a file, not a folder"
-                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
+        reason = os_error_reason(exc)
         raise InputError(f"--out {args.out}: writing failed ({reason}); the previous file, if any, is "
                          "unchanged; expected a writable path with free space") from None
     print(f"wrote {path}", file=sys.stderr)

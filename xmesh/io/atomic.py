@@ -34,3 +34,37 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def os_error_reason(exc: OSError) -> str:
+    """A short reason for an OS error on an output path, for messages."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return "a part of its folder path is a file, not a folder"
+    return str(exc.strerror or exc)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str, what: str) -> Iterator[IO]:
+    """``atomic_write`` whose OS errors about the path itself (a folder, a folder that cannot be
+    made, a rename that fails) become an InputError naming the file; errors raised while the body
+    writes (e.g. a full disk) propagate unchanged."""
+    from ..errors import InputError, XmeshError
+
+    target = Path(path)
+    if target.is_dir():
+        raise InputError(f"{what} output {str(target)!r} is a folder; expected the path of a file to write")
+    in_body = False
+    try:
+        with atomic_write(target, mode) as handle:
+            try:
+                yield handle
+            except BaseException:
+                in_body = True
+                raise
+    except OSError as exc:
+        if in_body or isinstance(exc, XmeshError):
+            raise
+        raise InputError(
+            f"cannot write the {what} file {str(target)!r} ({os_error_reason(exc)}); expected a writable file path "
+            "in an existing or creatable folder (the previous file, if any, is unchanged)"
+        ) from None

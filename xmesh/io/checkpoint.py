@@ -32,7 +32,7 @@ from typing import Iterable
 import numpy as np
 
 from xmesh.errors import ChecksumError, FileFormatError, InputError, MissingFileError
-from xmesh.io.atomic import atomic_write
+from xmesh.io.atomic import atomic_output
 from xmesh.io.crc32c import crc32c, unmask
 
 __all__ = ["TensorInfo", "resolve_prefix", "read_index", "read_checkpoint", "convert"]
@@ -406,21 +406,6 @@ def convert(path: str | os.PathLike, out_npz: str | os.PathLike) -> Path:
     if out.is_dir():
         raise InputError(f"{out}: the output .npz is a folder; expected the path of a file to write")
     arrays = read_checkpoint(path)
-    in_body = False
-    try:
-        with atomic_write(out, "wb") as handle:
-            try:
-                np.savez(handle, **arrays)
-            except BaseException:
-                in_body = True
-                raise
-    except OSError as exc:
-        if in_body or isinstance(exc, MissingFileError):
-            raise
-        reason = ("a part of its folder path is a file, not a folder"
-                  if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc)
-        raise InputError(
-            f"{out}: cannot write the output .npz ({reason}); expected a writable file path "
-            "in an existing or creatable folder (the previous file, if any, is unchanged)"
-        ) from None
+    with atomic_output(out, "wb", "output .npz") as handle:
+        np.savez(handle, **arrays)
     return out

@@ -5,12 +5,10 @@ with ``cupy.RawModule`` on first use and kept per device for the life of the pro
 """
 from __future__ import annotations
 
-import functools
-import importlib.resources
-
 import numpy as np
 
-from ..errors import BackendUnavailableError, InputError, KernelCompileError, MissingFileError
+from ..backends.cuda_kernels import get_function
+from ..errors import BackendUnavailableError, InputError
 
 KERNEL_FILE = "nn_bruteforce.cu"
 KERNEL_NAME = "nn_bruteforce"
@@ -40,28 +38,9 @@ def array_module(x):
     return require_cupy() if is_cupy(x) else np
 
 
-def _source() -> str:
-    path = importlib.resources.files("xmesh.kernels").joinpath(KERNEL_FILE)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise MissingFileError(
-            f"the CUDA kernel source {path} is missing: reinstall xmesh (the package data "
-            f"xmesh/kernels/*.cu must be installed)"
-        ) from exc
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(device: int):
-    """The compiled ``nn_bruteforce`` function for one device (compiled once, then cached)."""
-    cupy = require_cupy()
-    try:
-        module = cupy.RawModule(code=_source())
-        return module.get_function(KERNEL_NAME)
-    except cupy.cuda.compiler.CompileException as exc:
-        raise KernelCompileError(
-            f"the CUDA kernel {KERNEL_NAME} ({KERNEL_FILE}) failed to compile; compiler log:\n{exc}"
-        ) from exc
+def _kernel():
+    """The compiled ``nn_bruteforce`` function for the current device (compiled once, then cached)."""
+    return get_function(KERNEL_FILE, KERNEL_NAME)
 
 
 def _lengths(lengths, batch: int, size: int, name: str):
@@ -122,7 +101,7 @@ def nearest(a, b, lengths_a=None, lengths_b=None):
     sqdist = cupy.empty((batch, n_max), dtype=cupy.float32)
     index = cupy.empty((batch, n_max), dtype=cupy.int32)
     grid = ((n_max + THREADS - 1) // THREADS, batch)
-    _kernel(cupy.cuda.Device().id)(
+    _kernel()(
         grid,
         (THREADS,),
         (a32, b32, len_a, len_b, np.int32(n_max), np.int32(m_max), sqdist, index),

@@ -8,7 +8,7 @@ images (B,V,224,224,3) BGR in [0,1] + cameras (B,V,5)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
 
 from . import architecture as arch
 from .cnn import run_cnn
