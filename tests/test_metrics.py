@@ -332,9 +332,18 @@ def test_categories_are_the_thirteen_shapenet_classes():
 # --- the CUDA backend's parts that exist without a GPU ---------------------------------------------
 
 
-def test_kernel_source_ships_with_the_package():
-    source = importlib.resources.files("xmesh.kernels").joinpath("nn_bruteforce.cu").read_text()
-    assert 'extern "C" __global__ void nn_bruteforce(' in source
+def test_kernel_source_ships_with_the_package(tmp_path):
+    """The installed package carries the CUDA sources (run outside the checkout, so the source tree
+    cannot stand in for the installed package), and the loader finds them from a checkout too."""
+    import subprocess
+
+    probe = "import importlib.resources as r; print(r.files('xmesh.kernels').joinpath('nn_bruteforce.cu').read_text())"
+    installed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert 'extern "C" __global__ void nn_bruteforce(' in installed
+    from xmesh.backends.cuda_kernels import kernel_source
+
+    assert 'extern "C" __global__ void nn_bruteforce(' in kernel_source("nn_bruteforce.cu")
+    assert "extern \"C\" __global__ void local_projection(" in kernel_source("p2m_ops.cu")
 
 
 def test_cupy_backend_without_cupy_is_a_clear_error(monkeypatch):

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends import get_backend
-from .errors import InputError
+from .errors import DeviceOutOfMemoryError, InputError
 from .io.cameras import load_cameras
 from .io.images import NUM_VIEWS, load_images
 from .io.template import Template, load_template
@@ -47,14 +47,45 @@ class Reconstructor:
         self.stage2 = prepare_stage2(self.backend, arrays, self.template)
         self.view_quirk = bool(view_quirk)
         self.faces = np.asarray(self.template.faces_triangle[-1], dtype=np.int64)
+        self.max_batch: int | None = None   # set after an out-of-memory split
 
     # -- low level: device arrays in, device arrays out ------------------------------------
     def run(self, images, cameras: np.ndarray, trace: network.Trace | None = None):
-        """images: host or device (B,V,224,224,3); cameras: host (B,V,5). Returns device (coarse, refined) (B,N,3)."""
+        """images: host or device (B,V,224,224,3); cameras: host (B,V,5). Returns device (coarse, refined) (B,N,3).
+
+        A batch that does not fit in memory is split in halves and retried (the largest size that
+        fitted is remembered for later calls); if even one sample does not fit,
+        :class:`~xmesh.errors.DeviceOutOfMemoryError` says so.
+        """
+        batch = cameras.shape[0]
+        limit = self.max_batch
+        if limit is not None and batch > limit and trace is None:
+            return self._concat([self.run(images[i:i + limit], cameras[i:i + limit]) for i in range(0, batch, limit)])
+        try:
+            return self._run_once(images, cameras, trace)
+        except Exception as exc:
+            if not self.backend.is_out_of_memory(exc):
+                raise
+            self.backend.release_memory()
+            if batch == 1 or trace is not None:
+                raise DeviceOutOfMemoryError(
+                    f"{self.backend.name}: a batch of {batch} sample(s) does not fit in memory ({type(exc).__name__}: {exc})"
+                    + ("; even one sample does not fit: free memory used by other programs, or use backend='numpy'"
+                       if batch == 1 else "; tracing needs the whole batch at once: trace fewer samples")
+                ) from exc
+        half = (batch + 1) // 2
+        self.max_batch = half if self.max_batch is None else min(self.max_batch, half)
+        return self._concat([self.run(images[:half], cameras[:half]), self.run(images[half:], cameras[half:])])
+
+    def _run_once(self, images, cameras, trace):
         xp = self.backend.xp
         batch = cameras.shape[0]
         flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
         return network.run_network(self.backend, self.stage1, self.stage2, flat, cameras, self.view_quirk, trace)
+
+    def _concat(self, parts):
+        xp = self.backend.xp
+        return tuple(xp.concat([p[i] for p in parts], axis=0) for i in range(2))
 
     # -- user level -------------------------------------------------------------------------
     def __call__(self, images: Any, cameras: Any, views: Sequence[int] | None = None) -> Mesh:

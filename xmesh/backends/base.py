@@ -38,6 +38,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the device (or host) ran out of memory."""
+        return isinstance(exc, MemoryError)
+
+    def release_memory(self) -> None:
+        """Give cached, unused device memory back (before a retry with a smaller batch)."""
+
     def try_fast_path(self, op: str, *args):
         """Run the backend's own kernel for ``op`` if it has one for these arguments, else return None.
 

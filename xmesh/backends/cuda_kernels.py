@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+from pathlib import Path
 
 from ..errors import BackendUnavailableError, KernelCompileError, MissingFileError
 
@@ -25,8 +26,17 @@ def require_cupy():
     return cupy
 
 
+def kernel_path(filename: str):
+    """Where ``filename`` lives: the installed package data ``xmesh.kernels``, or, when xmesh is
+    imported straight from a source checkout (where ``kernels/`` sits beside ``xmesh/``), that folder."""
+    try:
+        return importlib.resources.files("xmesh.kernels").joinpath(filename)
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "kernels" / filename
+
+
 def kernel_source(filename: str) -> str:
-    path = importlib.resources.files("xmesh.kernels").joinpath(filename)
+    path = kernel_path(filename)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

@@ -115,6 +115,15 @@ class CupyBackend(Backend):
     def to_numpy(self, array):
         return self.cupy.asnumpy(array)
 
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        if isinstance(exc, (MemoryError, self.cupy.cuda.memory.OutOfMemoryError)):
+            return True
+        text = str(exc)
+        return "ALLOC_FAILED" in text or "out of memory" in text.lower()
+
+    def release_memory(self) -> None:
+        self.cupy.get_default_memory_pool().free_all_blocks()
+
     def synchronize(self) -> None:
         self.cupy.cuda.get_current_stream().synchronize()
 
