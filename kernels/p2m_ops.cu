@@ -41,6 +41,20 @@ __device__ __forceinline__ void xm_view_pixel(const float* __restrict__ T, int V
 
 // max, mean, std = sqrt(mean((x - mean)^2) + 1e-6) over V values, summing left to right like
 // NumPy's reduction over a leading axis, dividing by V.
+// Channel c of the maps' concatenation (up to 4 maps): the map it lies in, that map's size and
+// channel count, and the channel within it.
+__device__ __forceinline__ void xm_pick_map(int c, const float* m0, const float* m1, const float* m2,
+                                            const float* m3, int s0, int s1, int s2, int s3,
+                                            int c0, int c1, int c2, int c3, const float*& m, int& s,
+                                            int& C, int& cc) {
+    if (c < c0) { m = m0; s = s0; C = c0; cc = c; return; }
+    c -= c0;
+    if (c < c1) { m = m1; s = s1; C = c1; cc = c; return; }
+    c -= c1;
+    if (c < c2 || m3 == nullptr) { m = m2; s = s2; C = c2; cc = c; return; }
+    m = m3; s = s3; C = c3; cc = c - c2;
+}
+
 __device__ __forceinline__ void xm_pool(const float* vals, int V, float& mx, float& mean, float& sd) {
     mx = vals[0];
     float sum = vals[0];
@@ -85,10 +99,7 @@ extern "C" __global__ void graph_projection(
 
     const float* m;
     int s, C, cc;
-    if (c < c0) { m = m0; s = s0; C = c0; cc = c; }
-    else if (c < c0 + c1) { m = m1; s = s1; C = c1; cc = c - c0; }
-    else if (c < c0 + c1 + c2) { m = m2; s = s2; C = c2; cc = c - c0 - c1; }
-    else { m = m3; s = s3; C = c3; cc = c - c0 - c1 - c2; }
+    xm_pick_map(c, m0, m1, m2, m3, s0, s1, s2, s3, c0, c1, c2, c3, m, s, C, cc);
     const int r = 224 / s;
     const float rf = (float)r;
 
@@ -136,9 +147,7 @@ extern "C" __global__ void local_projection(
 
     const float* m;
     int s, C, cc;
-    if (c < c0) { m = m0; s = s0; C = c0; cc = c; }
-    else if (c < c0 + c1) { m = m1; s = s1; C = c1; cc = c - c0; }
-    else { m = m2; s = s2; C = c2; cc = c - c0 - c1; }
+    xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
     const int sp = s + 1;
     const float rf = (float)(224.0 / (double)s);
 

@@ -186,44 +186,31 @@ class CupyBackend(Backend):
         return out
 
     # ------------------------------------------------------------------ fast paths
-    def op_graph_projection(self, coords, maps, tf, view_quirk=True):
+    def _projection(self, kernel: str, points, maps, tf, count: int, padded: int, *extra):
+        """Launch a projection kernel: one thread per (sample, point, channel of the maps' concatenation)."""
         cp = self.cupy
-        if len(maps) != 4:
-            raise InputError(f"the stage-1 projection kernel takes 4 maps, got {len(maps)}")
-        if tf.num_views > 8:
-            raise InputError(f"the projection kernels take at most 8 views, got {tf.num_views}")
-        coords = cp.ascontiguousarray(coords, dtype=cp.float32)
-        batch, n, _ = coords.shape
-        maps = [cp.ascontiguousarray(m, dtype=cp.float32) for m in maps]
-        sizes = [np.int32(m.shape[1]) for m in maps]
-        chans = [np.int32(m.shape[3]) for m in maps]
-        ct = int(sum(int(c) for c in chans))
-        out = cp.empty((batch, n, 3 + 3 * ct), dtype=cp.float32)
-        total = batch * n * ct
-        self._kernel("graph_projection")(
-            ((total + THREADS - 1) // THREADS,), (THREADS,),
-            (coords, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views),
-             np.int32(bool(view_quirk)), out))
-        return out
-
-    def op_local_projection(self, points, maps, tf):
-        cp = self.cupy
-        if len(maps) != 3:
-            raise InputError(f"the stage-2 projection kernel takes 3 maps, got {len(maps)}")
+        if len(maps) != count:
+            raise InputError(f"the {kernel} kernel takes {count} maps, got {len(maps)}")
         if tf.num_views > 8:
             raise InputError(f"the projection kernels take at most 8 views, got {tf.num_views}")
         points = cp.ascontiguousarray(points, dtype=cp.float32)
         batch, n, _ = points.shape
         maps = [cp.ascontiguousarray(m, dtype=cp.float32) for m in maps]
-        sizes = [np.int32(m.shape[1] - 1) for m in maps]
+        sizes = [np.int32(m.shape[1] - padded) for m in maps]
         chans = [np.int32(m.shape[3]) for m in maps]
         ct = int(sum(int(c) for c in chans))
         out = cp.empty((batch, n, 3 + 3 * ct), dtype=cp.float32)
         total = batch * n * ct
-        self._kernel("local_projection")(
+        self._kernel(kernel)(
             ((total + THREADS - 1) // THREADS,), (THREADS,),
-            (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), out))
+            (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra, out))
         return out
+
+    def op_graph_projection(self, coords, maps, tf, view_quirk=True):
+        return self._projection("graph_projection", coords, maps, tf, 4, 0, np.int32(bool(view_quirk)))
+
+    def op_local_projection(self, points, maps, tf):
+        return self._projection("local_projection", points, maps, tf, 3, 1)
 
     def op_graph_conv(self, layer, x, supports):
         """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel."""
