@@ -1,7 +1,10 @@
 """Options shared by several subcommands."""
 from __future__ import annotations
 
-from ..errors import InputError
+import contextlib
+
+from ..errors import InputError, XmeshError
+from ..io.atomic import os_error_reason
 from ..io.weights import synthetic_weights
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -42,3 +45,16 @@ def reconstructor_from_args(args):
 
     return Reconstructor(resolve_weights(args.weights), template=args.template, backend=args.backend,
                          precision=args.precision, view_quirk=not args.no_view_quirk)
+
+
+@contextlib.contextmanager
+def output_errors(what: str):
+    """Turn an OS error while writing an output into one InputError: ``what`` names the output
+    (e.g. "--out mesh.obj: writing"); written atomically, the previous file is unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, XmeshError):
+            raise
+        raise InputError(f"{what} failed ({os_error_reason(exc)}); the previous file, if any, is unchanged; "
+                         "expected a writable path with free space") from None

@@ -12,18 +12,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..errors import InputError, XmeshError
-    from ..io.atomic import os_error_reason
     from ..io.checkpoint import convert, read_index
+    from .common import output_errors
 
     count = len(read_index(args.checkpoint))
-    try:
+    with output_errors(f"{args.out}: writing the .npz"):
         path = convert(args.checkpoint, args.out)
-    except OSError as exc:
-        if isinstance(exc, XmeshError):
-            raise
-        reason = os_error_reason(exc)
-        raise InputError(f"{args.out}: writing the .npz failed ({reason}); the previous file, if any, "
-                         "is unchanged; expected a writable path with free space") from None
     print(f"wrote {path}: {count} variables", file=sys.stderr)
     return 0

@@ -5,8 +5,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import InputError, XmeshError
-from .common import add_model_options, describe_weights, resolve_weights
+from ..errors import InputError
+from .common import add_model_options, describe_weights, output_errors, resolve_weights
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
 
@@ -34,20 +34,9 @@ def _check_output(option: str, path: str | None) -> None:
         raise InputError(f"{option} {path}: is a folder; expected the path of a mesh file to write (.obj, .ply or .xyz)")
 
 
-def _reason(exc: OSError) -> str:
-    if isinstance(exc, (FileExistsError, NotADirectoryError)):
-        return "a part of its folder path is a file, not a folder"
-    return exc.strerror or str(exc)
-
-
 def _write(mesh, method: str, option: str, path: str) -> None:
-    try:
+    with output_errors(f"{option} {path}: writing"):
         getattr(mesh, method)(path)
-    except OSError as exc:
-        if isinstance(exc, XmeshError):
-            raise
-        raise InputError(f"{option} {path}: writing failed ({_reason(exc)}); the previous file, if any, is "
-                         "unchanged; expected a writable path with free space") from None
 
 
 def run(args) -> int:

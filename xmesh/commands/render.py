@@ -20,8 +20,8 @@ MAX_SIZE = 4096
 def run(args) -> int:
     from pathlib import Path
 
-    from ..errors import InputError, XmeshError
-    from ..io.atomic import os_error_reason
+    from ..errors import InputError
+    from .common import output_errors
     from ..synthetic.render import load_points, render_mesh_file
 
     if not 1 <= args.size <= MAX_SIZE:
@@ -31,13 +31,7 @@ def run(args) -> int:
     if Path(args.out).is_dir():
         raise InputError(f"--out {args.out}: is a folder; expected the path of a .png file to write")
     points = load_points(args.points) if args.points else None
-    try:
+    with output_errors(f"--out {args.out}: writing"):
         path = render_mesh_file(args.mesh, args.cameras, args.out, gt_points=points, size=args.size)
-    except OSError as exc:
-        if isinstance(exc, XmeshError):
-            raise
-        reason = os_error_reason(exc)
-        raise InputError(f"--out {args.out}: writing failed ({reason}); the previous file, if any, is "
-                         "unchanged; expected a writable path with free space") from None
     print(f"wrote {path}", file=sys.stderr)
     return 0
