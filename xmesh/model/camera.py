@@ -63,10 +63,16 @@ class ViewTransforms:
         return np.concatenate([self.from0.ravel(), self.origin0, self.rot.ravel(), self.origin.ravel()]).astype(np.float32)
 
 
+def mat3(p, m):
+    """Row vectors p (..., 3) times m (..., 3, 3) in the original's float32 order,
+    ((p0*m0 + p1*m1) + p2*m2), each product and sum rounded (no fused multiply-add)."""
+    return (p[..., 0:1] * m[..., 0, :] + p[..., 1:2] * m[..., 1, :]) + p[..., 2:3] * m[..., 2, :]
+
+
 def to_view(points, tf: ViewTransforms, view: int, xp=np):
-    """Camera-0 points (..., 3) -> view ``view``'s camera frame."""
-    world = points @ xp.asarray(tf.from0) + xp.asarray(tf.origin0)
-    return (world - xp.asarray(tf.origin[view])) @ xp.asarray(tf.rot[view])
+    """Camera-0 points (..., 3) -> view ``view``'s camera frame (out of camera 0, into the view)."""
+    world = mat3(points, xp.asarray(tf.from0)) + xp.asarray(tf.origin0)
+    return mat3(world - xp.asarray(tf.origin[view]), xp.asarray(tf.rot[view]))
 
 
 def project(q, xp=np):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .architecture import IMAGE_SIZE
-from .camera import CENTER, FOCAL, MAX_PIXEL, ViewTransforms
+from .camera import ViewTransforms, mat3, project
 
 STD_EPS = 1e-6
 
@@ -37,24 +37,16 @@ class DeviceTransforms:
                    backend.asarray(np.stack([t.packed() for t in tfs])), tfs[0].rot.shape[0])
 
 
-def _mat3(xp, p, m):
-    """p (B,n,3) times m (B,3,3) in the original's float32 order: ((p0*m0 + p1*m1) + p2*m2), no fused multiply-add."""
-    return (p[..., 0:1] * m[:, None, 0, :] + p[..., 1:2] * m[:, None, 1, :]) + p[..., 2:3] * m[:, None, 2, :]
-
-
 def _view_pixels(xp, points, tf: DeviceTransforms, view: int):
     """Pixel (h, w) of camera-0 points (B,n,3) in ``view``, clamped to the image.
 
     The original moves points out of camera 0 and into the view (a round trip for view 0) and
-    projects them; the same float32 operations in the same order are kept here, because the
-    published weights' outputs depend on which side of a pixel boundary a point falls.
+    projects them; the same float32 operations in the same order are kept here (``camera.mat3``),
+    because the published weights' outputs depend on which side of a pixel boundary a point falls.
     """
-    world = _mat3(xp, points, tf.from0) + tf.origin0[:, None, :]
-    q = _mat3(xp, world - tf.origin[:, view, None, :], tf.rot[:, view])
-    x, y, z = q[..., 0], q[..., 1], q[..., 2]
-    h = FOCAL * ((-y) / (-z)) + CENTER
-    w = FOCAL * (x / (-z)) + CENTER
-    return xp.clip(h, 0.0, MAX_PIXEL), xp.clip(w, 0.0, MAX_PIXEL)
+    world = mat3(points, tf.from0[:, None]) + tf.origin0[:, None, :]
+    q = mat3(world - tf.origin[:, view, None, :], tf.rot[:, view, None])
+    return project(q, xp)
 
 
 def _pool_views(xp, per_view):
