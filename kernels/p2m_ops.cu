@@ -41,6 +41,17 @@ __device__ __forceinline__ void xm_view_pixel(const float* __restrict__ T, int V
 
 // max, mean, std = sqrt(mean((x - mean)^2) + 1e-6) over V values, summing left to right like
 // NumPy's reduction over a leading axis, dividing by V.
+// This thread's item of a projection over (sample b, point pt of B*N, channel c of CT): false
+// for the threads past the end.
+__device__ __forceinline__ bool xm_thread_item(int B, int N, int CT, int& c, long long& pt, int& b) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * N * CT) return false;
+    c = (int)(idx % CT);
+    pt = idx / CT;
+    b = (int)(pt / N);
+    return true;
+}
+
 // Channel c of the maps' concatenation (up to 4 maps): the map it lies in, that map's size and
 // channel count, and the channel within it.
 __device__ __forceinline__ void xm_pick_map(int c, const float* m0, const float* m1, const float* m2,
@@ -87,12 +98,9 @@ extern "C" __global__ void graph_projection(
     int s0, int s1, int s2, int s3, int c0, int c1, int c2, int c3,
     int B, int N, int V, int quirk, float* __restrict__ out) {
     const int CT = c0 + c1 + c2 + c3;
-    const long long total = (long long)B * N * CT;
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    const int c = (int)(idx % CT);
-    const long long pt = idx / CT;
-    const int b = (int)(pt / N);
+    int c, b;
+    long long pt;
+    if (!xm_thread_item(B, N, CT, c, pt, b)) return;
     const float* p = coords + pt * 3;
     const float p0 = p[0], p1 = p[1], p2 = p[2];
     const float* T = tf + (long long)b * (12 + 12 * V);
@@ -135,12 +143,9 @@ extern "C" __global__ void local_projection(
     int s0, int s1, int s2, int c0, int c1, int c2,
     int B, int N, int V, float* __restrict__ out) {
     const int CT = c0 + c1 + c2;
-    const long long total = (long long)B * N * CT;
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    const int c = (int)(idx % CT);
-    const long long pt = idx / CT;
-    const int b = (int)(pt / N);
+    int c, b;
+    long long pt;
+    if (!xm_thread_item(B, N, CT, c, pt, b)) return;
     const float* p = points + pt * 3;
     const float p0 = p[0], p1 = p[1], p2 = p[2];
     const float* T = tf + (long long)b * (12 + 12 * V);
