@@ -282,3 +282,70 @@ extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* 
     float v = __fadd_rn(__fadd_rn(y[row * ldy + c], acc), bias[c]);
     out[idx] = relu ? fmaxf(v, 0.0f) : v;
 }
+
+// Local graph convolution of a deformation reasoning block after the one GEMM y = x [W0 | W1]
+// (hypothesis-major rows (b, k, n), width 2*cout: y0 = columns [0, cout), y1 = [cout, 2*cout)):
+// out[b,k,n,c] = relu((y0[b,k,n,c] + sum_j A1[k,j] y1[b,j,n,c]) + bias[c]) (+ res[b,k,n,c]).
+// The 43 x 43 mixing and the epilogue in one pass: each thread owns one (b, n, c) column, holds its
+// 43 y1 values in registers and writes the 43 outputs; A1 sits in shared memory (warp-wide broadcast).
+#define XM_HYP 43
+extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const float* __restrict__ a1,
+                                            const float* __restrict__ bias, const float* __restrict__ res,
+                                            float* __restrict__ out, int B, int N, int cout) {
+    __shared__ float a[XM_HYP * XM_HYP];
+    for (int i = threadIdx.x; i < XM_HYP * XM_HYP; i += blockDim.x) a[i] = a1[i];
+    __syncthreads();
+    const long long columns = (long long)B * N * cout;
+    const long long ldy = 2LL * cout;
+    const long long plane = (long long)N * cout;     // one hypothesis of one sample, in out
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < columns;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % cout);
+        const long long bn = idx / cout;
+        const int n = (int)(bn % N);
+        const long long b = bn / N;
+        const long long row0 = b * XM_HYP * N + n;   // row of (b, k = 0, n); hypothesis k adds k * N
+        float y1[XM_HYP];
+#pragma unroll
+        for (int j = 0; j < XM_HYP; ++j) y1[j] = y[(row0 + (long long)j * N) * ldy + cout + c];
+        const float bc = bias[c];
+        const long long o0 = b * XM_HYP * plane + (long long)n * cout + c;
+#pragma unroll 1
+        for (int k = 0; k < XM_HYP; ++k) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < XM_HYP; ++j) acc = fmaf(a[k * XM_HYP + j], y1[j], acc);
+            float v = __fadd_rn(__fadd_rn(y[(row0 + (long long)k * N) * ldy + c], acc), bc);
+            v = fmaxf(v, 0.0f);
+            const long long o = o0 + (long long)k * plane;
+            if (res != nullptr) v = __fadd_rn(v, res[o]);
+            out[o] = v;
+        }
+    }
+}
+
+// End of a deformation reasoning block: w = softmax over the K hypotheses of score[b,:,n];
+// new[b,n,:] = centers[b,n,:] + sum_k w_k offsets[k,:]. One thread per (b, n).
+extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,
+                                                     const float* __restrict__ centers, float* __restrict__ out,
+                                                     int B, int K, int N) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)B * N) return;
+    const int n = (int)(idx % N);
+    const long long b = idx / N;
+    const float* s = score + b * K * N + n;
+    float m = s[0];
+    for (int k = 1; k < K; ++k) m = fmaxf(m, s[(long long)k * N]);
+    float total = 0.0f;
+    for (int k = 0; k < K; ++k) total = __fadd_rn(total, expf(__fsub_rn(s[(long long)k * N], m)));
+    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        const float w = __fdiv_rn(expf(__fsub_rn(s[(long long)k * N], m)), total);
+        d0 = fmaf(w, offsets[3 * k], d0);
+        d1 = fmaf(w, offsets[3 * k + 1], d1);
+        d2 = fmaf(w, offsets[3 * k + 2], d2);
+    }
+    out[3 * idx] = __fadd_rn(centers[3 * idx], d0);
+    out[3 * idx + 1] = __fadd_rn(centers[3 * idx + 1], d1);
+    out[3 * idx + 2] = __fadd_rn(centers[3 * idx + 2], d2);
+}

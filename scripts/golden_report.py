@@ -34,8 +34,9 @@ def blocks_line(label, blocks):
 
 
 blocks_line("stage 1 as computed      ", run[1].stage1_blocks)
-choice, blocks, count = T.stage1_with_resolved_edges.__wrapped__(SHARED / "golden", golden, inputs, run)
+choice, blocks, count, extra = T.stage1_with_resolved_edges.__wrapped__(SHARED / "golden", golden, inputs, run)
 print(f"edge samples: {count}, the original's noise put {int(choice.sum())} at the cell edge and {count - int(choice.sum())} below it")
+print(f"near-edge samples of the later projections searched: {extra}")
 blocks_line("stage 1, edges recovered ", blocks)
 stage2 = T.stage2_from_golden.__wrapped__(golden, inputs, run)
 for b in (1, 2):

@@ -143,6 +143,24 @@ def test_local_gconv_equals_reference(cp, gb, ref_gb, residual, cout):
     np.testing.assert_allclose(out.get(), ref.get(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch,n", [(1, 2466), (3, 157)])
+def test_hypothesis_update_kernel_equals_reference(cp, gb, ref_gb, batch, n):
+    from xmesh.model.deformation import hypothesis_update
+
+    rng = np.random.default_rng(n)
+    centers = cp.asarray(rng.standard_normal((batch, n, 3)).astype(np.float32))
+    score = cp.asarray((rng.standard_normal((batch, 43, n)) * 5).astype(np.float32))
+    offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.02).astype(np.float32))
+    out = hypothesis_update(gb, centers, score, offsets).get()
+    ref = hypothesis_update(ref_gb, centers, score, offsets).get()
+    s = score.get().astype(np.float64)
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    exact = centers.get() + np.einsum("bkn,kd->bnd", w, offsets.get().astype(np.float64))
+    np.testing.assert_allclose(out, exact, rtol=0, atol=2e-7)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=5e-7)   # the reference rounds in another order
+
+
 @pytest.mark.parametrize("size,kernel,stride,cin", [(224, 3, 1, 3), (224, 3, 2, 16), (28, 5, 2, 128), (7, 3, 1, 32)])
 def test_conv2d_same_equals_numpy(cp, gb, size, kernel, stride, cin):
     from xmesh.backends import get_backend
@@ -246,20 +264,48 @@ def test_graph_replay_equals_eager(cp, gb):
         np.testing.assert_array_equal(r, e)
 
 
-def test_capturing_cublas_work_says_why_it_fails(cp, gpu_model, scenes):
-    """CuPy refuses cuBLAS under stream capture; the backend says so instead of a bare NotImplementedError."""
+def test_capturing_cublas_work_says_why_it_fails(cp, scenes):
+    """fp16 mode runs its deformation GEMMs through cuBLAS, which CuPy refuses under stream capture;
+    the backend says so instead of a bare NotImplementedError, and the model still runs eagerly."""
+    from xmesh import Reconstructor
     from xmesh.backends.cupy_backend import GraphCaptureError
-    from xmesh.model import network
-    from xmesh.model.projection import DeviceTransforms
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.model.deformation import local_gconv
+    from xmesh.template_gen import generate_template
 
-    images, cameras = scenes
-    be = gpu_model.backend
-    flat = cp.asarray(images[:1].reshape(3, 224, 224, 3))
-    tf = DeviceTransforms.from_cameras(be, cameras[:1])
+    model = Reconstructor(synthetic_weights(2), template=generate_template(), backend="cupy", precision="fp16")
+    be = model.backend
+    assert not be.can_capture_network and not model.graphs
+    layers = model.stage2.blocks[0]
+    x = cp.asarray(np.random.default_rng(1).standard_normal((1, 43, 100, 339)).astype(np.float32))
     with pytest.raises(GraphCaptureError, match="cuBLAS"):
-        be.capture(lambda imgs: network.run_stage1(be, gpu_model.stage1, imgs, tf)[-1], flat, warmup=1)
-    # the backend still works afterwards
-    assert np.isfinite(gpu_model.run(images[:1], cameras[:1])[1].get()).all()
+        be.capture(lambda h: local_gconv(be, layers[0], h, model.stage2.sample_cheb1, model.stage2.sample_cheb0),
+                   x, warmup=1)
+    images, cameras = scenes
+    assert np.isfinite(model.run(images[:1], cameras[:1])[1].get()).all()
+
+
+def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
+    """fp32: the second call with a batch size captures the whole network, later calls replay it;
+    replays equal eager runs bit for bit, on the captured inputs and on new ones."""
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.template_gen import generate_template
+
+    weights, template = synthetic_weights(3), generate_template()
+    images, cameras = scenes
+    eager = Reconstructor(weights, template=template, backend="cupy", graphs=False)
+    graphed = Reconstructor(weights, template=template, backend="cupy")
+    assert graphed.graphs
+    for size in (1, 2):
+        for start in (0, 1, 0):          # call 1 eager, call 2 captures + replays, call 3 replays new inputs
+            sl = slice(start, start + size)
+            want = [a.get() for a in eager.run(images[sl], cameras[sl])]
+            got = [a.get() for a in graphed.run(images[sl], cameras[sl])]
+            for w, g in zip(want, got):
+                np.testing.assert_array_equal(g, w)
+        assert size in graphed._captured
+    assert not eager._captured
 
 
 def test_stage1_graph_conv_kernel_equals_reference(cp, gb, ref_gb):

@@ -89,14 +89,40 @@ def ambiguous_view0_samples(template):
     return np.where(np.abs(coord[:, 1]) < 1e-12)[0], np.where(np.abs(coord[:, 0]) < 1e-12)[0]
 
 
+#: A pixel position this close (in pixels, ~5 float32 ulps at 100) to a cell edge of a stage-1 map
+#: is decided by float32 rounding noise: no two implementations need agree on its side.
+NEAR_EDGE_PX = 5e-5
+
+
+def near_edge_samples(points, cameras, strides=(4, 8, 16, 32)):
+    """(vertex, view, axis, edge) of the pixel positions of ``points`` (the original's own input to a
+    later projection) that lie within NEAR_EDGE_PX of a cell edge of any stage-1 map."""
+    from xmesh.backends import get_backend
+    from xmesh.model.projection import DeviceTransforms, _view_pixels
+
+    cpu = get_backend("numpy")
+    tf = DeviceTransforms.from_cameras(cpu, cameras[None].astype(np.float32))
+    found = {}
+    for view in range(tf.num_views):
+        for axis, values in enumerate(_view_pixels(np, points[None].astype(np.float32), tf, view)):
+            for r in strides:
+                q = values[0].astype(np.float64) / r
+                for n in np.where(np.abs(q - np.round(q)) * r < NEAR_EDGE_PX)[0]:
+                    found[(int(n), view, axis)] = float(np.round(q[n]) * r)
+    return [(n, view, axis, edge) for (n, view, axis), edge in sorted(found.items())]
+
+
 @pytest.fixture(scope="module")
 def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
-    """Search the original's choices at those edge samples; everything else is computed as usual.
+    """Search the original's choices at ambiguous samples; everything else is computed as usual.
 
-    Each ambiguous sample reads either cell 28 (h = 112) or cell 27 (h just below 112). A greedy
-    search over these binary choices looks for the assignment under which our stage 1 reproduces
-    the original. If the rest of our stage 1 differed from the original anywhere, no assignment
-    could bring block 1 to agreement; with a wrong assignment it is far off (see the next test).
+    Two kinds of sample are ambiguous. (1) The 26 template vertices whose view-0 pixel is exactly a
+    cell edge (h or w == 112): each reads cell 28 (h = 112) or cell 27 (h just below 112); a greedy
+    search over these binary choices scores block 1. (2) Samples of the later projections (layers
+    15 and 31) whose position, computed from the original's own input to that projection, lies
+    within NEAR_EDGE_PX of an edge: all their combinations are tried, scored on blocks 2 and 3.
+    If the rest of our stage 1 differed from the original anywhere, no assignment could bring the
+    blocks to agreement; with a wrong assignment they are far off (see the tests below).
     """
     from xmesh.model import network, projection
 
@@ -107,17 +133,28 @@ def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
     images, cameras = inputs
     flat = model.backend.asarray(images)
     tf = projection.DeviceTransforms.from_cameras(model.backend, cameras[None])
+    later = {156: near_edge_samples(golden["stage1_block1"], cameras),   # input of layer 15
+             618: near_edge_samples(golden["stage1_block2"], cameras)}   # input of layer 31
+    extra = [(n_points, sample) for n_points, samples in later.items() for sample in samples]
 
     host = model.backend.to_numpy
     template_coord = model.backend.asarray(model.template.coord)
 
-    def blocks_for(choice):
+    def blocks_for(choice, extra_choice=()):
         def pixels(xp, points, tf_, view):
             h, w = original(xp, points, tf_, view)
-            if view == 0 and points.shape[1] == template_coord.shape[0] and bool(xp.all(points[0] == template_coord)):
+            is_template = points.shape[1] == template_coord.shape[0] and bool(xp.all(points[0] == template_coord))
+            if view == 0 and is_template:
                 h, w = xp.asarray(h, copy=True), xp.asarray(w, copy=True)
                 h[:, h_edge] = model.backend.asarray(np.where(choice[: len(h_edge)], np.float32(112), below))
                 w[:, w_edge] = model.backend.asarray(np.where(choice[len(h_edge):], np.float32(112), below))
+            elif not is_template:
+                hw = [xp.asarray(h, copy=True), xp.asarray(w, copy=True)]
+                for (n_points, (n, v, axis, edge)), on_edge in zip(extra, extra_choice):
+                    if n_points == points.shape[1] and v == view:
+                        value = np.float32(edge) if on_edge else np.nextafter(np.float32(edge), np.float32(0))
+                        hw[axis][:, n] = value
+                h, w = hw
             return h, w
 
         projection._view_pixels = pixels
@@ -132,27 +169,35 @@ def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
             if had_kernel:
                 del model.backend.op_graph_projection
 
-    def score(choice):
-        err = np.abs(blocks_for(choice)[0][0] - golden["stage1_block1"]).max(axis=1)
+    def fraction(blocks, i):
+        err = np.abs(blocks[i][0] - golden[f"stage1_block{i + 1}"]).max(axis=1)
         return (err <= BLOCK_ATOL).mean(), -float(np.median(err))
 
     choice = np.zeros(len(h_edge) + len(w_edge), bool)
-    best = score(choice)
+    best = fraction(blocks_for(choice), 0)
     for _ in range(3):
         improved = False
         for i in range(len(choice)):
             trial = choice.copy()
             trial[i] = ~trial[i]
-            s = score(trial)
+            s = fraction(blocks_for(trial), 0)
             if s > best:
                 choice, best, improved = trial, s, True
         if not improved:
             break
-    return choice, blocks_for(choice), len(h_edge) + len(w_edge)
+    assert len(extra) <= 6, f"{len(extra)} near-edge samples in the later projections: too many to search"
+    options = []
+    for bits in range(2 ** len(extra)):
+        extra_choice = [bool(bits >> i & 1) for i in range(len(extra))]
+        blocks = blocks_for(choice, extra_choice)
+        options.append((fraction(blocks, 2) + fraction(blocks, 1), bits, blocks))
+    _, _, blocks = max(options, key=lambda o: (o[0], -o[1]))
+    return choice, blocks, len(h_edge) + len(w_edge), len(extra)
 
 
 def test_only_float_noise_edge_samples_are_ambiguous(run, stage1_with_resolved_edges):
-    choice, _, count = stage1_with_resolved_edges
+    choice, _, count, extra = stage1_with_resolved_edges
+    assert extra <= 2                       # the demo: one stage-1 sample sits 1.5e-5 px from an edge
     assert count == 26                      # 24 vertices on the h edge (y == 0), the 2 poles on the w edge
     assert 0 < choice.sum() < count         # the original's noise fell on both sides: no rule reproduces it
 

@@ -15,7 +15,11 @@ from .io.weights import load_weights
 from .mesh import Mesh
 from .model import network
 from .model.params import prepare_stage1, prepare_stage2
+from .model.projection import DeviceTransforms
 from .template_gen import generate_template
+
+
+TRANSFORM_ARRAYS = ("from0", "origin0", "rot", "origin", "packed")
 
 
 def _template(template) -> Template:
@@ -35,11 +39,17 @@ class Reconstructor:
     a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
     stage). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
     maps), which the published weights were trained with; turn it off only for weights trained
-    without it.
+    without it. ``graphs`` (CuPy backend, fp32 and tf32): the second call with a given batch size
+    (up to ``graph_max_batch``) captures the whole reconstruction as a CUDA Graph and later calls
+    with that size replay it, which removes the launch overhead that dominates small batches.
     """
 
+    #: Largest batch size replayed from a CUDA Graph: a graph keeps its own intermediates (about
+    #: 1 GB per sample), and launch overhead only matters for small batches.
+    graph_max_batch = 8
+
     def __init__(self, weights: Any, template: Any = None, backend: Any = "numpy", precision: str = "fp32",
-                 view_quirk: bool = True):
+                 view_quirk: bool = True, graphs: bool = True):
         self.backend = get_backend(backend, precision=precision) if isinstance(backend, str) else get_backend(backend)
         self.template = _template(template)
         arrays = load_weights(weights)
@@ -48,6 +58,11 @@ class Reconstructor:
         self.view_quirk = bool(view_quirk)
         self.faces = np.asarray(self.template.faces_triangle[-1], dtype=np.int64)
         self.max_batch: int | None = None   # set after an out-of-memory split
+        # CUDA Graphs: the second call with a batch size captures the whole reconstruction, later
+        # calls with that size replay it (one launch instead of several hundred)
+        self.graphs = bool(graphs) and getattr(self.backend, "can_capture_network", False)
+        self._seen_batches: set[int] = set()
+        self._captured: dict[int, tuple] = {}
 
     # -- low level: device arrays in, device arrays out ------------------------------------
     def run(self, images, cameras: np.ndarray, trace: network.Trace | None = None):
@@ -66,6 +81,7 @@ class Reconstructor:
         except Exception as exc:
             if not self.backend.is_out_of_memory(exc):
                 raise
+            self._captured.clear()          # a captured graph holds its own intermediates
             self.backend.release_memory()
             if batch == 1 or trace is not None:
                 raise DeviceOutOfMemoryError(
@@ -81,7 +97,28 @@ class Reconstructor:
         xp = self.backend.xp
         batch = cameras.shape[0]
         flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
-        return network.run_network(self.backend, self.stage1, self.stage2, flat, cameras, self.view_quirk, trace)
+        tf = DeviceTransforms.from_cameras(self.backend, cameras)
+        if trace is None and self.graphs and batch <= self.graph_max_batch:
+            if batch in self._captured or batch in self._seen_batches:
+                return self._replay(batch, flat, tf)
+            self._seen_batches.add(batch)
+        return network.run_network_on_device(self.backend, self.stage1, self.stage2, flat, tf, self.view_quirk, trace)
+
+    def _replay(self, batch: int, images, tf: DeviceTransforms):
+        """Run the captured graph for this batch size (capturing it first); returns copies of its outputs."""
+        entry = self._captured.get(batch)
+        if entry is None:
+            static_images = self.backend.xp.asarray(images, copy=True)
+            static_tf = DeviceTransforms(*(getattr(tf, f).copy() for f in TRANSFORM_ARRAYS), tf.num_views)
+            graph = self.backend.capture(network.run_network_on_device, self.backend, self.stage1, self.stage2,
+                                         static_images, static_tf, self.view_quirk, warmup=1)
+            entry = self._captured[batch] = (graph, static_images, static_tf)
+        graph, static_images, static_tf = entry
+        static_images[...] = images
+        for name in TRANSFORM_ARRAYS:
+            getattr(static_tf, name)[...] = getattr(tf, name)
+        coarse, refined = graph.replay()
+        return coarse.copy(), refined.copy()
 
     def _concat(self, parts):
         xp = self.backend.xp

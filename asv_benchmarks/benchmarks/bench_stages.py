@@ -62,7 +62,12 @@ class Stages(Benchmark):
         self.work.stage2()
 
     def time_total(self, inputs, backend, batch):
+        """On CuPy: replays of the captured CUDA Graph (asv's warm-up calls capture it)."""
         self.work.total()
+
+    def time_total_eager(self, inputs, backend, batch):
+        """The same call with CUDA Graphs off: every kernel launched from Python."""
+        self.work.total_eager()
 
 
 class Memory(Benchmark):

@@ -7,13 +7,20 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
   mean / std over views, coordinates) in one launch;
 - ``local_projection``: the whole stage-2 projection (transform, 3 x 4 bilinear taps per view,
   pooling) in one launch;
-- ``gconv_epilogue_*``: relu((y0 + A y1) + b) (+ residual) of a local graph convolution, after
-  X W0 and X W1 (cuBLAS) and the 43 x 43 mixing as one GEMM over the hypothesis-major layout;
-- ``im2col_nhwc`` + cuBLAS + ``bias_act``: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
+- ``drb_mix_epilogue``: the 43 x 43 mixing and relu(y0 + A y1 + b) (+ residual) of a local graph
+  convolution in one pass, after the one GEMM y = X [W0 | W1];
+- ``hypothesis_softmax_update``: softmax over the 43 hypotheses and the new vertex positions;
+- ``im2col_nhwc`` + GEMM with fused bias and ReLU: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
 
-Precision: ``fp32`` (plain float32 GEMMs), ``tf32`` (the CNN and deformation GEMMs on the tensor
-cores with TF32 inputs), ``fp16`` (the deformation-reasoning GEMMs in half precision with float32
-accumulation; the CNN and stage 1 stay float32). The camera arithmetic is always exact float32.
+Every matrix product runs through xmesh's own tensor-core GEMM (``kernels/tc_gemm.cu``), so a whole
+reconstruction is built from our kernels and CuPy element-wise kernels, and can be captured as one
+CUDA Graph (CuPy refuses cuBLAS under stream capture).
+
+Precision: ``fp32`` (default: every product as "3xTF32", operands split into two TF32 parts and
+three tensor-core products accumulated in float32, which keeps float32 accuracy), ``tf32`` (one
+TF32 product: ~1e-3 relative error), ``fp16`` (the deformation-reasoning GEMMs through cuBLAS in
+half precision with float32 accumulation, the CNN and stage 1 as in ``fp32``; cannot be captured).
+The camera arithmetic is always exact float32.
 """
 from __future__ import annotations
 
@@ -27,10 +34,20 @@ from .cuda_kernels import get_function, require_cupy
 from .numpy_backend import same_padding
 
 KERNEL_FILE = "p2m_ops.cu"
+GEMM_FILE = "tc_gemm.cu"
 PRECISIONS = ("fp32", "tf32", "fp16")
 THREADS = 256
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
+#: The GEMM kernel's tile: 128 rows of C per block; BN columns (128 or 64); K in slices of 16 through
+#: a 3-stage shared-memory ring (kernels/tc_gemm.cu, XG_*).
+GEMM_BM, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 3, 256
+#: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
+GEMM_TARGET_BLOCKS = 264
+#: ...into parts of at least this many columns of K.
+GEMM_SPLIT_MIN_K = 256
+#: Hypotheses per vertex the fused deformation kernels are built for (kernels/p2m_ops.cu, XM_HYP).
+HYPOTHESES = 43
 
 
 def _grid(total: int, cap: int = 1 << 20) -> tuple:
@@ -92,9 +109,16 @@ class CupyBackend(Backend):
         self._fp32_type = getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
         self._tf32_type = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
         self._layer_cache: dict = {}
+        self._gemm_kernels: dict = {}
+        self.gemm_passes = 1 if precision == "tf32" else 3
         self._options = ("-std=c++17",)
         with self.device:
             self._kernel("bias_act")  # compile now: a broken toolchain fails at construction
+
+    @property
+    def can_capture_network(self) -> bool:
+        """Whether a whole reconstruction can be captured as a CUDA Graph (not in fp16 mode, which uses cuBLAS)."""
+        return self.precision != "fp16"
 
     # ------------------------------------------------------------------ basics
     def _kernel(self, name: str):
@@ -126,6 +150,76 @@ class CupyBackend(Backend):
 
     def synchronize(self) -> None:
         self.cupy.cuda.get_current_stream().synchronize()
+
+    # ------------------------------------------------------------------ GEMM
+    def _gemm_kernel(self, passes: int, bn: int, vec: bool):
+        key = (passes, bn, vec)
+        kernel = self._gemm_kernels.get(key)
+        if kernel is None:
+            kernel = get_function(GEMM_FILE, f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", ("-std=c++17",))
+            kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn)   # > 48 KB needs the opt-in
+            self._gemm_kernels[key] = kernel
+        return kernel
+
+    @staticmethod
+    def _gemm_smem(bn: int) -> int:
+        return GEMM_STAGES * (GEMM_BM * (GEMM_BK + 4) + GEMM_BK * (bn + 8)) * 4
+
+    def gemm(self, a, b, out=None, bias=None, relu: bool = False, passes: int | None = None):
+        """``act(a @ b + bias)`` for float32 a (M,K), b (K,N) on the tensor cores (our kernel).
+
+        ``passes`` 3 (3xTF32, float32 accuracy) or 1 (TF32); default: the backend's precision.
+        ``a`` and ``out`` may be row-strided views (unit column stride); ``out`` defaults to a new (M,N).
+        """
+        cp = self.cupy
+        if a.dtype != cp.float32 or b.dtype != cp.float32:
+            raise InputError(f"gemm takes float32 operands, got {a.dtype} and {b.dtype}")
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise InputError(f"gemm: shapes {a.shape} and {b.shape} do not multiply")
+        if a.strides[1] != 4 or a.strides[0] % 4:
+            a = cp.ascontiguousarray(a)
+        if b.strides[1] != 4 or b.strides[0] % 4:
+            b = cp.ascontiguousarray(b)
+        m, k = a.shape
+        n = b.shape[1]
+        if out is None:
+            out = cp.empty((m, n), dtype=cp.float32)
+        elif out.shape != (m, n) or out.dtype != cp.float32 or out.strides[1] != 4:
+            raise InputError(f"gemm: out must be float32 ({m}, {n}) with unit column stride, got {out.dtype} {out.shape}")
+        if m == 0 or n == 0:
+            return out
+        if k == 0:
+            out[...] = 0.0 if bias is None else cp.maximum(bias, 0.0) if relu else bias
+            return out
+        lda, ldb, ldc = a.strides[0] // 4, b.strides[0] // 4, out.strides[0] // 4
+        vec = (lda % 4 == 0 and ldb % 4 == 0 and k % 4 == 0 and n % 4 == 0
+               and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
+        bn = 128 if n % 128 == 0 else 64
+        passes = self.gemm_passes if passes is None else passes
+        kernel = self._gemm_kernel(passes, bn, vec)
+        tiles = -(-m // GEMM_BM) * -(-n // bn)
+        # few output tiles and a long K (the CNN's deep layers at small batch): split K so every
+        # multiprocessor gets work, each split at least GEMM_SPLIT_MIN_K long
+        splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // GEMM_SPLIT_MIN_K))
+        bias_arg = np.uint64(0) if bias is None else bias
+        if splits == 1:
+            kernel((tiles, 1), (GEMM_THREADS,),
+                   (a, np.int64(lda), b, np.int64(ldb), out, np.int64(ldc), np.int32(m), np.int32(n), np.int32(k),
+                    bias_arg, np.int32(bool(relu)), np.int32(k), np.int64(0)),
+                   shared_mem=self._gemm_smem(bn))
+            return out
+        chunk = -(-k // (splits * GEMM_BK)) * GEMM_BK
+        splits = -(-k // chunk)
+        parts = cp.empty((splits, m, n), dtype=cp.float32)
+        kernel((tiles, splits), (GEMM_THREADS,),
+               (a, np.int64(lda), b, np.int64(ldb), parts, np.int64(n), np.int32(m), np.int32(n), np.int32(k),
+                np.uint64(0), np.int32(0), np.int32(chunk), np.int64(m * n)),
+               shared_mem=self._gemm_smem(bn))
+        get_function(GEMM_FILE, "gemm_splitk_reduce", ("-std=c++17",))(
+            _grid(m * n), (THREADS,),
+            (parts, np.int32(splits), np.int64(m * n), np.int32(m), np.int32(n), out, np.int64(ldc), bias_arg,
+             np.int32(bool(relu))))
+        return out
 
     @contextlib.contextmanager
     def _math(self):
@@ -179,10 +273,7 @@ class CupyBackend(Backend):
                        (part, cols, np.int32(m), np.int32(h), np.int32(w), np.int32(cin), np.int32(kh),
                         np.int32(kw), np.int32(stride), np.int32(ho), np.int32(wo), np.int32(top), np.int32(left)))
             y = out[start:start + m].reshape(m * ho * wo, cout)
-            with self._math():
-                cp.matmul(cols, flat_w, out=y)
-        self._kernel("bias_act")(_grid(out.size), (THREADS,),
-                                 (out, bias, np.int64(out.size), np.int32(cout), np.int32(bool(relu))))
+            self.gemm(cols, flat_w, out=y, bias=bias, relu=relu)
         return out
 
     # ------------------------------------------------------------------ fast paths
@@ -221,8 +312,7 @@ class CupyBackend(Backend):
         b, n, cin = x.shape
         cout = layer.cout
         x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
-        with self._math():
-            y = x2 @ layer.weight                                   # (B*N, 2*cout)
+        y = self.gemm(x2, layer.weight)   # (B*N, 2*cout)
         out = cp.empty((b, n, cout), dtype=cp.float32)
         total = out.size
         self._kernel("csr_gconv")(
@@ -264,6 +354,38 @@ class CupyBackend(Backend):
         return out
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
+        if self.precision != "fp16" and cheb0 is None and x.shape[1] == HYPOTHESES:
+            return self._local_gconv_fused(layer, x, cheb1, residual)
+        return self._local_gconv_cublas(layer, x, cheb1, cheb0, residual)
+
+    def _local_gconv_fused(self, layer, x, cheb1, residual):
+        """One tensor-core GEMM y = X [W0 | W1], then the mixing and epilogue kernel."""
+        cp = self.cupy
+        b, k, n, cin = x.shape
+        cout = layer.cout
+        weight = layer.weight if layer.weight0 is None else cp.concatenate([layer.weight0, layer.weight], axis=1)
+        y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), weight)
+        out = cp.empty((b, k, n, cout), dtype=cp.float32)
+        res = np.uint64(0) if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
+        columns = b * n * cout
+        self._kernel("drb_mix_epilogue")(_grid(columns), (THREADS,),
+                                         (y, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias, res, out,
+                                          np.int32(b), np.int32(n), np.int32(cout)))
+        return out
+
+    def op_hypothesis_update(self, centers, score, offsets):
+        """Softmax over the hypotheses (axis 1 of score (B,K,N)) and the moved centers (B,N,3)."""
+        cp = self.cupy
+        b, k, n = score.shape
+        out = cp.empty((b, n, 3), dtype=cp.float32)
+        self._kernel("hypothesis_softmax_update")(
+            _grid(b * n), (THREADS,),
+            (cp.ascontiguousarray(score, dtype=cp.float32), cp.ascontiguousarray(offsets, dtype=cp.float32),
+             cp.ascontiguousarray(centers, dtype=cp.float32), out, np.int32(b), np.int32(k), np.int32(n)))
+        return out
+
+    def _local_gconv_cublas(self, layer, x, cheb1, cheb0, residual):
+        """fp16 mode (cuBLAS half GEMMs), or a non-identity first support: the separate-GEMM path."""
         cp = self.cupy
         w0, w1, bias, a1, a0 = self._local_weights(layer, cheb1, cheb0)
         dtype = w0.dtype

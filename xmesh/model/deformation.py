@@ -49,6 +49,15 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     x4 = conv(layers[3], x3)
     x5 = conv(layers[4], x4, x3)
     score = conv(layers[5], x5)[..., 0]                                  # (B,K,N)
+    return hypothesis_update(backend, centers, score, offsets)
+
+
+def hypothesis_update(backend, centers, score, offsets):
+    """centers (B,N,3) + sum_k softmax_k(score (B,K,N)) offsets[k]: the block's new vertex positions."""
+    fast = backend.try_fast_path("hypothesis_update", centers, score, offsets)
+    if fast is not None:
+        return fast
+    xp = backend.xp
     score = score - xp.max(score, axis=1, keepdims=True)
     e = xp.exp(score)
     weight = e / xp.sum(e, axis=1, keepdims=True)

@@ -86,6 +86,12 @@ def run_network(backend, stage1_params, stage2_params, images, cameras, view_qui
                 trace: Trace | None = None):
     """images: device (B*V,224,224,3); cameras: host (B,V,5). Returns (coarse (B,N,3), refined (B,N,3))."""
     tf = DeviceTransforms.from_cameras(backend, cameras)
+    return run_network_on_device(backend, stage1_params, stage2_params, images, tf, view_quirk, trace)
+
+
+def run_network_on_device(backend, stage1_params, stage2_params, images, tf: DeviceTransforms,
+                          view_quirk: bool = True, trace: Trace | None = None):
+    """As ``run_network`` with the view transforms already on the device: device work only (capturable)."""
     coarse = run_stage1(backend, stage1_params, images, tf, view_quirk, trace)[-1]
     refined = run_stage2(backend, stage2_params, images, coarse, tf, trace)
     return coarse, refined

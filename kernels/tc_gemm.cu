@@ -1,0 +1,265 @@
+// Tensor-core GEMM for the CuPy backend: C = act(A B + bias), float32 in and out.
+//
+// A (M x K, row stride lda), B (K x N, row stride ldb), C (M x N, row stride ldc), all row-major
+// float32. The products run on the tensor cores with mma.sync m16n8k8 TF32 instructions:
+//   PASSES = 3: "3xTF32": each operand x is split into big = tf32(x) and small = tf32(x - big);
+//               a b ~ a_small b_big + a_big b_small + a_big b_big, accumulated in float32. The
+//               dropped a_small b_small term is ~2^-22 of the product, so the result has float32
+//               accuracy (this is the backend's "fp32" mode);
+//   PASSES = 1: one TF32 product (the "tf32" mode; ~1e-3 relative error per product).
+//
+// Tiling: a block of 256 threads (8 warps) computes a 128 x BN tile of C, stepping through K in
+// slices of 16 that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
+// outside the matrix are zero-filled by the copy itself (src-size 0), so M, N and K are arbitrary.
+// VEC = true copies 16 bytes at a time and needs lda, ldb, K and N to be multiples of 4 and A, B
+// 16-byte aligned (the host checks); VEC = false copies single floats and takes anything.
+//
+// The block index runs over N tiles fastest, so the blocks that share a slice of A run together
+// and read it from L2.
+
+#define XG_BM 128
+#ifndef XG_BK
+#define XG_BK 16
+#endif
+#ifndef XG_STAGES
+#define XG_STAGES 3
+#endif
+#define XG_THREADS 256
+#define XG_A_STRIDE (XG_BK + 4)   // 20 floats: fragment loads hit 32 distinct banks
+
+__device__ __forceinline__ unsigned xg_smem(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void xg_copy16(float* dst, const float* src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(xg_smem(dst)), "l"(src), "r"(full ? 16 : 0));
+}
+
+__device__ __forceinline__ void xg_copy4(float* dst, const float* src, bool full) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(xg_smem(dst)), "l"(src), "r"(full ? 4 : 0));
+}
+
+__device__ __forceinline__ void xg_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+__device__ __forceinline__ void xg_wait_stages() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(XG_STAGES - 2));
+}
+
+__device__ __forceinline__ unsigned xg_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// big = x rounded to TF32 (10 mantissa bits, to nearest by adding half a unit of the 13 dropped
+// bits); small = x - big, exact in float32, whose low bits the tensor core ignores (a truncation of
+// ~2^-11 of small, i.e. ~2^-22 of x). Integer arithmetic instead of cvt.rna.tf32 keeps it to two
+// instructions for big and one for small.
+template <int PASSES>
+__device__ __forceinline__ void xg_split(float x, unsigned& big, unsigned& small) {
+#ifdef XG_CVT_SPLIT
+    big = xg_tf32(x);
+    if (PASSES == 3) small = xg_tf32(x - __uint_as_float(big));
+#else
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    if (PASSES == 3) small = __float_as_uint(x - __uint_as_float(big));
+#endif
+}
+
+__device__ __forceinline__ void xg_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Copy the K slice [k0, k0 + 16) of the block's A rows and B columns into one ring stage.
+template <int BN, bool VEC>
+__device__ __forceinline__ void xg_load_stage(float* As, float* Bs, const float* __restrict__ A, long lda,
+                                              const float* __restrict__ B, long ldb, int M, int N, int K,
+                                              int m0, int n0, int k0, int tid) {
+    constexpr int B_STRIDE = BN + 8;
+    if (VEC) {
+#pragma unroll
+        for (int i = 0; i < (XG_BM * XG_BK / 4) / XG_THREADS; ++i) {
+            int idx = tid + i * XG_THREADS;
+            int row = idx / (XG_BK / 4), c4 = (idx % (XG_BK / 4)) * 4;
+            bool ok = (m0 + row < M) && (k0 + c4 < K);
+            xg_copy16(As + row * XG_A_STRIDE + c4, ok ? A + (long)(m0 + row) * lda + k0 + c4 : A, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < (XG_BK * BN / 4) / XG_THREADS; ++i) {
+            int idx = tid + i * XG_THREADS;
+            int row = idx / (BN / 4), c4 = (idx % (BN / 4)) * 4;
+            bool ok = (k0 + row < K) && (n0 + c4 < N);
+            xg_copy16(Bs + row * B_STRIDE + c4, ok ? B + (long)(k0 + row) * ldb + n0 + c4 : B, ok);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < (XG_BM * XG_BK) / XG_THREADS; ++i) {
+            int idx = tid + i * XG_THREADS;
+            int row = idx / XG_BK, col = idx % XG_BK;
+            bool ok = (m0 + row < M) && (k0 + col < K);
+            xg_copy4(As + row * XG_A_STRIDE + col, ok ? A + (long)(m0 + row) * lda + k0 + col : A, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < (XG_BK * BN) / XG_THREADS; ++i) {
+            int idx = tid + i * XG_THREADS;
+            int row = idx / BN, col = idx % BN;
+            bool ok = (k0 + row < K) && (n0 + col < N);
+            xg_copy4(Bs + row * B_STRIDE + col, ok ? B + (long)(k0 + row) * ldb + n0 + col : B, ok);
+        }
+    }
+}
+
+template <int BN, int WARPS_M, int PASSES, bool VEC>
+__device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, const float* __restrict__ B, long ldb,
+                                        float* __restrict__ C, long ldc, int M, int N, int K,
+                                        const float* __restrict__ bias, int relu) {
+    constexpr int WARPS_N = (XG_THREADS / 32) / WARPS_M;
+    constexpr int WM = XG_BM / WARPS_M, WN = BN / WARPS_N;
+    constexpr int MT = WM / 16, NT = WN / 8;
+    constexpr int B_STRIDE = BN + 8;   // fragment loads hit 32 distinct banks
+    constexpr int A_STAGE = XG_BM * XG_A_STRIDE, B_STAGE = XG_BK * B_STRIDE;
+    extern __shared__ float4 xg_shared[];
+    float* As = reinterpret_cast<float*>(xg_shared);
+    float* Bs = As + XG_STAGES * A_STAGE;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int tiles_n = (N + BN - 1) / BN;
+    const int m0 = (int)(blockIdx.x / tiles_n) * XG_BM, n0 = (int)(blockIdx.x % tiles_n) * BN;
+    const int ktiles = (K + XG_BK - 1) / XG_BK;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < XG_STAGES - 1; ++s) {
+        if (s < ktiles)
+            xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, A, lda, B, ldb, M, N, K, m0, n0, s * XG_BK, tid);
+        xg_commit();
+    }
+
+    for (int kt = 0; kt < ktiles; ++kt) {
+        xg_wait_stages();
+        __syncthreads();   // slice kt is visible; every warp is done with slice kt - 1's stage
+        int next = kt + XG_STAGES - 1;
+        if (next < ktiles) {
+            int s = next % XG_STAGES;
+            xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, A, lda, B, ldb, M, N, K, m0, n0,
+                                   next * XG_BK, tid);
+        }
+        xg_commit();
+        const float* as = As + (kt % XG_STAGES) * A_STAGE + (wm * WM) * XG_A_STRIDE;
+        const float* bs = Bs + (kt % XG_STAGES) * B_STAGE + wn * WN;
+        // The tensor cores add into their float32 accumulator with truncation, which biases a long
+        // sum; each 16-wide slice is summed on its own and added to acc with a rounded FADD.
+        float part[MT][NT][4];
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < XG_BK; kk += 8) {
+            unsigned a_big[MT][4], a_small[MT][4], b_big[NT][2], b_small[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const float* p = as + (i * 16 + g) * XG_A_STRIDE + kk + t;
+                xg_split<PASSES>(p[0], a_big[i][0], a_small[i][0]);
+                xg_split<PASSES>(p[8 * XG_A_STRIDE], a_big[i][1], a_small[i][1]);
+                xg_split<PASSES>(p[4], a_big[i][2], a_small[i][2]);
+                xg_split<PASSES>(p[8 * XG_A_STRIDE + 4], a_big[i][3], a_small[i][3]);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const float* p = bs + (kk + t) * B_STRIDE + j * 8 + g;
+                xg_split<PASSES>(p[0], b_big[j][0], b_small[j][0]);
+                xg_split<PASSES>(p[4 * B_STRIDE], b_big[j][1], b_small[j][1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    if (PASSES == 3) {
+                        xg_mma(part[i][j], a_small[i], b_big[j]);
+                        xg_mma(part[i][j], a_big[i], b_small[j]);
+                    }
+                    xg_mma(part[i][j], a_big[i], b_big[j]);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] += part[i][j][e];
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int row = m0 + wm * WM + i * 16 + g + (e >= 2 ? 8 : 0);
+                int col = n0 + wn * WN + j * 8 + 2 * t + (e & 1);
+                if (row < M && col < N) {
+                    float v = acc[i][j][e];
+                    if (bias != nullptr) v += bias[col];
+                    if (relu) v = fmaxf(v, 0.0f);
+                    C[(long)row * ldc + col] = v;
+                }
+            }
+}
+
+// Shared memory (bytes) a launch of a BN-wide variant needs.
+#define XG_SMEM_BYTES(BN) (XG_STAGES * (XG_BM * XG_A_STRIDE + XG_BK * ((BN) + 8)) * 4)
+
+// Split K: block row y of the grid takes K columns [y * k_chunk, (y + 1) * k_chunk) and writes its
+// partial product to C + y * split_stride (gemm_splitk_reduce then sums the parts in order, so
+// results do not depend on scheduling). Without a split: gridDim.y = 1, k_chunk >= K.
+#define XG_KERNEL(NAME, BN, WARPS_M, PASSES, VEC)                                                         \
+    extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
+        const float* A, long lda, const float* B, long ldb, float* C, long ldc, int M, int N, int K,     \
+        const float* bias, int relu, int k_chunk, long split_stride) {                                   \
+        const int k_begin = (int)blockIdx.y * k_chunk;                                                    \
+        xg_gemm<BN, WARPS_M, PASSES, VEC>(A + k_begin, lda, B + (long)k_begin * ldb, ldb,                \
+                                          C + blockIdx.y * split_stride, ldc, M, N,                       \
+                                          min(K - k_begin, k_chunk), bias, relu);                        \
+    }
+
+extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, int splits, long split_stride,
+                                              int M, int N, float* __restrict__ C, long ldc,
+                                              const float* __restrict__ bias, int relu) {
+    const long long total = (long long)M * N;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = parts[i];
+        for (int s = 1; s < splits; ++s) v += parts[s * split_stride + i];
+        const int col = (int)(i % N);
+        if (bias != nullptr) v += bias[col];
+        if (relu) v = fmaxf(v, 0.0f);
+        C[(i / N) * ldc + col] = v;
+    }
+}
+
+// Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>
+XG_KERNEL(gemm_3x_n128_v, 128, 2, 3, true)
+XG_KERNEL(gemm_3x_n128_s, 128, 2, 3, false)
+XG_KERNEL(gemm_3x_n64_v, 64, 4, 3, true)
+XG_KERNEL(gemm_3x_n64_s, 64, 4, 3, false)
+XG_KERNEL(gemm_1x_n128_v, 128, 2, 1, true)
+XG_KERNEL(gemm_1x_n128_s, 128, 2, 1, false)
+XG_KERNEL(gemm_1x_n64_v, 64, 4, 1, true)
+XG_KERNEL(gemm_1x_n64_s, 64, 4, 1, false)

@@ -1,0 +1,105 @@
+"""xmesh's tensor-core GEMM (kernels/tc_gemm.cu) against float64 products (GPU; skipped without CUDA).
+
+3xTF32 ("fp32" mode) must be as accurate as a float32 product; one TF32 pass ("tf32") must be
+within TF32's error and measurably less accurate (so the two kernels are not the same code path).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import requires_cuda
+
+pytestmark = [requires_cuda, pytest.mark.gpu]
+
+SHAPES = [  # (M, K, N): tile edges, odd K (single-float copies), narrow N, the model's shapes
+    (1, 3, 1), (37, 27, 16), (128, 16, 64), (129, 17, 65), (300, 339, 384), (1000, 192, 2),
+    (2466, 192, 384), (777, 1152, 256), (5000, 144, 32),
+    (64, 4608, 512), (588, 6400, 256), (147, 4612, 512),   # few tiles, long K: split-K path
+]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def gb():
+    from xmesh.backends import get_backend
+
+    return get_backend("cupy")
+
+
+def rel_error(got, ref):
+    return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+def operands(rng, m, k, n):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    return a, b
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_3xtf32_is_as_accurate_as_float32(cp, gb, m, k, n):
+    rng = np.random.default_rng(m * 7 + k * 3 + n)
+    a, b = operands(rng, m, k, n)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    out = cp.full((m, n), np.nan, dtype=cp.float32)          # poison: every element must be written
+    gb.gemm(cp.asarray(a), cp.asarray(b), out=out, passes=3)
+    got = out.get()
+    assert np.isfinite(got).all()
+    f32 = rel_error(a @ b, ref)                              # NumPy's float32 product
+    err = rel_error(got, ref)
+    assert err <= 4 * f32 + 1e-7, (err, f32)
+
+
+@pytest.mark.parametrize("m,k,n", [(2466, 192, 384), (300, 339, 384), (129, 17, 65)])
+def test_one_tf32_pass_has_tf32_error(cp, gb, m, k, n):
+    rng = np.random.default_rng(k)
+    a, b = operands(rng, m, k, n)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    got = gb.gemm(cp.asarray(a), cp.asarray(b), passes=1).get()
+    err = rel_error(got, ref)
+    assert 3e-5 < err < 3e-3, err
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_strided_views_bias_and_relu(cp, gb, relu):
+    """A and C as row-strided views (lda > K, ldc > N), bias and ReLU fused; C's other columns untouched."""
+    rng = np.random.default_rng(3 + relu)
+    m, k, n = 517, 50, 72
+    if relu:
+        m, k = 200, 1000                     # split-K: bias and ReLU applied by the reduction
+    big_a = rng.standard_normal((m, k + 14)).astype(np.float32)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    c = cp.full((m, 100), 7.0, dtype=cp.float32)
+    gb.gemm(cp.asarray(big_a)[:, 3:3 + k], cp.asarray(b), out=c[:, 10:10 + n], bias=cp.asarray(bias), relu=relu)
+    ref = big_a[:, 3:3 + k].astype(np.float64) @ b + bias
+    if relu:
+        ref = np.maximum(ref, 0.0)
+    got = c.get()
+    np.testing.assert_allclose(got[:, 10:10 + n], ref, rtol=1e-5, atol=1e-5)
+    assert (got[:, :10] == 7.0).all() and (got[:, 10 + n:] == 7.0).all()
+
+
+def test_fresh_inputs_each_call(cp, gb):
+    """Two calls on new data give each its own product (no stale shared-memory or cached state)."""
+    rng = np.random.default_rng(11)
+    for _ in range(2):
+        a, b = operands(rng, 700, 96, 128)
+        got = gb.gemm(cp.asarray(a), cp.asarray(b)).get()
+        np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_operands_are_refused(cp, gb):
+    from xmesh.errors import InputError
+
+    with pytest.raises(InputError, match="do not multiply"):
+        gb.gemm(cp.ones((4, 3), cp.float32), cp.ones((4, 3), cp.float32))
+    with pytest.raises(InputError, match="float32"):
+        gb.gemm(cp.ones((4, 3), cp.float64), cp.ones((3, 3), cp.float32))
