@@ -74,43 +74,42 @@ __device__ __forceinline__ void xg_mma(float (&d)[4], const unsigned (&a)[4], co
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Copy the K slice [k0, k0 + 16) of the block's A rows and B columns into one ring stage.
+// Copy a ROWS x COLS tile of a row-major matrix (src: its first element, ld: row stride) into shared
+// memory (row stride STRIDE). Elements past rows_left / cols_left are zero-filled by the copy.
+template <int ROWS, int COLS, int STRIDE, bool VEC>
+__device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict__ src, long ld, int rows_left,
+                                             int cols_left, int tid) {
+    constexpr int W = VEC ? 4 : 1;   // floats per copy
+#pragma unroll
+    for (int i = 0; i < (ROWS * COLS / W) / XG_THREADS; ++i) {
+        const int idx = tid + i * XG_THREADS;
+        const int row = idx / (COLS / W), col = (idx % (COLS / W)) * W;
+        const bool ok = row < rows_left && col < cols_left;
+        const float* from = ok ? src + (long)row * ld + col : src;
+        if (VEC)
+            xg_copy16(dst + row * STRIDE + col, from, ok);
+        else
+            xg_copy4(dst + row * STRIDE + col, from, ok);
+    }
+}
+
+// Copy the K slice [k0, k0 + XG_BK) of the block's A rows and B columns into one ring stage.
 template <int BN, bool VEC>
 __device__ __forceinline__ void xg_load_stage(float* As, float* Bs, const float* __restrict__ A, long lda,
                                               const float* __restrict__ B, long ldb, int M, int N, int K,
                                               int m0, int n0, int k0, int tid) {
-    constexpr int B_STRIDE = BN + 8;
-    if (VEC) {
+    xg_copy_tile<XG_BM, XG_BK, XG_A_STRIDE, VEC>(As, A + (long)m0 * lda + k0, lda, M - m0, K - k0, tid);
+    xg_copy_tile<XG_BK, BN, BN + 8, VEC>(Bs, B + (long)k0 * ldb + n0, ldb, K - k0, N - n0, tid);
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void xg_zero(float (&x)[MT][NT][4]) {
 #pragma unroll
-        for (int i = 0; i < (XG_BM * XG_BK / 4) / XG_THREADS; ++i) {
-            int idx = tid + i * XG_THREADS;
-            int row = idx / (XG_BK / 4), c4 = (idx % (XG_BK / 4)) * 4;
-            bool ok = (m0 + row < M) && (k0 + c4 < K);
-            xg_copy16(As + row * XG_A_STRIDE + c4, ok ? A + (long)(m0 + row) * lda + k0 + c4 : A, ok);
-        }
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int i = 0; i < (XG_BK * BN / 4) / XG_THREADS; ++i) {
-            int idx = tid + i * XG_THREADS;
-            int row = idx / (BN / 4), c4 = (idx % (BN / 4)) * 4;
-            bool ok = (k0 + row < K) && (n0 + c4 < N);
-            xg_copy16(Bs + row * B_STRIDE + c4, ok ? B + (long)(k0 + row) * ldb + n0 + c4 : B, ok);
-        }
-    } else {
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < (XG_BM * XG_BK) / XG_THREADS; ++i) {
-            int idx = tid + i * XG_THREADS;
-            int row = idx / XG_BK, col = idx % XG_BK;
-            bool ok = (m0 + row < M) && (k0 + col < K);
-            xg_copy4(As + row * XG_A_STRIDE + col, ok ? A + (long)(m0 + row) * lda + k0 + col : A, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < (XG_BK * BN) / XG_THREADS; ++i) {
-            int idx = tid + i * XG_THREADS;
-            int row = idx / BN, col = idx % BN;
-            bool ok = (k0 + row < K) && (n0 + col < N);
-            xg_copy4(Bs + row * B_STRIDE + col, ok ? B + (long)(k0 + row) * ldb + n0 + col : B, ok);
-        }
-    }
+            for (int e = 0; e < 4; ++e) x[i][j][e] = 0.0f;
 }
 
 template <int BN, int WARPS_M, int PASSES, bool VEC>
@@ -134,12 +133,7 @@ __device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, c
     const int ktiles = (K + XG_BK - 1) / XG_BK;
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    xg_zero(acc);
 
 #pragma unroll
     for (int s = 0; s < XG_STAGES - 1; ++s) {
@@ -163,12 +157,7 @@ __device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, c
         // The tensor cores add into their float32 accumulator with truncation, which biases a long
         // sum; each 16-wide slice is summed on its own and added to acc with a rounded FADD.
         float part[MT][NT][4];
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+        xg_zero(part);
 #pragma unroll
         for (int kk = 0; kk < XG_BK; kk += 8) {
             unsigned a_big[MT][4], a_small[MT][4], b_big[NT][2], b_small[NT][2];

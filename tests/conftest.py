@@ -39,3 +39,20 @@ def cuda_available() -> bool:
 
 
 requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs CUDA and CuPy")
+
+
+# GPU fixtures (requested only by tests marked requires_cuda)
+@pytest.fixture(scope="module")
+def cp():
+    """The cupy module."""
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def gb():
+    """The CuPy backend in its default precision (fp32)."""
+    from xmesh.backends import get_backend
+
+    return get_backend("cupy")

@@ -41,20 +41,6 @@ def test_unknown_precision_is_rejected():
 
 # --------------------------------------------------------------------------- fixtures (GPU)
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def gb():
-    from xmesh.backends import get_backend
-
-    return get_backend("cupy")
-
-
-@pytest.fixture(scope="module")
 def ref_gb():
     """A second CuPy backend whose fast paths are switched off: the model's array-API code on the GPU."""
     from xmesh.backends.cupy_backend import CupyBackend

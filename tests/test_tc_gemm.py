@@ -19,20 +19,6 @@ SHAPES = [  # (M, K, N): tile edges, odd K (single-float copies), narrow N, the 
 ]
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def gb():
-    from xmesh.backends import get_backend
-
-    return get_backend("cupy")
-
-
 def rel_error(got, ref):
     return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref))
 
