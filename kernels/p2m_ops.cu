@@ -224,16 +224,6 @@ extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half
 
 #endif  // XM_NO_FP16
 
-// Convolution epilogue, in place: y = act(y + bias) over rows of width cout.
-extern "C" __global__ void bias_act(float* __restrict__ y, const float* __restrict__ bias,
-                                    long long total, int cout, int relu) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        float v = __fadd_rn(y[i], bias[i % cout]);
-        y[i] = relu ? fmaxf(v, 0.0f) : v;
-    }
-}
-
 // im2col for NHWC input with TensorFlow 'SAME' zero padding: cols (N*Ho*Wo, kh*kw*C), rows in NHW
 // order, columns in (ky, kx, c) order (matching a [kh,kw,cin,cout] kernel reshaped to (kh*kw*cin, cout)).
 extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,

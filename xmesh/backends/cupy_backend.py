@@ -113,7 +113,7 @@ class CupyBackend(Backend):
         self.gemm_passes = 1 if precision == "tf32" else 3
         self._options = ("-std=c++17",)
         with self.device:
-            self._kernel("bias_act")  # compile now: a broken toolchain fails at construction
+            self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
 
     @property
     def can_capture_network(self) -> bool:
@@ -354,17 +354,17 @@ class CupyBackend(Backend):
         return out
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
-        if self.precision != "fp16" and cheb0 is None and x.shape[1] == HYPOTHESES:
+        if self.precision != "fp16" and cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:
             return self._local_gconv_fused(layer, x, cheb1, residual)
         return self._local_gconv_cublas(layer, x, cheb1, cheb0, residual)
 
     def _local_gconv_fused(self, layer, x, cheb1, residual):
-        """One tensor-core GEMM y = X [W0 | W1], then the mixing and epilogue kernel."""
+        """One tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the identity), then
+        the mixing and epilogue kernel."""
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
-        weight = layer.weight if layer.weight0 is None else cp.concatenate([layer.weight0, layer.weight], axis=1)
-        y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), weight)
+        y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
         res = np.uint64(0) if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
         columns = b * n * cout
