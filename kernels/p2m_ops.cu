@@ -66,8 +66,12 @@ __device__ __forceinline__ void xm_pick_map(int c, const float* m0, const float*
     m = m3; s = s3; C = c3; cc = c - c2;
 }
 
-__device__ __forceinline__ void xm_pool(const float* vals, int V, float& mx, float& mean, float& sd) {
-    mx = vals[0];
+// Pool channel c of point pt over the V views (max, mean, std = sqrt(var + 1e-6)) and write it to the
+// point's output row [coords(3), max(CT), mean(CT), std(CT)]; the first 3 channels' threads also
+// copy the point p.
+__device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* __restrict__ out, long long pt,
+                                              int CT, int c, const float* __restrict__ p) {
+    float mx = vals[0];
     float sum = vals[0];
 #pragma unroll
     for (int v = 1; v < XM_MAX_VIEWS; ++v) {
@@ -76,7 +80,7 @@ __device__ __forceinline__ void xm_pool(const float* vals, int V, float& mx, flo
             sum = __fadd_rn(sum, vals[v]);
         }
     }
-    mean = __fdiv_rn(sum, (float)V);
+    const float mean = __fdiv_rn(sum, (float)V);
     float d0 = __fsub_rn(vals[0], mean);
     float ss = __fmul_rn(d0, d0);
 #pragma unroll
@@ -86,7 +90,11 @@ __device__ __forceinline__ void xm_pool(const float* vals, int V, float& mx, flo
             ss = __fadd_rn(ss, __fmul_rn(d, d));
         }
     }
-    sd = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f));
+    float* o = out + pt * (3 + 3 * CT);
+    o[3 + c] = mx;
+    o[3 + CT + c] = mean;
+    o[3 + 2 * CT + c] = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f));
+    if (c < 3) o[c] = p[c];
 }
 
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
@@ -126,13 +134,7 @@ extern "C" __global__ void graph_projection(
             vals[v] = 0.0f;
         }
     }
-    float mx, mean, sd;
-    xm_pool(vals, V, mx, mean, sd);
-    float* o = out + pt * (3 + 3 * CT);
-    o[3 + c] = mx;
-    o[3 + CT + c] = mean;
-    o[3 + 2 * CT + c] = sd;
-    if (c < 3) o[c] = p[c];
+    xm_pool_store(vals, V, out, pt, CT, c, p);
 }
 
 // Stage 2: one thread per (sample b, point n, channel c of the 3 concatenated maps).
@@ -183,13 +185,7 @@ extern "C" __global__ void local_projection(
             vals[v] = 0.0f;
         }
     }
-    float mx, mean, sd;
-    xm_pool(vals, V, mx, mean, sd);
-    float* o = out + pt * (3 + 3 * CT);
-    o[3 + c] = mx;
-    o[3 + CT + c] = mean;
-    o[3 + 2 * CT + c] = sd;
-    if (c < 3) o[c] = p[c];
+    xm_pool_store(vals, V, out, pt, CT, c, p);
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.
