@@ -1,4 +1,7 @@
-"""Time xmesh's tensor-core GEMM (3xTF32 and TF32) against cuBLAS (float32 and TF32) on the model's shapes.
+"""Time xmesh's tensor-core GEMMs (3xTF32 and TF32) against cuBLAS (float32 and TF32) on the model's shapes.
+
+Columns: the wgmma kernel (kernels/wgmma_gemm.cu, compute capability 9.0 only; its weight prepared
+beforehand, as the model does once per layer), the mma.sync kernel (kernels/tc_gemm.cu), cuBLAS.
 
 Usage (GPU): python3 scripts/gemm_bench.py [--repeat 20]
 Prints, per shape, milliseconds (median of --repeat, CUDA events, after warm-up) and TFLOP/s.
@@ -38,12 +41,13 @@ def main():
     import cupy as cp
     from cupy._core import _routines_linalg as linalg
 
-    from xmesh.backends import get_backend
+    from xmesh.backends.cupy_backend import CupyBackend
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
-    gb = get_backend("cupy")
+    gb = CupyBackend()
+    hopper, gb.hopper = gb.hopper, None   # gb.gemm: always the mma.sync kernel
     rows = []
     for name, (m, k, n) in SHAPES.items():
         rng = cp.random.default_rng(m + k + n)
@@ -52,8 +56,12 @@ def main():
         out = cp.empty((m, n), cp.float32)
         flop = 2.0 * m * k * n
         result = {}
-        result["xmesh 3xTF32"] = median_ms(cp, lambda i: gb.gemm(*sets[i], out=out, passes=3), args.repeat)
-        result["xmesh TF32"] = median_ms(cp, lambda i: gb.gemm(*sets[i], out=out, passes=1), args.repeat)
+        if hopper is not None:
+            for passes, label in ((3, "wgmma 3xTF32"), (1, "wgmma TF32")):
+                ready = [(a, hopper.prepare(b, passes)) for a, b in sets]
+                result[label] = median_ms(cp, lambda i: hopper(*ready[i], out), args.repeat)
+        result["mma.sync 3xTF32"] = median_ms(cp, lambda i: gb.gemm(*sets[i], out=out, passes=3), args.repeat)
+        result["mma.sync TF32"] = median_ms(cp, lambda i: gb.gemm(*sets[i], out=out, passes=1), args.repeat)
         for label, ctype in (("cuBLAS fp32", linalg.COMPUTE_TYPE_DEFAULT), ("cuBLAS TF32", linalg.COMPUTE_TYPE_TF32)):
             old = linalg.get_compute_type(np.float32)
             linalg.set_compute_type(np.float32, ctype)
@@ -64,7 +72,7 @@ def main():
         rows.append((name, (m, k, n), result, flop))
         del sets, out
         cp.get_default_memory_pool().free_all_blocks()
-    print(f"{'shape':42s} {'M x K x N':>22s} " + " ".join(f"{c:>20s}" for c in rows[0][2]))
+    print(f"{'shape':42s} {'M x K x N':>22s} " + " ".join(f"{c:>20s}" for c in rows[0][2]), flush=True)
     for name, (m, k, n), result, flop in rows:
         cells = " ".join(f"{v:8.3f} ms {flop / v / 1e9:6.1f} TF" for v in result.values())
         print(f"{name:42s} {f'{m}x{k}x{n}':>22s} {cells}")

@@ -65,12 +65,12 @@ def test_inputs_load_like_the_original(golden, inputs):
     np.testing.assert_array_equal(cameras, golden["cameras"])
 
 
-@pytest.mark.parametrize("index,key", enumerate(["stage1_feat56", "stage1_feat28", "stage1_feat14", "stage1_feat7"]))
+@pytest.mark.parametrize("index,key", list(enumerate(["stage1_feat56", "stage1_feat28", "stage1_feat14", "stage1_feat7"])))
 def test_stage1_cnn_maps(golden, run, index, key):
     assert relative(run[1].stage1_maps[index], golden[key]) <= MAP_RTOL
 
 
-@pytest.mark.parametrize("index,key", enumerate(["stage2_feat224_view0", "stage2_feat112", "stage2_feat56"]))
+@pytest.mark.parametrize("index,key", list(enumerate(["stage2_feat224_view0", "stage2_feat112", "stage2_feat56"])))
 def test_stage2_cnn_maps(golden, run, index, key):
     ours = run[1].stage2_maps[index]
     ours = ours[0] if key.endswith("view0") else ours

@@ -89,3 +89,85 @@ def test_bad_operands_are_refused(cp, gb):
         gb.gemm(cp.ones((4, 3), cp.float32), cp.ones((4, 3), cp.float32))
     with pytest.raises(InputError, match="float32"):
         gb.gemm(cp.ones((4, 3), cp.float64), cp.ones((3, 3), cp.float32))
+
+
+# ---------------------------------------------------------------- the Hopper (wgmma) kernel
+HOPPER_SHAPES = [  # (M, K, N): row, K and column tails; odd K; long K (many slice flushes); the DRB's
+    (1, 3, 1), (129, 17, 130), (300, 339, 384), (1000, 33, 128), (2466, 192, 384), (5000, 1152, 256),
+    (64, 4608, 512),
+]
+
+
+@pytest.fixture(scope="module")
+def hopper(gb):
+    if gb.hopper is None:
+        pytest.skip("the wgmma kernel needs compute capability 9.0 (H100/H200)")
+    return gb.hopper
+
+
+@pytest.mark.parametrize("m,k,n", HOPPER_SHAPES)
+@pytest.mark.parametrize("aligned", [True, False])
+def test_hopper_3xtf32_is_as_accurate_as_float32(cp, hopper, m, k, n, aligned):
+    """16-byte copies of A (aligned rows) and single-float copies (A starting one float in)."""
+    rng = np.random.default_rng(m * 5 + k * 3 + n + aligned)
+    a, b = operands(rng, m, k, n)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    if aligned:
+        a_dev = cp.asarray(a)
+    else:
+        a_dev = cp.asarray(np.pad(a, ((0, 0), (1, 0))))[:, 1:]
+        assert a_dev.data.ptr % 16 != 0
+    out = cp.full((m, n), np.nan, dtype=cp.float32)
+    hopper(a_dev, hopper.prepare(cp.asarray(b), 3), out)
+    got = out.get()
+    assert np.isfinite(got).all()
+    err, f32 = rel_error(got, ref), rel_error(a @ b, ref)
+    assert err <= 4 * f32 + 1e-7, (err, f32)
+
+
+@pytest.mark.parametrize("m,k,n", [(2466, 192, 384), (300, 339, 384), (129, 17, 130)])
+def test_hopper_one_tf32_pass_has_tf32_error(cp, hopper, m, k, n):
+    rng = np.random.default_rng(k + 1)
+    a, b = operands(rng, m, k, n)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    out = cp.full((m, n), np.nan, dtype=cp.float32)
+    got = hopper(cp.asarray(a), hopper.prepare(cp.asarray(b), 1), out).get()
+    err = rel_error(got, ref)
+    assert 3e-5 < err < 3e-3, err
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_hopper_strided_views_bias_and_relu(cp, hopper, relu):
+    rng = np.random.default_rng(7 + relu)
+    m, k, n = 700, 200, 130
+    big_a = rng.standard_normal((m, k + 12)).astype(np.float32)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    c = cp.full((m, 150), 7.0, dtype=cp.float32)
+    hopper(cp.asarray(big_a)[:, 4:4 + k], hopper.prepare(cp.asarray(b), 3), c[:, 9:9 + n], bias=cp.asarray(bias),
+           relu=relu)
+    ref = big_a[:, 4:4 + k].astype(np.float64) @ b + bias
+    if relu:
+        ref = np.maximum(ref, 0.0)
+    got = c.get()
+    np.testing.assert_allclose(got[:, 9:9 + n], ref, rtol=1e-5, atol=1e-5)
+    assert (got[:, :9] == 7.0).all() and (got[:, 9 + n:] == 7.0).all()
+
+
+def test_large_products_route_to_hopper_and_weights_are_prepared_once(cp, gb, hopper, monkeypatch):
+    """A product with enough output tiles goes to the wgmma kernel; with a cache_key the weight's
+    prepared form is built once; a small product stays on the mma.sync kernel."""
+    prepared = []
+    original = hopper.prepare
+    monkeypatch.setattr(hopper, "prepare", lambda b, passes: prepared.append(passes) or original(b, passes))
+    rng = np.random.default_rng(21)
+    a, b = operands(rng, 40000, 192, 384)
+    weight = cp.asarray(b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    for _ in range(2):
+        out = cp.full((40000, 384), np.nan, dtype=cp.float32)
+        got = gb.gemm(cp.asarray(a), weight, out=out, cache_key=weight).get()
+        assert rel_error(got, ref) <= 4 * rel_error(a @ b, ref) + 1e-7
+    assert prepared == [3]
+    gb.gemm(cp.asarray(a[:300]), weight)
+    assert prepared == [3]

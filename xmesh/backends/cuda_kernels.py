@@ -2,7 +2,9 @@
 
 ``get_function(file, name)`` compiles ``file`` once per (device, options) with ``cupy.RawModule`` and
 returns the kernel ``name``; a compile failure raises :class:`~xmesh.errors.KernelCompileError`
-naming the kernel and carrying the compiler's log.
+naming the kernel and carrying the compiler's log. ``get_arch_function(file, name, arch)`` does the
+same for an explicit target such as ``sm_90a`` (Hopper's wgmma instructions exist only there, and
+CuPy's RawModule always compiles for the plain ``sm_XY`` of the device).
 """
 from __future__ import annotations
 
@@ -67,3 +69,36 @@ def get_function(filename: str, name: str, options: tuple = ()):
         return module.get_function(name)
     except cupy.cuda.driver.CUDADriverError as exc:
         raise KernelCompileError(f"the CUDA kernel {name} is not in {filename} (options {list(options)}): {exc}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_module(filename: str, arch: str, options: tuple, device: int):
+    cupy = require_cupy()
+    from cupy_backends.cuda.libs import nvrtc
+
+    program = nvrtc.createProgram(kernel_source(filename), filename, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(program, (f"-arch={arch}",) + options)
+        except nvrtc.NVRTCError as exc:
+            raise KernelCompileError(
+                f"{filename} failed to compile for {arch} (options {list(options)}): {exc}; compiler log:\n"
+                f"{nvrtc.getProgramLog(program)}"
+            ) from exc
+        cubin = nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    module = cupy.cuda.function.Module()
+    module.load(cubin)
+    return module
+
+
+def get_arch_function(filename: str, name: str, arch: str, options: tuple = ()):
+    """Kernel ``name`` of ``kernels/filename`` compiled with NVRTC for ``arch`` (e.g. ``"sm_90a"``),
+    once per (device, arch, options)."""
+    cupy = require_cupy()
+    module = _arch_module(filename, arch, tuple(options), cupy.cuda.Device().id)
+    try:
+        return module.get_function(name)
+    except cupy.cuda.driver.CUDADriverError as exc:
+        raise KernelCompileError(f"the CUDA kernel {name} is not in {filename} ({arch}): {exc}") from exc

@@ -12,7 +12,9 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
 - ``hypothesis_softmax_update``: softmax over the 43 hypotheses and the new vertex positions;
 - ``im2col_nhwc`` + GEMM with fused bias and ReLU: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
 
-Every matrix product runs through xmesh's own tensor-core GEMM (``kernels/tc_gemm.cu``), so a whole
+Every matrix product runs through xmesh's own tensor-core GEMMs: on compute capability 9.0 (H100,
+H200) the large ones through warpgroup MMAs (``kernels/wgmma_gemm.cu``, ``hopper_gemm.py``), the rest
+and every product on other GPUs through mma.sync (``kernels/tc_gemm.cu``). So a whole
 reconstruction is built from our kernels and CuPy element-wise kernels, and can be captured as one
 CUDA Graph (CuPy refuses cuBLAS under stream capture).
 
@@ -25,11 +27,14 @@ The camera arithmetic is always exact float32.
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 
 import numpy as np
 
-from ..errors import BackendUnavailableError, InputError, XmeshError
+from ..errors import BackendUnavailableError, InputError, KernelCompileError, XmeshError
 from .base import Backend
+from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
 from .numpy_backend import same_padding
 
@@ -110,10 +115,23 @@ class CupyBackend(Backend):
         self._tf32_type = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
         self._layer_cache: dict = {}
         self._gemm_kernels: dict = {}
+        self._prepared: dict = {}
         self.gemm_passes = 1 if precision == "tf32" else 3
         self._options = ("-std=c++17",)
         with self.device:
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
+            self.hopper = self._hopper_gemm()
+
+    def _hopper_gemm(self):
+        """The wgmma GEMM on compute capability 9.0 (unless XMESH_HOPPER_GEMM=0), else None."""
+        if os.environ.get("XMESH_HOPPER_GEMM", "1") == "0" or not hopper_gemm.supported(self.device):
+            return None
+        try:
+            return hopper_gemm.HopperGemm(self.cupy)
+        except KernelCompileError as exc:   # e.g. an NVRTC too old for sm_90a: the mma.sync kernel still works
+            warnings.warn(f"xmesh: the Hopper GEMM is unavailable, using the mma.sync kernel instead ({exc})",
+                          RuntimeWarning, stacklevel=3)
+            return None
 
     @property
     def can_capture_network(self) -> bool:
@@ -165,11 +183,25 @@ class CupyBackend(Backend):
     def _gemm_smem(bn: int) -> int:
         return GEMM_STAGES * (GEMM_BM * (GEMM_BK + 4) + GEMM_BK * (bn + 8)) * 4
 
-    def gemm(self, a, b, out=None, bias=None, relu: bool = False, passes: int | None = None):
-        """``act(a @ b + bias)`` for float32 a (M,K), b (K,N) on the tensor cores (our kernel).
+    def _hopper_weight(self, b, passes: int, cache_key):
+        """b prepared for the Hopper kernel; kept per (cache_key, passes) when cache_key (a weight array
+        that lives as long as the model) is given, so a layer's weights are split once."""
+        if cache_key is None:
+            return self.hopper.prepare(b, passes)
+        key = (id(cache_key), passes)
+        hit = self._prepared.get(key)
+        if hit is None or hit[1].k != b.shape[0] or hit[1].n != b.shape[1]:
+            hit = (cache_key, self.hopper.prepare(b, passes))   # hold cache_key so its id stays unique
+            self._prepared[key] = hit
+        return hit[1]
+
+    def gemm(self, a, b, out=None, bias=None, relu: bool = False, passes: int | None = None, cache_key=None):
+        """``act(a @ b + bias)`` for float32 a (M,K), b (K,N) on the tensor cores (our kernels).
 
         ``passes`` 3 (3xTF32, float32 accuracy) or 1 (TF32); default: the backend's precision.
         ``a`` and ``out`` may be row-strided views (unit column stride); ``out`` defaults to a new (M,N).
+        ``cache_key``: a long-lived array ``b`` comes from (a layer's weights); on the Hopper path its
+        prepared form is then kept instead of being rebuilt each call.
         """
         cp = self.cupy
         if a.dtype != cp.float32 or b.dtype != cp.float32:
@@ -191,11 +223,14 @@ class CupyBackend(Backend):
         if k == 0:
             out[...] = 0.0 if bias is None else cp.maximum(bias, 0.0) if relu else bias
             return out
+        passes = self.gemm_passes if passes is None else passes
+        if self.hopper is not None and n >= hopper_gemm.BN and \
+                -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS:
+            return self.hopper(a, self._hopper_weight(b, passes, cache_key), out, bias, relu)
         lda, ldb, ldc = a.strides[0] // 4, b.strides[0] // 4, out.strides[0] // 4
         vec = (lda % 4 == 0 and ldb % 4 == 0 and k % 4 == 0 and n % 4 == 0
                and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
         bn = 128 if n % 128 == 0 else 64
-        passes = self.gemm_passes if passes is None else passes
         kernel = self._gemm_kernel(passes, bn, vec)
         tiles = -(-m // GEMM_BM) * -(-n // bn)
         # few output tiles and a long K (the CNN's deep layers at small batch): split K so every
@@ -273,7 +308,7 @@ class CupyBackend(Backend):
                        (part, cols, np.int32(m), np.int32(h), np.int32(w), np.int32(cin), np.int32(kh),
                         np.int32(kw), np.int32(stride), np.int32(ho), np.int32(wo), np.int32(top), np.int32(left)))
             y = out[start:start + m].reshape(m * ho * wo, cout)
-            self.gemm(cols, flat_w, out=y, bias=bias, relu=relu)
+            self.gemm(cols, flat_w, out=y, bias=bias, relu=relu, cache_key=weight)
         return out
 
     # ------------------------------------------------------------------ fast paths
@@ -312,7 +347,7 @@ class CupyBackend(Backend):
         b, n, cin = x.shape
         cout = layer.cout
         x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
-        y = self.gemm(x2, layer.weight)   # (B*N, 2*cout)
+        y = self.gemm(x2, layer.weight, cache_key=layer.weight)   # (B*N, 2*cout)
         out = cp.empty((b, n, cout), dtype=cp.float32)
         total = out.size
         self._kernel("csr_gconv")(
@@ -364,7 +399,8 @@ class CupyBackend(Backend):
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
-        y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight)
+        y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
+                      cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
         res = np.uint64(0) if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
         columns = b * n * cout
