@@ -1,38 +1,37 @@
-// Hopper tensor-core GEMM (sm_90a only: wgmma): C = act(A B + bias), float32 in and out.
+// Hopper tensor-core kernels (sm_90a only: wgmma), float32 in and out:
+//   wg_gemm_*      C = act(A B + bias), the large products of a reconstruction;
+//   wg_drb_layer_* a whole 192-wide local graph convolution of a deformation reasoning block:
+//                  out = relu(X W0 + A1 (X W1) + b) (+ residual), the 43 x 43 mixing done on chip.
 //
-// The same products as tc_gemm.cu (3xTF32 for the "fp32" mode, one TF32 pass for "tf32"), issued
-// as warpgroup MMAs (wgmma.mma_async m64n128k8), which run at about twice the rate mma.sync reaches
-// on an H100/H200. Built with NVRTC for sm_90a by xmesh/backends/hopper_gemm.py; other GPUs use
-// tc_gemm.cu.
+// The products are those of tc_gemm.cu (3xTF32 for the "fp32" mode, one TF32 pass for "tf32"),
+// issued as warpgroup MMAs (wgmma.mma_async m64nNk8), which run at about twice the rate mma.sync
+// reaches on an H100/H200. Built with NVRTC for sm_90a by xmesh/backends/hopper_gemm.py; other GPUs
+// use tc_gemm.cu and drb_mix_epilogue.
 //
 // Operands:
-//   A (M x K, row stride lda), row-major float32, read as it is. Each warp loads its fragments from
-//     shared memory into registers and splits them there (big = tf32(a), small = a - big).
+//   A: rows of float32 (row stride lda), read as they are. Each warp loads its fragments from shared
+//     memory into registers and splits them there (big = tf32(a), small = a - big).
 //   B is given prepared by wg_split_weight: transposed to (Np x Kp) "K-major" rows, already split
-//     into big and small TF32 parts, zero-padded to whole 128 x 32 tiles. The weights of a layer are
-//     prepared once; wgmma reads them straight from shared memory through matrix descriptors.
-//   C (M x N, row stride ldc), row-major float32.
+//     into big and small TF32 parts, zero-padded to whole tiles. The weights of a layer are prepared
+//     once; wgmma reads them straight from shared memory through matrix descriptors.
 //
-// Tiling: a block of 256 threads = 2 warpgroups computes a 128 x 128 tile of C (64 rows each),
-// stepping through K in slices of 32 that cp.async streams into a WG_STAGES-deep ring. A slice of B
-// is stored as 128 rows of 128 bytes in the 128-byte swizzle wgmma expects: 16-byte chunk c of row
-// r sits at chunk c ^ (r % 8). The tensor cores add into their float32 accumulator with truncation,
+// Tiling: each warpgroup (4 warps) computes 64 rows x BN columns; a block of ROWS / 64 warpgroups
+// steps through K in slices of 32 that cp.async streams into a STAGES-deep ring. A slice of B
+// is stored as BN rows of 128 bytes in the 128-byte swizzle wgmma expects: 16-byte chunk c of row r
+// sits at chunk c ^ (r % 8). The tensor cores add into their float32 accumulator with truncation,
 // so each slice is summed on its own (the first wgmma of a slice starts from zero) and added to the
-// block's accumulator with rounded FADDs, as in tc_gemm.cu.
+// thread's accumulator with rounded FADDs, as in tc_gemm.cu.
 
-#define WG_BM 128
-#define WG_BN 128
 #define WG_BK 32
-#ifndef WG_STAGES
-#define WG_STAGES 4
-#endif
-#define WG_THREADS 256
-#define WG_A_STRIDE 36                        // floats per A row in shared memory: conflict-free fragment loads
-#define WG_B_TILE (WG_BN * WG_BK * 4)         // bytes of one B part's slice (16 KB, a multiple of 1024)
-#define WG_A_TILE (WG_BM * WG_A_STRIDE * 4)   // bytes of one A slice (18 KB)
-#define WG_STAGE_BYTES(P) (((P) == 3 ? 2 : 1) * WG_B_TILE + WG_A_TILE)
-// Dynamic shared memory a launch needs: the ring plus slack to align it to 1024 bytes.
-#define WG_SMEM_BYTES(P) (WG_STAGES * WG_STAGE_BYTES(P) + 1024)
+#define WG_GEMM_STAGES 4   // ring depths (measured best on an H100)
+#define WG_DRB_STAGES 3
+#define WG_A_STRIDE 36   // floats per A row in shared memory: conflict-free fragment loads
+#define WG_HYP 43        // hypotheses per vertex (the deformation reasoning block's sample graph)
+
+// Bytes of one ring stage: B big [+ B small] slices (BN rows of 128 bytes), then the A slice.
+__host__ __device__ constexpr int wg_stage_bytes(int passes, int bn, int rows) {
+    return (passes == 3 ? 2 : 1) * bn * 128 + rows * WG_A_STRIDE * 4;
+}
 
 __device__ __forceinline__ unsigned wg_smem(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -62,7 +61,7 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),       \
         "+f"(d[i + 6]), "+f"(d[i + 7])
 
-// d (64 x 128 over the warpgroup) = A (64 x 8, registers) B (8 x 128, descriptor) + (accumulate ? d : 0)
+// d (64 x BN over the warpgroup) = A (64 x 8, registers) B (8 x BN, descriptor) + (accumulate ? d : 0)
 __device__ __forceinline__ void wg_mma(float (&d)[64], const unsigned (&a)[4], unsigned long long desc,
                                        int accumulate) {
     asm volatile(
@@ -76,78 +75,109 @@ __device__ __forceinline__ void wg_mma(float (&d)[64], const unsigned (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 
+__device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], unsigned long long desc,
+                                       int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1;\n}\n"
+        : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
+}
+
 // Keep a register's value (and its liveness) pinned at this point: wgmma reads its register
 // operands and writes its accumulators asynchronously, until wgmma.wait_group.
 __device__ __forceinline__ void wg_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void wg_pin(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
 
-// Copy the K slice [k0, k0 + 32) of the block's 128 A rows, and of the prepared B parts, into one stage.
-template <int PASSES, bool VEC>
-__device__ __forceinline__ void wg_load_stage(unsigned stage, const float* __restrict__ A, long lda,
-                                              const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
-                                              long ldbt, int M, int K, int m0, int n0, int k0, int tid) {
-#pragma unroll
-    for (int i = 0; i < (WG_BN * WG_BK / 4) / WG_THREADS; ++i) {   // 16-byte chunks of B
-        const int idx = tid + i * WG_THREADS, r = idx >> 3, c = idx & 7;
-        const unsigned dst = stage + r * 128 + ((c ^ (r & 7)) << 4);
-        const long off = (long)(n0 + r) * ldbt + k0 + 4 * c;
-        wg_copy(dst, Bbig + off, 16, 16);
-        if (PASSES == 3) wg_copy(dst + WG_B_TILE, Bsmall + off, 16, 16);
+// Rows of A for the plain GEMM: rows m0 .. m0 + ROWS - 1 of a row-major matrix.
+struct WgMatrixRows {
+    const float* A;
+    long lda;
+    int rows_left;
+    __device__ const float* operator()(int r) const { return r < rows_left ? A + (long)r * lda : nullptr; }
+};
+
+// Rows of A for a deformation block layer: X is (B, 43, N, C) hypothesis-major; the tile holds
+// VERTS vertices n0 .. n0 + VERTS - 1 of sample b, tile row r = hypothesis (r / VERTS), vertex (r % VERTS).
+template <int VERTS>
+struct WgHypothesisRows {
+    const float* X;   // row (b, 0, n0)
+    long ldx, plane;  // floats per row; floats per hypothesis plane (N * ldx)
+    int verts_left;
+    __device__ const float* operator()(int r) const {
+        const int i = r / VERTS, v = r % VERTS;
+        return (i < WG_HYP && v < verts_left) ? X + i * plane + v * ldx : nullptr;
     }
-    const unsigned as = stage + (PASSES == 3 ? 2 : 1) * WG_B_TILE;
-    constexpr int W = VEC ? 4 : 1;   // floats per copy
+};
+
+// Copy the K slice [k0, k0 + 32) of the block's A rows, and of the prepared B parts, into one stage.
+template <int PASSES, bool VEC, int BN, int ROWS, class Rows>
+__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, const float* __restrict__ Bbig,
+                                              const float* __restrict__ Bsmall, long ldbt, int K, int k0, int tid) {
+    constexpr int THREADS = ROWS * 2;
+    constexpr int B_CHUNKS = BN * WG_BK / 4;   // 16-byte chunks of one B part's slice
 #pragma unroll
-    for (int i = 0; i < (WG_BM * WG_BK / W) / WG_THREADS; ++i) {
-        const int idx = tid + i * WG_THREADS;
+    for (int i = 0; i < (B_CHUNKS + THREADS - 1) / THREADS; ++i) {
+        const int idx = tid + i * THREADS, r = idx >> 3, c = idx & 7;
+        if (B_CHUNKS % THREADS != 0 && idx >= B_CHUNKS) break;
+        const unsigned dst = stage + r * 128 + ((c ^ (r & 7)) << 4);
+        const long off = (long)r * ldbt + k0 + 4 * c;
+        wg_copy(dst, Bbig + off, 16, 16);
+        if (PASSES == 3) wg_copy(dst + BN * 128, Bsmall + off, 16, 16);
+    }
+    const unsigned as = stage + (PASSES == 3 ? 2 : 1) * BN * 128;
+    constexpr int W = VEC ? 4 : 1;   // floats per copy
+    static_assert((ROWS * WG_BK / W) % THREADS == 0, "A copies must divide evenly");
+#pragma unroll
+    for (int i = 0; i < (ROWS * WG_BK / W) / THREADS; ++i) {
+        const int idx = tid + i * THREADS;
         const int r = idx / (WG_BK / W), col = (idx % (WG_BK / W)) * W;
-        const int left = r < M - m0 ? K - (k0 + col) : 0;   // valid floats from here on
+        const float* row = rows(r);
+        const int left = row != nullptr ? K - (k0 + col) : 0;   // valid floats from here on
         const int n = left <= 0 ? 0 : (left >= W ? W : left);
-        const float* src = n > 0 ? A + (long)(m0 + r) * lda + k0 + col : A;
-        wg_copy(as + (r * WG_A_STRIDE + col) * 4, src, 4 * W, 4 * n);
+        wg_copy(as + (r * WG_A_STRIDE + col) * 4, n > 0 ? row + k0 + col : Bbig, 4 * W, 4 * n);
     }
 }
 
-template <int PASSES, bool VEC>
-__device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, const float* __restrict__ Bbig,
-                                        const float* __restrict__ Bsmall, long ldbt, float* __restrict__ C,
-                                        long ldc, int M, int N, int K, const float* __restrict__ bias, int relu) {
-    extern __shared__ float4 wg_shared[];
-    const unsigned raw = wg_smem(wg_shared);
-    const unsigned ring = (raw + 1023u) & ~1023u;   // the 128-byte swizzle repeats every 1024 bytes
-    const float* ring_ptr = reinterpret_cast<const float*>(reinterpret_cast<const char*>(wg_shared) + (ring - raw));
-    constexpr int STAGE = WG_STAGE_BYTES(PASSES);
-    constexpr int A_OFFSET = (PASSES == 3 ? 2 : 1) * WG_B_TILE;
-
+// The K loop of one block: acc (this thread's part of the ROWS x BN tile) = A rows . B columns,
+// through a STAGES-deep ring of K slices.
+// acc[4j + e]: tile row (warp's 16-row slab) + g (+8 for e >= 2), column 8j + 2t (+1 for odd e).
+template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows>
+__device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
+                                            const Rows& rows, const float* __restrict__ Bbig,
+                                            const float* __restrict__ Bsmall, long ldbt, int K) {
+    constexpr int STAGE = wg_stage_bytes(PASSES, BN, ROWS);
+    constexpr int A_OFFSET = (PASSES == 3 ? 2 : 1) * BN * 128;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;   // this warp's first row in the tile
-    const int tiles_n = (N + WG_BN - 1) / WG_BN;
-    const int m0 = (int)(blockIdx.x / tiles_n) * WG_BM, n0 = (int)(blockIdx.x % tiles_n) * WG_BN;
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 
 #pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ktiles)
-            wg_load_stage<PASSES, VEC>(ring + s * STAGE, A, lda, Bbig, Bsmall, ldbt, M, K, m0, n0, s * WG_BK, tid);
+            wg_load_stage<PASSES, VEC, BN, ROWS>(ring + s * STAGE, rows, Bbig, Bsmall, ldbt, K, s * WG_BK, tid);
         asm volatile("cp.async.commit_group;\n" ::);
     }
 
-    float acc[64], part[64];
+    float part[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.0f;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = part[i] = 0.0f;
 
     for (int kt = 0; kt < ktiles; ++kt) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 2));
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // copies visible to wgmma
         __syncthreads();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
-        const int next = kt + WG_STAGES - 1;
+        const int next = kt + STAGES - 1;
         if (next < ktiles)
-            wg_load_stage<PASSES, VEC>(ring + (next % WG_STAGES) * STAGE, A, lda, Bbig, Bsmall, ldbt, M, K, m0, n0,
-                                       next * WG_BK, tid);
+            wg_load_stage<PASSES, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, Bbig, Bsmall, ldbt, K,
+                                                 next * WG_BK, tid);
         asm volatile("cp.async.commit_group;\n" ::);
 
-        const unsigned stage = ring + (kt % WG_STAGES) * STAGE;
-        const float* as = ring_ptr + ((kt % WG_STAGES) * STAGE + A_OFFSET) / 4 + (row0 + g) * WG_A_STRIDE + t;
+        const unsigned stage = ring + (kt % STAGES) * STAGE;
+        const float* as = ring_ptr + ((kt % STAGES) * STAGE + A_OFFSET) / 4 + (row0 + g) * WG_A_STRIDE + t;
         unsigned a_big[4][4], a_small[4][4];
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
@@ -162,7 +192,7 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
             const unsigned long long big = wg_desc(stage + 32 * s);
             wg_mma(part, a_big[s], big, s > 0);
             if (PASSES == 3) {
-                wg_mma(part, a_big[s], wg_desc(stage + WG_B_TILE + 32 * s), 1);
+                wg_mma(part, a_big[s], wg_desc(stage + BN * 128 + 32 * s), 1);
                 wg_mma(part, a_small[s], big, 1);
             }
         }
@@ -176,14 +206,37 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
                 if (PASSES == 3) wg_pin(a_small[s][e]);
             }
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
+        for (int i = 0; i < BN / 2; ++i) {
             wg_pin(part[i]);
             acc[i] += part[i];
         }
     }
     asm volatile("cp.async.wait_all;\n" ::);
+}
 
-    // acc[4j + e]: row row0 + g (+8 for e >= 2), column 8j + 2t (+1 for odd e)
+// The ring, aligned to 1024 bytes (the 128-byte swizzle repeats every 1024 bytes).
+#define WG_RING                                                                                        \
+    extern __shared__ float4 wg_shared[];                                                             \
+    const unsigned raw = wg_smem(wg_shared);                                                          \
+    const unsigned ring = (raw + 1023u) & ~1023u;                                                     \
+    float* ring_ptr = reinterpret_cast<float*>(reinterpret_cast<char*>(wg_shared) + (ring - raw));
+
+// ---------------------------------------------------------------- C = act(A B + bias)
+// 128 x 128 tiles, 2 warpgroups. Dynamic shared memory: WG_GEMM_STAGES * wg_stage_bytes(P, 128, 128) + 1024.
+template <int PASSES, bool VEC>
+__device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, const float* __restrict__ Bbig,
+                                        const float* __restrict__ Bsmall, long ldbt, float* __restrict__ C,
+                                        long ldc, int M, int N, int K, const float* __restrict__ bias, int relu) {
+    WG_RING
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tiles_n = (N + 127) / 128;
+    const int m0 = (int)(blockIdx.x / tiles_n) * 128, n0 = (int)(blockIdx.x % tiles_n) * 128;
+    float acc[64];
+    const WgMatrixRows rows{A + (long)m0 * lda, lda, M - m0};
+    wg_mainloop<PASSES, VEC, 128, 128, WG_GEMM_STAGES>(acc, ring, ring_ptr, rows, Bbig + (long)n0 * ldbt,
+                                                       Bsmall + (long)n0 * ldbt, ldbt, K);
+
+    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
     const bool pairs = (ldc % 2 == 0) && ((reinterpret_cast<unsigned long long>(C) & 7) == 0);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -212,27 +265,147 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
     }
 }
 
-#define WG_KERNEL(NAME, PASSES, VEC)                                                                      \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS) NAME(                                         \
+#define WG_GEMM_KERNEL(NAME, PASSES, VEC)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                                \
         const float* A, long lda, const float* Bbig, const float* Bsmall, long ldbt, float* C, long ldc,  \
         int M, int N, int K, const float* bias, int relu) {                                              \
         wg_gemm<PASSES, VEC>(A, lda, Bbig, Bsmall, ldbt, C, ldc, M, N, K, bias, relu);                    \
     }
 
 // Names: wg_gemm_<passes>x_<v: 16-byte copies of A (lda % 4 == 0, A 16-byte aligned) | s: single floats>
-WG_KERNEL(wg_gemm_3x_v, 3, true)
-WG_KERNEL(wg_gemm_3x_s, 3, false)
-WG_KERNEL(wg_gemm_1x_v, 1, true)
-WG_KERNEL(wg_gemm_1x_s, 1, false)
+WG_GEMM_KERNEL(wg_gemm_3x_v, 3, true)
+WG_GEMM_KERNEL(wg_gemm_3x_s, 3, false)
+WG_GEMM_KERNEL(wg_gemm_1x_v, 1, true)
+WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
 
-// Prepare B (K x N, row stride ldb) for the kernels above: big[n][k] = tf32(B[k][n]) and (passes 3)
-// small[n][k] = B[k][n] - big[n][k], as (Np x Kp) rows with zeros past N and K.
+// ---------------------------------------------------------------- a deformation block layer
+// out[b,i,n,c] = relu((y0[b,i,n,c] + sum_j A1[i,j] y1[b,j,n,c]) + bias[c]) (+ res[b,i,n,c]), where
+// y0 = X W0 and y1 = X W1 (X: (B, 43, N, cin), out and res: (B, 43, N, cout)), the same arithmetic as
+// tc_gemm + drb_mix_epilogue. A block takes WG_DRB_VERTS = 4 vertices (172 of its 192 rows) and 32
+// output columns c0 .. c0 + 31: its 64 B columns are W0's and W1's columns c0 .. c0 + 31 (the weight
+// is prepared with wg_split_weight's pairing). The y tile goes through shared memory; each warp then
+// mixes one (vertex, third of the hypotheses), a lane per column, its 15 sums side by side.
+#define WG_DRB_VERTS 4
+#define WG_DRB_ROWS 192
+#define WG_DRB_THREADS (2 * WG_DRB_ROWS)
+#define WG_Y_STRIDE 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
+#define WG_A1_STRIDE 44
+
+template <int PASSES, bool VEC>
+__device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, int cin, const float* __restrict__ Bbig,
+                                             const float* __restrict__ Bsmall, long ldbt,
+                                             const float* __restrict__ a1, const float* __restrict__ bias,
+                                             const float* __restrict__ res, float* __restrict__ out, int N,
+                                             int cout) {
+    WG_RING
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
+    const int ct = (int)(blockIdx.x % col_tiles);
+    const int vt = (int)((blockIdx.x / col_tiles) % vert_tiles);
+    const long b = blockIdx.x / ((long)col_tiles * vert_tiles);
+    const int n0 = vt * WG_DRB_VERTS, c0 = ct * 32;
+    const long plane_in = (long)N * cin, plane_out = (long)N * cout;
+
+    float acc[32];
+    const WgHypothesisRows<WG_DRB_VERTS> rows{X + b * WG_HYP * plane_in + (long)n0 * cin, cin, plane_in, N - n0};
+    wg_mainloop<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(acc, ring, ring_ptr, rows, Bbig + (long)(2 * c0) * ldbt,
+                                                             Bsmall + (long)(2 * c0) * ldbt, ldbt, cin);
+
+    // This thread's mixing work (below): vertex v, hypotheses first, first + GROUPS, ..., column c.
+    // Its residuals are loaded first, so their latency hides behind the shared-memory staging.
+    constexpr int GROUPS = (WG_DRB_THREADS / 32) / WG_DRB_VERTS;   // warps per vertex (3)
+    constexpr int PER = (WG_HYP + GROUPS - 1) / GROUPS;           // hypotheses per thread (<= 15)
+    const int v = warp % WG_DRB_VERTS, first = warp / WG_DRB_VERTS;
+    const int c = lane, col = c0 + c;
+    const bool active = n0 + v < N;
+    const long o0 = b * WG_HYP * plane_out + (long)(n0 + v) * cout + col;
+    float r[PER];
+#pragma unroll
+    for (int q = 0; q < PER; ++q) {
+        const int i = first + q * GROUPS;
+        r[q] = (res != nullptr && active && i < WG_HYP) ? res[o0 + i * plane_out] : 0.0f;
+    }
+    const float bc = bias[col];
+
+    // y0 (tile columns 0..31) and y1 (32..63) into shared memory (the ring is free: every copy landed
+    // and every wgmma finished in the last iteration), and A1.
+    __syncthreads();
+    float* y0s = ring_ptr;
+    float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
+    float* a1s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
+    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
+            *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)
+        a1s[(i / WG_HYP) * WG_A1_STRIDE + i % WG_HYP] = a1[i];
+    __syncthreads();
+    if (!active) return;
+
+    // All PER sums at once (independent FMA chains), each over j = 0..42 in order.
+    float mix[PER];
+#pragma unroll
+    for (int q = 0; q < PER; ++q) mix[q] = 0.0f;
+#pragma unroll
+    for (int j4 = 0; j4 < WG_HYP; j4 += 4) {   // A1 read 4 at a time (rows of 44 floats, 16-byte aligned)
+        float y1[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (j4 + u < WG_HYP) y1[u] = y1s[((j4 + u) * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+#pragma unroll
+        for (int q = 0; q < PER; ++q) {
+            const int i = min(first + q * GROUPS, WG_HYP - 1);   // past the end: a duplicate, not stored
+            const float4 a = *reinterpret_cast<const float4*>(a1s + i * WG_A1_STRIDE + j4);
+            mix[q] = fmaf(a.x, y1[0], mix[q]);
+            if (j4 + 1 < WG_HYP) mix[q] = fmaf(a.y, y1[1], mix[q]);
+            if (j4 + 2 < WG_HYP) mix[q] = fmaf(a.z, y1[2], mix[q]);
+            if (j4 + 3 < WG_HYP) mix[q] = fmaf(a.w, y1[3], mix[q]);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < PER; ++q) {
+        const int i = first + q * GROUPS;
+        if (i >= WG_HYP) break;
+        float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix[q]), bc);
+        val = fmaxf(val, 0.0f);
+        if (res != nullptr) val = __fadd_rn(val, r[q]);
+        out[o0 + i * plane_out] = val;
+    }
+}
+
+#define WG_DRB_KERNEL(NAME, PASSES, VEC)                                                                  \
+    extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS) NAME(                                     \
+        const float* X, int cin, const float* Bbig, const float* Bsmall, long ldbt, const float* a1,       \
+        const float* bias, const float* res, float* out, int N, int cout) {                              \
+        wg_drb_layer<PASSES, VEC>(X, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout);               \
+    }
+
+// Names: wg_drb_layer_<passes>x_<v: cin % 4 == 0, X 16-byte aligned | s>
+WG_DRB_KERNEL(wg_drb_layer_3x_v, 3, true)
+WG_DRB_KERNEL(wg_drb_layer_3x_s, 3, false)
+WG_DRB_KERNEL(wg_drb_layer_1x_v, 1, true)
+WG_DRB_KERNEL(wg_drb_layer_1x_s, 1, false)
+
+// Prepare B (K x N, row stride ldb) for the kernels above: big[j][k] = tf32(B[k][col(j)]) and
+// (passes 3) small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
+// col(j) = j, or with pair > 0 (B = [W0 | W1], N = 2 * cout): row j of tile j / (2 pair) holds W0's
+// (first half of the tile) or W1's (second half) column (j / (2 pair)) * pair + j % pair.
 extern "C" __global__ void wg_split_weight(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
-                                           int passes, float* __restrict__ big, float* __restrict__ small) {
+                                           int passes, int pair, float* __restrict__ big,
+                                           float* __restrict__ small) {
     const long long total = (long long)Np * Kp;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int n = (int)(i / Kp), k = (int)(i % Kp);
+        const int j = (int)(i / Kp), k = (int)(i % Kp);
+        int n = j;
+        if (pair > 0) {
+            const int tile = j / (2 * pair), w = j % (2 * pair);
+            n = tile * pair + (w % pair) + (w >= pair ? N / 2 : 0);
+        }
         const float x = (n < N && k < K) ? B[(long)k * ldb + n] : 0.0f;
         unsigned hi, lo;
         wg_split<3>(x, hi, lo);

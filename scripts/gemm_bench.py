@@ -76,6 +76,34 @@ def main():
     for name, (m, k, n), result, flop in rows:
         cells = " ".join(f"{v:8.3f} ms {flop / v / 1e9:6.1f} TF" for v in result.values())
         print(f"{name:42s} {f'{m}x{k}x{n}':>22s} {cells}")
+    if hopper is not None:
+        deformation_layers(cp, gb, hopper, args.repeat)
+
+
+def deformation_layers(cp, gb, hopper, repeat):
+    """A whole 192-wide deformation block layer (product, 43 x 43 mixing, bias, ReLU, residual): the
+    fused Hopper kernel against the GEMM + drb_mix_epilogue path of other GPUs."""
+    from types import SimpleNamespace
+
+    print(f"\n{'deformation layer (cin -> 192, residual)':42s} {'B x 43 x N x cin':>22s} {'fused wgmma':>20s} "
+          f"{'mma.sync + mix':>20s}")
+    for b, cin in ((1, 339), (1, 192), (16, 192)):
+        rng = cp.random.default_rng(b + cin)
+        layer = SimpleNamespace(weight=rng.standard_normal((cin, 384), dtype=cp.float32) / 14,
+                                bias=rng.standard_normal(192, dtype=cp.float32), cout=192, weight0=None, relu=True)
+        a1 = rng.standard_normal((43, 43), dtype=cp.float32) / 6
+        xs = [rng.standard_normal((b, 43, 2466, cin), dtype=cp.float32) for _ in range(2)]
+        res = rng.standard_normal((b, 43, 2466, 192), dtype=cp.float32)
+        flop = 2.0 * b * 43 * 2466 * cin * 384
+        cells = []
+        for use_hopper in (hopper, None):
+            gb.hopper = use_hopper
+            ms = median_ms(cp, lambda i: gb.op_local_gconv(layer, xs[i], a1, residual=res), repeat)
+            cells.append(f"{ms:8.3f} ms {flop / ms / 1e9:6.1f} TF")
+        gb.hopper = None
+        print(f"{'':42s} {f'{b}x43x2466x{cin}':>22s} " + " ".join(f"{c:>20s}" for c in cells), flush=True)
+        del xs, res
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
 - ``local_projection``: the whole stage-2 projection (transform, 3 x 4 bilinear taps per view,
   pooling) in one launch;
 - ``drb_mix_epilogue``: the 43 x 43 mixing and relu(y0 + A y1 + b) (+ residual) of a local graph
-  convolution in one pass, after the one GEMM y = X [W0 | W1];
+  convolution in one pass, after the one GEMM y = X [W0 | W1] (on compute capability 9.0 the whole
+  layer is one kernel instead, ``wg_drb_layer`` in ``kernels/wgmma_gemm.cu``);
 - ``hypothesis_softmax_update``: softmax over the 43 hypotheses and the new vertex positions;
 - ``im2col_nhwc`` + GEMM with fused bias and ReLU: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
 
@@ -183,15 +184,15 @@ class CupyBackend(Backend):
     def _gemm_smem(bn: int) -> int:
         return GEMM_STAGES * (GEMM_BM * (GEMM_BK + 4) + GEMM_BK * (bn + 8)) * 4
 
-    def _hopper_weight(self, b, passes: int, cache_key):
-        """b prepared for the Hopper kernel; kept per (cache_key, passes) when cache_key (a weight array
-        that lives as long as the model) is given, so a layer's weights are split once."""
+    def _hopper_weight(self, b, passes: int, cache_key, paired: bool = False):
+        """b prepared for the Hopper kernels; kept per (cache_key, passes, paired) when cache_key (a
+        weight array that lives as long as the model) is given, so a layer's weights are split once."""
         if cache_key is None:
-            return self.hopper.prepare(b, passes)
-        key = (id(cache_key), passes)
+            return self.hopper.prepare(b, passes, paired)
+        key = (id(cache_key), passes, paired)
         hit = self._prepared.get(key)
         if hit is None or hit[1].k != b.shape[0] or hit[1].n != b.shape[1]:
-            hit = (cache_key, self.hopper.prepare(b, passes))   # hold cache_key so its id stays unique
+            hit = (cache_key, self.hopper.prepare(b, passes, paired))   # hold cache_key: its id stays unique
             self._prepared[key] = hit
         return hit[1]
 
@@ -394,11 +395,17 @@ class CupyBackend(Backend):
         return self._local_gconv_cublas(layer, x, cheb1, cheb0, residual)
 
     def _local_gconv_fused(self, layer, x, cheb1, residual):
-        """One tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the identity), then
-        the mixing and epilogue kernel."""
+        """On compute capability 9.0, one Hopper kernel for the whole layer (when cout is a multiple of
+        32); else one tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the
+        identity), then the mixing and epilogue kernel."""
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
+        if self.hopper is not None and cout % hopper_gemm.DRB_COLS == 0:
+            weight = self._hopper_weight(layer.weight, self.gemm_passes, layer.weight, paired=True)
+            return self.hopper.drb_layer(
+                cp.ascontiguousarray(x, dtype=cp.float32), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
+                layer.bias, None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32))
         y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
                       cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)

@@ -1,10 +1,12 @@
-"""The Hopper GEMM (``kernels/wgmma_gemm.cu``): warpgroup MMAs on compute capability 9.0 (H100, H200).
+"""The Hopper kernels (``kernels/wgmma_gemm.cu``): warpgroup MMAs on compute capability 9.0 (H100, H200).
 
-``HopperGemm(device)`` compiles the kernels for ``sm_90a`` (through NVRTC; wgmma exists only in that
-target) and runs ``C = act(A B + bias)`` with B prepared once per weight by :meth:`HopperGemm.prepare`:
-transposed to K-major rows, split into TF32 big and small parts (3xTF32) or rounded to TF32 (one
-pass), zero-padded to whole 128 x 32 tiles. :class:`~xmesh.backends.cupy_backend.CupyBackend` sends
-large products here and the rest (and every product on other GPUs) to ``kernels/tc_gemm.cu``.
+``HopperGemm(cupy)`` compiles them for ``sm_90a`` (through NVRTC; wgmma exists only in that target).
+Calling it runs ``C = act(A B + bias)``; :meth:`HopperGemm.drb_layer` runs a whole local graph
+convolution of a deformation reasoning block (product, 43 x 43 mixing, bias, ReLU, residual). B is
+prepared once per weight by :meth:`HopperGemm.prepare`: transposed to K-major rows, split into TF32
+big and small parts (3xTF32) or rounded to TF32 (one pass), zero-padded to whole tiles.
+:class:`~xmesh.backends.cupy_backend.CupyBackend` sends large products and the deformation blocks
+here, and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and ``p2m_ops.cu``.
 """
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ from .cuda_kernels import get_arch_function
 
 SOURCE = "wgmma_gemm.cu"
 ARCH = "sm_90a"
-#: Tile of C per block (rows, columns), K slice, ring depth and threads (kernels/wgmma_gemm.cu, WG_*).
-BM, BN, BK, STAGES, THREADS = 128, 128, 32, 4, 256
+#: GEMM: tile of C per block (rows, columns), K slice, ring depth, threads (kernels/wgmma_gemm.cu).
+BM, BN, BK, GEMM_STAGES, THREADS = 128, 128, 32, 4, 256
 A_STRIDE = BK + 4
+#: Deformation block layer: tile rows (4 vertices x 43 hypotheses, padded), output columns (the
+#: block's 64 B columns are 32 of W0 and the same 32 of W1), ring depth, threads, hypotheses.
+DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32, 3, 384, 43
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -28,22 +33,24 @@ def supported(device) -> bool:
     return str(device.compute_capability) == "90"
 
 
-def smem_bytes(passes: int) -> int:
+def smem_bytes(passes: int, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES) -> int:
     """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment slack."""
     parts = 2 if passes == 3 else 1
-    return STAGES * (parts * BN * BK * 4 + BM * A_STRIDE * 4) + 1024
+    return stages * (parts * bn * BK * 4 + rows * A_STRIDE * 4) + 1024
 
 
 @dataclass(frozen=True)
 class PreparedWeight:
-    """B (k x n) in the Hopper kernel's form: ``big`` and ``small`` (None for one pass) of shape
-    (ceil(n/128)*128, ceil(k/32)*32), row j holding column j of B."""
+    """B (k x n) in the Hopper kernels' form: ``big`` and ``small`` (None for one pass) of shape
+    (ceil(n/128)*128, ceil(k/32)*32), row j holding column j of B; for a deformation block layer
+    (``paired``: B = [W0 | W1]) each 64 rows hold 32 columns of W0 and the same 32 of W1."""
 
     big: object
     small: object
     k: int
     n: int
     passes: int
+    paired: bool = False
 
 
 class HopperGemm:
@@ -52,30 +59,32 @@ class HopperGemm:
         self._kernels: dict = {}
         self._split = get_arch_function(SOURCE, "wg_split_weight", ARCH, ("-std=c++17",))
 
-    def _kernel(self, passes: int, vec: bool):
-        key = (passes, vec)
-        kernel = self._kernels.get(key)
+    def _kernel(self, name: str, smem: int):
+        kernel = self._kernels.get(name)
         if kernel is None:
             from cupy_backends.cuda.api import driver
 
-            kernel = get_arch_function(SOURCE, f"wg_gemm_{passes}x_{'v' if vec else 's'}", ARCH, ("-std=c++17",))
+            kernel = get_arch_function(SOURCE, name, ARCH, ("-std=c++17",))
             # > 48 KB of dynamic shared memory needs the opt-in
-            driver.funcSetAttribute(kernel.ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes(passes))
-            self._kernels[key] = kernel
+            driver.funcSetAttribute(kernel.ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            self._kernels[name] = kernel
         return kernel
 
-    def prepare(self, b, passes: int) -> PreparedWeight:
-        """Transpose, split and pad a float32 (k, n) matrix with unit column stride."""
+    def prepare(self, b, passes: int, paired: bool = False) -> PreparedWeight:
+        """Transpose, split and pad a float32 (k, n) matrix with unit column stride; ``paired``: b is
+        [W0 | W1] of a deformation block layer (n = 2 cout, cout a multiple of 32)."""
         cp = self.cupy
         k, n = b.shape
+        if paired and n % (2 * DRB_COLS):
+            raise ValueError(f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_COLS}, got {n}")
         kp, np_ = -(-k // BK) * BK, -(-n // BN) * BN
         big = cp.empty((np_, kp), dtype=cp.float32)
         small = cp.empty((np_, kp), dtype=cp.float32) if passes == 3 else None
         total = np_ * kp
         self._split((min(-(-total // 256), 4096),), (256,),
                     (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n), np.int32(kp), np.int32(np_),
-                     np.int32(passes), big, big if small is None else small))
-        return PreparedWeight(big, small, k, n, passes)
+                     np.int32(passes), np.int32(DRB_COLS if paired else 0), big, big if small is None else small))
+        return PreparedWeight(big, small, k, n, passes, paired)
 
     def __call__(self, a, weight: PreparedWeight, out, bias=None, relu: bool = False):
         """out (m, n) = act(a (m, k) @ B + bias); ``a`` and ``out`` row-strided views with unit column stride."""
@@ -84,9 +93,30 @@ class HopperGemm:
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
         tiles = -(-m // BM) * (weight.big.shape[0] // BN)
         small = weight.big if weight.small is None else weight.small
-        self._kernel(weight.passes, vec)(
+        name = f"wg_gemm_{weight.passes}x_{'v' if vec else 's'}"
+        self._kernel(name, smem_bytes(weight.passes))(
             (tiles,), (THREADS,),
             (a, np.int64(lda), weight.big, small, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
              np.int32(weight.n), np.int32(k), np.uint64(0) if bias is None else bias, np.int32(bool(relu))),
             shared_mem=smem_bytes(weight.passes))
+        return out
+
+    def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None):
+        """relu(X W0 + A1 (X W1) + bias) (+ residual) for X (B, 43, N, cin) contiguous, ``weight`` the
+        paired [W0 | W1], a1 (43, 43), bias (cout,), residual (B, 43, N, cout) or None."""
+        cp = self.cupy
+        b, hyp, n, cin = x.shape
+        cout = weight.n // 2
+        if not weight.paired or hyp != HYPOTHESES or weight.k != cin:
+            raise ValueError(f"drb_layer: X {x.shape} does not fit a paired ({weight.k}, {weight.n}) weight")
+        out = cp.empty((b, hyp, n, cout), dtype=cp.float32)
+        vec = cin % 4 == 0 and x.data.ptr % 16 == 0
+        small = weight.big if weight.small is None else weight.small
+        smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES)
+        blocks = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
+        self._kernel(f"wg_drb_layer_{weight.passes}x_{'v' if vec else 's'}", smem)(
+            (blocks,), (DRB_THREADS,),
+            (x, np.int32(cin), weight.big, small, np.int64(weight.big.shape[1]), a1, bias,
+             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout)),
+            shared_mem=smem)
         return out
