@@ -53,24 +53,29 @@ def test_one_tf32_pass_has_tf32_error(cp, gb, m, k, n):
     assert 3e-5 < err < 3e-3, err
 
 
-@pytest.mark.parametrize("relu", [False, True])
-def test_strided_views_bias_and_relu(cp, gb, relu):
-    """A and C as row-strided views (lda > K, ldc > N), bias and ReLU fused; C's other columns untouched."""
-    rng = np.random.default_rng(3 + relu)
-    m, k, n = 517, 50, 72
-    if relu:
-        m, k = 200, 1000                     # split-K: bias and ReLU applied by the reduction
-    big_a = rng.standard_normal((m, k + 14)).astype(np.float32)
+def check_strided_bias_relu(cp, product, m, k, n, relu, seed, a_offset, c_offset, lda):
+    """product(a, b, out, bias, relu) on A and C as row-strided views (lda > K, ldc > N) with bias
+    and ReLU: the product is right and C's other columns stay untouched."""
+    rng = np.random.default_rng(seed)
+    big_a = rng.standard_normal((m, lda)).astype(np.float32)
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
-    c = cp.full((m, 100), 7.0, dtype=cp.float32)
-    gb.gemm(cp.asarray(big_a)[:, 3:3 + k], cp.asarray(b), out=c[:, 10:10 + n], bias=cp.asarray(bias), relu=relu)
-    ref = big_a[:, 3:3 + k].astype(np.float64) @ b + bias
+    c = cp.full((m, n + c_offset + 20), 7.0, dtype=cp.float32)
+    product(cp.asarray(big_a)[:, a_offset:a_offset + k], cp.asarray(b), c[:, c_offset:c_offset + n],
+            cp.asarray(bias), relu)
+    ref = big_a[:, a_offset:a_offset + k].astype(np.float64) @ b + bias
     if relu:
         ref = np.maximum(ref, 0.0)
     got = c.get()
-    np.testing.assert_allclose(got[:, 10:10 + n], ref, rtol=1e-5, atol=1e-5)
-    assert (got[:, :10] == 7.0).all() and (got[:, 10 + n:] == 7.0).all()
+    np.testing.assert_allclose(got[:, c_offset:c_offset + n], ref, rtol=1e-5, atol=1e-5)
+    assert (got[:, :c_offset] == 7.0).all() and (got[:, c_offset + n:] == 7.0).all()
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_strided_views_bias_and_relu(cp, gb, relu):
+    m, k = (200, 1000) if relu else (517, 50)   # relu: split-K, bias and ReLU applied by the reduction
+    check_strided_bias_relu(cp, lambda a, b, out, bias, r: gb.gemm(a, b, out=out, bias=bias, relu=r),
+                            m, k, 72, relu, seed=3 + relu, a_offset=3, c_offset=10, lda=k + 14)
 
 
 def test_fresh_inputs_each_call(cp, gb):
@@ -138,20 +143,9 @@ def test_hopper_one_tf32_pass_has_tf32_error(cp, hopper, m, k, n):
 
 @pytest.mark.parametrize("relu", [False, True])
 def test_hopper_strided_views_bias_and_relu(cp, hopper, relu):
-    rng = np.random.default_rng(7 + relu)
-    m, k, n = 700, 200, 130
-    big_a = rng.standard_normal((m, k + 12)).astype(np.float32)
-    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    c = cp.full((m, 150), 7.0, dtype=cp.float32)
-    hopper(cp.asarray(big_a)[:, 4:4 + k], hopper.prepare(cp.asarray(b), 3), c[:, 9:9 + n], bias=cp.asarray(bias),
-           relu=relu)
-    ref = big_a[:, 4:4 + k].astype(np.float64) @ b + bias
-    if relu:
-        ref = np.maximum(ref, 0.0)
-    got = c.get()
-    np.testing.assert_allclose(got[:, 9:9 + n], ref, rtol=1e-5, atol=1e-5)
-    assert (got[:, :9] == 7.0).all() and (got[:, 9 + n:] == 7.0).all()
+    check_strided_bias_relu(cp, lambda a, b, out, bias, r: hopper(a, hopper.prepare(b, 3), out, bias=bias, relu=r),
+                            700, 200, 130, relu, seed=7 + relu, a_offset=4, c_offset=9,
+                            lda=212)   # 16-byte copies of the strided rows
 
 
 def test_large_products_route_to_hopper_and_weights_are_prepared_once(cp, gb, hopper, monkeypatch):
