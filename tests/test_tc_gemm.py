@@ -230,3 +230,16 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper):
     ref = drb_reference(x, layer.weight.get(), a1.get(), layer.bias.get(), None)
     assert rel_error(fused, ref) < 1e-6 and rel_error(unfused, ref) < 1e-6
     np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)
+
+
+def test_hopper_kernels_can_be_switched_off(cp, hopper, monkeypatch):
+    """XMESH_HOPPER_GEMM=0 (README): a new backend keeps every product on the mma.sync kernel."""
+    from xmesh.backends.cupy_backend import CupyBackend
+
+    monkeypatch.setenv("XMESH_HOPPER_GEMM", "0")
+    plain = CupyBackend()
+    assert plain.hopper is None
+    rng = np.random.default_rng(31)
+    a, b = operands(rng, 40000, 192, 384)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert rel_error(plain.gemm(cp.asarray(a), cp.asarray(b)).get(), ref) <= 4 * rel_error(a @ b, ref) + 1e-7

@@ -52,6 +52,11 @@ class PreparedWeight:
     passes: int
     paired: bool = False
 
+    @property
+    def small_arg(self):
+        """The small part to pass a kernel: ``big`` again for one pass (the kernel then never reads it)."""
+        return self.big if self.small is None else self.small
+
 
 class HopperGemm:
     def __init__(self, cupy):
@@ -92,11 +97,10 @@ class HopperGemm:
         lda, ldc = a.strides[0] // 4, out.strides[0] // 4
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
         tiles = -(-m // BM) * (weight.big.shape[0] // BN)
-        small = weight.big if weight.small is None else weight.small
         name = f"wg_gemm_{weight.passes}x_{'v' if vec else 's'}"
         self._kernel(name, smem_bytes(weight.passes))(
             (tiles,), (THREADS,),
-            (a, np.int64(lda), weight.big, small, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
+            (a, np.int64(lda), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
              np.int32(weight.n), np.int32(k), np.uint64(0) if bias is None else bias, np.int32(bool(relu))),
             shared_mem=smem_bytes(weight.passes))
         return out
@@ -111,12 +115,11 @@ class HopperGemm:
             raise ValueError(f"drb_layer: X {x.shape} does not fit a paired ({weight.k}, {weight.n}) weight")
         out = cp.empty((b, hyp, n, cout), dtype=cp.float32)
         vec = cin % 4 == 0 and x.data.ptr % 16 == 0
-        small = weight.big if weight.small is None else weight.small
         smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES)
         blocks = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
         self._kernel(f"wg_drb_layer_{weight.passes}x_{'v' if vec else 's'}", smem)(
             (blocks,), (DRB_THREADS,),
-            (x, np.int32(cin), weight.big, small, np.int64(weight.big.shape[1]), a1, bias,
+            (x, np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout)),
             shared_mem=smem)
         return out
