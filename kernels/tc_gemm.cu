@@ -80,9 +80,11 @@ template <int ROWS, int COLS, int STRIDE, bool VEC>
 __device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict__ src, long ld, int rows_left,
                                              int cols_left, int tid) {
     constexpr int W = VEC ? 4 : 1;   // floats per copy
+    constexpr int COPIES = ROWS * COLS / W;
 #pragma unroll
-    for (int i = 0; i < (ROWS * COLS / W) / XG_THREADS; ++i) {
+    for (int i = 0; i < (COPIES + XG_THREADS - 1) / XG_THREADS; ++i) {
         const int idx = tid + i * XG_THREADS;
+        if (COPIES % XG_THREADS != 0 && idx >= COPIES) break;   // narrow B tiles: fewer copies than threads
         const int row = idx / (COLS / W), col = (idx % (COLS / W)) * W;
         const bool ok = row < rows_left && col < cols_left;
         const float* from = ok ? src + (long)row * ld + col : src;
@@ -93,12 +95,72 @@ __device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict
     }
 }
 
+// Where the A operand's tiles come from. Each source copies the K slice [k0, k0 + XG_BK) of the
+// block's 128 rows into shared memory (row stride XG_A_STRIDE).
+//
+// XgDenseA: a row-major matrix (row stride lda).
+template <bool VEC>
+struct XgDenseA {
+    const float* __restrict__ A;
+    long lda;
+    int M, K, m0;
+
+    __device__ __forceinline__ void load(float* dst, int k0, int tid) const {
+        xg_copy_tile<XG_BM, XG_BK, XG_A_STRIDE, VEC>(dst, A + (long)m0 * lda + k0, lda, M - m0, K - k0, tid);
+    }
+};
+
+// XgConvA: the im2col matrix of a 'SAME' convolution, read straight from the NHWC input x (implicit
+// GEMM): row m = (image n, output pixel oy, ox), column k = (tap ky, kx, channel c) in the weight's
+// (kh, kw, C) order. With C a multiple of XG_BK, a K slice lies within one tap, so each of a
+// thread's rows is one 16-byte copy of C-contiguous input, zero-filled where the tap falls in the
+// padding. k_begin offsets k (split K).
+struct XgConvA {
+    static constexpr int ROWS_PER_THREAD = (XG_BM * XG_BK / 4) / XG_THREADS;
+    const float* __restrict__ x;
+    int H, W, C, kw, k_begin;
+    long base[ROWS_PER_THREAD];                  // offset of image n in x
+    int iy0[ROWS_PER_THREAD], ix0[ROWS_PER_THREAD];   // input pixel of tap (0, 0); far outside for rows >= M
+
+    __device__ __forceinline__ XgConvA(const float* x_, int H_, int W_, int C_, int kw_, int stride, int Ho,
+                                       int Wo, int pad_top, int pad_left, int M, int m0, int k_begin_, int tid)
+        : x(x_), H(H_), W(W_), C(C_), kw(kw_), k_begin(k_begin_) {
+#pragma unroll
+        for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+            const int row = m0 + (tid + i * XG_THREADS) / (XG_BK / 4);
+            base[i] = 0;
+            iy0[i] = ix0[i] = -(1 << 29);
+            if (row < M) {
+                const int n = row / (Ho * Wo), r = row - n * (Ho * Wo);
+                const int oy = r / Wo, ox = r - oy * Wo;
+                base[i] = (long)n * H * W * C;
+                iy0[i] = oy * stride - pad_top;
+                ix0[i] = ox * stride - pad_left;
+            }
+        }
+    }
+
+    __device__ __forceinline__ void load(float* dst, int k0, int tid) const {
+        const int k = k_begin + k0;
+        const int tap = k / C, c0 = k - tap * C;
+        const int ky = tap / kw, kx = tap - ky * kw;
+#pragma unroll
+        for (int i = 0; i < ROWS_PER_THREAD; ++i) {
+            const int idx = tid + i * XG_THREADS;
+            const int row = idx / (XG_BK / 4), col = (idx % (XG_BK / 4)) * 4;
+            const int iy = iy0[i] + ky, ix = ix0[i] + kx;
+            const bool ok = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+            const float* from = ok ? x + base[i] + ((long)iy * W + ix) * C + c0 + col : x;
+            xg_copy16(dst + row * XG_A_STRIDE + col, from, ok);
+        }
+    }
+};
+
 // Copy the K slice [k0, k0 + XG_BK) of the block's A rows and B columns into one ring stage.
-template <int BN, bool VEC>
-__device__ __forceinline__ void xg_load_stage(float* As, float* Bs, const float* __restrict__ A, long lda,
-                                              const float* __restrict__ B, long ldb, int M, int N, int K,
-                                              int m0, int n0, int k0, int tid) {
-    xg_copy_tile<XG_BM, XG_BK, XG_A_STRIDE, VEC>(As, A + (long)m0 * lda + k0, lda, M - m0, K - k0, tid);
+template <int BN, bool VEC, class ASrc>
+__device__ __forceinline__ void xg_load_stage(float* As, float* Bs, const ASrc& a_src, const float* __restrict__ B,
+                                              long ldb, int N, int K, int n0, int k0, int tid) {
+    a_src.load(As, k0, tid);
     xg_copy_tile<XG_BK, BN, BN + 8, VEC>(Bs, B + (long)k0 * ldb + n0, ldb, K - k0, N - n0, tid);
 }
 
@@ -112,9 +174,9 @@ __device__ __forceinline__ void xg_zero(float (&x)[MT][NT][4]) {
             for (int e = 0; e < 4; ++e) x[i][j][e] = 0.0f;
 }
 
-template <int BN, int WARPS_M, int PASSES, bool VEC>
-__device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, const float* __restrict__ B, long ldb,
-                                        float* __restrict__ C, long ldc, int M, int N, int K,
+template <int BN, int WARPS_M, int PASSES, bool VEC, class ASrc>
+__device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restrict__ B, long ldb,
+                                        float* __restrict__ C, long ldc, int M, int N, int K, int m0, int n0,
                                         const float* __restrict__ bias, int relu) {
     constexpr int WARPS_N = (XG_THREADS / 32) / WARPS_M;
     constexpr int WM = XG_BM / WARPS_M, WN = BN / WARPS_N;
@@ -128,8 +190,6 @@ __device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, c
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-    const int tiles_n = (N + BN - 1) / BN;
-    const int m0 = (int)(blockIdx.x / tiles_n) * XG_BM, n0 = (int)(blockIdx.x % tiles_n) * BN;
     const int ktiles = (K + XG_BK - 1) / XG_BK;
 
     float acc[MT][NT][4];
@@ -138,7 +198,7 @@ __device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, c
 #pragma unroll
     for (int s = 0; s < XG_STAGES - 1; ++s) {
         if (s < ktiles)
-            xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, A, lda, B, ldb, M, N, K, m0, n0, s * XG_BK, tid);
+            xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, a_src, B, ldb, N, K, n0, s * XG_BK, tid);
         xg_commit();
     }
 
@@ -148,8 +208,7 @@ __device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, c
         int next = kt + XG_STAGES - 1;
         if (next < ktiles) {
             int s = next % XG_STAGES;
-            xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, A, lda, B, ldb, M, N, K, m0, n0,
-                                   next * XG_BK, tid);
+            xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, a_src, B, ldb, N, K, n0, next * XG_BK, tid);
         }
         xg_commit();
         const float* as = As + (kt % XG_STAGES) * A_STAGE + (wm * WM) * XG_A_STRIDE;
@@ -218,14 +277,34 @@ __device__ __forceinline__ void xg_gemm(const float* __restrict__ A, long lda, c
 // Split K: block row y of the grid takes K columns [y * k_chunk, (y + 1) * k_chunk) and writes its
 // partial product to C + y * split_stride (gemm_splitk_reduce then sums the parts in order, so
 // results do not depend on scheduling). Without a split: gridDim.y = 1, k_chunk >= K.
+// The block index runs over N tiles fastest.
+#define XG_TILE_ORIGIN(BN)                                                                              \
+    const int tiles_n = (N + (BN) - 1) / (BN);                                                           \
+    const int m0 = (int)(blockIdx.x / tiles_n) * XG_BM, n0 = (int)(blockIdx.x % tiles_n) * (BN);         \
+    const int k_begin = (int)blockIdx.y * k_chunk, k_len = min(K - k_begin, k_chunk);
+
 #define XG_KERNEL(NAME, BN, WARPS_M, PASSES, VEC)                                                         \
     extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
         const float* A, long lda, const float* B, long ldb, float* C, long ldc, int M, int N, int K,     \
         const float* bias, int relu, int k_chunk, long split_stride) {                                   \
-        const int k_begin = (int)blockIdx.y * k_chunk;                                                    \
-        xg_gemm<BN, WARPS_M, PASSES, VEC>(A + k_begin, lda, B + (long)k_begin * ldb, ldb,                \
-                                          C + blockIdx.y * split_stride, ldc, M, N,                       \
-                                          min(K - k_begin, k_chunk), bias, relu);                        \
+        XG_TILE_ORIGIN(BN)                                                                                \
+        const XgDenseA<VEC> a_src{A + k_begin, lda, M, k_len, m0};                                        \
+        xg_gemm<BN, WARPS_M, PASSES, VEC>(a_src, B + (long)k_begin * ldb, ldb, C + blockIdx.y * split_stride, \
+                                          ldc, M, N, k_len, m0, n0, bias, relu);                          \
+    }
+
+// Implicit-GEMM 'SAME' convolution: out (M = images * Ho * Wo rows, N = Cout) = act(im2col(x) W + bias)
+// with W the (kh * kw * C, Cout) weight; C must be a multiple of XG_BK, W's rows 16-byte aligned.
+#define XG_CONV_KERNEL(NAME, BN, WARPS_M, PASSES)                                                         \
+    extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
+        const float* x, int H, int W, int C, int kw, int stride, int Ho, int Wo, int pad_top, int pad_left,  \
+        const float* B, long ldb, float* out, long ldc, int M, int N, int K, const float* bias, int relu,    \
+        int k_chunk, long split_stride) {                                                                 \
+        XG_TILE_ORIGIN(BN)                                                                                \
+        const XgConvA a_src(x, H, W, C, kw, stride, Ho, Wo, pad_top, pad_left, M, m0, k_begin,              \
+                            (int)threadIdx.x);                                                            \
+        xg_gemm<BN, WARPS_M, PASSES, true>(a_src, B + (long)k_begin * ldb, ldb, out + blockIdx.y * split_stride, \
+                                           ldc, M, N, k_len, m0, n0, bias, relu);                         \
     }
 
 extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, int splits, long split_stride,
@@ -243,12 +322,20 @@ extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, i
     }
 }
 
-// Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>
-XG_KERNEL(gemm_3x_n128_v, 128, 2, 3, true)
-XG_KERNEL(gemm_3x_n128_s, 128, 2, 3, false)
-XG_KERNEL(gemm_3x_n64_v, 64, 4, 3, true)
-XG_KERNEL(gemm_3x_n64_s, 64, 4, 3, false)
-XG_KERNEL(gemm_1x_n128_v, 128, 2, 1, true)
-XG_KERNEL(gemm_1x_n128_s, 128, 2, 1, false)
-XG_KERNEL(gemm_1x_n64_v, 64, 4, 1, true)
-XG_KERNEL(gemm_1x_n64_s, 64, 4, 1, false)
+// Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>, conv_<passes>x_n<BN>
+#define XG_VARIANTS(PASSES)                                        \
+    XG_KERNEL(gemm_##PASSES##x_n128_v, 128, 2, PASSES, true)       \
+    XG_KERNEL(gemm_##PASSES##x_n128_s, 128, 2, PASSES, false)      \
+    XG_KERNEL(gemm_##PASSES##x_n64_v, 64, 4, PASSES, true)         \
+    XG_KERNEL(gemm_##PASSES##x_n64_s, 64, 4, PASSES, false)        \
+    XG_KERNEL(gemm_##PASSES##x_n32_v, 32, 8, PASSES, true)         \
+    XG_KERNEL(gemm_##PASSES##x_n32_s, 32, 8, PASSES, false)        \
+    XG_KERNEL(gemm_##PASSES##x_n16_v, 16, 8, PASSES, true)         \
+    XG_KERNEL(gemm_##PASSES##x_n16_s, 16, 8, PASSES, false)        \
+    XG_CONV_KERNEL(conv_##PASSES##x_n128, 128, 2, PASSES)          \
+    XG_CONV_KERNEL(conv_##PASSES##x_n64, 64, 4, PASSES)            \
+    XG_CONV_KERNEL(conv_##PASSES##x_n32, 32, 8, PASSES)            \
+    XG_CONV_KERNEL(conv_##PASSES##x_n16, 16, 8, PASSES)
+
+XG_VARIANTS(3)
+XG_VARIANTS(1)

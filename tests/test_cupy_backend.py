@@ -88,8 +88,9 @@ def test_graph_projection_kernel_equals_reference(cp, gb, ref_gb, quirk, seed):
     np.testing.assert_allclose(out, host, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed):
+@pytest.mark.parametrize("seed,channels", [(0, (16, 32, 64)), (1, (16, 32, 64)), (2, (3, 8, 5))])
+def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed, channels):
+    """The model's channel counts take the 4-channels-per-thread kernel, others the 1-channel one."""
     from xmesh.backends import get_backend
     from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
 
@@ -98,11 +99,11 @@ def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed):
     cams = random_cameras(rng, batch)
     pts = random_points(rng, batch, n)
     pts[0, :8] = [[0, 0, -0.8]] * 8       # on-axis points: h = w = 112 exactly (integer: zero-weight quirk)
-    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((224, 16), (112, 32), (56, 64))]
+    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in zip((224, 112, 56), channels)]
     dmaps = pad_maps(gb, [cp.asarray(m) for m in maps])
     out = gb.to_numpy(local_projection(gb, cp.asarray(pts), dmaps, DeviceTransforms.from_cameras(gb, cams)))
     ref = ref_gb.to_numpy(local_projection(ref_gb, cp.asarray(pts), dmaps, DeviceTransforms.from_cameras(ref_gb, cams)))
-    assert out.shape == (batch, n, 339) and np.isfinite(out).all()
+    assert out.shape == (batch, n, 3 + 3 * sum(channels)) and np.isfinite(out).all()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
     cpu = get_backend("numpy")
     host = local_projection(cpu, pts, pad_maps(cpu, maps), DeviceTransforms.from_cameras(cpu, cams))

@@ -14,7 +14,7 @@ pytestmark = [requires_cuda, pytest.mark.gpu]
 
 SHAPES = [  # (M, K, N): tile edges, odd K (single-float copies), narrow N, the model's shapes
     (1, 3, 1), (37, 27, 16), (128, 16, 64), (129, 17, 65), (300, 339, 384), (1000, 192, 2),
-    (2466, 192, 384), (777, 1152, 256), (5000, 144, 32),
+    (2466, 192, 384), (777, 1152, 256), (5000, 144, 32), (300, 100, 24), (129, 17, 9),  # 32/16-wide tiles
     (64, 4608, 512), (588, 6400, 256), (147, 4612, 512),   # few tiles, long K: split-K path
 ]
 
@@ -94,6 +94,59 @@ def test_bad_operands_are_refused(cp, gb):
         gb.gemm(cp.ones((4, 3), cp.float32), cp.ones((4, 3), cp.float32))
     with pytest.raises(InputError, match="float32"):
         gb.gemm(cp.ones((4, 3), cp.float64), cp.ones((3, 3), cp.float32))
+
+
+# ---------------------------------------------------------------- implicit-GEMM convolution
+def conv_same(x, w, b, stride, dtype):
+    """TF-style 'SAME' convolution + bias + ReLU of NHWC x, summed tap by tap in ``dtype``."""
+    n, h, wd, _ = x.shape
+    kh, kw, _, cout = w.shape
+    ho, wo = -(-h // stride), -(-wd // stride)
+    pad_h, pad_w = max((ho - 1) * stride + kh - h, 0), max((wo - 1) * stride + kw - wd, 0)
+    xp = np.pad(x.astype(dtype), ((0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    out = np.zeros((n, ho, wo, cout), dtype)
+    for dy in range(kh):
+        for dx in range(kw):
+            patch = xp[:, dy:dy + stride * (ho - 1) + 1:stride, dx:dx + stride * (wo - 1) + 1:stride]
+            out += patch @ w[dy, dx].astype(dtype)
+    return np.maximum(out + b.astype(dtype), 0)
+
+
+CONV_CASES = [  # (images, size, cin, cout, kernel, stride): the CNN's layer kinds, row and column tails
+    (2, 17, 16, 16, 3, 1), (3, 56, 32, 64, 3, 2), (2, 9, 48, 24, 3, 1), (4, 28, 64, 128, 3, 1),
+    (1, 14, 128, 256, 5, 2), (1, 7, 512, 512, 3, 1),   # few tiles, long K: split K
+]
+
+
+@pytest.mark.parametrize("images,size,cin,cout,kernel,stride", CONV_CASES)
+def test_implicit_gemm_conv_is_as_accurate_as_float32(cp, gb, images, size, cin, cout, kernel, stride):
+    """Convolutions with 16k input channels read the input directly (conv_* kernels, no im2col
+    buffer) and match a float64 convolution as closely as a float32 one does."""
+    rng = np.random.default_rng(size * cin + cout)
+    x = rng.standard_normal((images, size, size, cin)).astype(np.float32)
+    w = (rng.standard_normal((kernel, kernel, cin, cout)) / np.sqrt(kernel * kernel * cin)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    ref = conv_same(x, w, b, stride, np.float64)
+    got = gb.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), stride).get()
+    assert got.shape == ref.shape
+    f32 = rel_error(conv_same(x, w, b, stride, np.float32), ref)
+    err = rel_error(got, ref)
+    assert err <= 4 * f32 + 1e-7, (err, f32)
+    bn = 128 if cout % 128 == 0 else 16 if cout <= 16 else 32 if cout <= 32 else 64
+    assert f"conv_3x_n{bn}" in gb._gemm_kernels           # the implicit kernel ran, not im2col + GEMM
+
+
+def test_implicit_gemm_conv_tf32_mode_has_tf32_error(cp):
+    from xmesh.backends import get_backend
+
+    tf32 = get_backend("cupy", precision="tf32")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 28, 28, 64)).astype(np.float32)
+    w = (rng.standard_normal((3, 3, 64, 128)) / 24.0).astype(np.float32)
+    b = np.zeros(128, np.float32)
+    got = tf32.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 1).get()
+    assert "conv_1x_n128" in tf32._gemm_kernels
+    assert 3e-5 < rel_error(got, conv_same(x, w, b, 1, np.float64)) < 3e-3
 
 
 # ---------------------------------------------------------------- the Hopper (wgmma) kernel

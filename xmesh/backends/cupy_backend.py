@@ -11,7 +11,8 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
   convolution in one pass, after the one GEMM y = X [W0 | W1] (on compute capability 9.0 the whole
   layer is one kernel instead, ``wg_drb_layer`` in ``kernels/wgmma_gemm.cu``);
 - ``hypothesis_softmax_update``: softmax over the 43 hypotheses and the new vertex positions;
-- ``im2col_nhwc`` + GEMM with fused bias and ReLU: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
+- ``conv_*`` (implicit GEMM, tc_gemm.cu) or ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions
+  (CuPy 14 no longer reaches cuDNN).
 
 Every matrix product runs through xmesh's own tensor-core GEMMs: on compute capability 9.0 (H100,
 H200) the large ones through warpgroup MMAs (``kernels/wgmma_gemm.cu``, ``hopper_gemm.py``), the rest
@@ -45,7 +46,7 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 THREADS = 256
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
-#: The GEMM kernel's tile: 128 rows of C per block; BN columns (128 or 64); K in slices of 16 through
+#: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of 16 through
 #: a 3-stage shared-memory ring (kernels/tc_gemm.cu, XG_*).
 GEMM_BM, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 3, 256
 #: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
@@ -54,6 +55,14 @@ GEMM_TARGET_BLOCKS = 264
 GEMM_SPLIT_MIN_K = 256
 #: Hypotheses per vertex the fused deformation kernels are built for (kernels/p2m_ops.cu, XM_HYP).
 HYPOTHESES = 43
+
+
+def _tile_width(n: int) -> int:
+    """Columns of C per block of the tc_gemm.cu kernels for an N-wide product: 128 when N is a multiple
+    of it, else the narrowest of 16/32/64 that covers N (64 beyond)."""
+    if n % 128 == 0:
+        return 128
+    return 16 if n <= 16 else 32 if n <= 32 else 64
 
 
 def _grid(total: int, cap: int = 1 << 20) -> tuple:
@@ -171,13 +180,13 @@ class CupyBackend(Backend):
         self.cupy.cuda.get_current_stream().synchronize()
 
     # ------------------------------------------------------------------ GEMM
-    def _gemm_kernel(self, passes: int, bn: int, vec: bool):
-        key = (passes, bn, vec)
-        kernel = self._gemm_kernels.get(key)
+    def _gemm_kernel(self, name: str, bn: int):
+        """A kernel of tc_gemm.cu (gemm_* or conv_*), with its shared-memory opt-in set once."""
+        kernel = self._gemm_kernels.get(name)
         if kernel is None:
-            kernel = get_function(GEMM_FILE, f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", ("-std=c++17",))
+            kernel = get_function(GEMM_FILE, name, ("-std=c++17",))
             kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn)   # > 48 KB needs the opt-in
-            self._gemm_kernels[key] = kernel
+            self._gemm_kernels[name] = kernel
         return kernel
 
     @staticmethod
@@ -228,29 +237,36 @@ class CupyBackend(Backend):
         if self.hopper is not None and n >= hopper_gemm.BN and \
                 -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS:
             return self.hopper(a, self._hopper_weight(b, passes, cache_key), out, bias, relu)
-        lda, ldb, ldc = a.strides[0] // 4, b.strides[0] // 4, out.strides[0] // 4
+        lda, ldb = a.strides[0] // 4, b.strides[0] // 4
         vec = (lda % 4 == 0 and ldb % 4 == 0 and k % 4 == 0 and n % 4 == 0
                and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
-        bn = 128 if n % 128 == 0 else 64
-        kernel = self._gemm_kernel(passes, bn, vec)
+        bn = _tile_width(n)
+        kernel = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn)
+        return self._launch_tc(kernel, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
+
+    def _launch_tc(self, kernel, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
+        """Launch a kernel of tc_gemm.cu (A given by ``a_args``, B by ``b``) over (M/128 x N/bn) tiles,
+        splitting K when there are few tiles (the CNN's deep layers at small batch)."""
+        cp = self.cupy
+        n = b.shape[1]
+        ldb, ldc = b.strides[0] // 4, out.strides[0] // 4
         tiles = -(-m // GEMM_BM) * -(-n // bn)
-        # few output tiles and a long K (the CNN's deep layers at small batch): split K so every
-        # multiprocessor gets work, each split at least GEMM_SPLIT_MIN_K long
+        # few output tiles and a long K: split K so every multiprocessor gets work, each split at
+        # least GEMM_SPLIT_MIN_K long
         splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // GEMM_SPLIT_MIN_K))
         bias_arg = np.uint64(0) if bias is None else bias
+        smem = self._gemm_smem(bn)
         if splits == 1:
             kernel((tiles, 1), (GEMM_THREADS,),
-                   (a, np.int64(lda), b, np.int64(ldb), out, np.int64(ldc), np.int32(m), np.int32(n), np.int32(k),
-                    bias_arg, np.int32(bool(relu)), np.int32(k), np.int64(0)),
-                   shared_mem=self._gemm_smem(bn))
+                   (*a_args, b, np.int64(ldb), out, np.int64(ldc), np.int32(m), np.int32(n), np.int32(k),
+                    bias_arg, np.int32(bool(relu)), np.int32(k), np.int64(0)), shared_mem=smem)
             return out
         chunk = -(-k // (splits * GEMM_BK)) * GEMM_BK
         splits = -(-k // chunk)
         parts = cp.empty((splits, m, n), dtype=cp.float32)
         kernel((tiles, splits), (GEMM_THREADS,),
-               (a, np.int64(lda), b, np.int64(ldb), parts, np.int64(n), np.int32(m), np.int32(n), np.int32(k),
-                np.uint64(0), np.int32(0), np.int32(chunk), np.int64(m * n)),
-               shared_mem=self._gemm_smem(bn))
+               (*a_args, b, np.int64(ldb), parts, np.int64(n), np.int32(m), np.int32(n), np.int32(k),
+                np.uint64(0), np.int32(0), np.int32(chunk), np.int64(m * n)), shared_mem=smem)
         get_function(GEMM_FILE, "gemm_splitk_reduce", ("-std=c++17",))(
             _grid(m * n), (THREADS,),
             (parts, np.int32(splits), np.int64(m * n), np.int32(m), np.int32(n), out, np.int64(ldc), bias_arg,
@@ -287,6 +303,8 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ convolution
     def conv2d_same(self, x, weight, bias, stride: int, relu: bool = True):
+        """'SAME' convolution of NHWC x: implicit GEMM (the tc_gemm.cu conv kernels read x directly)
+        when the input channels are a multiple of 16, else im2col + GEMM (the 3-channel first layer)."""
         cp = self.cupy
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n, h, w, cin = x.shape
@@ -296,6 +314,13 @@ class CupyBackend(Backend):
         k = kh * kw * cin
         flat_w = weight.reshape(k, cout)
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
+        if cin % GEMM_BK == 0 and cout % 4 == 0 and flat_w.flags.c_contiguous and flat_w.data.ptr % 16 == 0:
+            bn = _tile_width(cout)
+            kernel = self._gemm_kernel(f"conv_{self.gemm_passes}x_n{bn}", bn)
+            geometry = (x, np.int32(h), np.int32(w), np.int32(cin), np.int32(kw), np.int32(stride), np.int32(ho),
+                        np.int32(wo), np.int32(top), np.int32(left))
+            return self._launch_tc(kernel, geometry, flat_w, out.reshape(n * ho * wo, cout), n * ho * wo, k, bn,
+                                   bias, relu).reshape(out.shape)
         chunk = max(1, IM2COL_LIMIT // (ho * wo * k))
         im2col = self._kernel("im2col_nhwc")
         for start in range(0, n, chunk):
@@ -328,6 +353,8 @@ class CupyBackend(Backend):
         ct = int(sum(int(c) for c in chans))
         out = cp.empty((batch, n, 3 + 3 * ct), dtype=cp.float32)
         total = batch * n * ct
+        if kernel == "local_projection" and all(c % 4 == 0 for c in chans) and all(m.data.ptr % 16 == 0 for m in maps):
+            kernel, total = "local_projection_x4", total // 4   # four channels per thread, 16-byte gathers
         self._kernel(kernel)(
             ((total + THREADS - 1) // THREADS,), (THREADS,),
             (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra, out))
