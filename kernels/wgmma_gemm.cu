@@ -273,10 +273,12 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
     }
 
 // Names: wg_gemm_<passes>x_<v: 16-byte copies of A (lda % 4 == 0, A 16-byte aligned) | s: single floats>
+#ifndef WG_MIX_SPARSE   // a module built for one A1 (below) holds only the deformation-layer kernels
 WG_GEMM_KERNEL(wg_gemm_3x_v, 3, true)
 WG_GEMM_KERNEL(wg_gemm_3x_s, 3, false)
 WG_GEMM_KERNEL(wg_gemm_1x_v, 1, true)
 WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
+#endif
 
 // ---------------------------------------------------------------- a deformation block layer
 // out[b,i,n,c] = relu((y0[b,i,n,c] + sum_j A1[i,j] y1[b,j,n,c]) + bias[c]) (+ res[b,i,n,c]), where
@@ -285,6 +287,12 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
 // output columns c0 .. c0 + 31: its 64 B columns are W0's and W1's columns c0 .. c0 + 31 (the weight
 // is prepared with wg_split_weight's pairing). The y tile goes through shared memory; each warp then
 // mixes one (vertex, third of the hypotheses), a lane per column, its 15 sums side by side.
+//
+// Two ways to mix. By default A1 comes as a kernel argument and every sum runs over j = 0..42.
+// With WG_MIX_SPARSE defined, the module was built for one A1 (hopper_gemm.mixing_source puts
+// wg_mix_sparse before this file): the sums skip A1's zeros (the template's A1 has 367 of 1849
+// entries), its values are immediates and the thread's 43 y1 values sit in registers. Skipping
+// the zero terms of an fmaf chain leaves every result bit for bit as the dense sum gives it.
 #define WG_DRB_VERTS 4
 #define WG_DRB_ROWS 192
 #define WG_DRB_THREADS (2 * WG_DRB_ROWS)
@@ -332,7 +340,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, int ci
     __syncthreads();
     float* y0s = ring_ptr;
     float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
+#ifndef WG_MIX_SPARSE
     float* a1s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
+#endif
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -341,13 +351,21 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, int ci
             float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
             *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
+#ifndef WG_MIX_SPARSE
     for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)
         a1s[(i / WG_HYP) * WG_A1_STRIDE + i % WG_HYP] = a1[i];
+#endif
     __syncthreads();
     if (!active) return;
 
-    // All PER sums at once (independent FMA chains), each over j = 0..42 in order.
     float mix[PER];
+#ifdef WG_MIX_SPARSE
+    float y1[WG_HYP];
+#pragma unroll
+    for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+    wg_mix_sparse(first, y1, mix);
+#else
+    // All PER sums at once (independent FMA chains), each over j = 0..42 in order.
 #pragma unroll
     for (int q = 0; q < PER; ++q) mix[q] = 0.0f;
 #pragma unroll
@@ -366,6 +384,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, int ci
             if (j4 + 3 < WG_HYP) mix[q] = fmaf(a.w, y1[3], mix[q]);
         }
     }
+#endif
 #pragma unroll
     for (int q = 0; q < PER; ++q) {
         const int i = first + q * GROUPS;

@@ -16,6 +16,7 @@ SHAPES = [  # (M, K, N): tile edges, odd K (single-float copies), narrow N, the 
     (1, 3, 1), (37, 27, 16), (128, 16, 64), (129, 17, 65), (300, 339, 384), (1000, 192, 2),
     (2466, 192, 384), (777, 1152, 256), (5000, 144, 32), (300, 100, 24), (129, 17, 9),  # 32/16-wide tiles
     (64, 4608, 512), (588, 6400, 256), (147, 4612, 512),   # few tiles, long K: split-K path
+    (156, 192, 384), (156, 963, 384),                      # under 24 tiles: K split into 32-wide parts
 ]
 
 
@@ -258,10 +259,53 @@ def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, passe
         assert 3e-5 < err < 3e-3, err
 
 
+@pytest.mark.parametrize("pattern", ["template", "dense", "one_row"])
+@pytest.mark.parametrize("passes", [3, 1])
+def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, pattern, passes):
+    """The layer kernel built for one A1 (zeros skipped, values as immediates) gives exactly the
+    dense-A1 kernel's output: on the template's support (20% nonzero), on a dense A1, and on an A1
+    with a single nonzero row (the other rows' sums are zero)."""
+    from xmesh.backends.hopper_gemm import mixing_source
+
+    rng = np.random.default_rng(len(pattern) + passes)
+    a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
+    if pattern == "template":
+        a1 *= template_support_mask()
+    elif pattern == "one_row":
+        a1[np.arange(43) != 5] = 0.0
+    b, n, cin, cout = 2, 9, 192, 64
+    x = cp.asarray(rng.standard_normal((b, 43, n, cin)).astype(np.float32))
+    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 14).astype(np.float32)), passes,
+                            paired=True)
+    bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
+    residual = cp.asarray(rng.standard_normal((b, 43, n, cout)).astype(np.float32))
+    dense = hopper.drb_layer(x, weight, cp.asarray(a1), bias, residual).get()
+    sparse = hopper.drb_layer(x, weight, cp.asarray(a1), bias, residual, mixing=mixing_source(a1)).get()
+    assert np.isfinite(dense).all()
+    np.testing.assert_array_equal(sparse, dense)
+
+
+def template_support_mask():
+    """Where the golden template's deformation-block support A1 is nonzero (else a mask of the same
+    density: a dense first row, 7-8 entries in the others)."""
+    from xmesh.benchmarking import default_template
+
+    template, source = default_template()
+    mask = np.asarray(template.sample_cheb[1]) != 0
+    if mask.sum() < 43 * 43 // 2:
+        return mask
+    rng = np.random.default_rng(0)
+    mask = rng.random((43, 43)) < 0.17
+    mask[0] = True
+    return mask
+
+
 def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper):
-    """CupyBackend.op_local_gconv on a 192-wide layer runs the fused Hopper kernel and agrees with the
-    GEMM + mixing-kernel path of other GPUs to float32 rounding."""
+    """CupyBackend.op_local_gconv on a 192-wide layer runs the fused Hopper kernel built for its A1
+    and agrees with the GEMM + mixing-kernel path of other GPUs to float32 rounding."""
     from types import SimpleNamespace
+
+    from xmesh.backends.hopper_gemm import mixing_source
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 43, 50, 192)).astype(np.float32)
@@ -271,7 +315,7 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper):
     a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
     calls = []
     original = hopper.drb_layer
-    hopper.drb_layer = lambda *args: calls.append(1) or original(*args)
+    hopper.drb_layer = lambda *args, **kw: calls.append(kw["mixing"]) or original(*args, **kw)
     try:
         fused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
         gb.hopper = None
@@ -279,7 +323,7 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper):
     finally:
         gb.hopper = hopper
         del hopper.drb_layer
-    assert calls == [1]
+    assert calls == [mixing_source(a1.get())]        # the kernel built for this A1
     ref = drb_reference(x, layer.weight.get(), a1.get(), layer.bias.get(), None)
     assert rel_error(fused, ref) < 1e-6 and rel_error(unfused, ref) < 1e-6
     np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)

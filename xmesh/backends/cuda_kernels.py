@@ -72,11 +72,11 @@ def get_function(filename: str, name: str, options: tuple = ()):
 
 
 @functools.lru_cache(maxsize=None)
-def _arch_module(filename: str, arch: str, options: tuple, device: int):
+def _arch_module(filename: str, arch: str, options: tuple, device: int, prelude: str = ""):
     cupy = require_cupy()
     from cupy_backends.cuda.libs import nvrtc
 
-    program = nvrtc.createProgram(kernel_source(filename), filename, (), ())
+    program = nvrtc.createProgram(prelude + kernel_source(filename), filename, (), ())
     try:
         try:
             nvrtc.compileProgram(program, (f"-arch={arch}",) + options)
@@ -93,11 +93,11 @@ def _arch_module(filename: str, arch: str, options: tuple, device: int):
     return module
 
 
-def get_arch_function(filename: str, name: str, arch: str, options: tuple = ()):
+def get_arch_function(filename: str, name: str, arch: str, options: tuple = (), prelude: str = ""):
     """Kernel ``name`` of ``kernels/filename`` compiled with NVRTC for ``arch`` (e.g. ``"sm_90a"``),
-    once per (device, arch, options)."""
+    once per (device, arch, options, prelude); ``prelude``: generated source put before the file."""
     cupy = require_cupy()
-    module = _arch_module(filename, arch, tuple(options), cupy.cuda.Device().id)
+    module = _arch_module(filename, arch, tuple(options), cupy.cuda.Device().id, prelude)
     try:
         return module.get_function(name)
     except cupy.cuda.driver.CUDADriverError as exc:

@@ -51,8 +51,11 @@ IM2COL_LIMIT = 1 << 28
 GEMM_BM, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 3, 256
 #: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
 GEMM_TARGET_BLOCKS = 264
-#: ...into parts of at least this many columns of K.
+#: ...into parts of at least this many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer
+#: than GEMM_FEW_TILES tiles (stage 1's 156- and 618-vertex graph convolutions: 22 -> 13 us per
+#: 156x192x384 product, 43 -> 17 us at K = 963, H100 ncu; with 60 tiles splitting no longer pays).
 GEMM_SPLIT_MIN_K = 256
+GEMM_SPLIT_MIN_K_FEW, GEMM_FEW_TILES = 32, 24
 #: Hypotheses per vertex the fused deformation kernels are built for (kernels/p2m_ops.cu, XM_HYP).
 HYPOTHESES = 43
 
@@ -125,6 +128,7 @@ class CupyBackend(Backend):
         self._tf32_type = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
         self._layer_cache: dict = {}
         self._gemm_kernels: dict = {}
+        self._mixing: dict = {}
         self._prepared: dict = {}
         self.gemm_passes = 1 if precision == "tf32" else 3
         self._options = ("-std=c++17",)
@@ -251,9 +255,9 @@ class CupyBackend(Backend):
         n = b.shape[1]
         ldb, ldc = b.strides[0] // 4, out.strides[0] // 4
         tiles = -(-m // GEMM_BM) * -(-n // bn)
-        # few output tiles and a long K: split K so every multiprocessor gets work, each split at
-        # least GEMM_SPLIT_MIN_K long
-        splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // GEMM_SPLIT_MIN_K))
+        # few output tiles and a long K: split K so more multiprocessors get work
+        min_k = GEMM_SPLIT_MIN_K_FEW if tiles < GEMM_FEW_TILES else GEMM_SPLIT_MIN_K
+        splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // min_k))
         bias_arg = np.uint64(0) if bias is None else bias
         smem = self._gemm_smem(bn)
         if splits == 1:
@@ -432,7 +436,8 @@ class CupyBackend(Backend):
             weight = self._hopper_weight(layer.weight, self.gemm_passes, layer.weight, paired=True)
             return self.hopper.drb_layer(
                 cp.ascontiguousarray(x, dtype=cp.float32), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
-                layer.bias, None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32))
+                layer.bias, None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32),
+                mixing=self._mixing_source(cheb1))
         y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
                       cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
@@ -442,6 +447,15 @@ class CupyBackend(Backend):
                                          (y, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias, res, out,
                                           np.int32(b), np.int32(n), np.int32(cout)))
         return out
+
+    def _mixing_source(self, cheb1) -> str:
+        """hopper_gemm.mixing_source of a support (read to the host once per array: the template's
+        supports live as long as the model, so this happens in the first, eager call)."""
+        hit = self._mixing.get(id(cheb1))
+        if hit is None:
+            hit = (cheb1, hopper_gemm.mixing_source(self.to_numpy(cheb1)))   # hold cheb1: its id stays unique
+            self._mixing[id(cheb1)] = hit
+        return hit[1]
 
     def op_hypothesis_update(self, centers, score, offsets):
         """Softmax over the hypotheses (axis 1 of score (B,K,N)) and the moved centers (B,N,3)."""

@@ -33,6 +33,30 @@ def supported(device) -> bool:
     return str(device.compute_capability) == "90"
 
 
+def mixing_source(a1) -> str:
+    """CUDA source of ``wg_mix_sparse`` for one 43 x 43 A1 (the deformation blocks' sample support):
+    warp group ``first`` of a vertex computes mix[q] = sum_j A1[i, j] y[j] for its hypotheses
+    i = first + 3 q, as fmaf chains over A1's nonzero entries in increasing j with the values as
+    immediates. Put before ``wgmma_gemm.cu`` it turns on WG_MIX_SPARSE there."""
+    a1 = np.asarray(a1, dtype=np.float32)
+    if a1.shape != (HYPOTHESES, HYPOTHESES):
+        raise ValueError(f"A1 must be {HYPOTHESES} x {HYPOTHESES}, got {a1.shape}")
+    groups = DRB_THREADS // 32 // DRB_VERTS
+    per = -(-HYPOTHESES // groups)
+    lines = ["#define WG_MIX_SPARSE 1",
+             f"__device__ __forceinline__ void wg_mix_sparse(int first, const float (&y)[{HYPOTHESES}], "
+             f"float (&mix)[{per}]) {{"]
+    for first in range(groups):
+        lines.append(f"    {'if' if first == 0 else 'else if'} (first == {first}) {{")
+        for q, i in enumerate(range(first, HYPOTHESES, groups)):
+            terms = [f"    m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
+                     for j in np.flatnonzero(a1[i])]
+            lines.append(f"      {{ float m = 0.0f;{''.join(terms)} mix[{q}] = m; }}")
+        lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def smem_bytes(passes: int, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES) -> int:
     """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment slack."""
     parts = 2 if passes == 3 else 1
@@ -64,15 +88,15 @@ class HopperGemm:
         self._kernels: dict = {}
         self._split = get_arch_function(SOURCE, "wg_split_weight", ARCH, ("-std=c++17",))
 
-    def _kernel(self, name: str, smem: int):
-        kernel = self._kernels.get(name)
+    def _kernel(self, name: str, smem: int, prelude: str = ""):
+        kernel = self._kernels.get((name, prelude))
         if kernel is None:
             from cupy_backends.cuda.api import driver
 
-            kernel = get_arch_function(SOURCE, name, ARCH, ("-std=c++17",))
+            kernel = get_arch_function(SOURCE, name, ARCH, ("-std=c++17",), prelude)
             # > 48 KB of dynamic shared memory needs the opt-in
             driver.funcSetAttribute(kernel.ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-            self._kernels[name] = kernel
+            self._kernels[(name, prelude)] = kernel
         return kernel
 
     def prepare(self, b, passes: int, paired: bool = False) -> PreparedWeight:
@@ -105,9 +129,10 @@ class HopperGemm:
             shared_mem=smem_bytes(weight.passes))
         return out
 
-    def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None):
+    def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None, mixing: str = ""):
         """relu(X W0 + A1 (X W1) + bias) (+ residual) for X (B, 43, N, cin) contiguous, ``weight`` the
-        paired [W0 | W1], a1 (43, 43), bias (cout,), residual (B, 43, N, cout) or None."""
+        paired [W0 | W1], a1 (43, 43), bias (cout,), residual (B, 43, N, cout) or None. ``mixing``:
+        :func:`mixing_source` of the same A1 to run the kernel built for it (zeros skipped)."""
         cp = self.cupy
         b, hyp, n, cin = x.shape
         cout = weight.n // 2
@@ -117,7 +142,7 @@ class HopperGemm:
         vec = cin % 4 == 0 and x.data.ptr % 16 == 0
         smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES)
         blocks = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
-        self._kernel(f"wg_drb_layer_{weight.passes}x_{'v' if vec else 's'}", smem)(
+        self._kernel(f"wg_drb_layer_{weight.passes}x_{'v' if vec else 's'}", smem, mixing)(
             (blocks,), (DRB_THREADS,),
             (x, np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout)),
