@@ -17,6 +17,7 @@ SHAPES = [  # (M, K, N): tile edges, odd K (single-float copies), narrow N, the 
     (2466, 192, 384), (777, 1152, 256), (5000, 144, 32), (300, 100, 24), (129, 17, 9),  # 32/16-wide tiles
     (64, 4608, 512), (588, 6400, 256), (147, 4612, 512),   # few tiles, long K: split-K path
     (156, 192, 384), (156, 963, 384),                      # under 24 tiles: K split into 32-wide parts
+    (2466, 192, 256),                                      # fewer 128-wide tiles than SMs: 64-wide ones
 ]
 
 

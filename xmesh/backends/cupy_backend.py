@@ -123,6 +123,7 @@ class CupyBackend(Backend):
         self.xp = xp
         self.precision = precision
         self.device = cupy.cuda.Device(0 if device is None else device)
+        self.sm_count = int(self.device.attributes["MultiProcessorCount"])
         self._linalg = linalg
         self._fp32_type = getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
         self._tf32_type = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
@@ -245,6 +246,8 @@ class CupyBackend(Backend):
         vec = (lda % 4 == 0 and ldb % 4 == 0 and k % 4 == 0 and n % 4 == 0
                and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
         bn = _tile_width(n)
+        if bn == 128 and -(-m // GEMM_BM) * (n // 128) < self.sm_count:
+            bn = 64   # fewer 128-wide tiles than multiprocessors (stage 1's graph convolutions): halve them
         kernel = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn)
         return self._launch_tc(kernel, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 
