@@ -110,3 +110,18 @@ def test_asv_suite_uses_the_shared_code():
                                               bench_stages.DeformationReasoning, bench_stages.Stages)
              for name in vars(cls) if name.startswith("time_")}
     assert timed == set(bm.STAGES)
+
+
+def test_precision_is_refused_for_numpy_alone(capsys):
+    """--precision is the GPU backend's mode: asking it of numpy alone is an error that says so."""
+    assert main(["bench", "--backend", "numpy", "--precision", "tf32", "--repeat", "1"]) == 2
+    assert "GPU backend" in capsys.readouterr().err
+
+
+def test_table_names_a_speed_mode():
+    stats = {"total": {"median_ms": 10.0, "per_sample_ms": 0.625}}
+    report = {"stages": ["total"], "inputs": "x", "template": "x", "weights": "x", "repeat": 1, "warmup": 0,
+              "results": [{"backend": "cupy", "batch": 16, "precision": "tf32", "device": "GPU", "stages": stats},
+                          {"backend": "cupy", "batch": 1, "precision": "fp32", "device": "GPU", "stages": stats}]}
+    table = bm.format_table(report)
+    assert "cupy b=16 tf32: GPU" in table and "cupy b=1: GPU" in table and "fp32" not in table

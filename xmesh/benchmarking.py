@@ -434,8 +434,11 @@ def _summary(times: Sequence[float], batch: int, flop: float | None) -> dict:
 
 def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int] = (1,), repeat: int = 3,
               warmup: int = 1, stages: Iterable[str] | None = None, numpy_max_batch: int | None = 2,
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, precision: str = "fp32") -> dict:
     """Time ``stages`` (default: all) on each backend and batch size; returns a JSON-ready dict.
+
+    ``precision`` ("fp32", "tf32" or "fp16") is the GPU backend's mode; NumPy always computes in
+    float32.
 
     With ``backend='all'`` (or a list of several) NumPy serves as the CPU comparison for the same
     inputs in the same run; a NumPy sample takes seconds, so when a GPU backend is also measured
@@ -446,6 +449,9 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
     for name in stages:
         if name not in STAGES:
             raise InputError(f"stage {name!r}: unknown; choose from {', '.join(STAGES)}")
+    if precision != "fp32" and all(name == "numpy" for name in names):
+        raise InputError(f"precision={precision!r} is a mode of the GPU backend; the numpy backend computes in "
+                         "float32: use --backend cupy (or all), or leave out --precision")
     batch_sizes = [int(b) for b in batch_sizes]
     if not batch_sizes or min(batch_sizes) < 1:
         raise InputError(f"batch sizes {batch_sizes}: expected one or more positive whole numbers")
@@ -474,7 +480,8 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
                 report["skipped"].append({"backend": name, "batch": batch,
                                           "reason": f"numpy runs only batch <= {numpy_max_batch} next to a GPU backend"})
                 continue
-            work = Workload(name, batch, weights=weights, template=template, images=images, cameras=cameras)
+            work = Workload(name, batch, weights=weights, template=template, images=images, cameras=cameras,
+                            precision="fp32" if name == "numpy" else precision)
             report.setdefault("flop_per_sample", work.flop)
             entry = {"backend": name, "precision": work.backend.precision, "device": work.device(), "batch": batch,
                      "stages": {}}
@@ -510,7 +517,8 @@ def format_table(report: dict) -> str:
     results = report["results"]
     if not results:
         return "no measurements (every combination was skipped)"
-    heads = [f"{r['backend']} b={r['batch']}" for r in results]
+    heads = [f"{r['backend']} b={r['batch']}" + ("" if r.get("precision", "fp32") == "fp32" else f" {r['precision']}")
+             for r in results]
     stage_w = max(len(s) for s in list(report["stages"]) + ["stage", "samples/s"]) + 2
     col_w = max(22, max(len(h) for h in heads) + 2)
     lines = ["median ms per call (ms per sample)".rjust(stage_w + col_w * len(results))]
@@ -532,8 +540,8 @@ def format_table(report: dict) -> str:
              f"weights: {report['weights']}", f"repeat {report['repeat']}, warmup {report['warmup']}"]
     if flop:
         notes.append(f"work: {flop / 1e9:.1f} GFLOP per sample counted from the layer shapes (MODEL.md: ~{MODEL_MD_GFLOP:.0f})")
-    for r in results:
-        notes.append(f"{r['backend']} b={r['batch']}: {r['device']}" +
+    for head, r in zip(heads, results):
+        notes.append(f"{head}: {r['device']}" +
                      (f", CuPy pool {r['gpu_pool_bytes'] / 2**20:.0f} MiB" if "gpu_pool_bytes" in r else ""))
     for s in report.get("skipped", []):
         notes.append(f"skipped {s['backend']} b={s['batch']}: {s['reason']}")

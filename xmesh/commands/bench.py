@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--numpy-max-batch", type=int, default=2,
                    help="next to a GPU backend, run numpy only up to this batch size (default: 2; a numpy sample "
                         "takes seconds)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
+                   help="the GPU backend's mode (default fp32, float32-faithful; tf32 and fp16 are speed modes, "
+                        "their errors in docs/PERFORMANCE.md); numpy always runs float32")
     p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
     p.set_defaults(run=run)
 
@@ -38,7 +41,7 @@ def run(args) -> int:
     names = resolve_backends(args.backend)
     batch_sizes = args.batch_sizes or (GPU_BATCH_SIZES if any(n != "numpy" for n in names) else CPU_BATCH_SIZES)
     report = run_bench(names, batch_sizes, repeat=args.repeat, warmup=args.warmup, stages=args.stages,
-                       numpy_max_batch=args.numpy_max_batch,
+                       numpy_max_batch=args.numpy_max_batch, precision=args.precision,
                        progress=lambda message: print(f"xmesh bench: {message}", file=sys.stderr, flush=True))
     if args.json:
         json.dump(report, sys.stdout, indent=2)
