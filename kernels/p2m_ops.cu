@@ -67,10 +67,10 @@ __device__ __forceinline__ void xm_pick_map(int c, const float* m0, const float*
 }
 
 // Pool channel c of point pt over the V views (max, mean, std = sqrt(var + 1e-6)) and write it to the
-// point's output row [coords(3), max(CT), mean(CT), std(CT)]; the first 3 channels' threads also
+// point's output row [coords(3), max(CT), mean(CT), std(CT)] (rows ldo floats apart); the first 3 channels' threads also
 // copy the point p.
-__device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* __restrict__ out, long long pt,
-                                              int CT, int c, const float* __restrict__ p) {
+__device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* __restrict__ out, long long ldo,
+                                              long long pt, int CT, int c, const float* __restrict__ p) {
     float mx = vals[0];
     float sum = vals[0];
 #pragma unroll
@@ -90,7 +90,7 @@ __device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* _
             ss = __fadd_rn(ss, __fmul_rn(d, d));
         }
     }
-    float* o = out + pt * (3 + 3 * CT);
+    float* o = out + pt * ldo;
     o[3 + c] = mx;
     o[3 + CT + c] = mean;
     o[3 + 2 * CT + c] = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f));
@@ -98,13 +98,13 @@ __device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* _
 }
 
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
-// coords (B,N,3); tf (B, 12+12V); maps m_i (B*V, s_i, s_i, C_i); out (B, N, 3 + 3*CT).
+// coords (B,N,3); tf (B, 12+12V); maps m_i (B*V, s_i, s_i, C_i); out (B, N, 3 + 3*CT), rows ldo apart.
 extern "C" __global__ void graph_projection(
     const float* __restrict__ coords, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1,
     const float* __restrict__ m2, const float* __restrict__ m3,
     int s0, int s1, int s2, int s3, int c0, int c1, int c2, int c3,
-    int B, int N, int V, int quirk, float* __restrict__ out) {
+    int B, int N, int V, int quirk, float* __restrict__ out, long long ldo) {
     const int CT = c0 + c1 + c2 + c3;
     int c, b;
     long long pt;
@@ -134,7 +134,7 @@ extern "C" __global__ void graph_projection(
             vals[v] = 0.0f;
         }
     }
-    xm_pool_store(vals, V, out, pt, CT, c, p);
+    xm_pool_store(vals, V, out, ldo, pt, CT, c, p);
 }
 
 // The original's bilinear rule at view v of point (p0, p1, p2) on a zero-padded (s+1)^2 map: the
@@ -179,12 +179,13 @@ __device__ __forceinline__ float xm_lerp(const XmBilinear& r, float q11, float q
 }
 
 // Stage 2: one thread per (sample b, point n, channel c of the 3 concatenated maps).
-// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT).
+// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart
+// (the backend pads them to a multiple of 4 floats, so the deformation layer copies 16 bytes at a time).
 extern "C" __global__ void local_projection(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
     int s0, int s1, int s2, int c0, int c1, int c2,
-    int B, int N, int V, float* __restrict__ out) {
+    int B, int N, int V, float* __restrict__ out, long long ldo) {
     const int CT = c0 + c1 + c2;
     int c, b;
     long long pt;
@@ -207,7 +208,7 @@ extern "C" __global__ void local_projection(
             vals[v] = xm_lerp(r, __ldg(m + r.o11 * C), __ldg(m + r.o21 * C), __ldg(m + r.o12 * C), __ldg(m + r.o22 * C));
         }
     }
-    xm_pool_store(vals, V, out, pt, CT, c, p);
+    xm_pool_store(vals, V, out, ldo, pt, CT, c, p);
 }
 
 // The same with four channels per thread (every map's channel count a multiple of 4, the maps
@@ -216,7 +217,7 @@ extern "C" __global__ void local_projection_x4(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
     int s0, int s1, int s2, int c0, int c1, int c2,
-    int B, int N, int V, float* __restrict__ out) {
+    int B, int N, int V, float* __restrict__ out, long long ldo) {
     const int CT = c0 + c1 + c2;
     int c4, b;
     long long pt;
@@ -249,7 +250,7 @@ extern "C" __global__ void local_projection_x4(
         }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xm_pool_store(vals[j], V, out, pt, CT, c + j, p);
+    for (int j = 0; j < 4; ++j) xm_pool_store(vals[j], V, out, ldo, pt, CT, c + j, p);
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.

@@ -128,23 +128,44 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
         if (PASSES == 3) wg_copy(dst + BN * 128, Bsmall + off, 16, 16);
     }
     const unsigned as = stage + (PASSES == 3 ? 2 : 1) * BN * 128;
-    constexpr int W = VEC ? 4 : 1;   // floats per copy
-    static_assert((ROWS * WG_BK / W) % THREADS == 0, "A copies must divide evenly");
+    static_assert((ROWS * WG_BK / 4) % THREADS == 0, "A copies must divide evenly");
 #pragma unroll
-    for (int i = 0; i < (ROWS * WG_BK / W) / THREADS; ++i) {
+    for (int i = 0; i < (ROWS * WG_BK / 4) / THREADS; ++i) {   // 4 consecutive floats of a row per step
         const int idx = tid + i * THREADS;
-        const int r = idx / (WG_BK / W), col = (idx % (WG_BK / W)) * W;
+        const int r = idx / (WG_BK / 4), col = (idx % (WG_BK / 4)) * 4;
         const float* row = rows(r);
         const int left = row != nullptr ? K - (k0 + col) : 0;   // valid floats from here on
-        const int n = left <= 0 ? 0 : (left >= W ? W : left);
-        wg_copy(as + (r * WG_A_STRIDE + col) * 4, n > 0 ? row + k0 + col : Bbig, 4 * W, 4 * n);
+        const unsigned dst = as + (r * WG_A_STRIDE + col) * 4;
+        if (VEC) {
+            const int n = left <= 0 ? 0 : (left >= 4 ? 4 : left);
+            wg_copy(dst, n > 0 ? row + k0 + col : Bbig, 16, 4 * n);
+        } else {   // single floats (rows not 16-byte aligned)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) wg_copy(dst + 4 * e, left > e ? row + k0 + col + e : Bbig, 4, left > e ? 4 : 0);
+        }
+    }
+}
+
+// The first STAGES - 1 slices' copies of a block's K loop (wg_mainloop with PROLOGUE = false expects
+// them issued: a persistent block starts the next tile's copies during the current tile's epilogue).
+template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows>
+__device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, const float* __restrict__ Bbig,
+                                            const float* __restrict__ Bsmall, long ldbt, int K) {
+    constexpr int STAGE = wg_stage_bytes(PASSES, BN, ROWS);
+    const int ktiles = (K + WG_BK - 1) / WG_BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles)
+            wg_load_stage<PASSES, VEC, BN, ROWS>(ring + s * STAGE, rows, Bbig, Bsmall, ldbt, K, s * WG_BK,
+                                                 threadIdx.x);
+        asm volatile("cp.async.commit_group;\n" ::);
     }
 }
 
 // The K loop of one block: acc (this thread's part of the ROWS x BN tile) = A rows . B columns,
 // through a STAGES-deep ring of K slices.
 // acc[4j + e]: tile row (warp's 16-row slab) + g (+8 for e >= 2), column 8j + 2t (+1 for odd e).
-template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows>
+template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROLOGUE = true>
 __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
                                             const Rows& rows, const float* __restrict__ Bbig,
                                             const float* __restrict__ Bsmall, long ldbt, int K) {
@@ -155,12 +176,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;   // this warp's first row in the tile
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ktiles)
-            wg_load_stage<PASSES, VEC, BN, ROWS>(ring + s * STAGE, rows, Bbig, Bsmall, ldbt, K, s * WG_BK, tid);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
+    if (PROLOGUE) wg_prologue<PASSES, VEC, BN, ROWS, STAGES>(ring, rows, Bbig, Bsmall, ldbt, K);
 
     float part[BN / 2];
 #pragma unroll
@@ -299,111 +315,145 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
 #define WG_Y_STRIDE 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
 #define WG_A1_STRIDE 44
 
+// Shared memory after the ring: the y0 and y1 tiles (WG_DRB_ROWS rows of WG_Y_STRIDE floats each)
+// and, with a dense A1, A1 (43 rows of WG_A1_STRIDE floats).
+#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_HYP * WG_A1_STRIDE) * 4)
+
+// A persistent block (the host launches one per multiprocessor) takes tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... of (sample, vertex tile, column tile), columns fastest. The next
+// tile's first copies start as soon as a tile's main loop is done, so they land while its epilogue
+// runs.
 template <int PASSES, bool VEC>
-__device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, int cin, const float* __restrict__ Bbig,
+__device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long ldx, int cin, const float* __restrict__ Bbig,
                                              const float* __restrict__ Bsmall, long ldbt,
                                              const float* __restrict__ a1, const float* __restrict__ bias,
                                              const float* __restrict__ res, float* __restrict__ out, int N,
-                                             int cout) {
+                                             int cout, int tiles) {
     WG_RING
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
-    const int ct = (int)(blockIdx.x % col_tiles);
-    const int vt = (int)((blockIdx.x / col_tiles) % vert_tiles);
-    const long b = blockIdx.x / ((long)col_tiles * vert_tiles);
-    const int n0 = vt * WG_DRB_VERTS, c0 = ct * 32;
-    const long plane_in = (long)N * cin, plane_out = (long)N * cout;
-
-    float acc[32];
-    const WgHypothesisRows<WG_DRB_VERTS> rows{X + b * WG_HYP * plane_in + (long)n0 * cin, cin, plane_in, N - n0};
-    wg_mainloop<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(acc, ring, ring_ptr, rows, Bbig + (long)(2 * c0) * ldbt,
-                                                             Bsmall + (long)(2 * c0) * ldbt, ldbt, cin);
-
-    // This thread's mixing work (below): vertex v, hypotheses first, first + GROUPS, ..., column c.
-    // Its residuals are loaded first, so their latency hides behind the shared-memory staging.
-    constexpr int GROUPS = (WG_DRB_THREADS / 32) / WG_DRB_VERTS;   // warps per vertex (3)
-    constexpr int PER = (WG_HYP + GROUPS - 1) / GROUPS;           // hypotheses per thread (<= 15)
-    const int v = warp % WG_DRB_VERTS, first = warp / WG_DRB_VERTS;
-    const int c = lane, col = c0 + c;
-    const bool active = n0 + v < N;
-    const long o0 = b * WG_HYP * plane_out + (long)(n0 + v) * cout + col;
-    float r[PER];
-#pragma unroll
-    for (int q = 0; q < PER; ++q) {
-        const int i = first + q * GROUPS;
-        r[q] = (res != nullptr && active && i < WG_HYP) ? res[o0 + i * plane_out] : 0.0f;
-    }
-    const float bc = bias[col];
-
-    // y0 (tile columns 0..31) and y1 (32..63) into shared memory (the ring is free: every copy landed
-    // and every wgmma finished in the last iteration), and A1.
-    __syncthreads();
-    float* y0s = ring_ptr;
+    const long plane_in = (long)N * ldx, plane_out = (long)N * cout;
+    float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(PASSES, 64, WG_DRB_ROWS) / 4;
     float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
 #ifndef WG_MIX_SPARSE
     float* a1s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
-#endif
-    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
-            *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-#ifndef WG_MIX_SPARSE
-    for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)
+    for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)   // visible after the first barrier
         a1s[(i / WG_HYP) * WG_A1_STRIDE + i % WG_HYP] = a1[i];
 #endif
-    __syncthreads();
-    if (!active) return;
+    // tile -> its rows of X (sample b, vertices n0 ..), its 64 prepared B rows, its first column c0
+    auto origin = [&](int tile, long& b, int& n0, int& c0) {
+        c0 = (tile % col_tiles) * 32;
+        n0 = ((tile / col_tiles) % vert_tiles) * WG_DRB_VERTS;
+        b = tile / ((long)col_tiles * vert_tiles);
+    };
+    auto tile_rows = [&](long b, int n0) {
+        return WgHypothesisRows<WG_DRB_VERTS>{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
+    };
+    if ((int)blockIdx.x < tiles) {
+        long b;
+        int n0, c0;
+        origin(blockIdx.x, b, n0, c0);
+        wg_prologue<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt,
+                                                                 Bsmall + (long)(2 * c0) * ldbt, ldbt, cin);
+    }
 
-    float mix[PER];
-#ifdef WG_MIX_SPARSE
-    float y1[WG_HYP];
+    // This thread's mixing work (below): vertex v, hypotheses first, first + GROUPS, ..., column c.
+    constexpr int GROUPS = (WG_DRB_THREADS / 32) / WG_DRB_VERTS;   // warps per vertex (3)
+    constexpr int PER = (WG_HYP + GROUPS - 1) / GROUPS;           // hypotheses per thread (<= 15)
+    const int v = warp % WG_DRB_VERTS, first = warp / WG_DRB_VERTS;
+    const int c = lane;
+    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
+
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        long b;
+        int n0, c0;
+        origin(tile, b, n0, c0);
+        float acc[32];
+        wg_mainloop<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
+            acc, ring, ring_ptr, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt, Bsmall + (long)(2 * c0) * ldbt,
+            ldbt, cin);
+
+        // Every warpgroup is past its last wgmma (the ring is free) and past the previous tile's
+        // mixing (the staging is free): stage y0 (tile columns 0..31) and y1 (32..63), start the next
+        // tile's copies, load this thread's residuals.
+        __syncthreads();
 #pragma unroll
-    for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
-    wg_mix_sparse(first, y1, mix);
-#else
-    // All PER sums at once (independent FMA chains), each over j = 0..42 in order.
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int q = 0; q < PER; ++q) mix[q] = 0.0f;
-#pragma unroll
-    for (int j4 = 0; j4 < WG_HYP; j4 += 4) {   // A1 read 4 at a time (rows of 44 floats, 16-byte aligned)
-        float y1[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-            if (j4 + u < WG_HYP) y1[u] = y1s[((j4 + u) * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+            for (int h = 0; h < 2; ++h) {
+                float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
+                *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        const int next = tile + gridDim.x;
+        if (next < tiles) {
+            long nb;
+            int nn0, nc0;
+            origin(next, nb, nn0, nc0);
+            wg_prologue<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(nb, nn0),
+                                                                     Bbig + (long)(2 * nc0) * ldbt,
+                                                                     Bsmall + (long)(2 * nc0) * ldbt, ldbt, cin);
+        }
+        const int col = c0 + c;
+        const bool active = n0 + v < N;
+        const long o0 = b * WG_HYP * plane_out + (long)(n0 + v) * cout + col;
+        float r[PER];
 #pragma unroll
         for (int q = 0; q < PER; ++q) {
-            const int i = min(first + q * GROUPS, WG_HYP - 1);   // past the end: a duplicate, not stored
-            const float4 a = *reinterpret_cast<const float4*>(a1s + i * WG_A1_STRIDE + j4);
-            mix[q] = fmaf(a.x, y1[0], mix[q]);
-            if (j4 + 1 < WG_HYP) mix[q] = fmaf(a.y, y1[1], mix[q]);
-            if (j4 + 2 < WG_HYP) mix[q] = fmaf(a.z, y1[2], mix[q]);
-            if (j4 + 3 < WG_HYP) mix[q] = fmaf(a.w, y1[3], mix[q]);
+            const int i = first + q * GROUPS;
+            r[q] = (res != nullptr && active && i < WG_HYP) ? res[o0 + i * plane_out] : 0.0f;
         }
-    }
+        const float bc = bias[col];
+        __syncthreads();
+        if (!active) continue;   // the next barrier is inside the next tile's main loop, reached by all
+
+        float mix[PER];
+#ifdef WG_MIX_SPARSE
+        float y1[WG_HYP];
+#pragma unroll
+        for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+        wg_mix_sparse(first, y1, mix);
+#else
+        // All PER sums at once (independent FMA chains), each over j = 0..42 in order.
+#pragma unroll
+        for (int q = 0; q < PER; ++q) mix[q] = 0.0f;
+#pragma unroll
+        for (int j4 = 0; j4 < WG_HYP; j4 += 4) {   // A1 read 4 at a time (rows of 44 floats, 16-byte aligned)
+            float y1[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (j4 + u < WG_HYP) y1[u] = y1s[((j4 + u) * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+#pragma unroll
+            for (int q = 0; q < PER; ++q) {
+                const int i = min(first + q * GROUPS, WG_HYP - 1);   // past the end: a duplicate, not stored
+                const float4 a = *reinterpret_cast<const float4*>(a1s + i * WG_A1_STRIDE + j4);
+                mix[q] = fmaf(a.x, y1[0], mix[q]);
+                if (j4 + 1 < WG_HYP) mix[q] = fmaf(a.y, y1[1], mix[q]);
+                if (j4 + 2 < WG_HYP) mix[q] = fmaf(a.z, y1[2], mix[q]);
+                if (j4 + 3 < WG_HYP) mix[q] = fmaf(a.w, y1[3], mix[q]);
+            }
+        }
 #endif
 #pragma unroll
-    for (int q = 0; q < PER; ++q) {
-        const int i = first + q * GROUPS;
-        if (i >= WG_HYP) break;
-        float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix[q]), bc);
-        val = fmaxf(val, 0.0f);
-        if (res != nullptr) val = __fadd_rn(val, r[q]);
-        out[o0 + i * plane_out] = val;
+        for (int q = 0; q < PER; ++q) {
+            const int i = first + q * GROUPS;
+            if (i >= WG_HYP) break;
+            float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix[q]), bc);
+            val = fmaxf(val, 0.0f);
+            if (res != nullptr) val = __fadd_rn(val, r[q]);
+            out[o0 + i * plane_out] = val;
+        }
     }
 }
 
 #define WG_DRB_KERNEL(NAME, PASSES, VEC)                                                                  \
     extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS) NAME(                                     \
-        const float* X, int cin, const float* Bbig, const float* Bsmall, long ldbt, const float* a1,       \
-        const float* bias, const float* res, float* out, int N, int cout) {                              \
-        wg_drb_layer<PASSES, VEC>(X, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout);               \
+        const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt,              \
+        const float* a1,                                                                                  \
+        const float* bias, const float* res, float* out, int N, int cout, int tiles) {                   \
+        wg_drb_layer<PASSES, VEC>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles);   \
     }
 
-// Names: wg_drb_layer_<passes>x_<v: cin % 4 == 0, X 16-byte aligned | s>
+// Names: wg_drb_layer_<passes>x_<v: ldx % 4 == 0, X 16-byte aligned | s>
 WG_DRB_KERNEL(wg_drb_layer_3x_v, 3, true)
 WG_DRB_KERNEL(wg_drb_layer_3x_s, 3, false)
 WG_DRB_KERNEL(wg_drb_layer_1x_v, 1, true)

@@ -231,12 +231,14 @@ def drb_reference(x, w, a1, bias, residual):
     return out if residual is None else out + residual
 
 
-@pytest.mark.parametrize("cin,cout,n,with_residual", [(192, 192, 10, True), (339, 64, 7, False), (33, 32, 4, True)])
+@pytest.mark.parametrize("cin,cout,n,with_residual", [(192, 192, 10, True), (339, 64, 7, False), (33, 32, 4, True),
+                                                     (192, 192, 101, True)])   # 306 tiles: blocks take several
 @pytest.mark.parametrize("passes", [3, 1])
 def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, passes):
     """The fused layer (product, 43 x 43 mixing, bias, ReLU, residual) against float64: float32
     accuracy with 3xTF32, TF32 error with one pass. Vertex counts that leave a partial tile, single
-    float copies (cin = 339, 33), every output written (the output's memory is poisoned first)."""
+    float copies (cin = 339, 33), every output written (the output's memory is poisoned first), more
+    tiles than multiprocessors (n = 101: a persistent block runs several)."""
     rng = np.random.default_rng(cin + cout + n + passes)
     b = 2
     x = rng.standard_normal((b, 43, n, cin)).astype(np.float32)
@@ -274,7 +276,7 @@ def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, patt
         a1 *= template_support_mask()
     elif pattern == "one_row":
         a1[np.arange(43) != 5] = 0.0
-    b, n, cin, cout = 2, 9, 192, 64
+    b, n, cin, cout = 2, 150, 192, 64   # 152 tiles: the persistent kernel's blocks take one or two
     x = cp.asarray(rng.standard_normal((b, 43, n, cin)).astype(np.float32))
     weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 14).astype(np.float32)), passes,
                             paired=True)
@@ -284,6 +286,29 @@ def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, patt
     sparse = hopper.drb_layer(x, weight, cp.asarray(a1), bias, residual, mixing=mixing_source(a1)).get()
     assert np.isfinite(dense).all()
     np.testing.assert_array_equal(sparse, dense)
+
+
+def test_deformation_layer_reads_padded_rows(cp, hopper):
+    """X with rows padded to 340 floats (how the local projection hands the 339 features over) runs
+    the 16-byte-copy kernel and gives exactly what the contiguous X gives through the single-float one."""
+    from xmesh.backends.hopper_gemm import hypothesis_rows
+
+    rng = np.random.default_rng(17)
+    b, n, cin, cout = 1, 30, 339, 64
+    padded = cp.asarray(rng.standard_normal((b, 43, n, 340)).astype(np.float32))
+    x = padded[..., :cin]
+    assert hypothesis_rows(cp, x) is x and not x.flags.c_contiguous
+    dense = cp.ascontiguousarray(x)
+    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 18).astype(np.float32)), 3, paired=True)
+    a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
+    got = hopper.drb_layer(x, weight, a1, bias).get()
+    assert ("wg_drb_layer_3x_v", "") in hopper._kernels
+    np.testing.assert_array_equal(got, hopper.drb_layer(dense, weight, a1, bias).get())
+    assert ("wg_drb_layer_3x_s", "") in hopper._kernels
+    with pytest.raises(ValueError, match="evenly spaced rows"):
+        hopper.drb_layer(cp.asarray(rng.standard_normal((b, 43, n, 2 * cin)).astype(np.float32))[..., ::2],
+                         weight, a1, bias)
 
 
 def template_support_mask():

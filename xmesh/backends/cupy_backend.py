@@ -358,14 +358,19 @@ class CupyBackend(Backend):
         sizes = [np.int32(m.shape[1] - padded) for m in maps]
         chans = [np.int32(m.shape[3]) for m in maps]
         ct = int(sum(int(c) for c in chans))
-        out = cp.empty((batch, n, 3 + 3 * ct), dtype=cp.float32)
+        width = 3 + 3 * ct
+        # stage 2: rows padded to a multiple of 4 floats (a view of the first `width` is returned), so the
+        # deformation layer that reads them can copy 16 bytes at a time
+        row = -(-width // 4) * 4 if kernel == "local_projection" else width
+        out = cp.empty((batch, n, row), dtype=cp.float32)
         total = batch * n * ct
         if kernel == "local_projection" and all(c % 4 == 0 for c in chans) and all(m.data.ptr % 16 == 0 for m in maps):
             kernel, total = "local_projection_x4", total // 4   # four channels per thread, 16-byte gathers
         self._kernel(kernel)(
             ((total + THREADS - 1) // THREADS,), (THREADS,),
-            (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra, out))
-        return out
+            (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra, out,
+             np.int64(row)))
+        return out if row == width else out[..., :width]
 
     def op_graph_projection(self, coords, maps, tf, view_quirk=True):
         return self._projection("graph_projection", coords, maps, tf, 4, 0, np.int32(bool(view_quirk)))
@@ -438,7 +443,7 @@ class CupyBackend(Backend):
         if self.hopper is not None and cout % hopper_gemm.DRB_COLS == 0:
             weight = self._hopper_weight(layer.weight, self.gemm_passes, layer.weight, paired=True)
             return self.hopper.drb_layer(
-                cp.ascontiguousarray(x, dtype=cp.float32), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
+                hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
                 layer.bias, None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32),
                 mixing=self._mixing_source(cheb1))
         y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,

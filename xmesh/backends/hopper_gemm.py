@@ -24,6 +24,9 @@ A_STRIDE = BK + 4
 #: Deformation block layer: tile rows (4 vertices x 43 hypotheses, padded), output columns (the
 #: block's 64 B columns are 32 of W0 and the same 32 of W1), ring depth, threads, hypotheses.
 DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32, 3, 384, 43
+#: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats) and A1
+#: (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
+DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * 44) * 4
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -82,9 +85,22 @@ class PreparedWeight:
         return self.big if self.small is None else self.small
 
 
+def hypothesis_rows(cupy, x):
+    """x (B, 43, N, C) float32 as the deformation layer kernel reads it: unchanged when its rows (last
+    axis, unit stride) are evenly spaced ldx >= C floats apart through the whole array (e.g. the
+    local projection's rows padded to 340 floats), else a contiguous copy."""
+    if x.dtype == cupy.float32 and x.ndim == 4:
+        b, k, n, c = x.shape
+        s0, s1, s2, s3 = x.strides
+        if s3 == 4 and s2 % 4 == 0 and s2 >= 4 * c and s1 == n * s2 and s0 == k * s1:
+            return x
+    return cupy.ascontiguousarray(x, dtype=cupy.float32)
+
+
 class HopperGemm:
     def __init__(self, cupy):
         self.cupy = cupy
+        self.sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         self._kernels: dict = {}
         self._split = get_arch_function(SOURCE, "wg_split_weight", ARCH, ("-std=c++17",))
 
@@ -130,7 +146,8 @@ class HopperGemm:
         return out
 
     def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None, mixing: str = ""):
-        """relu(X W0 + A1 (X W1) + bias) (+ residual) for X (B, 43, N, cin) contiguous, ``weight`` the
+        """relu(X W0 + A1 (X W1) + bias) (+ residual) for X (B, 43, N, cin) (rows may be padded: see
+        :func:`hypothesis_rows`), ``weight`` the
         paired [W0 | W1], a1 (43, 43), bias (cout,), residual (B, 43, N, cout) or None. ``mixing``:
         :func:`mixing_source` of the same A1 to run the kernel built for it (zeros skipped)."""
         cp = self.cupy
@@ -138,13 +155,17 @@ class HopperGemm:
         cout = weight.n // 2
         if not weight.paired or hyp != HYPOTHESES or weight.k != cin:
             raise ValueError(f"drb_layer: X {x.shape} does not fit a paired ({weight.k}, {weight.n}) weight")
+        if hypothesis_rows(cp, x) is not x:
+            raise ValueError(f"drb_layer: X must be float32 with evenly spaced rows (strides {x.strides})")
+        ldx = x.strides[2] // 4
         out = cp.empty((b, hyp, n, cout), dtype=cp.float32)
-        vec = cin % 4 == 0 and x.data.ptr % 16 == 0
-        smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES)
-        blocks = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
+        vec = ldx % 4 == 0 and x.data.ptr % 16 == 0
+        smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES) + DRB_STAGING_BYTES
+        tiles = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
+        blocks = min(tiles, self.sm_count)   # persistent blocks, one per multiprocessor
         self._kernel(f"wg_drb_layer_{weight.passes}x_{'v' if vec else 's'}", smem, mixing)(
             (blocks,), (DRB_THREADS,),
-            (x, np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
-             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout)),
+            (x, np.int64(ldx), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
+             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout), np.int32(tiles)),
             shared_mem=smem)
         return out
