@@ -313,6 +313,26 @@ extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __res
     }
 }
 
+// Stage-1 unpooling in one pass: out (B, N + E, C) = x (B, N, C) followed by the midpoints
+// (x[u] + x[v]) * 0.5 of the E edges (u, v) (int64 pairs), the array-API code's arithmetic. One
+// block per output row, its threads over the channels.
+extern "C" __global__ void unpool_midpoints(const float* __restrict__ x, const long long* __restrict__ edges,
+                                            float* __restrict__ out, int N, int E, int C) {
+    const long long row = blockIdx.x;               // b * (N + E) + i
+    const int i = (int)(row % (N + E));
+    const long long b = row / (N + E);
+    const float* xb = x + b * N * (long long)C;
+    float* o = out + row * C;
+    if (i < N) {
+        const float* src = xb + (long long)i * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = src[c];
+    } else {
+        const float* pu = xb + edges[2 * (i - N)] * C;
+        const float* pv = xb + edges[2 * (i - N) + 1] * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = __fmul_rn(__fadd_rn(pu[c], pv[c]), 0.5f);
+    }
+}
+
 // Stage-1 graph convolution with support 0 the identity, after y = x [W0 | W1] (rows of width ldy):
 // out[b,i,c] = act((y[b,i,c] + sum_k S1[i,k] y[b,k,off1+c]) + bias[c]), S1 in CSR (int32 indices).
 extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,

@@ -396,6 +396,21 @@ class CupyBackend(Backend):
              np.int32(b), np.int32(n), np.int32(cout), np.int32(bool(layer.relu))))
         return out
 
+    def op_unpool(self, x, pool_idx):
+        """x (B,N,C) followed by the midpoints of pool_idx's edges, in one kernel (graph.unpool's arithmetic)."""
+        cp = self.cupy
+        if x.dtype != cp.float32 or pool_idx.dtype != cp.int64 or pool_idx.ndim != 2 or pool_idx.shape[1] != 2:
+            return None
+        x = cp.ascontiguousarray(x)
+        edges = cp.ascontiguousarray(pool_idx)
+        b, n, c = x.shape
+        e = edges.shape[0]
+        out = cp.empty((b, n + e, c), dtype=cp.float32)
+        if out.size:
+            self._kernel("unpool_midpoints")((b * (n + e),), (THREADS,),
+                                             (x, edges, out, np.int32(n), np.int32(e), np.int32(c)))
+        return out
+
     def _local_weights(self, layer, cheb1, cheb0):
         """(W0, W1, bias, A1, A0) in the GEMM dtype, split and cached per layer object."""
         key = (id(layer), id(cheb1), id(cheb0))
