@@ -19,9 +19,6 @@ from .model.projection import DeviceTransforms
 from .template_gen import generate_template
 
 
-TRANSFORM_ARRAYS = ("from0", "origin0", "rot", "origin", "packed")
-
-
 def _template(template) -> Template:
     if template is None:
         return generate_template()
@@ -96,27 +93,33 @@ class Reconstructor:
     def _run_once(self, images, cameras, trace):
         xp = self.backend.xp
         batch = cameras.shape[0]
+        if trace is None and self.graphs and batch <= self.graph_max_batch:
+            if batch in self._captured:
+                return self._replay(batch, images, cameras)
+            if batch in self._seen_batches:
+                return self._capture(batch, images, cameras)
+            self._seen_batches.add(batch)
         flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
         tf = DeviceTransforms.from_cameras(self.backend, cameras)
-        if trace is None and self.graphs and batch <= self.graph_max_batch:
-            if batch in self._captured or batch in self._seen_batches:
-                return self._replay(batch, flat, tf)
-            self._seen_batches.add(batch)
         return network.run_network_on_device(self.backend, self.stage1, self.stage2, flat, tf, self.view_quirk, trace)
 
-    def _replay(self, batch: int, images, tf: DeviceTransforms):
-        """Run the captured graph for this batch size (capturing it first); returns copies of its outputs."""
-        entry = self._captured.get(batch)
-        if entry is None:
-            static_images = self.backend.xp.asarray(images, copy=True)
-            static_tf = DeviceTransforms(*(getattr(tf, f).copy() for f in TRANSFORM_ARRAYS), tf.num_views)
-            graph = self.backend.capture(network.run_network_on_device, self.backend, self.stage1, self.stage2,
-                                         static_images, static_tf, self.view_quirk, warmup=1)
-            entry = self._captured[batch] = (graph, static_images, static_tf)
-        graph, static_images, static_tf = entry
-        static_images[...] = images
-        for name in TRANSFORM_ARRAYS:
-            getattr(static_tf, name)[...] = getattr(tf, name)
+    def _capture(self, batch: int, images, cameras):
+        """Capture the whole network for this batch size as a graph reading its own input arrays, then run it."""
+        xp = self.backend.xp
+        static_images = xp.asarray(xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3)), copy=True)
+        static_tf = DeviceTransforms.from_cameras(self.backend, cameras)
+        graph = self.backend.capture(network.run_network_on_device, self.backend, self.stage1, self.stage2,
+                                     static_images, static_tf, self.view_quirk, warmup=1)
+        self._captured[batch] = (graph, static_images, static_tf)
+        return self._replay(batch, images, cameras)
+
+    def _replay(self, batch: int, images, cameras):
+        """Copy the inputs straight into the captured graph's input arrays (host data: one upload each),
+        replay it; returns copies of its outputs."""
+        graph, static_images, static_tf = self._captured[batch]
+        self.backend.copy_into(static_images, images)
+        for name, host in DeviceTransforms.host_arrays(cameras).items():
+            self.backend.copy_into(getattr(static_tf, name), host)
         coarse, refined = graph.replay()
         return coarse.copy(), refined.copy()
 

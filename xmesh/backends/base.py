@@ -45,6 +45,10 @@ class Backend:
     def release_memory(self) -> None:
         """Give cached, unused device memory back (before a retry with a smaller batch)."""
 
+    def copy_into(self, dst, src) -> None:
+        """dst[...] = src (host or device data), src reshaped to dst's shape."""
+        dst[...] = self.xp.reshape(self.asarray(src), dst.shape)
+
     def try_fast_path(self, op: str, *args):
         """Run the backend's own kernel for ``op`` if it has one for these arguments, else return None.
 

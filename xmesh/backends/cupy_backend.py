@@ -169,6 +169,14 @@ class CupyBackend(Backend):
     def asarray(self, array, dtype=np.float32):
         return self.cupy.ascontiguousarray(self.cupy.asarray(array, dtype=dtype))
 
+    def copy_into(self, dst, src) -> None:
+        """dst[...] = src for a contiguous float32 device array dst: host data in one upload, device data
+        in one copy (src reshaped to dst's shape when the sizes agree)."""
+        if isinstance(src, np.ndarray):
+            dst.set(np.ascontiguousarray(src, dtype=np.float32).reshape(dst.shape))
+        else:
+            dst[...] = self.cupy.reshape(src, dst.shape)
+
     def to_numpy(self, array):
         return self.cupy.asnumpy(array)
 

@@ -28,13 +28,20 @@ class DeviceTransforms:
     packed: Any      # (B, 12 + 12V) float32, the same numbers flat for kernels
     num_views: int
 
+    @staticmethod
+    def host_arrays(cameras) -> dict:
+        """The fields (all but ``num_views``) as host float32 arrays, from a host array (B,V,5)."""
+        tfs = [ViewTransforms.from_cameras(c) for c in np.asarray(cameras, dtype=np.float32)]
+        arrays = {field: np.stack([getattr(t, field) for t in tfs]) for field in ("from0", "origin0", "rot", "origin")}
+        arrays["packed"] = np.stack([t.packed() for t in tfs])
+        return arrays
+
     @classmethod
     def from_cameras(cls, backend, cameras) -> "DeviceTransforms":
         """``cameras`` is a host array (B,V,5)."""
-        tfs = [ViewTransforms.from_cameras(c) for c in np.asarray(cameras, dtype=np.float32)]
-        stack = lambda field: backend.asarray(np.stack([getattr(t, field) for t in tfs]))
-        return cls(stack("from0"), stack("origin0"), stack("rot"), stack("origin"),
-                   backend.asarray(np.stack([t.packed() for t in tfs])), tfs[0].rot.shape[0])
+        arrays = cls.host_arrays(cameras)
+        return cls(*(backend.asarray(arrays[f]) for f in ("from0", "origin0", "rot", "origin", "packed")),
+                   arrays["rot"].shape[1])
 
 
 def _view_pixels(xp, points, tf: DeviceTransforms, view: int):
