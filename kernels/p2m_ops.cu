@@ -178,51 +178,33 @@ __device__ __forceinline__ float xm_lerp(const XmBilinear& r, float q11, float q
     return __fadd_rn(f, __fmul_rn(q22, r.w22));
 }
 
-// Stage 2: one thread per (sample b, point n, channel c of the 3 concatenated maps).
-// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart
-// (the backend pads them to a multiple of 4 floats, so the deformation layer copies 16 bytes at a time).
-extern "C" __global__ void local_projection(
-    const float* __restrict__ points, const float* __restrict__ tf,
-    const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
-    int s0, int s1, int s2, int c0, int c1, int c2,
-    int B, int N, int V, float* __restrict__ out, long long ldo) {
-    const int CT = c0 + c1 + c2;
-    int c, b;
-    long long pt;
-    if (!xm_thread_item(B, N, CT, c, pt, b)) return;
-    const float* p = points + pt * 3;
-    const float p0 = p[0], p1 = p[1], p2 = p[2];
-    const float* T = tf + (long long)b * (12 + 12 * V);
-
-    const float* m;
-    int s, C, cc;
-    xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
-    m += cc;
-
-    float vals[XM_MAX_VIEWS];
+// W consecutive floats at p (W = 4: one 16-byte load).
+template <int W>
+__device__ __forceinline__ void xm_gather(const float* p, float (&q)[W]) {
+    if constexpr (W == 4) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+        q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
+    } else {
 #pragma unroll
-    for (int v = 0; v < XM_MAX_VIEWS; ++v) {
-        vals[v] = 0.0f;
-        if (v < V) {
-            const XmBilinear r = xm_bilinear(T, V, v, b, s, p0, p1, p2);
-            vals[v] = xm_lerp(r, __ldg(m + r.o11 * C), __ldg(m + r.o21 * C), __ldg(m + r.o12 * C), __ldg(m + r.o22 * C));
-        }
+        for (int j = 0; j < W; ++j) q[j] = __ldg(p + j);
     }
-    xm_pool_store(vals, V, out, ldo, pt, CT, c, p);
 }
 
-// The same with four channels per thread (every map's channel count a multiple of 4, the maps
-// 16-byte aligned): one projection per four channels and 16-byte gathers. Bit-identical results.
-extern "C" __global__ void local_projection_x4(
+// Stage 2: one thread per (sample b, point n, W consecutive channels c of the 3 concatenated maps).
+// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart
+// (the backend pads them to a multiple of 4 floats, so the deformation layer copies 16 bytes at a time).
+// W = 4 needs every map's channel count a multiple of 4 and the maps 16-byte aligned: one projection
+// per four channels and 16-byte gathers, bit-identical to W = 1.
+template <int W>
+__device__ __forceinline__ void xm_local_projection(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
-    int s0, int s1, int s2, int c0, int c1, int c2,
-    int B, int N, int V, float* __restrict__ out, long long ldo) {
+    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* __restrict__ out, long long ldo) {
     const int CT = c0 + c1 + c2;
-    int c4, b;
+    int cw, b;
     long long pt;
-    if (!xm_thread_item(B, N, CT / 4, c4, pt, b)) return;
-    const int c = 4 * c4;
+    if (!xm_thread_item(B, N, CT / W, cw, pt, b)) return;
+    const int c = W * cw;
     const float* p = points + pt * 3;
     const float p0 = p[0], p1 = p[1], p2 = p[2];
     const float* T = tf + (long long)b * (12 + 12 * V);
@@ -232,25 +214,36 @@ extern "C" __global__ void local_projection_x4(
     xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
     m += cc;
 
-    float vals[4][XM_MAX_VIEWS];
+    float vals[W][XM_MAX_VIEWS];
 #pragma unroll
     for (int v = 0; v < XM_MAX_VIEWS; ++v) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) vals[j][v] = 0.0f;
+        for (int j = 0; j < W; ++j) vals[j][v] = 0.0f;
         if (v < V) {
             const XmBilinear r = xm_bilinear(T, V, v, b, s, p0, p1, p2);
-            const float4 q11 = __ldg(reinterpret_cast<const float4*>(m + r.o11 * C));
-            const float4 q21 = __ldg(reinterpret_cast<const float4*>(m + r.o21 * C));
-            const float4 q12 = __ldg(reinterpret_cast<const float4*>(m + r.o12 * C));
-            const float4 q22 = __ldg(reinterpret_cast<const float4*>(m + r.o22 * C));
-            vals[0][v] = xm_lerp(r, q11.x, q21.x, q12.x, q22.x);
-            vals[1][v] = xm_lerp(r, q11.y, q21.y, q12.y, q22.y);
-            vals[2][v] = xm_lerp(r, q11.z, q21.z, q12.z, q22.z);
-            vals[3][v] = xm_lerp(r, q11.w, q21.w, q12.w, q22.w);
+            float q11[W], q21[W], q12[W], q22[W];
+            xm_gather<W>(m + r.o11 * C, q11);
+            xm_gather<W>(m + r.o21 * C, q21);
+            xm_gather<W>(m + r.o12 * C, q12);
+            xm_gather<W>(m + r.o22 * C, q22);
+#pragma unroll
+            for (int j = 0; j < W; ++j) vals[j][v] = xm_lerp(r, q11[j], q21[j], q12[j], q22[j]);
         }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) xm_pool_store(vals[j], V, out, ldo, pt, CT, c + j, p);
+    for (int j = 0; j < W; ++j) xm_pool_store(vals[j], V, out, ldo, pt, CT, c + j, p);
+}
+
+extern "C" __global__ void local_projection(const float* points, const float* tf, const float* m0, const float* m1,
+                                            const float* m2, int s0, int s1, int s2, int c0, int c1, int c2, int B,
+                                            int N, int V, float* out, long long ldo) {
+    xm_local_projection<1>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
+}
+
+extern "C" __global__ void local_projection_x4(const float* points, const float* tf, const float* m0, const float* m1,
+                                               const float* m2, int s0, int s1, int s2, int c0, int c1, int c2,
+                                               int B, int N, int V, float* out, long long ldo) {
+    xm_local_projection<4>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.
