@@ -335,6 +335,22 @@ def test_stage1_graph_conv_kernel_equals_reference(cp, gb, ref_gb):
         np.testing.assert_allclose(out.get(), ref.get(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch,n,c", [(1, 156, 963), (3, 618, 3075), (2, 5, 1)])
+def test_unpool_kernel_equals_the_array_code(cp, gb, batch, n, c):
+    """op_unpool (one kernel) gives bit for bit what graph.unpool's take/add/multiply/concat give."""
+    from xmesh.model import graph
+
+    rng = np.random.default_rng(n + c)
+    x = cp.asarray(rng.standard_normal((batch, n, c)).astype(np.float32))
+    edges = cp.asarray(rng.integers(0, n, size=(2 * n, 2)), dtype=cp.int64)
+    got = gb.op_unpool(x, edges)
+    xp = gb.xp
+    ref = xp.concat([x, (xp.take(x, edges[:, 0], axis=1) + xp.take(x, edges[:, 1], axis=1)) * 0.5], axis=1)
+    assert got.shape == (batch, 3 * n, c)
+    np.testing.assert_array_equal(got.get(), ref.get())
+    np.testing.assert_array_equal(graph.unpool(gb, x, edges).get(), ref.get())
+
+
 @pytest.mark.parametrize("precision,rtol", [("tf32", 0.2), ("fp16", 0.2)])
 def test_reduced_precision_modes_stay_close(cp, gpu_model, scenes, precision, rtol):
     from xmesh import Reconstructor
@@ -356,18 +372,3 @@ for _name, _obj in list(globals().items()):
     if _name.startswith("test_") and _name not in _CPU_TESTS and callable(_obj):
         globals()[_name] = requires_cuda(pytest.mark.gpu(_obj))
 
-
-@pytest.mark.parametrize("batch,n,c", [(1, 156, 963), (3, 618, 3075), (2, 5, 1)])
-def test_unpool_kernel_equals_the_array_code(cp, gb, batch, n, c):
-    """op_unpool (one kernel) gives bit for bit what graph.unpool's take/add/multiply/concat give."""
-    from xmesh.model import graph
-
-    rng = np.random.default_rng(n + c)
-    x = cp.asarray(rng.standard_normal((batch, n, c)).astype(np.float32))
-    edges = cp.asarray(rng.integers(0, n, size=(2 * n, 2)), dtype=cp.int64)
-    got = gb.op_unpool(x, edges)
-    xp = gb.xp
-    ref = xp.concat([x, (xp.take(x, edges[:, 0], axis=1) + xp.take(x, edges[:, 1], axis=1)) * 0.5], axis=1)
-    assert got.shape == (batch, 3 * n, c)
-    np.testing.assert_array_equal(got.get(), ref.get())
-    np.testing.assert_array_equal(graph.unpool(gb, x, edges).get(), ref.get())
