@@ -86,6 +86,18 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 
+// Named barriers (bar.sync waits, bar.arrive does not): 0 is __syncthreads'; the K loop's is among
+// the block's MMA warpgroups only (the whole block for the GEMM); a deformation layer's MMA and
+// epilogue warpgroups hand the staged tile over through two more.
+#define WG_MMA_BARRIER 1
+#define WG_STAGING_FREE 2
+#define WG_STAGING_FULL 3
+#define WG_EPILOGUE_BARRIER 4
+template <int ID, int COUNT>
+__device__ __forceinline__ void wg_bar_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory"); }
+template <int ID, int COUNT>
+__device__ __forceinline__ void wg_bar_arrive() { asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory"); }
+
 // Keep a register's value (and its liveness) pinned at this point: wgmma reads its register
 // operands and writes its accumulators asynchronously, until wgmma.wait_group.
 __device__ __forceinline__ void wg_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
@@ -185,7 +197,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
     for (int kt = 0; kt < ktiles; ++kt) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // copies visible to wgmma
-        __syncthreads();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
+        wg_bar_sync<WG_MMA_BARRIER, ROWS * 2>();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
         const int next = kt + STAGES - 1;
         if (next < ktiles)
             wg_load_stage<PASSES, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, Bbig, Bsmall, ldbt, K,
@@ -299,30 +311,39 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
 // ---------------------------------------------------------------- a deformation block layer
 // out[b,i,n,c] = relu((y0[b,i,n,c] + sum_j A1[i,j] y1[b,j,n,c]) + bias[c]) (+ res[b,i,n,c]), where
 // y0 = X W0 and y1 = X W1 (X: (B, 43, N, cin), out and res: (B, 43, N, cout)), the same arithmetic as
-// tc_gemm + drb_mix_epilogue. A block takes WG_DRB_VERTS = 4 vertices (172 of its 192 rows) and 32
+// tc_gemm + drb_mix_epilogue. A tile is WG_DRB_VERTS = 4 vertices (172 of its 192 rows) and 32
 // output columns c0 .. c0 + 31: its 64 B columns are W0's and W1's columns c0 .. c0 + 31 (the weight
-// is prepared with wg_split_weight's pairing). The y tile goes through shared memory; each warp then
-// mixes one (vertex, third of the hypotheses), a lane per column, its 15 sums side by side.
+// is prepared with wg_split_weight's pairing).
+//
+// A block is warp-specialized: three MMA warpgroups run the tile's K loop, put y0 and y1 into the
+// shared staging tiles and go on to the next tile; the epilogue warpgroup meanwhile mixes the tile
+// staged before, a thread per (vertex, column) going through the 43 hypotheses, and writes it
+// out; it copies the tile's residuals into shared memory (cp.async) before it waits for the tile. They hand the staging over through two named barriers (WG_STAGING_FULL, WG_STAGING_FREE),
+// so the mixing, the residual loads and the stores run beside the next tile's tensor-core work.
+// setmaxnreg gives the MMA warpgroups the registers the epilogue warpgroup does not need.
 //
 // Two ways to mix. By default A1 comes as a kernel argument and every sum runs over j = 0..42.
 // With WG_MIX_SPARSE defined, the module was built for one A1 (hopper_gemm.mixing_source puts
 // wg_mix_sparse before this file): the sums skip A1's zeros (the template's A1 has 367 of 1849
-// entries), its values are immediates and the thread's 43 y1 values sit in registers. Skipping
-// the zero terms of an fmaf chain leaves every result bit for bit as the dense sum gives it.
+// entries) and its values are immediates. Skipping the zero terms of an fmaf chain leaves every
+// result bit for bit as the dense sum gives it.
 #define WG_DRB_VERTS 4
 #define WG_DRB_ROWS 192
-#define WG_DRB_THREADS (2 * WG_DRB_ROWS)
+#define WG_DRB_MMA_THREADS (2 * WG_DRB_ROWS)             // 3 MMA warpgroups
+#define WG_DRB_THREADS (WG_DRB_MMA_THREADS + 128)        // + the epilogue warpgroup
+#define WG_DRB_MMA_REGS 136                              // 3 * 136 + 104 = 4 * 128 registers per thread
+#define WG_DRB_EPILOGUE_REGS 104
 #define WG_Y_STRIDE 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
 #define WG_A1_STRIDE 44
 
-// Shared memory after the ring: the y0 and y1 tiles (WG_DRB_ROWS rows of WG_Y_STRIDE floats each)
-// and, with a dense A1, A1 (43 rows of WG_A1_STRIDE floats).
-#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_HYP * WG_A1_STRIDE) * 4)
+// Shared memory after the ring: the y0 and y1 tiles (WG_DRB_ROWS rows of WG_Y_STRIDE floats each),
+// the residual tile (WG_DRB_TILE_ROWS rows of 32 floats) and A1 (43 rows of WG_A1_STRIDE floats).
+#define WG_DRB_TILE_ROWS (WG_HYP * WG_DRB_VERTS)   // the tile's rows that hold hypotheses (172 of 192)
+#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4)
 
 // A persistent block (the host launches one per multiprocessor) takes tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ... of (sample, vertex tile, column tile), columns fastest. The next
-// tile's first copies start as soon as a tile's main loop is done, so they land while its epilogue
-// runs.
+// tile's first copies start as soon as a tile is staged.
 template <int PASSES, bool VEC>
 __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long ldx, int cin, const float* __restrict__ Bbig,
                                              const float* __restrict__ Bsmall, long ldbt,
@@ -330,123 +351,123 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
                                              const float* __restrict__ res, float* __restrict__ out, int N,
                                              int cout, int tiles) {
     WG_RING
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
-    const long plane_in = (long)N * ldx, plane_out = (long)N * cout;
     float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(PASSES, 64, WG_DRB_ROWS) / 4;
     float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
+    float* r_s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
 #ifndef WG_MIX_SPARSE
-    float* a1s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
-    for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)   // visible after the first barrier
+    float* a1s = r_s + WG_DRB_TILE_ROWS * 32;
+    for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)
         a1s[(i / WG_HYP) * WG_A1_STRIDE + i % WG_HYP] = a1[i];
+    __syncthreads();
 #endif
-    // tile -> its rows of X (sample b, vertices n0 ..), its 64 prepared B rows, its first column c0
+    // tile -> sample b, first vertex n0, first output column c0
     auto origin = [&](int tile, long& b, int& n0, int& c0) {
         c0 = (tile % col_tiles) * 32;
         n0 = ((tile / col_tiles) % vert_tiles) * WG_DRB_VERTS;
         b = tile / ((long)col_tiles * vert_tiles);
     };
-    auto tile_rows = [&](long b, int n0) {
-        return WgHypothesisRows<WG_DRB_VERTS>{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
-    };
-    if ((int)blockIdx.x < tiles) {
-        long b;
-        int n0, c0;
-        origin(blockIdx.x, b, n0, c0);
-        wg_prologue<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt,
-                                                                 Bsmall + (long)(2 * c0) * ldbt, ldbt, cin);
-    }
 
-    // This thread's mixing work (below): vertex v, hypotheses first, first + GROUPS, ..., column c.
-    constexpr int GROUPS = (WG_DRB_THREADS / 32) / WG_DRB_VERTS;   // warps per vertex (3)
-    constexpr int PER = (WG_HYP + GROUPS - 1) / GROUPS;           // hypotheses per thread (<= 15)
-    const int v = warp % WG_DRB_VERTS, first = warp / WG_DRB_VERTS;
-    const int c = lane;
-    const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
-
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        long b;
-        int n0, c0;
-        origin(tile, b, n0, c0);
-        float acc[32];
-        wg_mainloop<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
-            acc, ring, ring_ptr, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt, Bsmall + (long)(2 * c0) * ldbt,
-            ldbt, cin);
-
-        // Every warpgroup is past its last wgmma (the ring is free) and past the previous tile's
-        // mixing (the staging is free): stage y0 (tile columns 0..31) and y1 (32..63), start the next
-        // tile's copies, load this thread's residuals.
-        __syncthreads();
+    if (threadIdx.x < WG_DRB_MMA_THREADS) {   // ---- MMA warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_DRB_MMA_REGS));
+        const long plane_in = (long)N * ldx;
+        const int g = lane >> 2, t = lane & 3;
+        const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
+        auto tile_rows = [&](long b, int n0) {
+            return WgHypothesisRows<WG_DRB_VERTS>{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
+        };
+        auto start_copies = [&](int tile) {
+            long b;
+            int n0, c0;
+            origin(tile, b, n0, c0);
+            wg_prologue<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt,
+                                                                     Bsmall + (long)(2 * c0) * ldbt, ldbt, cin);
+        };
+        start_copies(blockIdx.x);
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            long b;
+            int n0, c0;
+            origin(tile, b, n0, c0);
+            float acc[32];
+            wg_mainloop<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
+                acc, ring, ring_ptr, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt, Bsmall + (long)(2 * c0) * ldbt,
+                ldbt, cin);
+            // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
+            // is done with the previous tile: stage y0 (tile columns 0..31) and y1 (32..63), hand the
+            // tile over, start the next tile's copies.
+            wg_bar_sync<WG_STAGING_FREE, WG_DRB_THREADS>();
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
-                *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                for (int h = 0; h < 2; ++h) {
+                    float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
+                    *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                }
+            wg_bar_arrive<WG_STAGING_FULL, WG_DRB_THREADS>();
+            if (tile + (int)gridDim.x < tiles) start_copies(tile + gridDim.x);
+        }
+    } else {   // ---- the epilogue warpgroup: thread (vertex v, column c) of each staged tile
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_DRB_EPILOGUE_REGS));
+        const long plane_out = (long)N * cout;
+        const int et = threadIdx.x - WG_DRB_MMA_THREADS;
+        const int v = et >> 5, c = lane;
+        const unsigned rs = wg_smem(r_s);
+        wg_bar_arrive<WG_STAGING_FREE, WG_DRB_THREADS>();   // the staging starts free
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            long b;
+            int n0, c0;
+            origin(tile, b, n0, c0);
+            const long o0 = b * WG_HYP * plane_out + (long)n0 * cout + c0;   // (hypothesis 0, vertex n0, column c0)
+            if (res != nullptr) {   // the tile's residuals into r_s (row i * 4 + v, 32 floats), while the MMA runs
+                wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();   // every epilogue thread is done with the previous tile's
+                for (int q = et; q < WG_DRB_TILE_ROWS * 8; q += 128) {
+                    const int r = q >> 3, chunk = q & 7, i = r / WG_DRB_VERTS, rv = r % WG_DRB_VERTS;
+                    const bool in = n0 + rv < N;
+                    wg_copy(rs + r * 128 + chunk * 16, in ? res + o0 + i * plane_out + (long)rv * cout + 4 * chunk : res,
+                            16, in ? 16 : 0);
+                }
+                asm volatile("cp.async.commit_group;\n" ::);
             }
-        const int next = tile + gridDim.x;
-        if (next < tiles) {
-            long nb;
-            int nn0, nc0;
-            origin(next, nb, nn0, nc0);
-            wg_prologue<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(nb, nn0),
-                                                                     Bbig + (long)(2 * nc0) * ldbt,
-                                                                     Bsmall + (long)(2 * nc0) * ldbt, ldbt, cin);
-        }
-        const int col = c0 + c;
-        const bool active = n0 + v < N;
-        const long o0 = b * WG_HYP * plane_out + (long)(n0 + v) * cout + col;
-        float r[PER];
+            const float bc = bias[c0 + c];
+            wg_bar_sync<WG_STAGING_FULL, WG_DRB_THREADS>();
+            if (res != nullptr) {
+                asm volatile("cp.async.wait_all;\n" ::);
+                wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();
+            }
+            if (n0 + v < N) {
+                float y1[WG_HYP];
 #pragma unroll
-        for (int q = 0; q < PER; ++q) {
-            const int i = first + q * GROUPS;
-            r[q] = (res != nullptr && active && i < WG_HYP) ? res[o0 + i * plane_out] : 0.0f;
-        }
-        const float bc = bias[col];
-        __syncthreads();
-        if (!active) continue;   // the next barrier is inside the next tile's main loop, reached by all
-
-        float mix[PER];
+                for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+                float* dst = out + o0 + (long)v * cout + c;
+#pragma unroll
+                for (int i = 0; i < WG_HYP; ++i) {
 #ifdef WG_MIX_SPARSE
-        float y1[WG_HYP];
-#pragma unroll
-        for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
-        wg_mix_sparse(first, y1, mix);
+                    const float mix = wg_mix_sparse(i, y1);
 #else
-        // All PER sums at once (independent FMA chains), each over j = 0..42 in order.
+                    float mix = 0.0f;   // over j = 0..42 in order
 #pragma unroll
-        for (int q = 0; q < PER; ++q) mix[q] = 0.0f;
-#pragma unroll
-        for (int j4 = 0; j4 < WG_HYP; j4 += 4) {   // A1 read 4 at a time (rows of 44 floats, 16-byte aligned)
-            float y1[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (j4 + u < WG_HYP) y1[u] = y1s[((j4 + u) * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
-#pragma unroll
-            for (int q = 0; q < PER; ++q) {
-                const int i = min(first + q * GROUPS, WG_HYP - 1);   // past the end: a duplicate, not stored
-                const float4 a = *reinterpret_cast<const float4*>(a1s + i * WG_A1_STRIDE + j4);
-                mix[q] = fmaf(a.x, y1[0], mix[q]);
-                if (j4 + 1 < WG_HYP) mix[q] = fmaf(a.y, y1[1], mix[q]);
-                if (j4 + 2 < WG_HYP) mix[q] = fmaf(a.z, y1[2], mix[q]);
-                if (j4 + 3 < WG_HYP) mix[q] = fmaf(a.w, y1[3], mix[q]);
-            }
-        }
+                    for (int j4 = 0; j4 < WG_HYP; j4 += 4) {   // A1 read 4 at a time (rows of 44 floats, 16-byte aligned)
+                        const float4 a = *reinterpret_cast<const float4*>(a1s + i * WG_A1_STRIDE + j4);
+                        mix = fmaf(a.x, y1[j4], mix);
+                        if (j4 + 1 < WG_HYP) mix = fmaf(a.y, y1[j4 + 1], mix);
+                        if (j4 + 2 < WG_HYP) mix = fmaf(a.z, y1[j4 + 2], mix);
+                        if (j4 + 3 < WG_HYP) mix = fmaf(a.w, y1[j4 + 3], mix);
+                    }
 #endif
-#pragma unroll
-        for (int q = 0; q < PER; ++q) {
-            const int i = first + q * GROUPS;
-            if (i >= WG_HYP) break;
-            float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix[q]), bc);
-            val = fmaxf(val, 0.0f);
-            if (res != nullptr) val = __fadd_rn(val, r[q]);
-            out[o0 + i * plane_out] = val;
+                    float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix), bc);
+                    val = fmaxf(val, 0.0f);
+                    if (res != nullptr) val = __fadd_rn(val, r_s[(i * WG_DRB_VERTS + v) * 32 + c]);
+                    dst[i * plane_out] = val;
+                }
+            }
+            if (tile + (int)gridDim.x < tiles) wg_bar_arrive<WG_STAGING_FREE, WG_DRB_THREADS>();
         }
     }
 }
 
 #define WG_DRB_KERNEL(NAME, PASSES, VEC)                                                                  \
-    extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS) NAME(                                     \
+    extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS, 1) NAME(                                  \
         const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt,              \
         const float* a1,                                                                                  \
         const float* bias, const float* res, float* out, int N, int cout, int tiles) {                   \

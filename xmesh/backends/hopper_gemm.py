@@ -22,11 +22,12 @@ ARCH = "sm_90a"
 BM, BN, BK, GEMM_STAGES, THREADS = 128, 128, 32, 4, 256
 A_STRIDE = BK + 4
 #: Deformation block layer: tile rows (4 vertices x 43 hypotheses, padded), output columns (the
-#: block's 64 B columns are 32 of W0 and the same 32 of W1), ring depth, threads, hypotheses.
-DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32, 3, 384, 43
-#: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats) and A1
-#: (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
-DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * 44) * 4
+#: block's 64 B columns are 32 of W0 and the same 32 of W1), ring depth, threads (3 MMA warpgroups
+#: and an epilogue warpgroup), hypotheses.
+DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32, 3, 512, 43
+#: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
+#: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
+DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -38,25 +39,21 @@ def supported(device) -> bool:
 
 def mixing_source(a1) -> str:
     """CUDA source of ``wg_mix_sparse`` for one 43 x 43 A1 (the deformation blocks' sample support):
-    warp group ``first`` of a vertex computes mix[q] = sum_j A1[i, j] y[j] for its hypotheses
-    i = first + 3 q, as fmaf chains over A1's nonzero entries in increasing j with the values as
-    immediates. Put before ``wgmma_gemm.cu`` it turns on WG_MIX_SPARSE there."""
+    wg_mix_sparse(i, y) = sum_j A1[i, j] y[j] as an fmaf chain over row i's nonzero entries in
+    increasing j, with the values as immediates (a switch on i, which the kernel's unrolled loop over
+    the hypotheses resolves at compile time). Put before ``wgmma_gemm.cu`` it turns on WG_MIX_SPARSE there."""
     a1 = np.asarray(a1, dtype=np.float32)
     if a1.shape != (HYPOTHESES, HYPOTHESES):
         raise ValueError(f"A1 must be {HYPOTHESES} x {HYPOTHESES}, got {a1.shape}")
-    groups = DRB_THREADS // 32 // DRB_VERTS
-    per = -(-HYPOTHESES // groups)
     lines = ["#define WG_MIX_SPARSE 1",
-             f"__device__ __forceinline__ void wg_mix_sparse(int first, const float (&y)[{HYPOTHESES}], "
-             f"float (&mix)[{per}]) {{"]
-    for first in range(groups):
-        lines.append(f"    {'if' if first == 0 else 'else if'} (first == {first}) {{")
-        for q, i in enumerate(range(first, HYPOTHESES, groups)):
-            terms = [f"    m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
-                     for j in np.flatnonzero(a1[i])]
-            lines.append(f"      {{ float m = 0.0f;{''.join(terms)} mix[{q}] = m; }}")
-        lines.append("    }")
-    lines.append("}")
+             f"__device__ __forceinline__ float wg_mix_sparse(int i, const float (&y)[{HYPOTHESES}]) {{",
+             "    float m = 0.0f;",
+             "    switch (i) {"]
+    for i in range(HYPOTHESES):
+        terms = "".join(f" m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
+                        for j in np.flatnonzero(a1[i]))
+        lines.append(f"    case {i}:{terms} break;")
+    lines += ["    }", "    return m;", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +155,10 @@ class HopperGemm:
         if hypothesis_rows(cp, x) is not x:
             raise ValueError(f"drb_layer: X must be float32 with evenly spaced rows (strides {x.strides})")
         ldx = x.strides[2] // 4
+        if residual is not None:   # the kernel copies its rows in 16-byte pieces
+            residual = cp.ascontiguousarray(residual, dtype=cp.float32)
+            if residual.shape != (b, hyp, n, cout) or residual.data.ptr % 16:
+                raise ValueError(f"drb_layer: residual {residual.shape} must be ({b}, {hyp}, {n}, {cout}), 16-byte aligned")
         out = cp.empty((b, hyp, n, cout), dtype=cp.float32)
         vec = ldx % 4 == 0 and x.data.ptr % 16 == 0
         smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES) + DRB_STAGING_BYTES
