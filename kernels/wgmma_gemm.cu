@@ -198,33 +198,38 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // copies visible to wgmma
         wg_bar_sync<WG_MMA_BARRIER, ROWS * 2>();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
+
+        // The slice's wgmmas in two halves (K steps 0-1, 2-3), each issued as soon as its fragments
+        // are split; then the copies of slice kt + STAGES - 1 (into slice kt - 1's stage) while they run.
+        const unsigned stage = ring + (kt % STAGES) * STAGE;
+        const float* as = ring_ptr + ((kt % STAGES) * STAGE + A_OFFSET) / 4 + (row0 + g) * WG_A_STRIDE + t;
+        unsigned a_big[4][4], a_small[4][4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int s = 2 * half; s < 2 * half + 2; ++s) {
+                wg_split<PASSES>(as[8 * s], a_big[s][0], a_small[s][0]);
+                wg_split<PASSES>(as[8 * s + 8 * WG_A_STRIDE], a_big[s][1], a_small[s][1]);
+                wg_split<PASSES>(as[8 * s + 4], a_big[s][2], a_small[s][2]);
+                wg_split<PASSES>(as[8 * s + 8 * WG_A_STRIDE + 4], a_big[s][3], a_small[s][3]);
+            }
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int s = 2 * half; s < 2 * half + 2; ++s) {
+                const unsigned long long big = wg_desc(stage + 32 * s);
+                wg_mma(part, a_big[s], big, s > 0);
+                if (PASSES == 3) {
+                    wg_mma(part, a_big[s], wg_desc(stage + BN * 128 + 32 * s), 1);
+                    wg_mma(part, a_small[s], big, 1);
+                }
+            }
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         const int next = kt + STAGES - 1;
         if (next < ktiles)
             wg_load_stage<PASSES, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, Bbig, Bsmall, ldbt, K,
                                                  next * WG_BK, tid);
         asm volatile("cp.async.commit_group;\n" ::);
-
-        const unsigned stage = ring + (kt % STAGES) * STAGE;
-        const float* as = ring_ptr + ((kt % STAGES) * STAGE + A_OFFSET) / 4 + (row0 + g) * WG_A_STRIDE + t;
-        unsigned a_big[4][4], a_small[4][4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            wg_split<PASSES>(as[8 * s], a_big[s][0], a_small[s][0]);
-            wg_split<PASSES>(as[8 * s + 8 * WG_A_STRIDE], a_big[s][1], a_small[s][1]);
-            wg_split<PASSES>(as[8 * s + 4], a_big[s][2], a_small[s][2]);
-            wg_split<PASSES>(as[8 * s + 8 * WG_A_STRIDE + 4], a_big[s][3], a_small[s][3]);
-        }
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            const unsigned long long big = wg_desc(stage + 32 * s);
-            wg_mma(part, a_big[s], big, s > 0);
-            if (PASSES == 3) {
-                wg_mma(part, a_big[s], wg_desc(stage + BN * 128 + 32 * s), 1);
-                wg_mma(part, a_small[s], big, 1);
-            }
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
         for (int s = 0; s < 4; ++s)
@@ -331,8 +336,8 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
 #define WG_DRB_ROWS 192
 #define WG_DRB_MMA_THREADS (2 * WG_DRB_ROWS)             // 3 MMA warpgroups
 #define WG_DRB_THREADS (WG_DRB_MMA_THREADS + 128)        // + the epilogue warpgroup
-#define WG_DRB_MMA_REGS 136                              // 3 * 136 + 104 = 4 * 128 registers per thread
-#define WG_DRB_EPILOGUE_REGS 104
+#define WG_DRB_MMA_REGS 144                              // 3 * 144 + 80 = 4 * 128 registers per thread
+#define WG_DRB_EPILOGUE_REGS 80
 #define WG_Y_STRIDE 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
 #define WG_A1_STRIDE 44
 
