@@ -467,8 +467,7 @@ class CupyBackend(Backend):
             weight = self._hopper_weight(layer.weight, self.gemm_passes, layer.weight, paired=True)
             return self.hopper.drb_layer(
                 hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
-                layer.bias, None if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32),
-                mixing=self._mixing_source(cheb1))
+                layer.bias, residual, mixing=self._mixing_source(cheb1))
         y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
                       cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
