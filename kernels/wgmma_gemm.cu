@@ -159,7 +159,8 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
 }
 
 // The first STAGES - 1 slices' copies of a block's K loop (wg_mainloop with PROLOGUE = false expects
-// them issued: a persistent block starts the next tile's copies during the current tile's epilogue).
+// them issued: a persistent deformation-layer block starts the next tile's copies as soon as it has
+// staged the current tile).
 template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows>
 __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, const float* __restrict__ Bbig,
                                             const float* __restrict__ Bsmall, long ldbt, int K) {
