@@ -5,7 +5,9 @@
 //
 // The products are those of tc_gemm.cu (3xTF32 for the "fp32" mode, one TF32 pass for "tf32"),
 // issued as warpgroup MMAs (wgmma.mma_async m64nNk8), which run at about twice the rate mma.sync
-// reaches on an H100/H200. Built with NVRTC for sm_90a by xmesh/backends/hopper_gemm.py; other GPUs
+// reaches on an H100/H200. The deformation layer also runs with 16-bit operands ("fp16", "bf16"
+// modes: X and W rounded to float16 / bfloat16, m64n64k16 MMAs, float32 accumulation; the mixing,
+// bias, ReLU and residual stay float32). Built with NVRTC for sm_90a by xmesh/backends/hopper_gemm.py; other GPUs
 // use tc_gemm.cu and drb_mix_epilogue.
 //
 // Operands:
@@ -25,12 +27,31 @@
 #define WG_BK 32
 #define WG_GEMM_STAGES 4   // ring depths (measured best on an H100)
 #define WG_DRB_STAGES 3
-#define WG_A_STRIDE 36   // floats per A row in shared memory: conflict-free fragment loads
 #define WG_HYP 43        // hypotheses per vertex (the deformation reasoning block's sample graph)
 
-// Bytes of one ring stage: B big [+ B small] slices (BN rows of 128 bytes), then the A slice.
-__host__ __device__ constexpr int wg_stage_bytes(int passes, int bn, int rows) {
-    return (passes == 3 ? 2 : 1) * bn * 128 + rows * WG_A_STRIDE * 4;
+// Operand modes (the kernels' template parameter OPS): how A and B enter the tensor cores.
+#define WG_3XTF32 3   // big and small TF32 parts, three products: float32 accuracy
+#define WG_TF32 1     // one TF32 product
+#define WG_F16 16     // float16 operands (B prepared by wg_pack_weight16), one k16 product
+#define WG_BF16 17    // bfloat16 operands
+__host__ __device__ constexpr bool wg_half(int ops) { return ops == WG_F16 || ops == WG_BF16; }
+// Bytes of one element of prepared B; B parts per stage.
+__host__ __device__ constexpr int wg_b_bytes(int ops) { return wg_half(ops) ? 2 : 4; }
+__host__ __device__ constexpr int wg_b_parts(int ops) { return ops == WG_3XTF32 ? 2 : 1; }
+// Floats per A row in shared memory: conflict-free fragment loads (single floats at columns t and
+// t + 4 for TF32, float2 pairs at 2t and 2t + 8 for the 16-bit modes).
+__host__ __device__ constexpr int wg_a_stride(int ops) { return wg_half(ops) ? 40 : 36; }
+
+// Bytes of one ring stage: B big [+ B small] slices (BN rows of 128 bytes; a 16-bit slice fills 64
+// of them), then the A slice.
+__host__ __device__ constexpr int wg_stage_bytes(int ops, int bn, int rows) {
+    return wg_b_parts(ops) * bn * 128 + rows * wg_a_stride(ops) * 4;
+}
+
+// Row r of prepared B (ldbt elements per row).
+template <int OPS>
+__device__ __forceinline__ const float* wg_b_row(const float* b, long r, long ldbt) {
+    return reinterpret_cast<const float*>(reinterpret_cast<const char*>(b) + r * ldbt * wg_b_bytes(OPS));
 }
 
 __device__ __forceinline__ unsigned wg_smem(const void* p) {
@@ -45,10 +66,21 @@ __device__ __forceinline__ void wg_copy(unsigned dst, const float* src, int byte
 }
 
 // big = x rounded to TF32 (two integer instructions), small = x - big (exact in float32).
-template <int PASSES>
+template <int OPS>
 __device__ __forceinline__ void wg_split(float x, unsigned& big, unsigned& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    if (PASSES == 3) small = __float_as_uint(x - __uint_as_float(big));
+    if (OPS == WG_3XTF32) small = __float_as_uint(x - __uint_as_float(big));
+}
+
+// Two floats rounded (to nearest even) to float16 or bfloat16 and packed: lo in the low half.
+template <int OPS>
+__device__ __forceinline__ unsigned wg_pack(float lo, float hi) {
+    unsigned d;
+    if (OPS == WG_BF16)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
 }
 
 // Matrix descriptor of a K-major B slice in shared memory with the 128-byte swizzle: start address,
@@ -84,6 +116,24 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], u
         "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1;\n}\n"
         : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
+}
+
+// The same for 16-bit operands: A (64 x 16) as 4 registers of packed pairs, B (16 x 64).
+#define WG_MMA16(TYPE)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                           \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+                 "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, " \
+                 "%37, p, 1, 1, 0;\n}\n"                                                                 \
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc))
+template <int OPS>
+__device__ __forceinline__ void wg_mma16(float (&d)[32], const unsigned (&a)[4], unsigned long long desc,
+                                         int accumulate) {
+    if (OPS == WG_BF16)
+        WG_MMA16("bf16");
+    else
+        WG_MMA16("f16");
 }
 
 // Named barriers (bar.sync waits, bar.arrive does not): 0 is __syncthreads'; the K loop's is among
@@ -125,21 +175,24 @@ struct WgHypothesisRows {
 };
 
 // Copy the K slice [k0, k0 + 32) of the block's A rows, and of the prepared B parts, into one stage.
-template <int PASSES, bool VEC, int BN, int ROWS, class Rows>
+template <int OPS, bool VEC, int BN, int ROWS, class Rows>
 __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, const float* __restrict__ Bbig,
                                               const float* __restrict__ Bsmall, long ldbt, int K, int k0, int tid) {
     constexpr int THREADS = ROWS * 2;
-    constexpr int B_CHUNKS = BN * WG_BK / 4;   // 16-byte chunks of one B part's slice
+    constexpr int ROW_CHUNKS = WG_BK * wg_b_bytes(OPS) / 16;   // 16-byte chunks of a B row's slice
+    constexpr int B_CHUNKS = BN * ROW_CHUNKS;
+    constexpr int A_STRIDE = wg_a_stride(OPS);
 #pragma unroll
     for (int i = 0; i < (B_CHUNKS + THREADS - 1) / THREADS; ++i) {
-        const int idx = tid + i * THREADS, r = idx >> 3, c = idx & 7;
+        const int idx = tid + i * THREADS, r = idx / ROW_CHUNKS, c = idx % ROW_CHUNKS;
         if (B_CHUNKS % THREADS != 0 && idx >= B_CHUNKS) break;
         const unsigned dst = stage + r * 128 + ((c ^ (r & 7)) << 4);
-        const long off = (long)r * ldbt + k0 + 4 * c;
-        wg_copy(dst, Bbig + off, 16, 16);
-        if (PASSES == 3) wg_copy(dst + BN * 128, Bsmall + off, 16, 16);
+        const long off = ((long)r * ldbt + k0) * wg_b_bytes(OPS) + 16 * c;   // bytes
+        wg_copy(dst, reinterpret_cast<const float*>(reinterpret_cast<const char*>(Bbig) + off), 16, 16);
+        if (OPS == WG_3XTF32)
+            wg_copy(dst + BN * 128, reinterpret_cast<const float*>(reinterpret_cast<const char*>(Bsmall) + off), 16, 16);
     }
-    const unsigned as = stage + (PASSES == 3 ? 2 : 1) * BN * 128;
+    const unsigned as = stage + wg_b_parts(OPS) * BN * 128;
     static_assert((ROWS * WG_BK / 4) % THREADS == 0, "A copies must divide evenly");
 #pragma unroll
     for (int i = 0; i < (ROWS * WG_BK / 4) / THREADS; ++i) {   // 4 consecutive floats of a row per step
@@ -147,7 +200,7 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
         const int r = idx / (WG_BK / 4), col = (idx % (WG_BK / 4)) * 4;
         const float* row = rows(r);
         const int left = row != nullptr ? K - (k0 + col) : 0;   // valid floats from here on
-        const unsigned dst = as + (r * WG_A_STRIDE + col) * 4;
+        const unsigned dst = as + (r * A_STRIDE + col) * 4;
         if (VEC) {
             const int n = left <= 0 ? 0 : (left >= 4 ? 4 : left);
             wg_copy(dst, n > 0 ? row + k0 + col : Bbig, 16, 4 * n);
@@ -161,15 +214,15 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
 // The first STAGES - 1 slices' copies of a block's K loop (wg_mainloop with PROLOGUE = false expects
 // them issued: a persistent deformation-layer block starts the next tile's copies as soon as it has
 // staged the current tile).
-template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows>
+template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows>
 __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, const float* __restrict__ Bbig,
                                             const float* __restrict__ Bsmall, long ldbt, int K) {
-    constexpr int STAGE = wg_stage_bytes(PASSES, BN, ROWS);
+    constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS);
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ktiles)
-            wg_load_stage<PASSES, VEC, BN, ROWS>(ring + s * STAGE, rows, Bbig, Bsmall, ldbt, K, s * WG_BK,
+            wg_load_stage<OPS, VEC, BN, ROWS>(ring + s * STAGE, rows, Bbig, Bsmall, ldbt, K, s * WG_BK,
                                                  threadIdx.x);
         asm volatile("cp.async.commit_group;\n" ::);
     }
@@ -178,18 +231,18 @@ __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, con
 // The K loop of one block: acc (this thread's part of the ROWS x BN tile) = A rows . B columns,
 // through a STAGES-deep ring of K slices.
 // acc[4j + e]: tile row (warp's 16-row slab) + g (+8 for e >= 2), column 8j + 2t (+1 for odd e).
-template <int PASSES, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROLOGUE = true>
+template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROLOGUE = true>
 __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
                                             const Rows& rows, const float* __restrict__ Bbig,
                                             const float* __restrict__ Bsmall, long ldbt, int K) {
-    constexpr int STAGE = wg_stage_bytes(PASSES, BN, ROWS);
-    constexpr int A_OFFSET = (PASSES == 3 ? 2 : 1) * BN * 128;
+    constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS);
+    constexpr int A_OFFSET = wg_b_parts(OPS) * BN * 128, A_STRIDE = wg_a_stride(OPS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;   // this warp's first row in the tile
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 
-    if (PROLOGUE) wg_prologue<PASSES, VEC, BN, ROWS, STAGES>(ring, rows, Bbig, Bsmall, ldbt, K);
+    if (PROLOGUE) wg_prologue<OPS, VEC, BN, ROWS, STAGES>(ring, rows, Bbig, Bsmall, ldbt, K);
 
     float part[BN / 2];
 #pragma unroll
@@ -200,35 +253,51 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // copies visible to wgmma
         wg_bar_sync<WG_MMA_BARRIER, ROWS * 2>();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
 
-        // The slice's wgmmas in two halves (K steps 0-1, 2-3), each issued as soon as its fragments
-        // are split; then the copies of slice kt + STAGES - 1 (into slice kt - 1's stage) while they run.
+        // The slice's wgmmas in two halves (K 0-15, 16-31), each issued as soon as its fragments are
+        // split or converted; then the copies of slice kt + STAGES - 1 (into slice kt - 1's stage)
+        // while they run.
         const unsigned stage = ring + (kt % STAGES) * STAGE;
-        const float* as = ring_ptr + ((kt % STAGES) * STAGE + A_OFFSET) / 4 + (row0 + g) * WG_A_STRIDE + t;
+        const float* as = ring_ptr + ((kt % STAGES) * STAGE + A_OFFSET) / 4 + (row0 + g) * A_STRIDE;
+        // TF32: k8 steps s = 0..3, registers rows g / g + 8, columns 8s + t / 8s + t + 4.
+        // 16-bit: k16 steps s = 0..1 (a_big[s] packed), columns 16s + 2t, + 1 / 16s + 2t + 8, + 9.
         unsigned a_big[4][4], a_small[4][4];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
+            if constexpr (wg_half(OPS)) {
+                const float2 lo = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t);
+                const float2 lo8 = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t + 8 * A_STRIDE);
+                const float2 hi = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t + 8);
+                const float2 hi8 = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t + 8 + 8 * A_STRIDE);
+                a_big[half][0] = wg_pack<OPS>(lo.x, lo.y);
+                a_big[half][1] = wg_pack<OPS>(lo8.x, lo8.y);
+                a_big[half][2] = wg_pack<OPS>(hi.x, hi.y);
+                a_big[half][3] = wg_pack<OPS>(hi8.x, hi8.y);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                wg_mma16<OPS>(part, a_big[half], wg_desc(stage + 32 * half), half > 0);
+            } else {
 #pragma unroll
-            for (int s = 2 * half; s < 2 * half + 2; ++s) {
-                wg_split<PASSES>(as[8 * s], a_big[s][0], a_small[s][0]);
-                wg_split<PASSES>(as[8 * s + 8 * WG_A_STRIDE], a_big[s][1], a_small[s][1]);
-                wg_split<PASSES>(as[8 * s + 4], a_big[s][2], a_small[s][2]);
-                wg_split<PASSES>(as[8 * s + 8 * WG_A_STRIDE + 4], a_big[s][3], a_small[s][3]);
-            }
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                for (int s = 2 * half; s < 2 * half + 2; ++s) {
+                    wg_split<OPS>(as[8 * s + t], a_big[s][0], a_small[s][0]);
+                    wg_split<OPS>(as[8 * s + t + 8 * A_STRIDE], a_big[s][1], a_small[s][1]);
+                    wg_split<OPS>(as[8 * s + t + 4], a_big[s][2], a_small[s][2]);
+                    wg_split<OPS>(as[8 * s + t + 8 * A_STRIDE + 4], a_big[s][3], a_small[s][3]);
+                }
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-            for (int s = 2 * half; s < 2 * half + 2; ++s) {
-                const unsigned long long big = wg_desc(stage + 32 * s);
-                wg_mma(part, a_big[s], big, s > 0);
-                if (PASSES == 3) {
-                    wg_mma(part, a_big[s], wg_desc(stage + BN * 128 + 32 * s), 1);
-                    wg_mma(part, a_small[s], big, 1);
+                for (int s = 2 * half; s < 2 * half + 2; ++s) {
+                    const unsigned long long big = wg_desc(stage + 32 * s);
+                    wg_mma(part, a_big[s], big, s > 0);
+                    if (OPS == WG_3XTF32) {
+                        wg_mma(part, a_big[s], wg_desc(stage + BN * 128 + 32 * s), 1);
+                        wg_mma(part, a_small[s], big, 1);
+                    }
                 }
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         const int next = kt + STAGES - 1;
         if (next < ktiles)
-            wg_load_stage<PASSES, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, Bbig, Bsmall, ldbt, K,
+            wg_load_stage<OPS, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, Bbig, Bsmall, ldbt, K,
                                                  next * WG_BK, tid);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -236,8 +305,8 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         for (int s = 0; s < 4; ++s)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                wg_pin(a_big[s][e]);
-                if (PASSES == 3) wg_pin(a_small[s][e]);
+                if (!wg_half(OPS) || s < 2) wg_pin(a_big[s][e]);
+                if (OPS == WG_3XTF32) wg_pin(a_small[s][e]);
             }
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
@@ -257,7 +326,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
 
 // ---------------------------------------------------------------- C = act(A B + bias)
 // 128 x 128 tiles, 2 warpgroups. Dynamic shared memory: WG_GEMM_STAGES * wg_stage_bytes(P, 128, 128) + 1024.
-template <int PASSES, bool VEC>
+template <int OPS, bool VEC>
 __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, const float* __restrict__ Bbig,
                                         const float* __restrict__ Bsmall, long ldbt, float* __restrict__ C,
                                         long ldc, int M, int N, int K, const float* __restrict__ bias, int relu) {
@@ -267,7 +336,7 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
     const int m0 = (int)(blockIdx.x / tiles_n) * 128, n0 = (int)(blockIdx.x % tiles_n) * 128;
     float acc[64];
     const WgMatrixRows rows{A + (long)m0 * lda, lda, M - m0};
-    wg_mainloop<PASSES, VEC, 128, 128, WG_GEMM_STAGES>(acc, ring, ring_ptr, rows, Bbig + (long)n0 * ldbt,
+    wg_mainloop<OPS, VEC, 128, 128, WG_GEMM_STAGES>(acc, ring, ring_ptr, rows, Bbig + (long)n0 * ldbt,
                                                        Bsmall + (long)n0 * ldbt, ldbt, K);
 
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
@@ -299,19 +368,19 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
     }
 }
 
-#define WG_GEMM_KERNEL(NAME, PASSES, VEC)                                                                 \
+#define WG_GEMM_KERNEL(NAME, OPS, VEC)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                                \
         const float* A, long lda, const float* Bbig, const float* Bsmall, long ldbt, float* C, long ldc,  \
         int M, int N, int K, const float* bias, int relu) {                                              \
-        wg_gemm<PASSES, VEC>(A, lda, Bbig, Bsmall, ldbt, C, ldc, M, N, K, bias, relu);                    \
+        wg_gemm<OPS, VEC>(A, lda, Bbig, Bsmall, ldbt, C, ldc, M, N, K, bias, relu);                    \
     }
 
 // Names: wg_gemm_<passes>x_<v: 16-byte copies of A (lda % 4 == 0, A 16-byte aligned) | s: single floats>
 #ifndef WG_MIX_SPARSE   // a module built for one A1 (below) holds only the deformation-layer kernels
-WG_GEMM_KERNEL(wg_gemm_3x_v, 3, true)
-WG_GEMM_KERNEL(wg_gemm_3x_s, 3, false)
-WG_GEMM_KERNEL(wg_gemm_1x_v, 1, true)
-WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
+WG_GEMM_KERNEL(wg_gemm_3x_v, WG_3XTF32, true)
+WG_GEMM_KERNEL(wg_gemm_3x_s, WG_3XTF32, false)
+WG_GEMM_KERNEL(wg_gemm_1x_v, WG_TF32, true)
+WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #endif
 
 // ---------------------------------------------------------------- a deformation block layer
@@ -350,7 +419,7 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, 1, false)
 // A persistent block (the host launches one per multiprocessor) takes tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ... of (sample, vertex tile, column tile), columns fastest. The next
 // tile's first copies start as soon as a tile is staged.
-template <int PASSES, bool VEC>
+template <int OPS, bool VEC>
 __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long ldx, int cin, const float* __restrict__ Bbig,
                                              const float* __restrict__ Bsmall, long ldbt,
                                              const float* __restrict__ a1, const float* __restrict__ bias,
@@ -359,7 +428,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
     WG_RING
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
-    float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(PASSES, 64, WG_DRB_ROWS) / 4;
+    float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS) / 4;
     float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
     float* r_s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
 #ifndef WG_MIX_SPARSE
@@ -387,8 +456,8 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
             long b;
             int n0, c0;
             origin(tile, b, n0, c0);
-            wg_prologue<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt,
-                                                                     Bsmall + (long)(2 * c0) * ldbt, ldbt, cin);
+            wg_prologue<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
+                                                                  wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
         };
         start_copies(blockIdx.x);
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -396,9 +465,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
             int n0, c0;
             origin(tile, b, n0, c0);
             float acc[32];
-            wg_mainloop<PASSES, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
-                acc, ring, ring_ptr, tile_rows(b, n0), Bbig + (long)(2 * c0) * ldbt, Bsmall + (long)(2 * c0) * ldbt,
-                ldbt, cin);
+            wg_mainloop<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
+                acc, ring, ring_ptr, tile_rows(b, n0), wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
+                wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
             // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
             // is done with the previous tile: stage y0 (tile columns 0..31) and y1 (32..63), hand the
             // tile over, start the next tile's copies.
@@ -472,40 +541,69 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
     }
 }
 
-#define WG_DRB_KERNEL(NAME, PASSES, VEC)                                                                  \
+#define WG_DRB_KERNEL(NAME, OPS, VEC)                                                                  \
     extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS, 1) NAME(                                  \
         const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt,              \
         const float* a1,                                                                                  \
         const float* bias, const float* res, float* out, int N, int cout, int tiles) {                   \
-        wg_drb_layer<PASSES, VEC>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles);   \
+        wg_drb_layer<OPS, VEC>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles);      \
     }
 
-// Names: wg_drb_layer_<passes>x_<v: ldx % 4 == 0, X 16-byte aligned | s>
-WG_DRB_KERNEL(wg_drb_layer_3x_v, 3, true)
-WG_DRB_KERNEL(wg_drb_layer_3x_s, 3, false)
-WG_DRB_KERNEL(wg_drb_layer_1x_v, 1, true)
-WG_DRB_KERNEL(wg_drb_layer_1x_s, 1, false)
+// Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>. A module built
+// with WG_DRB_OPS defined (hopper_gemm puts it in the prelude) holds that mode's two alone.
+#if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
+WG_DRB_KERNEL(wg_drb_layer_3x_v, WG_3XTF32, true)
+WG_DRB_KERNEL(wg_drb_layer_3x_s, WG_3XTF32, false)
+#endif
+#if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_TF32
+WG_DRB_KERNEL(wg_drb_layer_1x_v, WG_TF32, true)
+WG_DRB_KERNEL(wg_drb_layer_1x_s, WG_TF32, false)
+#endif
+#if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_F16
+WG_DRB_KERNEL(wg_drb_layer_f16_v, WG_F16, true)
+WG_DRB_KERNEL(wg_drb_layer_f16_s, WG_F16, false)
+#endif
+#if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_BF16
+WG_DRB_KERNEL(wg_drb_layer_bf16_v, WG_BF16, true)
+WG_DRB_KERNEL(wg_drb_layer_bf16_s, WG_BF16, false)
+#endif
 
-// Prepare B (K x N, row stride ldb) for the kernels above: big[j][k] = tf32(B[k][col(j)]) and
-// (passes 3) small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
-// col(j) = j, or with pair > 0 (B = [W0 | W1], N = 2 * cout): row j of tile j / (2 pair) holds W0's
-// (first half of the tile) or W1's (second half) column (j / (2 pair)) * pair + j % pair.
+// Prepared B's row j holds column wg_weight_column(j) of B (K x N): j itself, or with pair > 0
+// (B = [W0 | W1], N = 2 * cout) row j of tile j / (2 pair) holds W0's (first half of the tile) or
+// W1's (second half) column (j / (2 pair)) * pair + j % pair.
+__device__ __forceinline__ int wg_weight_column(int j, int N, int pair) {
+    if (pair == 0) return j;
+    const int tile = j / (2 * pair), w = j % (2 * pair);
+    return tile * pair + (w % pair) + (w >= pair ? N / 2 : 0);
+}
+
+// Prepare B (K x N, row stride ldb) for the TF32 modes: big[j][k] = tf32(B[k][col(j)]) and (passes 3)
+// small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
 extern "C" __global__ void wg_split_weight(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
                                            int passes, int pair, float* __restrict__ big,
                                            float* __restrict__ small) {
     const long long total = (long long)Np * Kp;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int j = (int)(i / Kp), k = (int)(i % Kp);
-        int n = j;
-        if (pair > 0) {
-            const int tile = j / (2 * pair), w = j % (2 * pair);
-            n = tile * pair + (w % pair) + (w >= pair ? N / 2 : 0);
-        }
+        const int j = (int)(i / Kp), k = (int)(i % Kp), n = wg_weight_column(j, N, pair);
         const float x = (n < N && k < K) ? B[(long)k * ldb + n] : 0.0f;
         unsigned hi, lo;
-        wg_split<3>(x, hi, lo);
+        wg_split<WG_3XTF32>(x, hi, lo);
         big[i] = __uint_as_float(hi);
         if (passes == 3) small[i] = __uint_as_float(lo);
+    }
+}
+
+// The same for the 16-bit modes: out[j][k] = B[k][col(j)] rounded to nearest even float16 (bf16 = 0)
+// or bfloat16 (bf16 = 1), as (Np x Kp) 16-bit elements.
+extern "C" __global__ void wg_pack_weight16(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
+                                            int bf16, int pair, unsigned short* __restrict__ out) {
+    const long long total = (long long)Np * Kp;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int j = (int)(i / Kp), k = (int)(i % Kp), n = wg_weight_column(j, N, pair);
+        const float x = (n < N && k < K) ? B[(long)k * ldb + n] : 0.0f;
+        const unsigned packed = bf16 ? wg_pack<WG_BF16>(x, 0.0f) : wg_pack<WG_F16>(x, 0.0f);
+        out[i] = (unsigned short)(packed & 0xffffu);
     }
 }

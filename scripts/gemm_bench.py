@@ -57,8 +57,8 @@ def main():
         flop = 2.0 * m * k * n
         result = {}
         if hopper is not None:
-            for passes, label in ((3, "wgmma 3xTF32"), (1, "wgmma TF32")):
-                ready = [(a, hopper.prepare(b, passes)) for a, b in sets]
+            for operands, label in (("3xtf32", "wgmma 3xTF32"), ("tf32", "wgmma TF32")):
+                ready = [(a, hopper.prepare(b, operands)) for a, b in sets]
                 result[label] = median_ms(cp, lambda i: hopper(*ready[i], out), args.repeat)
         result["mma.sync 3xTF32"] = median_ms(cp, lambda i: gb.gemm(*sets[i], out=out, passes=3), args.repeat)
         result["mma.sync TF32"] = median_ms(cp, lambda i: gb.gemm(*sets[i], out=out, passes=1), args.repeat)
@@ -82,15 +82,18 @@ def main():
 
 def deformation_layers(cp, gb, hopper, repeat):
     """A whole 192-wide deformation block layer (product, 43 x 43 mixing over the template's A1, bias,
-    ReLU, residual): the fused Hopper kernel against the GEMM + drb_mix_epilogue path of other GPUs."""
+    ReLU, residual): the fused Hopper kernel in each operand mode against the GEMM + drb_mix_epilogue
+    path of other GPUs (3xTF32)."""
     from types import SimpleNamespace
 
+    from xmesh.backends.hopper_gemm import OPERANDS, mixing_source
     from xmesh.template_gen import template_dict
 
-    a1 = cp.asarray(template_dict()["sample_cheb_dense"][1])   # the model's support (367 of 1849 nonzero)
-
-    print(f"\n{'deformation layer (cin -> 192, residual)':42s} {'B x 43 x N x cin':>22s} {'fused wgmma':>20s} "
-          f"{'mma.sync + mix':>20s}")
+    a1_host = template_dict()["sample_cheb_dense"][1]   # the model's support (367 of 1849 nonzero)
+    a1, mixing = cp.asarray(a1_host), mixing_source(a1_host)
+    heads = [f"fused {mode}" for mode in OPERANDS] + ["mma.sync + mix"]
+    print(f"\n{'deformation layer (cin -> 192, residual)':42s} {'B x 43 x N x cin':>22s} "
+          + " ".join(f"{h:>20s}" for h in heads))
     for b, cin in ((1, 339), (1, 192), (16, 192)):
         rng = cp.random.default_rng(b + cin)
         layer = SimpleNamespace(weight=rng.standard_normal((cin, 384), dtype=cp.float32) / 14,
@@ -98,13 +101,15 @@ def deformation_layers(cp, gb, hopper, repeat):
         xs = [rng.standard_normal((b, 43, 2466, cin), dtype=cp.float32) for _ in range(2)]
         res = rng.standard_normal((b, 43, 2466, 192), dtype=cp.float32)
         flop = 2.0 * b * 43 * 2466 * cin * 384
-        cells = []
-        for use_hopper in (hopper, None):
-            gb.hopper = use_hopper
-            ms = median_ms(cp, lambda i: gb.op_local_gconv(layer, xs[i], a1, residual=res), repeat)
-            cells.append(f"{ms:8.3f} ms {flop / ms / 1e9:6.1f} TF")
+        times = []
+        for mode in OPERANDS:
+            weight = hopper.prepare(layer.weight, mode, paired=True)
+            times.append(median_ms(cp, lambda i: hopper.drb_layer(xs[i], weight, a1, layer.bias, res, mixing=mixing),
+                                   repeat))
         gb.hopper = None
-        print(f"{'':42s} {f'{b}x43x2466x{cin}':>22s} " + " ".join(f"{c:>20s}" for c in cells), flush=True)
+        times.append(median_ms(cp, lambda i: gb.op_local_gconv(layer, xs[i], a1, residual=res), repeat))
+        print(f"{'':42s} {f'{b}x43x2466x{cin}':>22s} "
+              + " ".join(f"{f'{ms:8.3f} ms {flop / ms / 1e9:6.1f} TF':>20s}" for ms in times), flush=True)
         del xs, res
         cp.get_default_memory_pool().free_all_blocks()
 

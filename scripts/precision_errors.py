@@ -1,6 +1,6 @@
 """Error of each precision mode against the golden TF outputs (run on a GPU machine).
 
-    XMESH_SHARED=path/to/shared python3 scripts/precision_errors.py [fp32 tf32 fp16]
+    XMESH_SHARED=path/to/shared python3 scripts/precision_errors.py [fp32 tf32 fp16 bf16]
 
 Prints, per mode: CNN map relative errors (worst of the 7 golden maps), the coarse mesh's max
 deviation from the fp32 run, and the stage-2 displacement relative errors computed from the
@@ -35,7 +35,7 @@ def rel(a, b):
 
 reference_coarse = None
 print(f"{'mode':6s} {'worst CNN map':>14s} {'coarse vs fp32':>15s} {'DRB1 all':>9s} {'DRB1 99.5%':>11s} {'DRB2 all':>9s} {'DRB2 99.5%':>11s}")
-for mode in sys.argv[1:] or ["fp32", "tf32", "fp16"]:
+for mode in sys.argv[1:] or ["fp32", "tf32", "fp16", "bf16"]:
     model = Reconstructor(weights, template=template, backend="cupy", precision=mode)
     host = model.backend.to_numpy
     trace = network.Trace()

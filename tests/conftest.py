@@ -56,3 +56,11 @@ def gb():
     from xmesh.backends import get_backend
 
     return get_backend("cupy")
+
+
+@pytest.fixture(scope="module")
+def hopper(gb):
+    """The fp32 backend's Hopper kernels (hopper_gemm.HopperGemm); the test is skipped on other GPUs."""
+    if gb.hopper is None:
+        pytest.skip("the wgmma kernel needs compute capability 9.0 (H100/H200)")
+    return gb.hopper

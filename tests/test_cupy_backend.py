@@ -251,18 +251,21 @@ def test_graph_replay_equals_eager(cp, gb):
         np.testing.assert_array_equal(r, e)
 
 
-def test_capturing_cublas_work_says_why_it_fails(cp, scenes):
-    """fp16 mode runs its deformation GEMMs through cuBLAS, which CuPy refuses under stream capture;
-    the backend says so instead of a bare NotImplementedError, and the model still runs eagerly."""
+def test_capturing_cublas_work_says_why_it_fails(cp, scenes, monkeypatch):
+    """fp16 mode without the Hopper kernels runs its deformation GEMMs through cuBLAS, which CuPy
+    refuses under stream capture; the backend says so instead of a bare NotImplementedError, and the
+    model still runs eagerly."""
     from xmesh import Reconstructor
-    from xmesh.backends.cupy_backend import GraphCaptureError
+    from xmesh.backends.cupy_backend import CupyBackend, GraphCaptureError
     from xmesh.io.weights import synthetic_weights
     from xmesh.model.deformation import local_gconv
     from xmesh.template_gen import generate_template
 
-    model = Reconstructor(synthetic_weights(2), template=generate_template(), backend="cupy", precision="fp16")
+    monkeypatch.setenv("XMESH_HOPPER_GEMM", "0")   # as on a GPU other than an H100/H200
+    # a backend of its own: get_backend's shared fp16 backend keeps the Hopper kernels
+    model = Reconstructor(synthetic_weights(2), template=generate_template(), backend=CupyBackend(precision="fp16"))
     be = model.backend
-    assert not be.can_capture_network and not model.graphs
+    assert be.hopper is None and not be.can_capture_network and not model.graphs
     layers = model.stage2.blocks[0]
     x = cp.asarray(np.random.default_rng(1).standard_normal((1, 43, 100, 339)).astype(np.float32))
     with pytest.raises(GraphCaptureError, match="cuBLAS"):
@@ -351,7 +354,39 @@ def test_unpool_kernel_equals_the_array_code(cp, gb, batch, n, c):
     np.testing.assert_array_equal(graph.unpool(gb, x, edges).get(), ref.get())
 
 
-@pytest.mark.parametrize("precision,rtol", [("tf32", 0.2), ("fp16", 0.2)])
+def test_bf16_needs_the_hopper_kernel(cp, monkeypatch):
+    """bf16 runs only in the Hopper layer kernel: without it the backend refuses the mode and says
+    what to use instead."""
+    from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.errors import InputError
+
+    monkeypatch.setenv("XMESH_HOPPER_GEMM", "0")
+    with pytest.raises(InputError, match="compute capability 9.0.*'fp16' or 'tf32'"):
+        CupyBackend(precision="bf16")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_16bit_modes_replay_as_cuda_graphs_on_hopper(cp, hopper, scenes, precision):
+    """On an H100/H200 the 16-bit modes run the deformation layers in the Hopper kernel (no cuBLAS),
+    so the whole reconstruction is captured; replay equals the eager run bit for bit."""
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.template_gen import generate_template
+
+    weights, template = synthetic_weights(2), generate_template()
+    images, cameras = scenes
+    graphed = Reconstructor(weights, template=template, backend="cupy", precision=precision)
+    eager = Reconstructor(weights, template=template, backend="cupy", precision=precision, graphs=False)
+    assert graphed.backend.can_capture_network and graphed.graphs
+    want = [a.get() for a in eager.run(images[:1], cameras[:1])]
+    for _ in range(3):   # eager, capture + replay, replay
+        got = [a.get() for a in graphed.run(images[:1], cameras[:1])]
+    assert 1 in graphed._captured
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("precision,rtol", [("tf32", 0.2), ("fp16", 0.2), ("bf16", 0.2)])
 def test_reduced_precision_modes_stay_close(cp, gpu_model, scenes, precision, rtol):
     from xmesh import Reconstructor
     from xmesh.io.weights import synthetic_weights

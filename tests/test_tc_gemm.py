@@ -159,13 +159,6 @@ HOPPER_SHAPES = [  # (M, K, N): row, K and column tails; odd K; long K (many sli
 ]
 
 
-@pytest.fixture(scope="module")
-def hopper(gb):
-    if gb.hopper is None:
-        pytest.skip("the wgmma kernel needs compute capability 9.0 (H100/H200)")
-    return gb.hopper
-
-
 @pytest.mark.parametrize("m,k,n", HOPPER_SHAPES)
 @pytest.mark.parametrize("aligned", [True, False])
 def test_hopper_3xtf32_is_as_accurate_as_float32(cp, hopper, m, k, n, aligned):
@@ -179,7 +172,7 @@ def test_hopper_3xtf32_is_as_accurate_as_float32(cp, hopper, m, k, n, aligned):
         a_dev = cp.asarray(np.pad(a, ((0, 0), (1, 0))))[:, 1:]
         assert a_dev.data.ptr % 16 != 0
     out = cp.full((m, n), np.nan, dtype=cp.float32)
-    hopper(a_dev, hopper.prepare(cp.asarray(b), 3), out)
+    hopper(a_dev, hopper.prepare(cp.asarray(b), "3xtf32"), out)
     got = out.get()
     assert np.isfinite(got).all()
     err, f32 = rel_error(got, ref), rel_error(a @ b, ref)
@@ -192,14 +185,14 @@ def test_hopper_one_tf32_pass_has_tf32_error(cp, hopper, m, k, n):
     a, b = operands(rng, m, k, n)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     out = cp.full((m, n), np.nan, dtype=cp.float32)
-    got = hopper(cp.asarray(a), hopper.prepare(cp.asarray(b), 1), out).get()
+    got = hopper(cp.asarray(a), hopper.prepare(cp.asarray(b), "tf32"), out).get()
     err = rel_error(got, ref)
     assert 3e-5 < err < 3e-3, err
 
 
 @pytest.mark.parametrize("relu", [False, True])
 def test_hopper_strided_views_bias_and_relu(cp, hopper, relu):
-    check_strided_bias_relu(cp, lambda a, b, out, bias, r: hopper(a, hopper.prepare(b, 3), out, bias=bias, relu=r),
+    check_strided_bias_relu(cp, lambda a, b, out, bias, r: hopper(a, hopper.prepare(b, "3xtf32"), out, bias=bias, relu=r),
                             700, 200, 130, relu, seed=7 + relu, a_offset=4, c_offset=9,
                             lda=212)   # 16-byte copies of the strided rows
 
@@ -209,7 +202,8 @@ def test_large_products_route_to_hopper_and_weights_are_prepared_once(cp, gb, ho
     prepared form is built once; a small product stays on the mma.sync kernel."""
     prepared = []
     original = hopper.prepare
-    monkeypatch.setattr(hopper, "prepare", lambda b, passes, paired=False: prepared.append(passes) or original(b, passes, paired))
+    monkeypatch.setattr(hopper, "prepare",
+                        lambda b, operands, paired=False: prepared.append(operands) or original(b, operands, paired))
     rng = np.random.default_rng(21)
     a, b = operands(rng, 40000, 192, 384)
     weight = cp.asarray(b)
@@ -218,9 +212,9 @@ def test_large_products_route_to_hopper_and_weights_are_prepared_once(cp, gb, ho
         out = cp.full((40000, 384), np.nan, dtype=cp.float32)
         got = gb.gemm(cp.asarray(a), weight, out=out, cache_key=weight).get()
         assert rel_error(got, ref) <= 4 * rel_error(a @ b, ref) + 1e-7
-    assert prepared == [3]
+    assert prepared == ["3xtf32"]
     gb.gemm(cp.asarray(a[:300]), weight)
-    assert prepared == [3]
+    assert prepared == ["3xtf32"]
 
 
 def drb_reference(x, w, a1, bias, residual):
@@ -232,15 +226,25 @@ def drb_reference(x, w, a1, bias, residual):
     return out if residual is None else out + residual
 
 
+def round16(x, operands):
+    """float32 x rounded to nearest even float16 ("fp16") or bfloat16 ("bf16"), back in float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if operands == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
 @pytest.mark.parametrize("cin,cout,n,with_residual", [(192, 192, 10, True), (339, 64, 7, False), (33, 32, 4, True),
                                                      (192, 192, 101, True)])   # 306 tiles: blocks take several
-@pytest.mark.parametrize("passes", [3, 1])
-def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, passes):
+@pytest.mark.parametrize("operands", ["3xtf32", "tf32", "fp16", "bf16"])
+def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, operands):
     """The fused layer (product, 43 x 43 mixing, bias, ReLU, residual) against float64: float32
-    accuracy with 3xTF32, TF32 error with one pass. Vertex counts that leave a partial tile, single
-    float copies (cin = 339, 33), every output written (the output's memory is poisoned first), more
-    tiles than multiprocessors (n = 101: a persistent block runs several)."""
-    rng = np.random.default_rng(cin + cout + n + passes)
+    accuracy with 3xTF32, TF32 error with one pass; in the 16-bit modes exactly the float64 layer of
+    X and W rounded to float16 / bfloat16, to float32 accumulation accuracy. Vertex counts that
+    leave a partial tile, single float copies (cin = 339, 33), every output written (the output's
+    memory is poisoned first), more tiles than multiprocessors (n = 101: a persistent block runs several)."""
+    rng = np.random.default_rng(cin + cout + n + len(operands))
     b = 2
     x = rng.standard_normal((b, 43, n, cin)).astype(np.float32)
     w = (rng.standard_normal((cin, 2 * cout)) / np.sqrt(cin)).astype(np.float32)
@@ -250,28 +254,62 @@ def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, passe
     ref = drb_reference(x, w, a1, bias, residual)
     poison = cp.full(b * 43 * n * cout, np.nan, dtype=cp.float32)   # the pool hands this memory out next
     del poison
-    got = hopper.drb_layer(cp.asarray(x), hopper.prepare(cp.asarray(w), passes, paired=True), cp.asarray(a1),
+    got = hopper.drb_layer(cp.asarray(x), hopper.prepare(cp.asarray(w), operands, paired=True), cp.asarray(a1),
                            cp.asarray(bias), None if residual is None else cp.asarray(residual)).get()
     assert np.isfinite(got).all()
     err = rel_error(got, ref)
-    if passes == 3:
-        y32 = x @ w                                           # the same in float32 arithmetic
+
+    def float32_error(x, w):
+        """The layer in float32 arithmetic (NumPy) against float64, on the same operands."""
+        y32 = x @ w
         out32 = np.maximum(y32[..., :cout] + np.einsum("ij,bjnc->binc", a1, y32[..., cout:]) + bias, 0)
-        f32 = rel_error(out32 if residual is None else out32 + residual, ref)
+        exact = drb_reference(x, w, a1, bias, residual)
+        return rel_error(out32 if residual is None else out32 + residual, exact), exact
+
+    if operands == "3xtf32":
+        f32, _ = float32_error(x, w)
         assert err <= 4 * f32 + 1e-7, (err, f32)
-    else:
+    elif operands == "tf32":
         assert 3e-5 < err < 3e-3, err
+    else:
+        f32, rounded_ref = float32_error(round16(x, operands), round16(w, operands))
+        err_rounded = rel_error(got, rounded_ref)
+        assert err_rounded <= 4 * f32 + 1e-7, (err_rounded, f32)
+        low, high = (1e-5, 2e-3) if operands == "fp16" else (1e-4, 1e-2)   # unit roundoff 2^-11, 2^-8
+        assert low < err < high, err
+
+
+@pytest.mark.parametrize("operands", ["fp16", "bf16"])
+def test_16bit_weights_round_to_nearest_even(cp, hopper, operands):
+    """prepare(w, "fp16" / "bf16") holds w's transpose rounded to nearest, ties to even (what NumPy's
+    float16 and the bfloat16 bit rule give), zero-padded to whole tiles."""
+    rng = np.random.default_rng(3)
+    k, n = 40, 130
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    step = 2.0 ** (-10 if operands == "fp16" else -7)   # spacing of the 16-bit values in [1, 2)
+    w[0, :4] = [1 + step / 2, 1 + 3 * step / 2, -(1 + step / 2), 1 + step / 2 + step / 64]   # ties, and a near-tie
+    prepared = hopper.prepare(cp.asarray(w), operands)
+    assert prepared.big.dtype == cp.uint16 and prepared.big.shape == (256, 64) and prepared.small is None
+    bits = prepared.big.get()
+    want = round16(w.T, operands)
+    if operands == "fp16":
+        got = bits[:n, :k].view(np.float16).astype(np.float32)
+    else:
+        got = (bits[:n, :k].astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[:4, 0], [1.0, 1 + 2 * step, -1.0, 1 + step])
+    assert not bits[n:].any() and not bits[:, k:].any()
 
 
 @pytest.mark.parametrize("pattern", ["template", "dense", "one_row"])
-@pytest.mark.parametrize("passes", [3, 1])
-def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, pattern, passes):
+@pytest.mark.parametrize("operands", ["3xtf32", "tf32", "bf16"])
+def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, pattern, operands):
     """The layer kernel built for one A1 (zeros skipped, values as immediates) gives exactly the
     dense-A1 kernel's output: on the template's support (20% nonzero), on a dense A1, and on an A1
     with a single nonzero row (the other rows' sums are zero)."""
     from xmesh.backends.hopper_gemm import mixing_source
 
-    rng = np.random.default_rng(len(pattern) + passes)
+    rng = np.random.default_rng(len(pattern) + len(operands))
     a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
     if pattern == "template":
         a1 *= template_support_mask()
@@ -279,7 +317,7 @@ def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, patt
         a1[np.arange(43) != 5] = 0.0
     b, n, cin, cout = 2, 150, 192, 64   # 152 tiles: the persistent kernel's blocks take one or two
     x = cp.asarray(rng.standard_normal((b, 43, n, cin)).astype(np.float32))
-    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 14).astype(np.float32)), passes,
+    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 14).astype(np.float32)), operands,
                             paired=True)
     bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
     residual = cp.asarray(rng.standard_normal((b, 43, n, cout)).astype(np.float32))
@@ -300,7 +338,8 @@ def test_deformation_layer_reads_padded_rows(cp, hopper):
     x = padded[..., :cin]
     assert hypothesis_rows(cp, x) is x and not x.flags.c_contiguous
     dense = cp.ascontiguousarray(x)
-    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 18).astype(np.float32)), 3, paired=True)
+    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 18).astype(np.float32)), "3xtf32",
+                            paired=True)
     a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
     bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
     got = hopper.drb_layer(x, weight, a1, bias).get()

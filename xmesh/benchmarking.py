@@ -437,7 +437,7 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
               progress: Callable[[str], None] | None = None, precision: str = "fp32") -> dict:
     """Time ``stages`` (default: all) on each backend and batch size; returns a JSON-ready dict.
 
-    ``precision`` ("fp32", "tf32" or "fp16") is the GPU backend's mode; NumPy always computes in
+    ``precision`` ("fp32", "tf32", "fp16" or "bf16") is the GPU backend's mode; NumPy always computes in
     float32.
 
     With ``backend='all'`` (or a list of several) NumPy serves as the CPU comparison for the same

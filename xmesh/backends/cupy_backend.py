@@ -22,9 +22,11 @@ CUDA Graph (CuPy refuses cuBLAS under stream capture).
 
 Precision: ``fp32`` (default: every product as "3xTF32", operands split into two TF32 parts and
 three tensor-core products accumulated in float32, which keeps float32 accuracy), ``tf32`` (one
-TF32 product: ~1e-3 relative error), ``fp16`` (the deformation-reasoning GEMMs through cuBLAS in
-half precision with float32 accumulation, the CNN and stage 1 as in ``fp32``; cannot be captured).
-The camera arithmetic is always exact float32.
+TF32 product: ~1e-3 relative error), ``fp16`` and ``bf16`` (the deformation layers' products with
+float16 / bfloat16 operands and float32 accumulation, the CNN, stage 1 and the rest as in ``fp32``).
+On compute capability 9.0 the 16-bit modes run in the Hopper layer kernel and can be captured; on
+other GPUs ``fp16`` runs those products through cuBLAS (no capture) and ``bf16`` is refused (CuPy
+has no bfloat16 arrays). The camera arithmetic is always exact float32.
 """
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ from .numpy_backend import same_padding
 
 KERNEL_FILE = "p2m_ops.cu"
 GEMM_FILE = "tc_gemm.cu"
-PRECISIONS = ("fp32", "tf32", "fp16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+#: The Hopper deformation layer kernel's operands (hopper_gemm.OPERANDS) in each precision mode.
+LAYER_OPERANDS = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16"}
 THREADS = 256
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
@@ -136,6 +140,12 @@ class CupyBackend(Backend):
         with self.device:
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
             self.hopper = self._hopper_gemm()
+        if precision == "bf16" and self.hopper is None:
+            cc = str(self.device.compute_capability)
+            why = "XMESH_HOPPER_GEMM=0 is set" if hopper_gemm.supported(self.device) else \
+                f"this GPU has compute capability {cc[:-1]}.{cc[-1]}"
+            raise InputError(f"precision='bf16' runs in xmesh's Hopper kernel, which needs a GPU of compute "
+                             f"capability 9.0 (H100, H200), and {why}: use precision='fp16' or 'tf32' here")
 
     def _hopper_gemm(self):
         """The wgmma GEMM on compute capability 9.0 (unless XMESH_HOPPER_GEMM=0), else None."""
@@ -150,8 +160,9 @@ class CupyBackend(Backend):
 
     @property
     def can_capture_network(self) -> bool:
-        """Whether a whole reconstruction can be captured as a CUDA Graph (not in fp16 mode, which uses cuBLAS)."""
-        return self.precision != "fp16"
+        """Whether a whole reconstruction can be captured as a CUDA Graph (not in fp16 mode without the
+        Hopper kernels, which uses cuBLAS)."""
+        return self.precision != "fp16" or self.hopper is not None
 
     # ------------------------------------------------------------------ basics
     def _kernel(self, name: str):
@@ -206,15 +217,16 @@ class CupyBackend(Backend):
     def _gemm_smem(bn: int) -> int:
         return GEMM_STAGES * (GEMM_BM * (GEMM_BK + 4) + GEMM_BK * (bn + 8)) * 4
 
-    def _hopper_weight(self, b, passes: int, cache_key, paired: bool = False):
-        """b prepared for the Hopper kernels; kept per (cache_key, passes, paired) when cache_key (a
-        weight array that lives as long as the model) is given, so a layer's weights are split once."""
+    def _hopper_weight(self, b, operands: str, cache_key, paired: bool = False):
+        """b prepared for the Hopper kernels (``operands``: a key of hopper_gemm.OPERANDS); kept per
+        (cache_key, operands, paired) when cache_key (a weight array that lives as long as the model)
+        is given, so a layer's weights are split once."""
         if cache_key is None:
-            return self.hopper.prepare(b, passes, paired)
-        key = (id(cache_key), passes, paired)
+            return self.hopper.prepare(b, operands, paired)
+        key = (id(cache_key), operands, paired)
         hit = self._prepared.get(key)
         if hit is None or hit[1].k != b.shape[0] or hit[1].n != b.shape[1]:
-            hit = (cache_key, self.hopper.prepare(b, passes, paired))   # hold cache_key: its id stays unique
+            hit = (cache_key, self.hopper.prepare(b, operands, paired))   # hold cache_key: its id stays unique
             self._prepared[key] = hit
         return hit[1]
 
@@ -249,7 +261,7 @@ class CupyBackend(Backend):
         passes = self.gemm_passes if passes is None else passes
         if self.hopper is not None and n >= hopper_gemm.BN and \
                 -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS:
-            return self.hopper(a, self._hopper_weight(b, passes, cache_key), out, bias, relu)
+            return self.hopper(a, self._hopper_weight(b, "3xtf32" if passes == 3 else "tf32", cache_key), out, bias, relu)
         lda, ldb = a.strides[0] // 4, b.strides[0] // 4
         vec = (lda % 4 == 0 and ldb % 4 == 0 and k % 4 == 0 and n % 4 == 0
                and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
@@ -452,22 +464,28 @@ class CupyBackend(Backend):
         return out
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
-        if self.precision != "fp16" and cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:
-            return self._local_gconv_fused(layer, x, cheb1, residual)
+        if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:   # A_0 the identity
+            if self.hopper is not None and layer.cout % hopper_gemm.DRB_COLS == 0:
+                return self._local_gconv_hopper(layer, x, cheb1, residual)
+            if self.precision != "fp16" or self.hopper is not None:
+                return self._local_gconv_fused(layer, x, cheb1, residual)
         return self._local_gconv_cublas(layer, x, cheb1, cheb0, residual)
 
+    def _local_gconv_hopper(self, layer, x, cheb1, residual):
+        """The whole layer in one Hopper kernel, its products with the precision mode's operands."""
+        cp = self.cupy
+        weight = self._hopper_weight(layer.weight, LAYER_OPERANDS[self.precision], layer.weight, paired=True)
+        return self.hopper.drb_layer(
+            hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
+            layer.bias, residual, mixing=self._mixing_source(cheb1))
+
     def _local_gconv_fused(self, layer, x, cheb1, residual):
-        """On compute capability 9.0, one Hopper kernel for the whole layer (when cout is a multiple of
-        32); else one tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the
-        identity), then the mixing and epilogue kernel."""
+        """One tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the identity; in the
+        16-bit modes on compute capability 9.0 this is the float32 product of the narrow last layers),
+        then the mixing and epilogue kernel."""
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
-        if self.hopper is not None and cout % hopper_gemm.DRB_COLS == 0:
-            weight = self._hopper_weight(layer.weight, self.gemm_passes, layer.weight, paired=True)
-            return self.hopper.drb_layer(
-                hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
-                layer.bias, residual, mixing=self._mixing_source(cheb1))
         y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
                       cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)

@@ -4,7 +4,8 @@
 Calling it runs ``C = act(A B + bias)``; :meth:`HopperGemm.drb_layer` runs a whole local graph
 convolution of a deformation reasoning block (product, 43 x 43 mixing, bias, ReLU, residual). B is
 prepared once per weight by :meth:`HopperGemm.prepare`: transposed to K-major rows, split into TF32
-big and small parts (3xTF32) or rounded to TF32 (one pass), zero-padded to whole tiles.
+big and small parts (``"3xtf32"``), rounded to TF32 (``"tf32"``, one pass) or to float16 / bfloat16
+(``"fp16"``, ``"bf16"``: deformation layers only), zero-padded to whole tiles.
 :class:`~xmesh.backends.cupy_backend.CupyBackend` sends large products and the deformation blocks
 here, and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and ``p2m_ops.cu``.
 """
@@ -28,6 +29,8 @@ DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32,
 #: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
 #: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
 DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
+#: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
+OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -57,24 +60,33 @@ def mixing_source(a1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def smem_bytes(passes: int, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES) -> int:
-    """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment slack."""
+def smem_bytes(operands: str, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES) -> int:
+    """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment
+    slack (wg_stage_bytes: B slices take rows of 128 bytes; 16-bit modes pad A rows to 40 floats)."""
+    passes = OPERANDS[operands][2]
     parts = 2 if passes == 3 else 1
-    return stages * (parts * bn * BK * 4 + rows * A_STRIDE * 4) + 1024
+    a_stride = A_STRIDE if passes else A_STRIDE + 4
+    return stages * (parts * bn * 128 + rows * a_stride * 4) + 1024
 
 
 @dataclass(frozen=True)
 class PreparedWeight:
-    """B (k x n) in the Hopper kernels' form: ``big`` and ``small`` (None for one pass) of shape
-    (ceil(n/128)*128, ceil(k/32)*32), row j holding column j of B; for a deformation block layer
+    """B (k x n) in the Hopper kernels' form for one of :data:`OPERANDS`: ``big`` and ``small`` (None
+    but in 3xTF32) of shape (ceil(n/128)*128, ceil(k/32)*32), float32 (uint16 holding float16 or
+    bfloat16 bits in the 16-bit modes), row j holding column j of B; for a deformation block layer
     (``paired``: B = [W0 | W1]) each 64 rows hold 32 columns of W0 and the same 32 of W1."""
 
     big: object
     small: object
     k: int
     n: int
-    passes: int
+    operands: str
     paired: bool = False
+
+    @property
+    def passes(self) -> int:
+        """TF32 products per K step (3 or 1); 0 in the 16-bit modes."""
+        return OPERANDS[self.operands][2]
 
     @property
     def small_arg(self):
@@ -100,6 +112,7 @@ class HopperGemm:
         self.sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         self._kernels: dict = {}
         self._split = get_arch_function(SOURCE, "wg_split_weight", ARCH, ("-std=c++17",))
+        self._pack16 = get_arch_function(SOURCE, "wg_pack_weight16", ARCH, ("-std=c++17",))
 
     def _kernel(self, name: str, smem: int, prelude: str = ""):
         kernel = self._kernels.get((name, prelude))
@@ -112,34 +125,45 @@ class HopperGemm:
             self._kernels[(name, prelude)] = kernel
         return kernel
 
-    def prepare(self, b, passes: int, paired: bool = False) -> PreparedWeight:
-        """Transpose, split and pad a float32 (k, n) matrix with unit column stride; ``paired``: b is
-        [W0 | W1] of a deformation block layer (n = 2 cout, cout a multiple of 32)."""
+    def prepare(self, b, operands: str = "3xtf32", paired: bool = False) -> PreparedWeight:
+        """Transpose, split (or round) and pad a float32 (k, n) matrix with unit column stride for
+        ``operands`` (a key of :data:`OPERANDS`); ``paired``: b is [W0 | W1] of a deformation block
+        layer (n = 2 cout, cout a multiple of 32)."""
         cp = self.cupy
+        if operands not in OPERANDS:
+            raise ValueError(f"operands={operands!r}: choose one of {', '.join(OPERANDS)}")
         k, n = b.shape
         if paired and n % (2 * DRB_COLS):
             raise ValueError(f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_COLS}, got {n}")
+        passes = OPERANDS[operands][2]
         kp, np_ = -(-k // BK) * BK, -(-n // BN) * BN
-        big = cp.empty((np_, kp), dtype=cp.float32)
-        small = cp.empty((np_, kp), dtype=cp.float32) if passes == 3 else None
         total = np_ * kp
-        self._split((min(-(-total // 256), 4096),), (256,),
-                    (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n), np.int32(kp), np.int32(np_),
-                     np.int32(passes), np.int32(DRB_COLS if paired else 0), big, big if small is None else small))
-        return PreparedWeight(big, small, k, n, passes, paired)
+        grid, head = (min(-(-total // 256), 4096),), (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n),
+                                                     np.int32(kp), np.int32(np_))
+        pair = np.int32(DRB_COLS if paired else 0)
+        if passes == 0:
+            big, small = cp.empty((np_, kp), dtype=cp.uint16), None
+            self._pack16(grid, (256,), (*head, np.int32(operands == "bf16"), pair, big))
+        else:
+            big = cp.empty((np_, kp), dtype=cp.float32)
+            small = cp.empty((np_, kp), dtype=cp.float32) if passes == 3 else None
+            self._split(grid, (256,), (*head, np.int32(passes), pair, big, big if small is None else small))
+        return PreparedWeight(big, small, k, n, operands, paired)
 
     def __call__(self, a, weight: PreparedWeight, out, bias=None, relu: bool = False):
         """out (m, n) = act(a (m, k) @ B + bias); ``a`` and ``out`` row-strided views with unit column stride."""
+        if not weight.passes or weight.paired:
+            raise ValueError(f"the Hopper GEMM takes an unpaired TF32 weight, got {weight.operands} (paired={weight.paired})")
         m, k = a.shape
         lda, ldc = a.strides[0] // 4, out.strides[0] // 4
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
         tiles = -(-m // BM) * (weight.big.shape[0] // BN)
         name = f"wg_gemm_{weight.passes}x_{'v' if vec else 's'}"
-        self._kernel(name, smem_bytes(weight.passes))(
+        self._kernel(name, smem_bytes(weight.operands))(
             (tiles,), (THREADS,),
             (a, np.int64(lda), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
              np.int32(weight.n), np.int32(k), np.uint64(0) if bias is None else bias, np.int32(bool(relu))),
-            shared_mem=smem_bytes(weight.passes))
+            shared_mem=smem_bytes(weight.operands))
         return out
 
     def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None, mixing: str = ""):
@@ -161,10 +185,13 @@ class HopperGemm:
                 raise ValueError(f"drb_layer: residual {residual.shape} must be ({b}, {hyp}, {n}, {cout}), 16-byte aligned")
         out = cp.empty((b, hyp, n, cout), dtype=cp.float32)
         vec = ldx % 4 == 0 and x.data.ptr % 16 == 0
-        smem = smem_bytes(weight.passes, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES) + DRB_STAGING_BYTES
+        smem = smem_bytes(weight.operands, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES) + DRB_STAGING_BYTES
         tiles = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
         blocks = min(tiles, self.sm_count)   # persistent blocks, one per multiprocessor
-        self._kernel(f"wg_drb_layer_{weight.passes}x_{'v' if vec else 's'}", smem, mixing)(
+        code, part, _ = OPERANDS[weight.operands]
+        if mixing:   # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
+            mixing += f"#define WG_DRB_OPS {code}\n"
+        self._kernel(f"wg_drb_layer_{part}_{'v' if vec else 's'}", smem, mixing)(
             (blocks,), (DRB_THREADS,),
             (x, np.int64(ldx), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout), np.int32(tiles)),

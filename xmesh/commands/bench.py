@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--numpy-max-batch", type=int, default=2,
                    help="next to a GPU backend, run numpy only up to this batch size (default: 2; a numpy sample "
                         "takes seconds)")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"),
-                   help="the GPU backend's mode (default fp32, float32-faithful; tf32 and fp16 are speed modes, "
+    p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16", "bf16"),
+                   help="the GPU backend's mode (default fp32, float32-faithful; tf32, fp16 and bf16 are speed modes, "
                         "their errors in docs/PERFORMANCE.md); numpy always runs float32")
     p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
     p.set_defaults(run=run)

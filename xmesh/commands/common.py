@@ -17,7 +17,7 @@ def add_model_options(parser, weights_required: bool = True) -> None:
                              f"'{SYNTHETIC_PREFIX}SEED' uses the synthetic test recipe (NOT trained weights)")
     parser.add_argument("--template", default=None, help="a template .dat in the official layout (default: the built-in ellipsoid)")
     parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array backend (default: numpy)")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16"), help="GPU precision mode (default: fp32)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16", "bf16"), help="GPU precision mode (default: fp32)")
     parser.add_argument("--no-view-quirk", action="store_true",
                         help="let each view sample its own stage-1 maps (only for weights trained that way)")
 
