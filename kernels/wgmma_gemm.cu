@@ -159,6 +159,7 @@ struct WgMatrixRows {
     long lda;
     int rows_left;
     __device__ const float* operator()(int r) const { return r < rows_left ? A + (long)r * lda : nullptr; }
+    __device__ const float* base() const { return A; }
 };
 
 // Rows of A for a deformation block layer: X is (B, 43, N, C) hypothesis-major; the tile holds
@@ -172,12 +173,39 @@ struct WgHypothesisRows {
         const int i = r / VERTS, v = r % VERTS;
         return (i < WG_HYP && v < verts_left) ? X + i * plane + v * ldx : nullptr;
     }
+    __device__ const float* base() const { return X; }
 };
 
+// A thread's A copies of every K slice of a tile, worked out once per tile: copy i (of the tile's
+// 16-byte chunks tid + i * THREADS: row r = chunk / 8, columns 4 (chunk % 8) ..) reads floats
+// off[i] + k0 .. from rows.base(), or nothing where off[i] < 0 (no such row: the tile's row is
+// never stored, so its shared memory may hold anything). A slice then costs an add and a
+// cp.async per chunk instead of the row arithmetic.
+template <int ROWS>
+struct WgRowPlan {
+    static constexpr int COPIES = (ROWS * WG_BK / 4) / (ROWS * 2);
+    int off[COPIES];
+};
+
+template <int ROWS, class Rows>
+__device__ __forceinline__ WgRowPlan<ROWS> wg_plan(const Rows& rows, int tid) {
+    WgRowPlan<ROWS> plan;
+#pragma unroll
+    for (int i = 0; i < WgRowPlan<ROWS>::COPIES; ++i) {
+        const int idx = tid + i * ROWS * 2;
+        const float* row = rows(idx / (WG_BK / 4));
+        plan.off[i] = row != nullptr ? (int)(row - rows.base()) + (idx % (WG_BK / 4)) * 4 : -1;
+    }
+    return plan;
+}
+
 // Copy the K slice [k0, k0 + 32) of the block's A rows, and of the prepared B parts, into one stage.
+// With VEC and a whole slice inside K, A comes through the tile's plan; else (a K tail, single-float
+// copies) each chunk works out its row and how many of its floats are inside K.
 template <int OPS, bool VEC, int BN, int ROWS, class Rows>
-__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, const float* __restrict__ Bbig,
-                                              const float* __restrict__ Bsmall, long ldbt, int K, int k0, int tid) {
+__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, const WgRowPlan<ROWS>& plan,
+                                              const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
+                                              long ldbt, int K, int k0, int tid) {
     constexpr int THREADS = ROWS * 2;
     constexpr int ROW_CHUNKS = WG_BK * wg_b_bytes(OPS) / 16;   // 16-byte chunks of a B row's slice
     constexpr int B_CHUNKS = BN * ROW_CHUNKS;
@@ -194,6 +222,14 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
     }
     const unsigned as = stage + wg_b_parts(OPS) * BN * 128;
     static_assert((ROWS * WG_BK / 4) % THREADS == 0, "A copies must divide evenly");
+    if (VEC && k0 + WG_BK <= K) {
+        const unsigned dst = as + ((tid / (WG_BK / 4)) * A_STRIDE + (tid % (WG_BK / 4)) * 4) * 4;
+        const float* base = rows.base() + k0;
+#pragma unroll
+        for (int i = 0; i < WgRowPlan<ROWS>::COPIES; ++i)   // chunk tid + i * THREADS: THREADS / 8 rows further on
+            if (plan.off[i] >= 0) wg_copy(dst + i * (THREADS / (WG_BK / 4)) * A_STRIDE * 4, base + plan.off[i], 16, 16);
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < (ROWS * WG_BK / 4) / THREADS; ++i) {   // 4 consecutive floats of a row per step
         const int idx = tid + i * THREADS;
@@ -215,15 +251,16 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
 // them issued: a persistent deformation-layer block starts the next tile's copies as soon as it has
 // staged the current tile).
 template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows>
-__device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, const float* __restrict__ Bbig,
-                                            const float* __restrict__ Bsmall, long ldbt, int K) {
+__device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, const WgRowPlan<ROWS>& plan,
+                                            const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
+                                            long ldbt, int K) {
     constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS);
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ktiles)
-            wg_load_stage<OPS, VEC, BN, ROWS>(ring + s * STAGE, rows, Bbig, Bsmall, ldbt, K, s * WG_BK,
-                                                 threadIdx.x);
+            wg_load_stage<OPS, VEC, BN, ROWS>(ring + s * STAGE, rows, plan, Bbig, Bsmall, ldbt, K, s * WG_BK,
+                                              threadIdx.x);
         asm volatile("cp.async.commit_group;\n" ::);
     }
 }
@@ -233,8 +270,9 @@ __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, con
 // acc[4j + e]: tile row (warp's 16-row slab) + g (+8 for e >= 2), column 8j + 2t (+1 for odd e).
 template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROLOGUE = true>
 __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
-                                            const Rows& rows, const float* __restrict__ Bbig,
-                                            const float* __restrict__ Bsmall, long ldbt, int K) {
+                                            const Rows& rows, const WgRowPlan<ROWS>& plan,
+                                            const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
+                                            long ldbt, int K) {
     constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS);
     constexpr int A_OFFSET = wg_b_parts(OPS) * BN * 128, A_STRIDE = wg_a_stride(OPS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -242,7 +280,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;   // this warp's first row in the tile
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 
-    if (PROLOGUE) wg_prologue<OPS, VEC, BN, ROWS, STAGES>(ring, rows, Bbig, Bsmall, ldbt, K);
+    if (PROLOGUE) wg_prologue<OPS, VEC, BN, ROWS, STAGES>(ring, rows, plan, Bbig, Bsmall, ldbt, K);
 
     float part[BN / 2];
 #pragma unroll
@@ -297,7 +335,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         const int next = kt + STAGES - 1;
         if (next < ktiles)
-            wg_load_stage<OPS, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, Bbig, Bsmall, ldbt, K,
+            wg_load_stage<OPS, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, plan, Bbig, Bsmall, ldbt, K,
                                                  next * WG_BK, tid);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -336,7 +374,8 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
     const int m0 = (int)(blockIdx.x / tiles_n) * 128, n0 = (int)(blockIdx.x % tiles_n) * 128;
     float acc[64];
     const WgMatrixRows rows{A + (long)m0 * lda, lda, M - m0};
-    wg_mainloop<OPS, VEC, 128, 128, WG_GEMM_STAGES>(acc, ring, ring_ptr, rows, Bbig + (long)n0 * ldbt,
+    wg_mainloop<OPS, VEC, 128, 128, WG_GEMM_STAGES>(acc, ring, ring_ptr, rows, wg_plan<128>(rows, threadIdx.x),
+                                                    Bbig + (long)n0 * ldbt,
                                                        Bsmall + (long)n0 * ldbt, ldbt, K);
 
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
@@ -452,11 +491,14 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
         auto tile_rows = [&](long b, int n0) {
             return WgHypothesisRows<WG_DRB_VERTS>{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
         };
+        WgRowPlan<WG_DRB_ROWS> plan;   // of the tile whose copies are under way
         auto start_copies = [&](int tile) {
             long b;
             int n0, c0;
             origin(tile, b, n0, c0);
-            wg_prologue<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
+            plan = wg_plan<WG_DRB_ROWS>(tile_rows(b, n0), threadIdx.x);
+            wg_prologue<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), plan,
+                                                                  wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
                                                                   wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
         };
         start_copies(blockIdx.x);
@@ -466,7 +508,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
             origin(tile, b, n0, c0);
             float acc[32];
             wg_mainloop<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
-                acc, ring, ring_ptr, tile_rows(b, n0), wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
+                acc, ring, ring_ptr, tile_rows(b, n0), plan, wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
                 wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
             // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
             // is done with the previous tile: stage y0 (tile columns 0..31) and y1 (32..63), hand the
