@@ -266,7 +266,9 @@ __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, con
 }
 
 // The K loop of one block: acc (this thread's part of the ROWS x BN tile) = A rows . B columns,
-// through a STAGES-deep ring of K slices.
+// through a STAGES-deep ring of K slices. TF32 modes sum each slice on its own and add it with FADD
+// (float32 rounding, as tc_gemm.cu); the 16-bit modes, whose operands already carry 8-11 bits,
+// accumulate the whole K in the tensor cores' accumulator.
 // acc[4j + e]: tile row (warp's 16-row slab) + g (+8 for e >= 2), column 8j + 2t (+1 for odd e).
 template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROLOGUE = true>
 __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
@@ -311,7 +313,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
                 a_big[half][2] = wg_pack<OPS>(hi.x, hi.y);
                 a_big[half][3] = wg_pack<OPS>(hi8.x, hi8.y);
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                wg_mma16<OPS>(part, a_big[half], wg_desc(stage + 32 * half), half > 0);
+                wg_mma16<OPS>(acc, a_big[half], wg_desc(stage + 32 * half), half > 0 || kt > 0);
             } else {
 #pragma unroll
                 for (int s = 2 * half; s < 2 * half + 2; ++s) {
@@ -348,8 +350,12 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
             }
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
-            wg_pin(part[i]);
-            acc[i] += part[i];
+            if constexpr (wg_half(OPS)) {   // 16-bit: the tensor cores accumulate the whole K
+                wg_pin(acc[i]);
+            } else {
+                wg_pin(part[i]);
+                acc[i] += part[i];
+            }
         }
     }
     asm volatile("cp.async.wait_all;\n" ::);
