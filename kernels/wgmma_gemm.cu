@@ -21,8 +21,8 @@
 // steps through K in slices of 32 that cp.async streams into a STAGES-deep ring. A slice of B
 // is stored as BN rows of 128 bytes in the 128-byte swizzle wgmma expects: 16-byte chunk c of row r
 // sits at chunk c ^ (r % 8). The tensor cores add into their float32 accumulator with truncation,
-// so each slice is summed on its own (the first wgmma of a slice starts from zero) and added to the
-// thread's accumulator with rounded FADDs, as in tc_gemm.cu.
+// so in the TF32 modes each slice is summed on its own (the first wgmma of a slice starts from zero)
+// and added to the thread's accumulator with rounded FADDs, as in tc_gemm.cu.
 
 #define WG_BK 32
 #define WG_GEMM_STAGES 4   // ring depths (measured best on an H100)
@@ -599,21 +599,20 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
 
 // Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>. A module built
 // with WG_DRB_OPS defined (hopper_gemm puts it in the prelude) holds that mode's two alone.
+#define WG_DRB_KERNELS(PART, OPS)                                                                         \
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_v, OPS, true)                                                     \
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_s, OPS, false)
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
-WG_DRB_KERNEL(wg_drb_layer_3x_v, WG_3XTF32, true)
-WG_DRB_KERNEL(wg_drb_layer_3x_s, WG_3XTF32, false)
+WG_DRB_KERNELS(3x, WG_3XTF32)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_TF32
-WG_DRB_KERNEL(wg_drb_layer_1x_v, WG_TF32, true)
-WG_DRB_KERNEL(wg_drb_layer_1x_s, WG_TF32, false)
+WG_DRB_KERNELS(1x, WG_TF32)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_F16
-WG_DRB_KERNEL(wg_drb_layer_f16_v, WG_F16, true)
-WG_DRB_KERNEL(wg_drb_layer_f16_s, WG_F16, false)
+WG_DRB_KERNELS(f16, WG_F16)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_BF16
-WG_DRB_KERNEL(wg_drb_layer_bf16_v, WG_BF16, true)
-WG_DRB_KERNEL(wg_drb_layer_bf16_s, WG_BF16, false)
+WG_DRB_KERNELS(bf16, WG_BF16)
 #endif
 
 // Prepared B's row j holds column wg_weight_column(j) of B (K x N): j itself, or with pair > 0
