@@ -158,7 +158,7 @@ class HopperGemm:
         lda, ldc = a.strides[0] // 4, out.strides[0] // 4
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
         tiles = -(-m // BM) * (weight.big.shape[0] // BN)
-        name = f"wg_gemm_{weight.passes}x_{'v' if vec else 's'}"
+        name = f"wg_gemm_{OPERANDS[weight.operands][1]}_{'v' if vec else 's'}"
         self._kernel(name, smem_bytes(weight.operands))(
             (tiles,), (THREADS,),
             (a, np.int64(lda), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
