@@ -43,9 +43,10 @@ __host__ __device__ constexpr int wg_b_parts(int ops) { return ops == WG_3XTF32 
 __host__ __device__ constexpr int wg_a_stride(int ops) { return wg_half(ops) ? 40 : 36; }
 
 // Bytes of one ring stage: B big [+ B small] slices (BN rows of 128 bytes; a 16-bit slice fills 64
-// of them), then the A slice.
-__host__ __device__ constexpr int wg_stage_bytes(int ops, int bn, int rows) {
-    return wg_b_parts(ops) * bn * 128 + rows * wg_a_stride(ops) * 4;
+// of them), then the A slice: float32 rows of wg_a_stride floats, or (a16: A given in 16 bits, read
+// by wgmma from shared memory) rows laid out as B's.
+__host__ __device__ constexpr int wg_stage_bytes(int ops, int bn, int rows, bool a16 = false) {
+    return wg_b_parts(ops) * bn * 128 + (a16 ? rows * 128 : rows * wg_a_stride(ops) * 4);
 }
 
 // Row r of prepared B (ldbt elements per row).
@@ -136,6 +137,32 @@ __device__ __forceinline__ void wg_mma16(float (&d)[32], const unsigned (&a)[4],
         WG_MMA16("f16");
 }
 
+// The same with A (64 x 16, K-major rows in B's layout) read from shared memory through a descriptor.
+#define WG_MMA16_SS(TYPE)                                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %32, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                           \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+                 "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %33, %34, p, 1, 1, 0, 0;\n}\n" \
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)                                                \
+                 : "r"(accumulate), "l"(adesc), "l"(bdesc))
+template <int OPS>
+__device__ __forceinline__ void wg_mma16_ss(float (&d)[32], unsigned long long adesc, unsigned long long bdesc,
+                                            int accumulate) {
+    if (OPS == WG_BF16)
+        WG_MMA16_SS("bf16");
+    else
+        WG_MMA16_SS("f16");
+}
+
+// A 16-bit value of the mode (float16, or bfloat16 for WG_BF16) as float32, and back (nearest even).
+template <int OPS>
+__device__ __forceinline__ float wg_widen16(unsigned short h) {
+    if (OPS == WG_BF16) return __uint_as_float((unsigned)h << 16);
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+    return f;
+}
+
 // Named barriers (bar.sync waits, bar.arrive does not): 0 is __syncthreads'; the K loop's is among
 // the block's MMA warpgroups only (the whole block for the GEMM); a deformation layer's MMA and
 // epilogue warpgroups hand the staged tile over through two more.
@@ -155,6 +182,7 @@ __device__ __forceinline__ void wg_pin(unsigned& x) { asm volatile("" : "+r"(x):
 
 // Rows of A for the plain GEMM: rows m0 .. m0 + ROWS - 1 of a row-major matrix.
 struct WgMatrixRows {
+    using Elem = float;
     const float* A;
     long lda;
     int rows_left;
@@ -164,46 +192,58 @@ struct WgMatrixRows {
 
 // Rows of A for a deformation block layer: X is (B, 43, N, C) hypothesis-major; the tile holds
 // VERTS vertices n0 .. n0 + VERTS - 1 of sample b, tile row r = hypothesis (r / VERTS), vertex (r % VERTS).
-template <int VERTS>
+// T: float, or unsigned short for X in 16 bits (the 16-bit modes' activations between layers).
+template <int VERTS, class T = float>
 struct WgHypothesisRows {
-    const float* X;   // row (b, 0, n0)
-    long ldx, plane;  // floats per row; floats per hypothesis plane (N * ldx)
+    using Elem = T;
+    const T* X;       // row (b, 0, n0)
+    long ldx, plane;  // elements per row; per hypothesis plane (N * ldx)
     int verts_left;
-    __device__ const float* operator()(int r) const {
+    __device__ const T* operator()(int r) const {
         const int i = r / VERTS, v = r % VERTS;
         return (i < WG_HYP && v < verts_left) ? X + i * plane + v * ldx : nullptr;
     }
-    __device__ const float* base() const { return X; }
+    __device__ const T* base() const { return X; }
 };
 
+// 16-byte chunks in a row's K slice of A: 8 float32, or 4 in 16 bits.
+template <class Rows>
+__host__ __device__ constexpr int wg_row_chunks() { return WG_BK * (int)sizeof(typename Rows::Elem) / 16; }
+
 // A thread's A copies of every K slice of a tile, worked out once per tile: copy i (of the tile's
-// 16-byte chunks tid + i * THREADS: row r = chunk / 8, columns 4 (chunk % 8) ..) reads floats
-// off[i] + k0 .. from rows.base(), or nothing where off[i] < 0 (no such row: the tile's row is
-// never stored, so its shared memory may hold anything). A slice then costs an add and a
-// cp.async per chunk instead of the row arithmetic.
-template <int ROWS>
+// 16-byte chunks tid + i * THREADS: row r = chunk / C, elements (16 / size) (chunk % C) .., C the
+// chunks of a row's slice) reads elements off[i] + k0 .. from rows.base(), or nothing where
+// off[i] < 0 (no such row: the tile's row is never stored, so its shared memory may hold anything).
+// A slice then costs an add and a cp.async per chunk instead of the row arithmetic.
+template <int ROWS, int C = WG_BK / 4>
 struct WgRowPlan {
-    static constexpr int COPIES = (ROWS * WG_BK / 4) / (ROWS * 2);
+    static constexpr int COPIES = (ROWS * C) / (ROWS * 2);
     int off[COPIES];
 };
 
 template <int ROWS, class Rows>
-__device__ __forceinline__ WgRowPlan<ROWS> wg_plan(const Rows& rows, int tid) {
-    WgRowPlan<ROWS> plan;
+__device__ __forceinline__ WgRowPlan<ROWS, wg_row_chunks<Rows>()> wg_plan(const Rows& rows, int tid) {
+    constexpr int C = wg_row_chunks<Rows>();
+    WgRowPlan<ROWS, C> plan;
 #pragma unroll
-    for (int i = 0; i < WgRowPlan<ROWS>::COPIES; ++i) {
+    for (int i = 0; i < WgRowPlan<ROWS, C>::COPIES; ++i) {
         const int idx = tid + i * ROWS * 2;
-        const float* row = rows(idx / (WG_BK / 4));
-        plan.off[i] = row != nullptr ? (int)(row - rows.base()) + (idx % (WG_BK / 4)) * 4 : -1;
+        const auto* row = rows(idx / C);
+        plan.off[i] = row != nullptr ? (int)(row - rows.base()) + (idx % C) * (WG_BK / C) : -1;
     }
     return plan;
 }
+
+template <bool VEC, int ROWS, int A_STRIDE, class Rows>
+__device__ __forceinline__ void wg_load_a32(unsigned as, const Rows& rows, const WgRowPlan<ROWS>& plan,
+                                            const float* __restrict__ Bbig, int K, int k0, int tid);
 
 // Copy the K slice [k0, k0 + 32) of the block's A rows, and of the prepared B parts, into one stage.
 // With VEC and a whole slice inside K, A comes through the tile's plan; else (a K tail, single-float
 // copies) each chunk works out its row and how many of its floats are inside K.
 template <int OPS, bool VEC, int BN, int ROWS, class Rows>
-__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, const WgRowPlan<ROWS>& plan,
+__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows,
+                                              const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
                                               const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
                                               long ldbt, int K, int k0, int tid) {
     constexpr int THREADS = ROWS * 2;
@@ -221,6 +261,35 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
             wg_copy(dst + BN * 128, reinterpret_cast<const float*>(reinterpret_cast<const char*>(Bsmall) + off), 16, 16);
     }
     const unsigned as = stage + wg_b_parts(OPS) * BN * 128;
+    if constexpr (sizeof(typename Rows::Elem) == 2) {   // 16-bit A: rows of 128 bytes as B's (64 used)
+        static_assert(VEC && (ROWS * 4) % THREADS == 0 && (THREADS / 4) % 8 == 0, "16-bit A copies");
+        const int r0 = tid / 4, c = tid % 4;
+        const unsigned dst = as + r0 * 128 + ((c ^ (r0 & 7)) << 4);   // + i * (THREADS / 4) rows: same swizzle
+        if (k0 + WG_BK <= K) {
+            const auto* base = rows.base() + k0;
+#pragma unroll
+            for (int i = 0; i < WgRowPlan<ROWS, 4>::COPIES; ++i)
+                if (plan.off[i] >= 0)
+                    wg_copy(dst + i * (THREADS / 4) * 128, reinterpret_cast<const float*>(base + plan.off[i]), 16, 16);
+        } else {   // K tail: the chunk's elements inside K, zeros after them
+#pragma unroll
+            for (int i = 0; i < WgRowPlan<ROWS, 4>::COPIES; ++i) {
+                if (plan.off[i] < 0) continue;
+                const int left = K - (k0 + 8 * c), n = left <= 0 ? 0 : (left >= 8 ? 8 : left);
+                wg_copy(dst + i * (THREADS / 4) * 128,
+                        n > 0 ? reinterpret_cast<const float*>(rows.base() + plan.off[i] + k0) : Bbig, 16, 2 * n);
+            }
+        }
+    } else {
+        wg_load_a32<VEC, ROWS, A_STRIDE>(as, rows, plan, Bbig, K, k0, tid);
+    }
+}
+
+// The float32 A part of wg_load_stage: rows of wg_a_stride floats.
+template <bool VEC, int ROWS, int A_STRIDE, class Rows>
+__device__ __forceinline__ void wg_load_a32(unsigned as, const Rows& rows, const WgRowPlan<ROWS>& plan,
+                                            const float* __restrict__ Bbig, int K, int k0, int tid) {
+    constexpr int THREADS = ROWS * 2;
     static_assert((ROWS * WG_BK / 4) % THREADS == 0, "A copies must divide evenly");
     if (VEC && k0 + WG_BK <= K) {
         const unsigned dst = as + ((tid / (WG_BK / 4)) * A_STRIDE + (tid % (WG_BK / 4)) * 4) * 4;
@@ -251,10 +320,11 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows, 
 // them issued: a persistent deformation-layer block starts the next tile's copies as soon as it has
 // staged the current tile).
 template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows>
-__device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, const WgRowPlan<ROWS>& plan,
+__device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows,
+                                            const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
                                             const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
                                             long ldbt, int K) {
-    constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS);
+    constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS, sizeof(typename Rows::Elem) == 2);
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -272,10 +342,12 @@ __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows, con
 // acc[4j + e]: tile row (warp's 16-row slab) + g (+8 for e >= 2), column 8j + 2t (+1 for odd e).
 template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROLOGUE = true>
 __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
-                                            const Rows& rows, const WgRowPlan<ROWS>& plan,
+                                            const Rows& rows, const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
                                             const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
                                             long ldbt, int K) {
-    constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS);
+    constexpr bool A16 = sizeof(typename Rows::Elem) == 2;   // A in 16 bits: wgmma reads it from shared memory
+    static_assert(!A16 || wg_half(OPS), "16-bit A needs a 16-bit mode");
+    constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS, A16);
     constexpr int A_OFFSET = wg_b_parts(OPS) * BN * 128, A_STRIDE = wg_a_stride(OPS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -303,7 +375,11 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         unsigned a_big[4][4], a_small[4][4];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            if constexpr (wg_half(OPS)) {
+            if constexpr (A16) {   // this warpgroup's 64 rows of the slice, K 16 * half ..
+                if (half == 0) asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                wg_mma16_ss<OPS>(acc, wg_desc(stage + A_OFFSET + (warp >> 2) * 64 * 128 + 32 * half),
+                                 wg_desc(stage + 32 * half), half > 0 || kt > 0);
+            } else if constexpr (wg_half(OPS)) {
                 const float2 lo = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t);
                 const float2 lo8 = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t + 8 * A_STRIDE);
                 const float2 hi = *reinterpret_cast<const float2*>(as + 16 * half + 2 * t + 8);
@@ -345,7 +421,7 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         for (int s = 0; s < 4; ++s)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if (!wg_half(OPS) || s < 2) wg_pin(a_big[s][e]);
+                if (!A16 && (!wg_half(OPS) || s < 2)) wg_pin(a_big[s][e]);
                 if (OPS == WG_3XTF32) wg_pin(a_small[s][e]);
             }
 #pragma unroll
@@ -461,19 +537,35 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #define WG_DRB_TILE_ROWS (WG_HYP * WG_DRB_VERTS)   // the tile's rows that hold hypotheses (172 of 192)
 #define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4)
 
+// Activations in and out (the kernels' template parameter IO): WG_IO_F32 X, out and residual float32;
+// the 16-bit modes also store their layers' outputs (and so read the residual) in 16 bits, from a
+// float32 X (WG_IO_TO16: the block's first layer, which reads the local projection) or a 16-bit X
+// (WG_IO_16: the layers after it; wgmma then reads X from shared memory as it reads B).
+#define WG_IO_F32 0
+#define WG_IO_TO16 1
+#define WG_IO_16 2
+template <bool HALF> struct WgActivation { using type = float; };
+template <> struct WgActivation<true> { using type = unsigned short; };
+
 // A persistent block (the host launches one per multiprocessor) takes tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ... of (sample, vertex tile, column tile), columns fastest. The next
 // tile's first copies start as soon as a tile is staged.
-template <int OPS, bool VEC>
-__device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long ldx, int cin, const float* __restrict__ Bbig,
+template <int OPS, bool VEC, int IO>
+__device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long ldx, int cin, const float* __restrict__ Bbig,
                                              const float* __restrict__ Bsmall, long ldbt,
                                              const float* __restrict__ a1, const float* __restrict__ bias,
-                                             const float* __restrict__ res, float* __restrict__ out, int N,
+                                             const float* __restrict__ res_f, float* __restrict__ out_f, int N,
                                              int cout, int tiles) {
+    static_assert(IO == WG_IO_F32 || wg_half(OPS), "16-bit activations belong to the 16-bit modes");
+    using XT = typename WgActivation<IO == WG_IO_16>::type;   // X's elements
+    using OT = typename WgActivation<IO != WG_IO_F32>::type;  // out's and the residual's
+    const XT* __restrict__ X = reinterpret_cast<const XT*>(Xf);
+    const OT* __restrict__ res = reinterpret_cast<const OT*>(res_f);
+    OT* __restrict__ out = reinterpret_cast<OT*>(out_f);
     WG_RING
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
-    float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS) / 4;
+    float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS, IO == WG_IO_16) / 4;
     float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
     float* r_s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
 #ifndef WG_MIX_SPARSE
@@ -494,10 +586,11 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
         const long plane_in = (long)N * ldx;
         const int g = lane >> 2, t = lane & 3;
         const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;
+        using Rows = WgHypothesisRows<WG_DRB_VERTS, XT>;
         auto tile_rows = [&](long b, int n0) {
-            return WgHypothesisRows<WG_DRB_VERTS>{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
+            return Rows{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
         };
-        WgRowPlan<WG_DRB_ROWS> plan;   // of the tile whose copies are under way
+        WgRowPlan<WG_DRB_ROWS, wg_row_chunks<Rows>()> plan;   // of the tile whose copies are under way
         auto start_copies = [&](int tile) {
             long b;
             int n0, c0;
@@ -513,7 +606,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
             int n0, c0;
             origin(tile, b, n0, c0);
             float acc[32];
-            wg_mainloop<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, WgHypothesisRows<WG_DRB_VERTS>, false>(
+            wg_mainloop<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, Rows, false>(
                 acc, ring, ring_ptr, tile_rows(b, n0), plan, wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
                 wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
             // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
@@ -544,11 +637,12 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
             const long o0 = b * WG_HYP * plane_out + (long)n0 * cout + c0;   // (hypothesis 0, vertex n0, column c0)
             if (res != nullptr) {   // the tile's residuals into r_s (row i * 4 + v, 32 floats), while the MMA runs
                 wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();   // every epilogue thread is done with the previous tile's
-                for (int q = et; q < WG_DRB_TILE_ROWS * 8; q += 128) {
-                    const int r = q >> 3, chunk = q & 7, i = r / WG_DRB_VERTS, rv = r % WG_DRB_VERTS;
+                constexpr int CHUNKS = 32 * (int)sizeof(OT) / 16;   // of a residual row's 32 columns
+                for (int q = et; q < WG_DRB_TILE_ROWS * CHUNKS; q += 128) {
+                    const int r = q / CHUNKS, chunk = q % CHUNKS, i = r / WG_DRB_VERTS, rv = r % WG_DRB_VERTS;
                     const bool in = n0 + rv < N;
-                    wg_copy(rs + r * 128 + chunk * 16, in ? res + o0 + i * plane_out + (long)rv * cout + 4 * chunk : res,
-                            16, in ? 16 : 0);
+                    const OT* src = in ? res + o0 + i * plane_out + (long)rv * cout + (16 / sizeof(OT)) * chunk : res;
+                    wg_copy(rs + r * 32 * sizeof(OT) + chunk * 16, reinterpret_cast<const float*>(src), 16, in ? 16 : 0);
                 }
                 asm volatile("cp.async.commit_group;\n" ::);
             }
@@ -562,7 +656,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
                 float y1[WG_HYP];
 #pragma unroll
                 for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
-                float* dst = out + o0 + (long)v * cout + c;
+                OT* dst = out + o0 + (long)v * cout + c;
 #pragma unroll
                 for (int i = 0; i < WG_HYP; ++i) {
 #ifdef WG_MIX_SPARSE
@@ -580,8 +674,14 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
 #endif
                     float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix), bc);
                     val = fmaxf(val, 0.0f);
-                    if (res != nullptr) val = __fadd_rn(val, r_s[(i * WG_DRB_VERTS + v) * 32 + c]);
-                    dst[i * plane_out] = val;
+                    if constexpr (IO == WG_IO_F32) {
+                        if (res != nullptr) val = __fadd_rn(val, r_s[(i * WG_DRB_VERTS + v) * 32 + c]);
+                        dst[i * plane_out] = val;
+                    } else {   // residual and output in the mode's 16 bits, the sum in float32
+                        if (res != nullptr)
+                            val = __fadd_rn(val, wg_widen16<OPS>(reinterpret_cast<const OT*>(r_s)[(i * WG_DRB_VERTS + v) * 32 + c]));
+                        dst[i * plane_out] = (OT)(wg_pack<OPS>(val, 0.0f) & 0xffffu);
+                    }
                 }
             }
             if (tile + (int)gridDim.x < tiles) wg_bar_arrive<WG_STAGING_FREE, WG_DRB_THREADS>();
@@ -589,19 +689,25 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ X, long l
     }
 }
 
-#define WG_DRB_KERNEL(NAME, OPS, VEC)                                                                  \
+#define WG_DRB_KERNEL(NAME, OPS, VEC, IO)                                                              \
     extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS, 1) NAME(                                  \
         const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt,              \
         const float* a1,                                                                                  \
         const float* bias, const float* res, float* out, int N, int cout, int tiles) {                   \
-        wg_drb_layer<OPS, VEC>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles);      \
+        wg_drb_layer<OPS, VEC, IO>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles);  \
     }
 
-// Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>. A module built
-// with WG_DRB_OPS defined (hopper_gemm puts it in the prelude) holds that mode's two alone.
+// Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>, and in the
+// 16-bit modes ..._<v | s>_o16 (WG_IO_TO16) and ..._h16 (WG_IO_16: ldx % 8 == 0, X 16-byte aligned).
+// A module built with WG_DRB_OPS defined (hopper_gemm puts it in the prelude) holds that mode's alone.
 #define WG_DRB_KERNELS(PART, OPS)                                                                         \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_v, OPS, true)                                                     \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_s, OPS, false)
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_v, OPS, true, WG_IO_F32)                                          \
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_s, OPS, false, WG_IO_F32)
+#define WG_DRB_KERNELS16(PART, OPS)                                                                       \
+    WG_DRB_KERNELS(PART, OPS)                                                                             \
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_v_o16, OPS, true, WG_IO_TO16)                                     \
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_s_o16, OPS, false, WG_IO_TO16)                                    \
+    WG_DRB_KERNEL(wg_drb_layer_##PART##_h16, OPS, true, WG_IO_16)
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
 WG_DRB_KERNELS(3x, WG_3XTF32)
 #endif
@@ -609,10 +715,10 @@ WG_DRB_KERNELS(3x, WG_3XTF32)
 WG_DRB_KERNELS(1x, WG_TF32)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_F16
-WG_DRB_KERNELS(f16, WG_F16)
+WG_DRB_KERNELS16(f16, WG_F16)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_BF16
-WG_DRB_KERNELS(bf16, WG_BF16)
+WG_DRB_KERNELS16(bf16, WG_BF16)
 #endif
 
 // Prepared B's row j holds column wg_weight_column(j) of B (K x N): j itself, or with pair > 0

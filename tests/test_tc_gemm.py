@@ -279,6 +279,74 @@ def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, opera
         assert low < err < high, err
 
 
+def to16(cp, x, operands):
+    """float32 NumPy x rounded to nearest even in the mode's 16 bits, as the activations' CuPy array
+    (float16, or uint16 holding bfloat16 bits)."""
+    rounded = round16(x, operands)
+    if operands == "fp16":
+        return cp.asarray(rounded.astype(np.float16))
+    return cp.asarray((rounded.view(np.uint32) >> 16).astype(np.uint16))
+
+
+@pytest.mark.parametrize("cin,cout,n", [(192, 192, 10), (40, 64, 7), (192, 192, 101)])
+@pytest.mark.parametrize("operands", ["fp16", "bf16"])
+def test_16bit_activations_in_and_out(cp, hopper, cin, cout, n, operands):
+    """The 16-bit modes' layers with 16-bit activations: the output (out16) is the float32 kernel's
+    output rounded once to nearest even, bit for bit, when the float32 kernel gets the same residual
+    widened; X given in 16 bits (wgmma reads it from shared memory) gives exactly what the float32 X
+    of the same values gives (the float32 path rounds X to the same 16-bit values in registers).
+    Partial vertex tiles (n = 10, 7), a K tail (cin = 40), persistent blocks running several tiles."""
+    from xmesh.backends.hopper_gemm import activation_dtype, widen16
+
+    rng = np.random.default_rng(cin + n + len(operands))
+    b = 2
+    x = rng.standard_normal((b, 43, n, cin)).astype(np.float32)
+    w = cp.asarray((rng.standard_normal((cin, 2 * cout)) / np.sqrt(cin)).astype(np.float32))
+    a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
+    bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
+    weight = hopper.prepare(w, operands, paired=True)
+    res16 = to16(cp, rng.standard_normal((b, 43, n, cout)).astype(np.float32), operands)
+    x16 = to16(cp, x, operands)
+
+    out32 = hopper.drb_layer(cp.asarray(x), weight, a1, bias, widen16(cp, res16, operands)).get()
+    out16 = hopper.drb_layer(cp.asarray(x), weight, a1, bias, res16, out16=True)
+    assert out16.dtype == activation_dtype(cp, operands) and out16.shape == (b, 43, n, cout)
+    got = widen16(cp, out16, operands).get()
+    assert np.isfinite(got).all() and (got != 0).mean() > 0.4
+    np.testing.assert_array_equal(got, round16(out32, operands))
+
+    from_x16 = hopper.drb_layer(x16, weight, a1, bias, res16, out16=True)
+    assert ("wg_drb_layer_" + ("f16" if operands == "fp16" else "bf16") + "_h16", "") in hopper._kernels
+    np.testing.assert_array_equal(widen16(cp, from_x16, operands).get(), got)
+    ref = drb_reference(round16(x, operands), round16(w.get(), operands), a1.get(), bias.get(),
+                        widen16(cp, res16, operands).get())
+    unit = 2.0 ** (-11 if operands == "fp16" else -8)   # the output's own rounding
+    assert rel_error(got, ref) < 2 * unit
+
+
+def test_16bit_activations_are_checked(cp, hopper):
+    """16-bit X or output belong to the 16-bit modes, the residual must then be 16-bit too, and a
+    16-bit X needs 16-byte aligned rows: each refused with a message saying what was wrong."""
+    rng = np.random.default_rng(2)
+    b, n, cin, cout = 1, 5, 48, 32
+    x = cp.asarray(rng.standard_normal((b, 43, n, cin)).astype(np.float32))
+    w = cp.asarray((rng.standard_normal((cin, 2 * cout)) / 7).astype(np.float32))
+    a1 = cp.asarray(np.eye(43, dtype=np.float32))
+    bias = cp.zeros(cout, dtype=cp.float32)
+    tf32, fp16 = hopper.prepare(w, "tf32", paired=True), hopper.prepare(w, "fp16", paired=True)
+    with pytest.raises(ValueError, match="needs a 16-bit mode"):
+        hopper.drb_layer(x, tf32, a1, bias, out16=True)
+    with pytest.raises(ValueError, match="needs a 16-bit mode"):
+        hopper.drb_layer(x.astype(cp.float16), fp16, a1, bias)
+    with pytest.raises(ValueError, match="residual must be float16"):
+        hopper.drb_layer(x, fp16, a1, bias, cp.zeros((b, 43, n, cout), dtype=cp.float32), out16=True)
+    with pytest.raises(ValueError, match="activations are float16"):
+        hopper.drb_layer(x.astype(cp.uint16), fp16, a1, bias, out16=True)
+    padded = cp.zeros((b, 43, n, cin + 4), dtype=cp.float16)[..., :cin]   # rows of 52 elements: not 16-byte aligned
+    with pytest.raises(ValueError, match="16-byte aligned rows"):
+        hopper.drb_layer(padded, fp16, a1, bias, out16=True)
+
+
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
 def test_16bit_weights_round_to_nearest_even(cp, hopper, operands):
     """prepare(w, "fp16" / "bf16") holds w's transpose rounded to nearest, ties to even (what NumPy's

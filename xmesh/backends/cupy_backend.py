@@ -472,12 +472,27 @@ class CupyBackend(Backend):
         return self._local_gconv_cublas(layer, x, cheb1, cheb0, residual)
 
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
-        """The whole layer in one Hopper kernel, its products with the precision mode's operands."""
+        """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
+        16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
+        as the next layer's X and residual); the narrow last layer widens its input."""
         cp = self.cupy
-        weight = self._hopper_weight(layer.weight, LAYER_OPERANDS[self.precision], layer.weight, paired=True)
+        operands = LAYER_OPERANDS[self.precision]
+        weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
+        out16 = weight.passes == 0
+        if out16 and residual is not None and residual.dtype == cp.float32:
+            residual = hopper_gemm.narrow16(cp, residual, operands)
         return self.hopper.drb_layer(
             hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
-            layer.bias, residual, mixing=self._mixing_source(cheb1))
+            layer.bias, residual, mixing=self._mixing_source(cheb1), out16=out16)
+
+    def _activation_f32(self, x):
+        """float32 values of a deformation activation (16-bit ones from ``_local_gconv_hopper`` widened)."""
+        cp = self.cupy
+        if x is None or x.dtype == cp.float32:
+            return x
+        if x.dtype == cp.uint16:   # bfloat16 bits
+            return hopper_gemm.widen16(cp, x, "bf16")
+        return x.astype(cp.float32)
 
     def _local_gconv_fused(self, layer, x, cheb1, residual):
         """One tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the identity; in the
@@ -486,6 +501,7 @@ class CupyBackend(Backend):
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
+        x, residual = self._activation_f32(x), self._activation_f32(residual)
         y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
                       cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
@@ -521,6 +537,7 @@ class CupyBackend(Backend):
         cp = self.cupy
         w0, w1, bias, a1, a0 = self._local_weights(layer, cheb1, cheb0)
         dtype = w0.dtype
+        x, residual = self._activation_f32(x), self._activation_f32(residual)
         b, k, n, cin = x.shape
         cout = layer.cout
         x2 = cp.ascontiguousarray(x, dtype=dtype).reshape(b * k * n, cin)

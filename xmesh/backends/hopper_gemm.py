@@ -5,7 +5,9 @@ Calling it runs ``C = act(A B + bias)``; :meth:`HopperGemm.drb_layer` runs a who
 convolution of a deformation reasoning block (product, 43 x 43 mixing, bias, ReLU, residual). B is
 prepared once per weight by :meth:`HopperGemm.prepare`: transposed to K-major rows, split into TF32
 big and small parts (``"3xtf32"``), rounded to TF32 (``"tf32"``, one pass) or to float16 / bfloat16
-(``"fp16"``, ``"bf16"``: deformation layers only), zero-padded to whole tiles.
+(``"fp16"``, ``"bf16"``: deformation layers only), zero-padded to whole tiles. In the 16-bit modes a
+deformation layer can also store its output (and read its residual and X) in the mode's 16 bits:
+float16, or bfloat16 bits held in uint16 arrays (CuPy has no bfloat16 type); see :func:`widen16`.
 :class:`~xmesh.backends.cupy_backend.CupyBackend` sends large products and the deformation blocks
 here, and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and ``p2m_ops.cu``.
 """
@@ -60,13 +62,42 @@ def mixing_source(a1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def smem_bytes(operands: str, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES) -> int:
+def smem_bytes(operands: str, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES, a16: bool = False) -> int:
     """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment
-    slack (wg_stage_bytes: B slices take rows of 128 bytes; 16-bit modes pad A rows to 40 floats)."""
+    slack (wg_stage_bytes: B slices take rows of 128 bytes; 16-bit modes pad float32 A rows to 40
+    floats; A in 16 bits (``a16``) takes rows of 128 bytes as B)."""
     passes = OPERANDS[operands][2]
     parts = 2 if passes == 3 else 1
     a_stride = A_STRIDE if passes else A_STRIDE + 4
-    return stages * (parts * bn * 128 + rows * a_stride * 4) + 1024
+    return stages * (parts * bn * 128 + (rows * 128 if a16 else rows * a_stride * 4)) + 1024
+
+
+def activation_dtype(cupy, operands: str):
+    """The array type of a 16-bit mode's activations: float16 for "fp16", uint16 (bfloat16 bits) for "bf16"."""
+    if operands == "fp16":
+        return cupy.dtype(cupy.float16)
+    if operands == "bf16":
+        return cupy.dtype(cupy.uint16)
+    raise ValueError(f"operands={operands!r} has no 16-bit activations (only fp16 and bf16)")
+
+
+def narrow16(cupy, x, operands: str):
+    """float32 ``x`` rounded to nearest even in a 16-bit mode's activation type (finite values)."""
+    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+    if operands == "bf16":
+        u = x.view(cupy.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+    activation_dtype(cupy, operands)
+    return x.astype(cupy.float16)
+
+
+def widen16(cupy, x, operands: str):
+    """float32 values of a 16-bit mode's activations ``x`` (exact: every 16-bit value is a float32)."""
+    if x.dtype != activation_dtype(cupy, operands):
+        raise ValueError(f"expected {operands} activations ({activation_dtype(cupy, operands)}), got {x.dtype}")
+    if operands == "bf16":
+        return (x.astype(cupy.uint32) << 16).view(cupy.float32)
+    return x.astype(cupy.float32)
 
 
 @dataclass(frozen=True)
@@ -95,15 +126,18 @@ class PreparedWeight:
 
 
 def hypothesis_rows(cupy, x):
-    """x (B, 43, N, C) float32 as the deformation layer kernel reads it: unchanged when its rows (last
-    axis, unit stride) are evenly spaced ldx >= C floats apart through the whole array (e.g. the
-    local projection's rows padded to 340 floats), else a contiguous copy."""
-    if x.dtype == cupy.float32 and x.ndim == 4:
+    """x (B, 43, N, C) as the deformation layer kernel reads it: unchanged when its rows (last axis,
+    unit stride) are evenly spaced ldx >= C elements apart through the whole array (e.g. the local
+    projection's rows padded to 340 floats), else a contiguous copy. float32, or 16-bit activations
+    (float16, uint16 holding bfloat16) kept in their type; any other type becomes float32."""
+    half = x.dtype in (cupy.float16, cupy.uint16)
+    size = 2 if half else 4
+    if x.ndim == 4 and (half or x.dtype == cupy.float32):
         b, k, n, c = x.shape
         s0, s1, s2, s3 = x.strides
-        if s3 == 4 and s2 % 4 == 0 and s2 >= 4 * c and s1 == n * s2 and s0 == k * s1:
+        if s3 == size and s2 % size == 0 and s2 >= size * c and s1 == n * s2 and s0 == k * s1:
             return x
-    return cupy.ascontiguousarray(x, dtype=cupy.float32)
+    return cupy.ascontiguousarray(x, dtype=x.dtype if half else cupy.float32)
 
 
 class HopperGemm:
@@ -166,32 +200,48 @@ class HopperGemm:
             shared_mem=smem_bytes(weight.operands))
         return out
 
-    def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None, mixing: str = ""):
+    def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None, mixing: str = "", out16: bool = False):
         """relu(X W0 + A1 (X W1) + bias) (+ residual) for X (B, 43, N, cin) (rows may be padded: see
         :func:`hypothesis_rows`), ``weight`` the
         paired [W0 | W1], a1 (43, 43), bias (cout,), residual (B, 43, N, cout) or None. ``mixing``:
-        :func:`mixing_source` of the same A1 to run the kernel built for it (zeros skipped)."""
+        :func:`mixing_source` of the same A1 to run the kernel built for it (zeros skipped).
+
+        16-bit modes only: ``out16`` stores the output in the mode's 16 bits (:func:`activation_dtype`;
+        the sum is rounded once, to nearest even), and the residual must then be given in them too;
+        X may be given in them (then ``out16`` is required, and its rows must be 16-byte aligned)."""
         cp = self.cupy
         b, hyp, n, cin = x.shape
         cout = weight.n // 2
         if not weight.paired or hyp != HYPOTHESES or weight.k != cin:
             raise ValueError(f"drb_layer: X {x.shape} does not fit a paired ({weight.k}, {weight.n}) weight")
         if hypothesis_rows(cp, x) is not x:
-            raise ValueError(f"drb_layer: X must be float32 with evenly spaced rows (strides {x.strides})")
-        ldx = x.strides[2] // 4
+            raise ValueError(f"drb_layer: X must have evenly spaced rows (strides {x.strides}, {x.dtype})")
+        x16 = x.dtype != cp.float32
+        if (x16 or out16) and (weight.passes or (x16 and not out16)):
+            raise ValueError(f"drb_layer: 16-bit X ({x.dtype}) or output (out16={out16}) needs a 16-bit mode "
+                             f"(weight {weight.operands}) and a 16-bit output")
+        act = activation_dtype(cp, weight.operands) if out16 else cp.dtype(cp.float32)
+        if x16 and x.dtype != act:
+            raise ValueError(f"drb_layer: X is {x.dtype}, the {weight.operands} activations are {act}")
+        ldx = x.strides[2] // x.itemsize
         if residual is not None:   # the kernel copies its rows in 16-byte pieces
-            residual = cp.ascontiguousarray(residual, dtype=cp.float32)
+            if out16 and residual.dtype != act:
+                raise ValueError(f"drb_layer: with out16 the residual must be {act}, got {residual.dtype}")
+            residual = cp.ascontiguousarray(residual, dtype=act)
             if residual.shape != (b, hyp, n, cout) or residual.data.ptr % 16:
                 raise ValueError(f"drb_layer: residual {residual.shape} must be ({b}, {hyp}, {n}, {cout}), 16-byte aligned")
-        out = cp.empty((b, hyp, n, cout), dtype=cp.float32)
-        vec = ldx % 4 == 0 and x.data.ptr % 16 == 0
-        smem = smem_bytes(weight.operands, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES) + DRB_STAGING_BYTES
+        out = cp.empty((b, hyp, n, cout), dtype=act)
+        vec = ldx % (8 if x16 else 4) == 0 and x.data.ptr % 16 == 0
+        if x16 and not vec:
+            raise ValueError(f"drb_layer: 16-bit X needs 16-byte aligned rows (a multiple of 8 elements), got {ldx}")
+        smem = smem_bytes(weight.operands, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES, a16=x16) + DRB_STAGING_BYTES
         tiles = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
         blocks = min(tiles, self.sm_count)   # persistent blocks, one per multiprocessor
         code, part, _ = OPERANDS[weight.operands]
         if mixing:   # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
             mixing += f"#define WG_DRB_OPS {code}\n"
-        self._kernel(f"wg_drb_layer_{part}_{'v' if vec else 's'}", smem, mixing)(
+        io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
+        self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing)(
             (blocks,), (DRB_THREADS,),
             (x, np.int64(ldx), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout), np.int32(tiles)),
