@@ -388,6 +388,46 @@ extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const f
     }
 }
 
+// y (M, NW) = X (M, K) W (K, NW) for a few columns (NW <= XM_SKINNY_COLS) and X in a 16-bit mode's
+// activations (float16, or bfloat16 bits when bf16 != 0; rows ldx elements apart, 16-byte aligned,
+// ldx % 8 == 0): the narrow last layer of a deformation block in the fp16 / bf16 modes, which reads
+// the 16-bit output of the layer before it. One thread per row, float32 sums over k in order (fmaf),
+// W (float32, rows of NW) in shared memory.
+#define XM_SKINNY_COLS 8
+#define XM_SKINNY_K 512
+__device__ __forceinline__ float xm_widen16(unsigned short h, int bf16) {
+    if (bf16) return __uint_as_float((unsigned)h << 16);
+    float f;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+    return f;
+}
+extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, long long ldx, const float* __restrict__ w,
+                                         float* __restrict__ y, long long M, int K, int NW, int bf16) {
+    __shared__ float ws[XM_SKINNY_K * XM_SKINNY_COLS];
+    for (int i = threadIdx.x; i < K * NW; i += blockDim.x) ws[i] = w[i];
+    __syncthreads();
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < M; r += (long long)gridDim.x * blockDim.x) {
+        float acc[XM_SKINNY_COLS];
+#pragma unroll
+        for (int c = 0; c < XM_SKINNY_COLS; ++c) acc[c] = 0.0f;
+        const uint4* row = reinterpret_cast<const uint4*>(x + r * ldx);
+        for (int k8 = 0; k8 < K; k8 += 8) {
+            const uint4 q = row[k8 / 8];
+            const unsigned pairs[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int k = k8 + e;
+                if (k >= K) break;
+                const float v = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), bf16);
+#pragma unroll
+                for (int c = 0; c < XM_SKINNY_COLS; ++c)
+                    if (c < NW) acc[c] = fmaf(v, ws[k * NW + c], acc[c]);
+            }
+        }
+        for (int c = 0; c < NW; ++c) y[r * NW + c] = acc[c];
+    }
+}
+
 // End of a deformation reasoning block: w = softmax over the K hypotheses of score[b,:,n];
 // new[b,n,:] = centers[b,n,:] + sum_k w_k offsets[k,:]. One thread per (b, n).
 extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,

@@ -324,6 +324,34 @@ def test_16bit_activations_in_and_out(cp, hopper, cin, cout, n, operands):
     assert rel_error(got, ref) < 2 * unit
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_narrow_layer_reads_16bit_activations(cp, hopper, precision):
+    """The narrow last layer of a block (cout = 1) in a 16-bit mode takes the 16-bit output of the
+    layer before it as it is (skinny_gemm16: float32 sums, no widened copy) and computes the layer of
+    those values to float32 accuracy; the X W product equals float64's to float32 rounding."""
+    from types import SimpleNamespace
+
+    from xmesh.backends import get_backend
+    from xmesh.backends.hopper_gemm import widen16
+
+    be = get_backend("cupy", precision=precision)
+    rng = np.random.default_rng(11)
+    x16 = to16(cp, rng.standard_normal((2, 43, 37, 192)).astype(np.float32), precision)
+    xw = widen16(cp, x16, precision).get().astype(np.float64)
+    w = (rng.standard_normal((192, 2)) / 14).astype(np.float32)
+    layer = SimpleNamespace(weight=cp.asarray(w), bias=cp.asarray(np.array([0.05], np.float32)), cout=1,
+                            weight0=None, relu=True)
+    a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
+    y = be._skinny16(x16, layer.weight)
+    assert y is not None and y.shape == (2 * 43 * 37, 2)
+    exact = xw.reshape(-1, 192) @ w.astype(np.float64)
+    assert rel_error(y.get(), exact) < 1e-6
+    got = be.op_local_gconv(layer, x16, cp.asarray(a1)).get()
+    assert got.dtype == np.float32 and got.shape == (2, 43, 37, 1)
+    ref = drb_reference(xw, w, a1, layer.bias.get(), None)
+    assert rel_error(got, ref) < 1e-5
+
+
 def test_16bit_activations_are_checked(cp, hopper):
     """16-bit X or output belong to the 16-bit modes, the residual must then be 16-bit too, and a
     16-bit X needs 16-byte aligned rows: each refused with a message saying what was wrong."""

@@ -485,6 +485,25 @@ class CupyBackend(Backend):
             hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
             layer.bias, residual, mixing=self._mixing_source(cheb1), out16=out16)
 
+    def _skinny16(self, x, weight):
+        """y = X W (float32 sums) for 16-bit activations X (..., K) and a narrow float32 W (K, <= 8),
+        reading X as it is (the narrow last layer of a block in the 16-bit modes); None where that
+        kernel does not apply (float32 X, wide W, unaligned rows)."""
+        cp = self.cupy
+        k, nw = weight.shape
+        if x.dtype not in (cp.float16, cp.uint16) or nw > 8 or k > 512 or weight.dtype != cp.float32:
+            return None
+        rows = hopper_gemm.hypothesis_rows(cp, x) if x.ndim == 4 else cp.ascontiguousarray(x)
+        ldx = rows.strides[-2] // 2 if rows.ndim > 1 else k
+        if ldx % 8 or rows.data.ptr % 16 or rows.strides[-1] != 2:
+            return None
+        m = int(np.prod(rows.shape[:-1]))
+        y = cp.empty((m, nw), dtype=cp.float32)
+        self._kernel("skinny_gemm16")(_grid(m), (THREADS,),
+                                      (rows, np.int64(ldx), cp.ascontiguousarray(weight), y, np.int64(m), np.int32(k),
+                                       np.int32(nw), np.int32(x.dtype == cp.uint16)))
+        return y
+
     def _activation_f32(self, x):
         """float32 values of a deformation activation (16-bit ones from ``_local_gconv_hopper`` widened)."""
         cp = self.cupy
@@ -501,9 +520,12 @@ class CupyBackend(Backend):
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
-        x, residual = self._activation_f32(x), self._activation_f32(residual)
-        y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
-                      cache_key=layer.weight)
+        residual = self._activation_f32(residual)
+        y = self._skinny16(x, layer.weight)
+        if y is None:
+            x = self._activation_f32(x)
+            y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
+                          cache_key=layer.weight)
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
         res = np.uint64(0) if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
         columns = b * n * cout
