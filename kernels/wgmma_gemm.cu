@@ -154,7 +154,7 @@ __device__ __forceinline__ void wg_mma16_ss(float (&d)[32], unsigned long long a
         WG_MMA16_SS("f16");
 }
 
-// A 16-bit value of the mode (float16, or bfloat16 for WG_BF16) as float32, and back (nearest even).
+// A 16-bit value of the mode (float16, or bfloat16 for WG_BF16) as float32 (exact); wg_pack rounds back.
 template <int OPS>
 __device__ __forceinline__ float wg_widen16(unsigned short h) {
     if (OPS == WG_BF16) return __uint_as_float((unsigned)h << 16);
