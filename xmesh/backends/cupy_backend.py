@@ -474,7 +474,7 @@ class CupyBackend(Backend):
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
         """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
         16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
-        as the next layer's X and residual); the narrow last layer widens its input."""
+        as the next layer's X and residual); the narrow last layer reads them through ``_skinny16``."""
         cp = self.cupy
         operands = LAYER_OPERANDS[self.precision]
         weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
@@ -493,9 +493,9 @@ class CupyBackend(Backend):
         k, nw = weight.shape
         if x.dtype not in (cp.float16, cp.uint16) or nw > 8 or k > 512 or weight.dtype != cp.float32:
             return None
-        rows = hopper_gemm.hypothesis_rows(cp, x) if x.ndim == 4 else cp.ascontiguousarray(x)
-        ldx = rows.strides[-2] // 2 if rows.ndim > 1 else k
-        if ldx % 8 or rows.data.ptr % 16 or rows.strides[-1] != 2:
+        rows = hopper_gemm.hypothesis_rows(cp, x)   # unit-stride rows, evenly spaced
+        ldx = rows.strides[-2] // 2
+        if ldx % 8 or rows.data.ptr % 16:
             return None
         m = int(np.prod(rows.shape[:-1]))
         y = cp.empty((m, nw), dtype=cp.float32)
@@ -509,14 +509,12 @@ class CupyBackend(Backend):
         cp = self.cupy
         if x is None or x.dtype == cp.float32:
             return x
-        if x.dtype == cp.uint16:   # bfloat16 bits
-            return hopper_gemm.widen16(cp, x, "bf16")
-        return x.astype(cp.float32)
+        return hopper_gemm.widen16(cp, x, "bf16" if x.dtype == cp.uint16 else "fp16")
 
     def _local_gconv_fused(self, layer, x, cheb1, residual):
-        """One tensor-core GEMM y = X [W0 | W1] (``layer.weight``, fused when A_0 is the identity; in the
-        16-bit modes on compute capability 9.0 this is the float32 product of the narrow last layers),
-        then the mixing and epilogue kernel."""
+        """One product y = X [W0 | W1] (``layer.weight``, fused when A_0 is the identity): a tensor-core
+        GEMM, or for 16-bit X (the narrow last layers in the 16-bit modes on compute capability 9.0)
+        ``_skinny16``; then the mixing and epilogue kernel."""
         cp = self.cupy
         b, k, n, cin = x.shape
         cout = layer.cout
