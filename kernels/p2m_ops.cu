@@ -6,6 +6,7 @@
 #ifndef XM_NO_FP16
 #include <cuda_fp16.h>
 #endif
+#include "bits16.cuh"
 
 #define XM_MAX_VIEWS 8
 #define XM_FOCAL 248.0f
@@ -395,12 +396,6 @@ extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const f
 // W (float32, rows of NW) in shared memory.
 #define XM_SKINNY_COLS 8
 #define XM_SKINNY_K 512
-__device__ __forceinline__ float xm_widen16(unsigned short h, int bf16) {
-    if (bf16) return __uint_as_float((unsigned)h << 16);
-    float f;
-    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
-    return f;
-}
 extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, long long ldx, const float* __restrict__ w,
                                          float* __restrict__ y, long long M, int K, int NW, int bf16) {
     __shared__ float ws[XM_SKINNY_K * XM_SKINNY_COLS];

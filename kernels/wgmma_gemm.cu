@@ -29,12 +29,8 @@
 #define WG_DRB_STAGES 3
 #define WG_HYP 43        // hypotheses per vertex (the deformation reasoning block's sample graph)
 
-// Operand modes (the kernels' template parameter OPS): how A and B enter the tensor cores.
-#define WG_3XTF32 3   // big and small TF32 parts, three products: float32 accuracy
-#define WG_TF32 1     // one TF32 product
-#define WG_F16 16     // float16 operands (B prepared by wg_pack_weight16), one k16 product
-#define WG_BF16 17    // bfloat16 operands
-__host__ __device__ constexpr bool wg_half(int ops) { return ops == WG_F16 || ops == WG_BF16; }
+#include "wgmma_common.cuh"
+
 // Bytes of one element of prepared B; B parts per stage.
 __host__ __device__ constexpr int wg_b_bytes(int ops) { return wg_half(ops) ? 2 : 4; }
 __host__ __device__ constexpr int wg_b_parts(int ops) { return ops == WG_3XTF32 ? 2 : 1; }
@@ -54,131 +50,6 @@ template <int OPS>
 __device__ __forceinline__ const float* wg_b_row(const float* b, long r, long ldbt) {
     return reinterpret_cast<const float*>(reinterpret_cast<const char*>(b) + r * ldbt * wg_b_bytes(OPS));
 }
-
-__device__ __forceinline__ unsigned wg_smem(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void wg_copy(unsigned dst, const float* src, int bytes, int src_bytes) {
-    if (bytes == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-// big = x rounded to TF32 (two integer instructions), small = x - big (exact in float32).
-template <int OPS>
-__device__ __forceinline__ void wg_split(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    if (OPS == WG_3XTF32) small = __float_as_uint(x - __uint_as_float(big));
-}
-
-// Two floats rounded (to nearest even) to float16 or bfloat16 and packed: lo in the low half.
-template <int OPS>
-__device__ __forceinline__ unsigned wg_pack(float lo, float hi) {
-    unsigned d;
-    if (OPS == WG_BF16)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-    else
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
-// Matrix descriptor of a K-major B slice in shared memory with the 128-byte swizzle: start address,
-// leading byte offset (unused for this layout: 1), stride byte offset 1024 (between 8-row groups).
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-#define WG_F8(i)                                                                                       \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),       \
-        "+f"(d[i + 6]), "+f"(d[i + 7])
-
-// d (64 x BN over the warpgroup) = A (64 x 8, registers) B (8 x BN, descriptor) + (accumulate ? d : 0)
-__device__ __forceinline__ void wg_mma(float (&d)[64], const unsigned (&a)[4], unsigned long long desc,
-                                       int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-        "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-        "%59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %69, p, 1, 1;\n}\n"
-        : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40), WG_F8(48), WG_F8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
-}
-
-__device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], unsigned long long desc,
-                                       int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1;\n}\n"
-        : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
-}
-
-// The same for 16-bit operands: A (64 x 16) as 4 registers of packed pairs, B (16 x 64).
-#define WG_MMA16(TYPE)                                                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                           \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
-                 "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, " \
-                 "%37, p, 1, 1, 0;\n}\n"                                                                 \
-                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc))
-template <int OPS>
-__device__ __forceinline__ void wg_mma16(float (&d)[32], const unsigned (&a)[4], unsigned long long desc,
-                                         int accumulate) {
-    if (OPS == WG_BF16)
-        WG_MMA16("bf16");
-    else
-        WG_MMA16("f16");
-}
-
-// The same with A (64 x 16, K-major rows in B's layout) read from shared memory through a descriptor.
-#define WG_MMA16_SS(TYPE)                                                                                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %32, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                           \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
-                 "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %33, %34, p, 1, 1, 0, 0;\n}\n" \
-                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)                                                \
-                 : "r"(accumulate), "l"(adesc), "l"(bdesc))
-template <int OPS>
-__device__ __forceinline__ void wg_mma16_ss(float (&d)[32], unsigned long long adesc, unsigned long long bdesc,
-                                            int accumulate) {
-    if (OPS == WG_BF16)
-        WG_MMA16_SS("bf16");
-    else
-        WG_MMA16_SS("f16");
-}
-
-// A 16-bit value of the mode (float16, or bfloat16 for WG_BF16) as float32 (exact); wg_pack rounds back.
-template <int OPS>
-__device__ __forceinline__ float wg_widen16(unsigned short h) {
-    if (OPS == WG_BF16) return __uint_as_float((unsigned)h << 16);
-    float f;
-    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
-    return f;
-}
-
-// Named barriers (bar.sync waits, bar.arrive does not): 0 is __syncthreads'; the K loop's is among
-// the block's MMA warpgroups only (the whole block for the GEMM); a deformation layer's MMA and
-// epilogue warpgroups hand the staged tile over through two more.
-#define WG_MMA_BARRIER 1
-#define WG_STAGING_FREE 2
-#define WG_STAGING_FULL 3
-#define WG_EPILOGUE_BARRIER 4
-template <int ID, int COUNT>
-__device__ __forceinline__ void wg_bar_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory"); }
-template <int ID, int COUNT>
-__device__ __forceinline__ void wg_bar_arrive() { asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory"); }
-
-// Keep a register's value (and its liveness) pinned at this point: wgmma reads its register
-// operands and writes its accumulators asynchronously, until wgmma.wait_group.
-__device__ __forceinline__ void wg_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void wg_pin(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
 
 // Rows of A for the plain GEMM: rows m0 .. m0 + ROWS - 1 of a row-major matrix.
 struct WgMatrixRows {

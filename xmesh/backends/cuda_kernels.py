@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import re
 from pathlib import Path
 
 from ..errors import BackendUnavailableError, KernelCompileError, MissingFileError
@@ -37,15 +38,35 @@ def kernel_path(filename: str):
         return Path(__file__).resolve().parents[2] / "kernels" / filename
 
 
-def kernel_source(filename: str) -> str:
+#: ``#include "name.cuh"``: a header of our own (kernels/*.cuh), put in place by kernel_source
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#include[ \t]+"([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.MULTILINE)
+
+
+def _read_kernel_file(filename: str) -> str:
     path = kernel_path(filename)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise MissingFileError(
             f"the CUDA kernel source {path} is missing: reinstall xmesh (the package data "
-            f"xmesh/kernels/*.cu must be installed)"
+            f"xmesh/kernels/*.cu and *.cuh must be installed)"
         ) from exc
+
+
+def kernel_source(filename: str, _included: set | None = None) -> str:
+    """The text of ``kernels/filename`` with each ``#include "name.cuh"`` of a header of ours replaced
+    by that header's text (expanded the same way, each header once: NVRTC gets one self-contained
+    source and needs no include path)."""
+    included = set() if _included is None else _included
+
+    def expand(match):
+        header = match.group(1)
+        if header in included:
+            return f"// {header}: included above"
+        included.add(header)
+        return f"// ---- {header}\n{kernel_source(header, included)}\n// ---- end of {header}"
+
+    return _LOCAL_INCLUDE.sub(expand, _read_kernel_file(filename))
 
 
 @functools.lru_cache(maxsize=None)

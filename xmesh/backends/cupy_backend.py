@@ -474,13 +474,20 @@ class CupyBackend(Backend):
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
         """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
         16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
-        as the next layer's X and residual); the narrow last layer reads them through ``_skinny16``."""
+        as the next layer's X and residual); the layers that read them (192 wide) run
+        ``drb_zlayer`` (the mixing on the input side, all 192 columns per tile), and the narrow last
+        layer reads them through ``_skinny16``."""
         cp = self.cupy
         operands = LAYER_OPERANDS[self.precision]
-        weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
-        out16 = weight.passes == 0
+        out16 = hopper_gemm.OPERANDS[operands][2] == 0
         if out16 and residual is not None and residual.dtype == cp.float32:
             residual = hopper_gemm.narrow16(cp, residual, operands)
+        if out16 and x.dtype != cp.float32:   # the layers after a block's first: mixing on the input side
+            rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
+            stacked = self._hopper_weight(layer.weight, operands, layer.weight)
+            if self.hopper.zlayer_applies(rows, stacked, mixing):
+                return self.hopper.drb_zlayer(rows, stacked, layer.bias, residual, mixing)
+        weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
         return self.hopper.drb_layer(
             hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
             layer.bias, residual, mixing=self._mixing_source(cheb1), out16=out16)

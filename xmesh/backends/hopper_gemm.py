@@ -31,6 +31,11 @@ DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32,
 #: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
 #: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
 DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
+#: The 16-bit layer with the mixing on its input side (kernels/wgmma_drb16.cu): output columns (all
+#: in one tile), largest cin (W0 and W1 stay in shared memory), cin granularity, shared memory (W0 and
+#: W1 for cin 192, two X buffers and one Z buffer of 192 rows x 128 bytes, the bias, alignment slack).
+Z_SOURCE, Z_COUT, Z_KMAX, Z_KSTEP = "wgmma_drb16.cu", 192, 192, 64
+Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
 #: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
 OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -46,7 +51,9 @@ def mixing_source(a1) -> str:
     """CUDA source of ``wg_mix_sparse`` for one 43 x 43 A1 (the deformation blocks' sample support):
     wg_mix_sparse(i, y) = sum_j A1[i, j] y[j] as an fmaf chain over row i's nonzero entries in
     increasing j, with the values as immediates (a switch on i, which the kernel's unrolled loop over
-    the hypotheses resolves at compile time). Put before ``wgmma_gemm.cu`` it turns on WG_MIX_SPARSE there."""
+    the hypotheses resolves at compile time); and ``wg_mix_column``, the same sums taken a column of
+    A1 at a time (independent chains, for kernels that stream X through registers). Put before
+    ``wgmma_gemm.cu`` it turns on WG_MIX_SPARSE there; ``wgmma_drb16.cu`` needs it."""
     a1 = np.asarray(a1, dtype=np.float32)
     if a1.shape != (HYPOTHESES, HYPOTHESES):
         raise ValueError(f"A1 must be {HYPOTHESES} x {HYPOTHESES}, got {a1.shape}")
@@ -58,7 +65,17 @@ def mixing_source(a1) -> str:
         terms = "".join(f" m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
                         for j in np.flatnonzero(a1[i]))
         lines.append(f"    case {i}:{terms} break;")
-    lines += ["    }", "    return m;", "}"]
+    lines += ["    }", "    return m;", "}",
+              "// wg_mix_column(j, x, m): m[i] = fmaf(A1[i, j], x, m[i]) for row i of every nonzero of column j.",
+              "// Run for j = 0..42 from m = 0, each row's sum takes its terms in the order wg_mix_sparse does",
+              "// (so the same result, bit for bit), with the 43 rows' chains independent of each other.",
+              f"__device__ __forceinline__ void wg_mix_column(int j, float x, float (&m)[{HYPOTHESES}]) {{",
+              "    switch (j) {"]
+    for j in range(HYPOTHESES):
+        terms = "".join(f" m[{i}] = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), x, m[{i}]);"
+                        for i in np.flatnonzero(a1[:, j]))
+        lines.append(f"    case {j}:{terms} break;")
+    lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -148,12 +165,12 @@ class HopperGemm:
         self._split = get_arch_function(SOURCE, "wg_split_weight", ARCH, ("-std=c++17",))
         self._pack16 = get_arch_function(SOURCE, "wg_pack_weight16", ARCH, ("-std=c++17",))
 
-    def _kernel(self, name: str, smem: int, prelude: str = ""):
+    def _kernel(self, name: str, smem: int, prelude: str = "", source: str = SOURCE):
         kernel = self._kernels.get((name, prelude))
         if kernel is None:
             from cupy_backends.cuda.api import driver
 
-            kernel = get_arch_function(SOURCE, name, ARCH, ("-std=c++17",), prelude)
+            kernel = get_arch_function(source, name, ARCH, ("-std=c++17",), prelude)
             # > 48 KB of dynamic shared memory needs the opt-in
             driver.funcSetAttribute(kernel.ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
             self._kernels[(name, prelude)] = kernel
@@ -246,4 +263,51 @@ class HopperGemm:
             (x, np.int64(ldx), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout), np.int32(tiles)),
             shared_mem=smem)
+        return out
+
+    @staticmethod
+    def zlayer_applies(x, weight: PreparedWeight, mixing: str) -> bool:
+        """Whether :meth:`drb_zlayer` runs this layer: 16-bit X with 16-byte aligned rows (see
+        :func:`hypothesis_rows`), an unpaired 16-bit [W0 | W1] of cin <= 192 (a multiple of 64) rows and
+        2 x 192 columns, and the A1 built into ``mixing``."""
+        half = x.dtype.itemsize == 2
+        cin = x.shape[-1]
+        return (bool(mixing) and half and weight.passes == 0 and not weight.paired and x.ndim == 4
+                and weight.n == 2 * Z_COUT and weight.k == cin and cin % Z_KSTEP == 0 and cin <= Z_KMAX
+                and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
+
+    def drb_zlayer(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
+        """The 16-bit modes' deformation layer with X and the output in 16 bits and the mixing on the
+        input side: relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X rounded to the mode's 16 bits
+        (kernels/wgmma_drb16.cu). X (B, 43, N, cin) in :func:`activation_dtype`, ``weight`` the
+        *unpaired* 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43, N, 192) in
+        the same type or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192)."""
+        cp = self.cupy
+        if not self.zlayer_applies(x, weight, mixing):
+            raise ValueError(f"drb_zlayer: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
+                             f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
+                             f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
+                             f"elements apart, cin a multiple of {Z_KSTEP} up to {Z_KMAX}, an unpaired 16-bit "
+                             f"(cin, {2 * Z_COUT}) weight and mixing_source(A1)")
+        act = activation_dtype(cp, weight.operands)
+        if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
+            raise ValueError(f"drb_zlayer: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
+                             f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}")
+        b, _, n, cin = x.shape
+        if residual is not None:
+            if residual.dtype != act or residual.shape != (b, HYPOTHESES, n, Z_COUT):
+                raise ValueError(f"drb_zlayer: residual must be ({b}, {HYPOTHESES}, {n}, {Z_COUT}) {act}, "
+                                 f"got {residual.shape} {residual.dtype}")
+            residual = cp.ascontiguousarray(residual)
+        bias = cp.ascontiguousarray(bias, dtype=cp.float32)
+        if bias.shape != (Z_COUT,):
+            raise ValueError(f"drb_zlayer: bias must be ({Z_COUT},), got {bias.shape}")
+        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
+        tiles = b * -(-n // DRB_VERTS)
+        part = OPERANDS[weight.operands][1]
+        self._kernel(f"wg_drb_zlayer_{part}", Z_SMEM, mixing, Z_SOURCE)(
+            (min(tiles, self.sm_count),), (DRB_THREADS,),
+            (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
+             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
+            shared_mem=Z_SMEM)
         return out

@@ -1,0 +1,50 @@
+"""The CUDA sources as NVRTC gets them (xmesh/backends/cuda_kernels.kernel_source): our own headers
+(kernels/*.cuh) put in place of their #include lines, each once. Runs without a GPU."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from xmesh.backends import cuda_kernels
+from xmesh.backends.cuda_kernels import kernel_path, kernel_source
+from xmesh.errors import MissingFileError
+
+INCLUDE = re.compile(r'^\s*#include\s+"', re.MULTILINE)
+
+
+def definitions(source: str, name: str) -> int:
+    return len(re.findall(rf"__device__ __forceinline__ [\w ]+ {name}\(", source))
+
+
+@pytest.mark.parametrize("filename,headers", [
+    ("wgmma_gemm.cu", ["wgmma_common.cuh", "bits16.cuh"]),
+    ("wgmma_drb16.cu", ["wgmma_common.cuh", "bits16.cuh"]),
+    ("p2m_ops.cu", ["bits16.cuh"]),
+])
+def test_headers_are_put_in_place_once(filename, headers):
+    source = kernel_source(filename)
+    assert not INCLUDE.search(source), "an #include of ours was left for NVRTC to resolve"
+    for header in headers:
+        assert kernel_path(header).is_file()
+        assert source.count(f"// ---- {header}\n") == 1
+    assert definitions(source, "xm_widen16") == 1     # the 16-bit widening exists once, in bits16.cuh
+    if filename != "p2m_ops.cu":
+        assert definitions(source, "wg_pack") == 1 and definitions(source, "wg_desc") == 1
+
+
+def test_a_header_included_twice_is_expanded_once(tmp_path, monkeypatch):
+    (tmp_path / "a.cuh").write_text('#include "b.cuh"\nint a;\n')
+    (tmp_path / "b.cuh").write_text("int b;\n")
+    (tmp_path / "main.cu").write_text('#include "a.cuh"\n#include "b.cuh"\n#include <cuda_fp16.h>\nint m;\n')
+    monkeypatch.setattr(cuda_kernels, "kernel_path", lambda name: tmp_path / name)
+    source = kernel_source("main.cu")
+    assert source.count("int b;") == 1 and source.index("int b;") < source.index("int a;") < source.index("int m;")
+    assert "#include <cuda_fp16.h>" in source   # system headers stay for NVRTC
+
+
+def test_a_missing_header_names_the_file(tmp_path, monkeypatch):
+    (tmp_path / "main.cu").write_text('#include "gone.cuh"\n')
+    monkeypatch.setattr(cuda_kernels, "kernel_path", lambda name: tmp_path / name)
+    with pytest.raises(MissingFileError, match="gone.cuh"):
+        kernel_source("main.cu")
