@@ -70,8 +70,15 @@ __device__ __forceinline__ void xm_pick_map(int c, const float* m0, const float*
 // Pool channel c of point pt over the V views (max, mean, std = sqrt(var + 1e-6)) and write it to the
 // point's output row [coords(3), max(CT), mean(CT), std(CT)] (rows ldo floats apart); the first 3 channels' threads also
 // copy the point p.
-__device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* __restrict__ out, long long ldo,
-                                              long long pt, int CT, int c, const float* __restrict__ p) {
+// An output element: float32 as it is, or (unsigned short: the 16-bit modes' activations; bf16 says
+// which type) rounded to nearest even.
+__device__ __forceinline__ void xm_put(float* o, float v, int) { *o = v; }
+__device__ __forceinline__ void xm_put(unsigned short* o, float v, int bf16) { *o = xm_round16(v, bf16); }
+
+template <class OT = float>
+__device__ __forceinline__ void xm_pool_store(const float* vals, int V, OT* __restrict__ out, long long ldo,
+                                              long long pt, int CT, int c, const float* __restrict__ p,
+                                              int bf16 = 0) {
     float mx = vals[0];
     float sum = vals[0];
 #pragma unroll
@@ -91,11 +98,11 @@ __device__ __forceinline__ void xm_pool_store(const float* vals, int V, float* _
             ss = __fadd_rn(ss, __fmul_rn(d, d));
         }
     }
-    float* o = out + pt * ldo;
-    o[3 + c] = mx;
-    o[3 + CT + c] = mean;
-    o[3 + 2 * CT + c] = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f));
-    if (c < 3) o[c] = p[c];
+    OT* o = out + pt * ldo;
+    xm_put(o + 3 + c, mx, bf16);
+    xm_put(o + 3 + CT + c, mean, bf16);
+    xm_put(o + 3 + 2 * CT + c, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f)), bf16);
+    if (c < 3) xm_put(o + c, p[c], bf16);
 }
 
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
@@ -196,11 +203,12 @@ __device__ __forceinline__ void xm_gather(const float* p, float (&q)[W]) {
 // (the backend pads them to a multiple of 4 floats, so the deformation layer copies 16 bytes at a time).
 // W = 4 needs every map's channel count a multiple of 4 and the maps 16-byte aligned: one projection
 // per four channels and 16-byte gathers, bit-identical to W = 1.
-template <int W>
+template <int W, class OT = float>
 __device__ __forceinline__ void xm_local_projection(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
-    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* __restrict__ out, long long ldo) {
+    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, OT* __restrict__ out, long long ldo,
+    int bf16 = 0) {
     const int CT = c0 + c1 + c2;
     int cw, b;
     long long pt;
@@ -232,7 +240,7 @@ __device__ __forceinline__ void xm_local_projection(
         }
     }
 #pragma unroll
-    for (int j = 0; j < W; ++j) xm_pool_store(vals[j], V, out, ldo, pt, CT, c + j, p);
+    for (int j = 0; j < W; ++j) xm_pool_store<OT>(vals[j], V, out, ldo, pt, CT, c + j, p, bf16);
 }
 
 extern "C" __global__ void local_projection(const float* points, const float* tf, const float* m0, const float* m1,
@@ -245,6 +253,15 @@ extern "C" __global__ void local_projection_x4(const float* points, const float*
                                                const float* m2, int s0, int s1, int s2, int c0, int c1, int c2,
                                                int B, int N, int V, float* out, long long ldo) {
     xm_local_projection<4>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
+}
+
+// The same, out in the 16-bit modes' activation type (float16, or bfloat16 bits when bf16 != 0), each
+// value rounded once to nearest even: what the deformation layer's 16-bit operands round it to.
+extern "C" __global__ void local_projection_x4_o16(const float* points, const float* tf, const float* m0,
+                                                   const float* m1, const float* m2, int s0, int s1, int s2, int c0,
+                                                   int c1, int c2, int B, int N, int V, unsigned short* out,
+                                                   long long ldo, int bf16) {
+    xm_local_projection<4, unsigned short>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16);
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.

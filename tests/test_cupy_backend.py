@@ -110,6 +110,33 @@ def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed, channels
     np.testing.assert_allclose(out, host, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_local_projection_in_16bit_modes_is_the_rounded_float32_one(cp, gb, precision):
+    """On an H100/H200 the 16-bit modes' local projection writes its features in the mode's 16 bits
+    (rows padded to 344 elements, 16-byte aligned): bit for bit the float32 kernel's values rounded
+    once to nearest even, which is what the block's first layer rounds its X to anyway."""
+    from test_tc_gemm import round16
+
+    from xmesh.backends import get_backend
+    from xmesh.backends.hopper_gemm import activation_dtype, widen16
+    from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
+
+    if gb.hopper is None:
+        pytest.skip("16-bit activations need the Hopper kernels (compute capability 9.0)")
+    be = get_backend("cupy", precision=precision)
+    rng = np.random.default_rng(40)
+    batch, n = 2, 3001
+    cams = random_cameras(rng, batch)
+    pts = random_points(rng, batch, n)
+    maps = [cp.asarray(rng.standard_normal((batch * 3, s, s, c)).astype(np.float32))
+            for s, c in zip((224, 112, 56), (16, 32, 64))]
+    want = gb.to_numpy(local_projection(gb, cp.asarray(pts), pad_maps(gb, maps), DeviceTransforms.from_cameras(gb, cams)))
+    got = local_projection(be, cp.asarray(pts), pad_maps(be, maps), DeviceTransforms.from_cameras(be, cams))
+    assert got.dtype == activation_dtype(cp, precision) and got.shape == (batch, n, 339)
+    assert got.strides[1] == 344 * 2 and got.data.ptr % 16 == 0
+    np.testing.assert_array_equal(widen16(cp, cp.ascontiguousarray(got), precision).get(), round16(want, precision))
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("cout", [192, 1])
 def test_local_gconv_equals_reference(cp, gb, ref_gb, residual, cout):
@@ -384,6 +411,38 @@ def test_16bit_modes_replay_as_cuda_graphs_on_hopper(cp, hopper, scenes, precisi
     assert 1 in graphed._captured
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+def test_products_outside_the_deformation_layers_follow_the_mode(cp, precision):
+    """The CNN's and graph convolutions' products (CupyBackend.gemm, conv2d_same) are float32-accurate
+    (3xTF32) in fp32 mode and one TF32 pass in every speed mode: error above float32's, within TF32's."""
+    from xmesh.backends.cupy_backend import CupyBackend
+
+    if precision == "bf16" and not _hopper_available(cp):
+        pytest.skip("bf16 needs compute capability 9.0")
+    be = CupyBackend(precision=precision)
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((3000, 288)).astype(np.float32)
+    b = (rng.standard_normal((288, 64)) / 17).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    err = np.linalg.norm(be.gemm(cp.asarray(a), cp.asarray(b)).get() - exact) / np.linalg.norm(exact)
+    x = rng.standard_normal((2, 30, 30, 16)).astype(np.float32)
+    w = (rng.standard_normal((3, 3, 16, 32)) / 12).astype(np.float32)
+    conv = be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.zeros(32, dtype=cp.float32), 1, relu=False).get()
+    padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    conv_exact = sum(padded[:, i:i + 30, j:j + 30] @ w[i, j].astype(np.float64) for i in range(3) for j in range(3))
+    conv_err = np.linalg.norm(conv - conv_exact) / np.linalg.norm(conv_exact)
+    if precision == "fp32":
+        assert err < 1e-6 and conv_err < 1e-6, (err, conv_err)
+    else:
+        assert 3e-5 < err < 3e-3 and 3e-5 < conv_err < 3e-3, (err, conv_err)
+
+
+def _hopper_available(cp) -> bool:
+    from xmesh.backends import hopper_gemm
+
+    return hopper_gemm.supported(cp.cuda.Device())
 
 
 @pytest.mark.parametrize("precision,rtol", [("tf32", 0.2), ("fp16", 0.2), ("bf16", 0.2)])

@@ -135,7 +135,9 @@ class CupyBackend(Backend):
         self._gemm_kernels: dict = {}
         self._mixing: dict = {}
         self._prepared: dict = {}
-        self.gemm_passes = 1 if precision == "tf32" else 3
+        # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
+        # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
+        self.gemm_passes = 3 if precision == "fp32" else 1
         self._options = ("-std=c++17",)
         with self.device:
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
@@ -365,8 +367,11 @@ class CupyBackend(Backend):
         return out
 
     # ------------------------------------------------------------------ fast paths
-    def _projection(self, kernel: str, points, maps, tf, count: int, padded: int, *extra):
-        """Launch a projection kernel: one thread per (sample, point, channel of the maps' concatenation)."""
+    def _projection(self, kernel: str, points, maps, tf, count: int, padded: int, *extra, out16: str = ""):
+        """Launch a projection kernel: one thread per (sample, point, channel of the maps' concatenation).
+        ``out16`` ("fp16" / "bf16", local projection only): the output in that mode's 16-bit activation
+        type (hopper_gemm.activation_dtype), rows padded to a multiple of 8 elements, where the
+        4-channel kernel applies (float32 otherwise)."""
         cp = self.cupy
         if len(maps) != count:
             raise InputError(f"the {kernel} kernel takes {count} maps, got {len(maps)}")
@@ -382,21 +387,29 @@ class CupyBackend(Backend):
         # stage 2: rows padded to a multiple of 4 floats (a view of the first `width` is returned), so the
         # deformation layer that reads them can copy 16 bytes at a time
         row = -(-width // 4) * 4 if kernel == "local_projection" else width
-        out = cp.empty((batch, n, row), dtype=cp.float32)
+        dtype = cp.float32
         total = batch * n * ct
         if kernel == "local_projection" and all(c % 4 == 0 for c in chans) and all(m.data.ptr % 16 == 0 for m in maps):
             kernel, total = "local_projection_x4", total // 4   # four channels per thread, 16-byte gathers
-        self._kernel(kernel)(
-            ((total + THREADS - 1) // THREADS,), (THREADS,),
-            (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra, out,
-             np.int64(row)))
+            if out16:   # 16-bit rows of a multiple of 8 elements: 16-byte aligned for the layer's copies
+                kernel, dtype, row = "local_projection_x4_o16", hopper_gemm.activation_dtype(cp, out16), -(-width // 8) * 8
+        out = cp.empty((batch, n, row), dtype=dtype)
+        args = (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra,
+                out, np.int64(row))
+        if dtype != cp.float32:
+            args += (np.int32(out16 == "bf16"),)
+        self._kernel(kernel)(((total + THREADS - 1) // THREADS,), (THREADS,), args)
         return out if row == width else out[..., :width]
 
     def op_graph_projection(self, coords, maps, tf, view_quirk=True):
         return self._projection("graph_projection", coords, maps, tf, 4, 0, np.int32(bool(view_quirk)))
 
     def op_local_projection(self, points, maps, tf):
-        return self._projection("local_projection", points, maps, tf, 3, 1)
+        """The stage-2 projection; in the 16-bit modes on an H100/H200 its output is already in the
+        mode's 16 bits (the values the block's first layer rounds its X to, so the same layer)."""
+        operands = LAYER_OPERANDS[self.precision]
+        out16 = operands if self.hopper is not None and hopper_gemm.OPERANDS[operands][2] == 0 else ""
+        return self._projection("local_projection", points, maps, tf, 3, 1, out16=out16)
 
     def op_graph_conv(self, layer, x, supports):
         """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel."""
