@@ -127,6 +127,13 @@ template <int ID, int COUNT>
 __device__ __forceinline__ void wg_bar_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory"); }
 template <int ID, int COUNT>
 __device__ __forceinline__ void wg_bar_arrive() { asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory"); }
+// The same with the barrier chosen at run time (a ring slot's barrier).
+__device__ __forceinline__ void wg_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // Keep a register's value (and its liveness) pinned at this point: wgmma reads its register
 // operands and writes its accumulators asynchronously, until wgmma.wait_group.

@@ -59,12 +59,6 @@
 #define ZL_X_FREE 5                       // + slot of X (4)
 #define ZL_PRODUCER 9
 
-__device__ __forceinline__ void zl_bar_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void zl_bar_arrive(int id, int count) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 
 // d (64 x 192 over the warpgroup) += A (64 x 16) B (16 x 192), both from shared memory (descriptors).
 #define ZL_MMA(TYPE)                                                                                     \
@@ -174,8 +168,8 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
         for (int q = 0; q < total; ++q) {
             asm volatile("cp.async.wait_group %0;\n" ::"n"(ZL_X_SLOTS - 2));   // slice q is in
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            zl_bar_sync(ZL_PRODUCER, 128);
-            if (q >= ZL_Z_SLOTS) zl_bar_sync(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
+            wg_bar_sync(ZL_PRODUCER, 128);
+            if (q >= ZL_Z_SLOTS) wg_bar_sync(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
             const int tile = (int)blockIdx.x + (q / nslices) * (int)gridDim.x;
             const int n0 = (tile % ((N + ZL_VERTS - 1) / ZL_VERTS)) * ZL_VERTS;
             if (n0 + v < N) {
@@ -198,9 +192,9 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                         (unsigned short)(wg_pack<OPS>(m[i], 0.0f) & 0xffffu);
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            zl_bar_arrive(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
+            wg_bar_arrive(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
             // slice q + 3 goes into the slot of slice q - 1: the MMAs must be done with it
-            if (q >= 1 && q + ZL_X_SLOTS - 1 < total) zl_bar_sync(ZL_X_FREE + (q - 1) % ZL_X_SLOTS, ZL_THREADS);
+            if (q >= 1 && q + ZL_X_SLOTS - 1 < total) wg_bar_sync(ZL_X_FREE + (q - 1) % ZL_X_SLOTS, ZL_THREADS);
             issue(q + ZL_X_SLOTS - 1);
         }
         asm volatile("cp.async.wait_all;\n" ::);
@@ -214,7 +208,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
 #pragma unroll
             for (int i = 0; i < 96; ++i) acc[i] = 0.0f;
             for (int ks = 0; ks < nslices; ++ks, ++q) {
-                zl_bar_sync(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
+                wg_bar_sync(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                 const unsigned a_rows = wg * 64 * 128 + 64 * (q % 2);   // this warpgroup's rows, the slice's half
                 const unsigned w0 = b_smem + (ks / 2) * ZL_BUF_BYTES + 64 * (ks % 2);
@@ -224,13 +218,13 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                     zl_mma<OPS>(acc, wg_desc(z_smem + a_rows + 32 * kk), wg_desc(w1 + 32 * kk), ks > 0 || kk > 0);
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's X products are done
-                if (q >= 1 && q - 1 + ZL_X_SLOTS < total) zl_bar_arrive(ZL_X_FREE + (q - 1) % ZL_X_SLOTS, ZL_THREADS);
+                if (q >= 1 && q - 1 + ZL_X_SLOTS < total) wg_bar_arrive(ZL_X_FREE + (q - 1) % ZL_X_SLOTS, ZL_THREADS);
                 const unsigned xs = x_smem + ((q % ZL_X_SLOTS) / 2) * ZL_BUF_BYTES + a_rows;
 #pragma unroll
                 for (int kk = 0; kk < 2; ++kk) zl_mma<OPS>(acc, wg_desc(xs + 32 * kk), wg_desc(w0 + 32 * kk), 1);
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q's Z products are done
-                if (q + ZL_Z_SLOTS < total) zl_bar_arrive(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
+                if (q + ZL_Z_SLOTS < total) wg_bar_arrive(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll

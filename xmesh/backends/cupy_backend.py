@@ -23,7 +23,7 @@ CUDA Graph (CuPy refuses cuBLAS under stream capture).
 Precision: ``fp32`` (default: every product as "3xTF32", operands split into two TF32 parts and
 three tensor-core products accumulated in float32, which keeps float32 accuracy), ``tf32`` (one
 TF32 product: ~1e-3 relative error), ``fp16`` and ``bf16`` (the deformation layers' products with
-float16 / bfloat16 operands and float32 accumulation, the CNN, stage 1 and the rest as in ``fp32``).
+float16 / bfloat16 operands and float32 accumulation, the CNN, stage 1 and the rest as in ``tf32``).
 On compute capability 9.0 the 16-bit modes run in the Hopper layer kernel and can be captured; on
 other GPUs ``fp16`` runs those products through cuBLAS (no capture) and ``bf16`` is refused (CuPy
 has no bfloat16 arrays). The camera arithmetic is always exact float32.
@@ -495,15 +495,14 @@ class CupyBackend(Backend):
         out16 = hopper_gemm.OPERANDS[operands][2] == 0
         if out16 and residual is not None and residual.dtype == cp.float32:
             residual = hopper_gemm.narrow16(cp, residual, operands)
-        if out16 and x.dtype != cp.float32:   # the layers after a block's first: mixing on the input side
-            rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
+        rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
+        if out16 and x.dtype != cp.float32:   # 16-bit X (a 192-wide layer's output): mixing on the input side
             stacked = self._hopper_weight(layer.weight, operands, layer.weight)
             if self.hopper.zlayer_applies(rows, stacked, mixing):
                 return self.hopper.drb_zlayer(rows, stacked, layer.bias, residual, mixing)
         weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
-        return self.hopper.drb_layer(
-            hopper_gemm.hypothesis_rows(cp, x), weight, cp.ascontiguousarray(cheb1, dtype=cp.float32),
-            layer.bias, residual, mixing=self._mixing_source(cheb1), out16=out16)
+        return self.hopper.drb_layer(rows, weight, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias,
+                                     residual, mixing=mixing, out16=out16)
 
     def _skinny16(self, x, weight):
         """y = X W (float32 sums) for 16-bit activations X (..., K) and a narrow float32 W (K, <= 8),
