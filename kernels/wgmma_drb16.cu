@@ -41,13 +41,8 @@
 #define ZL_Z_SLOTS 2
 #define ZL_THREADS 512
 #define ZL_MMA_THREADS 384
-#ifndef ZL_MMA_REGS
 #define ZL_MMA_REGS 136                   // registers per thread after setmaxnreg: 3 * 136 + 96 <= 4 * 128
 #define ZL_PRODUCER_REGS 96
-#endif
-#ifndef ZL_RES_BATCH
-#define ZL_RES_BATCH 24                   // residual loads in flight per thread in the epilogue
-#endif
 #define ZL_BUF_BYTES (ZL_ROWS * 128)      // one 192-row buffer of 128-byte rows
 #define ZL_B_BYTES (2 * (ZL_KMAX / 64) * ZL_BUF_BYTES)
 #define ZL_SMEM_BYTES (ZL_B_BYTES + (ZL_X_SLOTS / 2) * ZL_BUF_BYTES + (ZL_Z_SLOTS / 2) * ZL_BUF_BYTES + ZL_COUT * 4 + 1024)
@@ -85,6 +80,13 @@ __device__ __forceinline__ void zl_mma(float (&d)[96], unsigned long long adesc,
 // Bring bytes [p, p + bytes) into L2 (a bulk prefetch: p 16-byte aligned, bytes a multiple of 16).
 __device__ __forceinline__ void zl_prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// Tile -> sample b, first vertex n0 (tiles run over the samples' groups of ZL_VERTS vertices).
+__device__ __forceinline__ void zl_origin(int tile, int N, long& b, int& n0) {
+    const int vert_tiles = (N + ZL_VERTS - 1) / ZL_VERTS;
+    b = tile / vert_tiles;
+    n0 = (tile % vert_tiles) * ZL_VERTS;
 }
 
 // Byte offset of 16-bit element k (0..63) of row r in a buffer of 128-byte swizzled rows.
@@ -133,9 +135,9 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                 const int t = q / nslices, ks = q % nslices;
                 if (t != copy_tile) {
                     copy_tile = t;
-                    const int tile = (int)blockIdx.x + t * (int)gridDim.x;
-                    const long b = tile / ((N + ZL_VERTS - 1) / ZL_VERTS);
-                    const int n0 = (tile % ((N + ZL_VERTS - 1) / ZL_VERTS)) * ZL_VERTS;
+                    long b;
+                    int n0;
+                    zl_origin((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
                     copy_base = b * ZL_HYP * plane + (long)n0 * ldx;
                     // the tile's X (for its later slices) and residual (for the epilogue) into L2:
                     // hypothesis i's rows of the tile's vertices are contiguous
@@ -170,8 +172,9 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             wg_bar_sync(ZL_PRODUCER, 128);
             if (q >= ZL_Z_SLOTS) wg_bar_sync(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
-            const int tile = (int)blockIdx.x + (q / nslices) * (int)gridDim.x;
-            const int n0 = (tile % ((N + ZL_VERTS - 1) / ZL_VERTS)) * ZL_VERTS;
+            long b;
+            int n0;
+            zl_origin((int)blockIdx.x + (q / nslices) * (int)gridDim.x, N, b, n0);
             if (n0 + v < N) {
                 // row 4 i + v, column k: X's slot and Z's slot hold slice q in the same half. Rows of even
                 // and odd i differ in their swizzle ((4 i + v) % 8 = v + 4 (i % 2)), so two offsets do.
@@ -201,7 +204,6 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
     } else {   // ---- MMA warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ZL_MMA_REGS));
         const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
-        const int vert_tiles = (N + ZL_VERTS - 1) / ZL_VERTS;
         int q = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             float acc[96];
@@ -230,33 +232,30 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
 #pragma unroll
             for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
             // epilogue: rows g and g + 8 of this warp's 16, columns 8 j + 2 t, + 1
-            const long b = tile / vert_tiles;
-            const int n0 = (tile % vert_tiles) * ZL_VERTS;
+            long b;
+            int n0;
+            zl_origin(tile, N, b, n0);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
                 if (i >= ZL_HYP || n0 + v >= N) continue;
                 const long o = (b * ZL_HYP + i) * plane_out + (long)(n0 + v) * ZL_COUT + 2 * t;
                 unsigned* orow = reinterpret_cast<unsigned*>(out + o);
+                unsigned rp[24];   // the row's residual pairs, loaded together (L2 holds them: prefetched)
+                if (res != nullptr) {
 #pragma unroll
-                for (int j0 = 0; j0 < 24; j0 += ZL_RES_BATCH) {
-                    unsigned rp[ZL_RES_BATCH];   // residual pairs, loaded together (L2 holds them: prefetched)
+                    for (int j = 0; j < 24; ++j) rp[j] = __ldg(reinterpret_cast<const unsigned*>(res + o) + 4 * j);
+                }
+#pragma unroll
+                for (int j = 0; j < 24; ++j) {
+                    const float2 bj = *reinterpret_cast<const float2*>(bias_s + 8 * j + 2 * t);
+                    float v0 = fmaxf(__fadd_rn(acc[4 * j + 2 * h], bj.x), 0.0f);
+                    float v1 = fmaxf(__fadd_rn(acc[4 * j + 2 * h + 1], bj.y), 0.0f);
                     if (res != nullptr) {
-#pragma unroll
-                        for (int j = 0; j < ZL_RES_BATCH; ++j)
-                            rp[j] = __ldg(reinterpret_cast<const unsigned*>(res + o) + 4 * (j0 + j));
+                        v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rp[j] & 0xffffu)));
+                        v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rp[j] >> 16)));
                     }
-#pragma unroll
-                    for (int j = j0; j < j0 + ZL_RES_BATCH; ++j) {
-                        const float2 bj = *reinterpret_cast<const float2*>(bias_s + 8 * j + 2 * t);
-                        float v0 = fmaxf(__fadd_rn(acc[4 * j + 2 * h], bj.x), 0.0f);
-                        float v1 = fmaxf(__fadd_rn(acc[4 * j + 2 * h + 1], bj.y), 0.0f);
-                        if (res != nullptr) {
-                            v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rp[j - j0] & 0xffffu)));
-                            v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rp[j - j0] >> 16)));
-                        }
-                        orow[4 * j] = wg_pack<OPS>(v0, v1);
-                    }
+                    orow[4 * j] = wg_pack<OPS>(v0, v1);
                 }
             }
         }
