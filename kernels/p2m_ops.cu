@@ -146,14 +146,14 @@ extern "C" __global__ void graph_projection(
 }
 
 // The original's bilinear rule at view v of point (p0, p1, p2) on a zero-padded (s+1)^2 map: the
-// offsets (in map pixels, times C for the channel) of the four corners q11, q21, q12, q22 and their
-// weights. x1 = floor, x2 = ceil, so a point on a pixel row has zero weight on both (the quirk).
+// pixel indices within that one map (ix * (s+1) + iy) of the four corners q11, q21, q12, q22 and
+// their weights. x1 = floor, x2 = ceil, so a point on a pixel row has zero weight on both (the quirk).
 struct XmBilinear {
-    long long o11, o21, o12, o22;
+    int i11, i21, i12, i22;
     float w11, w21, w12, w22;
 };
 
-__device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, int V, int v, int b, int s,
+__device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, int V, int v, int s,
                                                   float p0, float p1, float p2) {
     const int sp = s + 1;
     const float rf = (float)(224.0 / (double)s);
@@ -165,13 +165,12 @@ __device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, i
     const float y1 = floorf(y), y2 = ceilf(y);
     const float wx1 = __fsub_rn(x2, x), wx2 = __fsub_rn(x, x1);
     const float wy1 = __fsub_rn(y2, y), wy2 = __fsub_rn(y, y1);
-    const long long base = (long long)(b * V + v) * sp * sp;
     const int ix1 = (int)x1, ix2 = (int)x2, iy1 = (int)y1, iy2 = (int)y2;
     XmBilinear r;
-    r.o11 = base + (long long)ix1 * sp + iy1;
-    r.o21 = base + (long long)ix2 * sp + iy1;
-    r.o12 = base + (long long)ix1 * sp + iy2;
-    r.o22 = base + (long long)ix2 * sp + iy2;
+    r.i11 = ix1 * sp + iy1;
+    r.i21 = ix2 * sp + iy1;
+    r.i12 = ix1 * sp + iy2;
+    r.i22 = ix2 * sp + iy2;
     r.w11 = __fmul_rn(wx1, wy1);
     r.w21 = __fmul_rn(wx2, wy1);
     r.w12 = __fmul_rn(wx1, wy2);
@@ -179,89 +178,146 @@ __device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, i
     return r;
 }
 
-__device__ __forceinline__ float xm_lerp(const XmBilinear& r, float q11, float q21, float q12, float q22) {
-    float f = __fmul_rn(q11, r.w11);
-    f = __fadd_rn(f, __fmul_rn(q21, r.w21));
-    f = __fadd_rn(f, __fmul_rn(q12, r.w12));
-    return __fadd_rn(f, __fmul_rn(q22, r.w22));
-}
-
-// W consecutive floats at p (W = 4: one 16-byte load).
+// W consecutive channels (from channel 0 at map pixel `pixel`, pixels C floats apart) of the four
+// corners, interpolated: W = 4 is one 16-byte load per corner.
 template <int W>
-__device__ __forceinline__ void xm_gather(const float* p, float (&q)[W]) {
-    if constexpr (W == 4) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-        q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
-    } else {
+__device__ __forceinline__ void xm_lerp_taps(const float* __restrict__ m, long long pixel0, int C,
+                                             const XmBilinear& r, float (&f)[W]) {
+    const float* q[4] = {m + (pixel0 + r.i11) * C, m + (pixel0 + r.i21) * C,
+                         m + (pixel0 + r.i12) * C, m + (pixel0 + r.i22) * C};
+    float v[4][W];
 #pragma unroll
-        for (int j = 0; j < W; ++j) q[j] = __ldg(p + j);
-    }
-}
-
-// Stage 2: one thread per (sample b, point n, W consecutive channels c of the 3 concatenated maps).
-// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart
-// (the backend pads them to a multiple of 4 floats, so the deformation layer copies 16 bytes at a time).
-// W = 4 needs every map's channel count a multiple of 4 and the maps 16-byte aligned: one projection
-// per four channels and 16-byte gathers, bit-identical to W = 1.
-template <int W, class OT = float>
-__device__ __forceinline__ void xm_local_projection(
-    const float* __restrict__ points, const float* __restrict__ tf,
-    const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
-    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, OT* __restrict__ out, long long ldo,
-    int bf16 = 0) {
-    const int CT = c0 + c1 + c2;
-    int cw, b;
-    long long pt;
-    if (!xm_thread_item(B, N, CT / W, cw, pt, b)) return;
-    const int c = W * cw;
-    const float* p = points + pt * 3;
-    const float p0 = p[0], p1 = p[1], p2 = p[2];
-    const float* T = tf + (long long)b * (12 + 12 * V);
-
-    const float* m;
-    int s, C, cc;
-    xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
-    m += cc;
-
-    float vals[W][XM_MAX_VIEWS];
+    for (int t = 0; t < 4; ++t) {
+        if constexpr (W == 4) {
+            const float4 g = __ldg(reinterpret_cast<const float4*>(q[t]));
+            v[t][0] = g.x, v[t][1] = g.y, v[t][2] = g.z, v[t][3] = g.w;
+        } else {
 #pragma unroll
-    for (int v = 0; v < XM_MAX_VIEWS; ++v) {
-#pragma unroll
-        for (int j = 0; j < W; ++j) vals[j][v] = 0.0f;
-        if (v < V) {
-            const XmBilinear r = xm_bilinear(T, V, v, b, s, p0, p1, p2);
-            float q11[W], q21[W], q12[W], q22[W];
-            xm_gather<W>(m + r.o11 * C, q11);
-            xm_gather<W>(m + r.o21 * C, q21);
-            xm_gather<W>(m + r.o12 * C, q12);
-            xm_gather<W>(m + r.o22 * C, q22);
-#pragma unroll
-            for (int j = 0; j < W; ++j) vals[j][v] = xm_lerp(r, q11[j], q21[j], q12[j], q22[j]);
+            for (int j = 0; j < W; ++j) v[t][j] = __ldg(q[t] + j);
         }
     }
 #pragma unroll
-    for (int j = 0; j < W; ++j) xm_pool_store<OT>(vals[j], V, out, ldo, pt, CT, c + j, p, bf16);
+    for (int j = 0; j < W; ++j) {
+        float s = __fmul_rn(v[0][j], r.w11);
+        s = __fadd_rn(s, __fmul_rn(v[1][j], r.w21));
+        s = __fadd_rn(s, __fmul_rn(v[2][j], r.w12));
+        f[j] = __fadd_rn(s, __fmul_rn(v[3][j], r.w22));
+    }
 }
 
-extern "C" __global__ void local_projection(const float* points, const float* tf, const float* m0, const float* m1,
-                                            const float* m2, int s0, int s1, int s2, int c0, int c1, int c2, int B,
-                                            int N, int V, float* out, long long ldo) {
-    xm_local_projection<1>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
+// Stage 2, any channel counts: one thread per (sample b, point n, channel c of the 3 concatenated maps).
+// points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart.
+extern "C" __global__ void local_projection(
+    const float* __restrict__ points, const float* __restrict__ tf,
+    const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
+    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* __restrict__ out, long long ldo) {
+    const int CT = c0 + c1 + c2;
+    int c, b;
+    long long pt;
+    if (!xm_thread_item(B, N, CT, c, pt, b)) return;
+    const float* p = points + pt * 3;
+    const float* T = tf + (long long)b * (12 + 12 * V);
+    const float* m;
+    int s, C, cc;
+    xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
+    float vals[XM_MAX_VIEWS];
+#pragma unroll
+    for (int v = 0; v < XM_MAX_VIEWS; ++v) {
+        vals[v] = 0.0f;
+        if (v < V) {
+            float f[1];
+            xm_lerp_taps<1>(m + cc, (long long)(b * V + v) * (s + 1) * (s + 1), C,
+                            xm_bilinear(T, V, v, s, p[0], p[1], p[2]), f);
+            vals[v] = f[0];
+        }
+    }
+    xm_pool_store(vals, V, out, ldo, pt, CT, c, p);
 }
 
-extern "C" __global__ void local_projection_x4(const float* points, const float* tf, const float* m0, const float* m1,
-                                               const float* m2, int s0, int s1, int s2, int c0, int c1, int c2,
-                                               int B, int N, int V, float* out, long long ldo) {
-    xm_local_projection<4>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
+// Stage 2 for channel counts that are multiples of 4 (maps 16-byte aligned, rows of ldo elements a
+// multiple of 16 bytes), bit-identical to the one above. A block takes XM_LP_POINTS consecutive points:
+// it works out each point's bilinear corners once per (view, map) in shared memory, then one thread
+// per (point, 4 channels) gathers with 16-byte loads and pools into the point's row in shared memory,
+// and the block's rows (contiguous in `out`) go out in coalesced 16-byte stores (zeros in the padding
+// past 3 + 3*CT). Dynamic shared memory: XM_LP_POINTS * (ldo * sizeof(OT) + 3 * V * sizeof(XmBilinear)).
+// Launched with XM_LP_THREADS threads (7 warps: 32 points x 28 four-channel groups in 4 rounds); the
+// bound keeps 4 blocks (28 warps) an SM without spills (74 registers would leave room for 3).
+#define XM_LP_POINTS 32
+#define XM_LP_THREADS 224
+
+template <class OT>
+__device__ __forceinline__ void xm_local_projection_tiled(
+    const float* __restrict__ points, const float* __restrict__ tf,
+    const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
+    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, OT* __restrict__ out,
+    long long ldo, int bf16) {
+    extern __shared__ __align__(16) unsigned char xm_lp_smem[];
+    OT* rows = reinterpret_cast<OT*>(xm_lp_smem);                                   // [point][ldo]
+    XmBilinear* taps = reinterpret_cast<XmBilinear*>(xm_lp_smem + XM_LP_POINTS * ldo * sizeof(OT));  // [point][view][map]
+    __shared__ float xm_point[XM_LP_POINTS][3];
+    __shared__ int xm_sample[XM_LP_POINTS];
+    const int CT = c0 + c1 + c2, width = 3 + 3 * CT, quads = CT / 4, per_point = 3 * V;
+    const long long first = (long long)blockIdx.x * XM_LP_POINTS;
+    const int count = (int)min((long long)XM_LP_POINTS, (long long)B * N - first);
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        xm_sample[i] = (int)((first + i) / N);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) xm_point[i][j] = points[(first + i) * 3 + j];
+    }
+    const int pad = (int)ldo - width;
+    for (int t = threadIdx.x; t < count * pad; t += blockDim.x) rows[(t / pad) * ldo + width + t % pad] = OT(0);
+    __syncthreads();
+    for (int t = threadIdx.x; t < count * per_point; t += blockDim.x) {
+        const int i = t / per_point, v = (t % per_point) / 3, level = t % 3;
+        const int s = level == 0 ? s0 : (level == 1 ? s1 : s2);
+        const float* T = tf + (long long)xm_sample[i] * (12 + 12 * V);
+        taps[t] = xm_bilinear(T, V, v, s, xm_point[i][0], xm_point[i][1], xm_point[i][2]);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < count * quads; t += blockDim.x) {
+        const int i = t / quads, c = 4 * (t % quads);
+        const int b = xm_sample[i];
+        const int level = c < c0 ? 0 : (c < c0 + c1 ? 1 : 2);
+        const float* m;
+        int s, C, cc;
+        xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
+        const long long map_pixels = (long long)(s + 1) * (s + 1);
+        float vals[4][XM_MAX_VIEWS];
+#pragma unroll
+        for (int v = 0; v < XM_MAX_VIEWS; ++v) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) vals[j][v] = 0.0f;
+            if (v < V) {
+                float f[4];
+                xm_lerp_taps<4>(m + cc, (long long)(b * V + v) * map_pixels, C, taps[i * per_point + 3 * v + level], f);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) vals[j][v] = f[j];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) xm_pool_store<OT>(vals[j], V, rows, ldo, i, CT, c + j, xm_point[i], bf16);
+    }
+    __syncthreads();
+    const int chunks = (int)(ldo * sizeof(OT) / 16);
+    for (int t = threadIdx.x; t < count * chunks; t += blockDim.x) {
+        const int i = t / chunks, ch = t % chunks;
+        reinterpret_cast<uint4*>(out + (first + i) * ldo)[ch] = reinterpret_cast<const uint4*>(rows + i * ldo)[ch];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
+local_projection_tiled(const float* points, const float* tf, const float* m0, const float* m1, const float* m2, int s0,
+                       int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* out, long long ldo) {
+    xm_local_projection_tiled<float>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, 0);
 }
 
 // The same, out in the 16-bit modes' activation type (float16, or bfloat16 bits when bf16 != 0), each
 // value rounded once to nearest even: what the deformation layer's 16-bit operands round it to.
-extern "C" __global__ void local_projection_x4_o16(const float* points, const float* tf, const float* m0,
-                                                   const float* m1, const float* m2, int s0, int s1, int s2, int c0,
-                                                   int c1, int c2, int B, int N, int V, unsigned short* out,
-                                                   long long ldo, int bf16) {
-    xm_local_projection<4, unsigned short>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16);
+extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
+local_projection_tiled_o16(const float* points, const float* tf, const float* m0, const float* m1, const float* m2,
+                           int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, unsigned short* out,
+                           long long ldo, int bf16) {
+    xm_local_projection_tiled<unsigned short>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16);
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.

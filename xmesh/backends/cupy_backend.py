@@ -48,6 +48,10 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 #: The Hopper deformation layer kernel's operands (hopper_gemm.OPERANDS) in each precision mode.
 LAYER_OPERANDS = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16"}
 THREADS = 256
+# the tiled local projection kernel (p2m_ops.cu): points per block (XM_LP_POINTS), threads per block
+# (XM_LP_THREADS, its launch bound), bytes of one point's bilinear corners at one (view, map)
+# (sizeof(XmBilinear))
+LOCAL_POINTS, LOCAL_THREADS, LOCAL_TAP_BYTES = 32, 224, 32
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
 #: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of 16 through
@@ -368,10 +372,11 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ fast paths
     def _projection(self, kernel: str, points, maps, tf, count: int, padded: int, *extra, out16: str = ""):
-        """Launch a projection kernel: one thread per (sample, point, channel of the maps' concatenation).
-        ``out16`` ("fp16" / "bf16", local projection only): the output in that mode's 16-bit activation
-        type (hopper_gemm.activation_dtype), rows padded to a multiple of 8 elements, where the
-        4-channel kernel applies (float32 otherwise)."""
+        """Launch a projection kernel: one thread per (sample, point, channel of the maps' concatenation),
+        or for the local projection with channel counts a multiple of 4, one block per LOCAL_POINTS
+        points. ``out16`` ("fp16" / "bf16", local projection only): the output in that mode's 16-bit
+        activation type (hopper_gemm.activation_dtype), rows padded to a multiple of 8 elements, where
+        the tiled kernel applies (float32 otherwise)."""
         cp = self.cupy
         if len(maps) != count:
             raise InputError(f"the {kernel} kernel takes {count} maps, got {len(maps)}")
@@ -387,18 +392,25 @@ class CupyBackend(Backend):
         # stage 2: rows padded to a multiple of 4 floats (a view of the first `width` is returned), so the
         # deformation layer that reads them can copy 16 bytes at a time
         row = -(-width // 4) * 4 if kernel == "local_projection" else width
-        dtype = cp.float32
-        total = batch * n * ct
+        dtype, shared, block = cp.float32, 0, THREADS
+        grid = ((batch * n * ct + THREADS - 1) // THREADS,)
         if kernel == "local_projection" and all(c % 4 == 0 for c in chans) and all(m.data.ptr % 16 == 0 for m in maps):
-            kernel, total = "local_projection_x4", total // 4   # four channels per thread, 16-byte gathers
+            # a block per LOCAL_POINTS points: their bilinear corners once in shared memory, then a thread
+            # per 4 channels with 16-byte gathers
+            kernel, grid = "local_projection_tiled", ((batch * n + LOCAL_POINTS - 1) // LOCAL_POINTS,)
             if out16:   # 16-bit rows of a multiple of 8 elements: 16-byte aligned for the layer's copies
-                kernel, dtype, row = "local_projection_x4_o16", hopper_gemm.activation_dtype(cp, out16), -(-width // 8) * 8
+                kernel, dtype, row = "local_projection_tiled_o16", hopper_gemm.activation_dtype(cp, out16), -(-width // 8) * 8
+            block = LOCAL_THREADS
+            shared = LOCAL_POINTS * (row * cp.dtype(dtype).itemsize + 3 * tf.num_views * LOCAL_TAP_BYTES)
         out = cp.empty((batch, n, row), dtype=dtype)
         args = (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra,
                 out, np.int64(row))
         if dtype != cp.float32:
             args += (np.int32(out16 == "bf16"),)
-        self._kernel(kernel)(((total + THREADS - 1) // THREADS,), (THREADS,), args)
+        function = self._kernel(kernel)
+        if shared > 48 * 1024 and function.max_dynamic_shared_size_bytes < shared:
+            function.max_dynamic_shared_size_bytes = shared   # > 48 KB needs the opt-in
+        function(grid, (block,), args, shared_mem=shared)
         return out if row == width else out[..., :width]
 
     def op_graph_projection(self, coords, maps, tf, view_quirk=True):
