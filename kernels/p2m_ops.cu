@@ -352,6 +352,59 @@ extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half
 
 #endif  // XM_NO_FP16
 
+// 'SAME' convolution of NHWC float32 x with few input channels (the CNNs' first layer, 3 -> 16, whose
+// 27-wide K leaves the tensor-core kernels idle): direct float32 sums. A block per output row (blockIdx.x
+// = oy, blockIdx.y = image) holds the kernel w (kh*kw*C, cout) in dynamic shared memory; its threads
+// take (output pixel, 4 output channels) along the row, so consecutive threads store consecutive
+// 16-byte pieces. The sum runs over (ky, kx, c) in order from 0 (taps in the zero padding skipped),
+// then + bias and the ReLU. cout a multiple of 4, out 16-byte aligned.
+extern "C" __global__ void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ bias, float* __restrict__ out, int H, int W,
+                                          int C, int kh, int kw, int stride, int Wo, int pad_top, int pad_left,
+                                          int cout, int relu) {
+    extern __shared__ __align__(16) float xm_conv_w[];
+    for (int i = threadIdx.x; i < kh * kw * C * cout; i += blockDim.x) xm_conv_w[i] = w[i];
+    __syncthreads();
+    const int oy = blockIdx.x, n = blockIdx.y, groups = cout / 4;
+    const float* image = x + (long long)n * H * W * C;
+    float4* row = reinterpret_cast<float4*>(out + ((long long)n * gridDim.x + oy) * Wo * cout);
+    for (int t = threadIdx.x; t < Wo * groups; t += blockDim.x) {
+        const int ox = t / groups, g = t - ox * groups;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int ky = 0; ky < kh; ++ky) {
+            const int iy = oy * stride - pad_top + ky;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < kw; ++kx) {
+                const int ix = ox * stride - pad_left + kx;
+                if (ix < 0 || ix >= W) continue;
+                const float* px = image + (iy * W + ix) * C;
+                const float* wk = xm_conv_w + (ky * kw + kx) * C * cout + 4 * g;
+                for (int c = 0; c < C; ++c) {
+                    const float v = __ldg(px + c);
+                    const float4 wv = *reinterpret_cast<const float4*>(wk + c * cout);
+                    acc.x = fmaf(v, wv.x, acc.x);
+                    acc.y = fmaf(v, wv.y, acc.y);
+                    acc.z = fmaf(v, wv.z, acc.z);
+                    acc.w = fmaf(v, wv.w, acc.w);
+                }
+            }
+        }
+        if (bias != nullptr) {
+            acc.x = __fadd_rn(acc.x, bias[4 * g]);
+            acc.y = __fadd_rn(acc.y, bias[4 * g + 1]);
+            acc.z = __fadd_rn(acc.z, bias[4 * g + 2]);
+            acc.w = __fadd_rn(acc.w, bias[4 * g + 3]);
+        }
+        if (relu) {
+            acc.x = fmaxf(acc.x, 0.0f);
+            acc.y = fmaxf(acc.y, 0.0f);
+            acc.z = fmaxf(acc.z, 0.0f);
+            acc.w = fmaxf(acc.w, 0.0f);
+        }
+        row[t] = acc;
+    }
+}
+
 // im2col for NHWC input with TensorFlow 'SAME' zero padding: cols (N*Ho*Wo, kh*kw*C), rows in NHW
 // order, columns in (ky, kx, c) order (matching a [kh,kw,cin,cout] kernel reshaped to (kh*kw*cin, cout)).
 extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,

@@ -189,6 +189,33 @@ def test_conv2d_same_equals_numpy(cp, gb, size, kernel, stride, cin):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("size,kernel,stride,cin,cout,relu", [
+    (224, 3, 1, 3, 16, True), (57, 3, 2, 3, 16, False), (30, 5, 2, 4, 8, True), (9, 3, 1, 1, 4, False)])
+def test_few_channel_conv_is_float32_in_every_mode(cp, precision, size, kernel, stride, cin, cout, relu):
+    """Convolutions with fewer than 16 input channels (the CNNs' first layer) run as direct float32
+    sums (conv_direct_x4) in every mode: float32 error against float64, where one TF32 pass (the
+    tf32 mode's GEMMs) would be ~1e-4 off."""
+    from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.backends.numpy_backend import same_padding
+
+    be = CupyBackend(precision=precision)
+    rng = np.random.default_rng(size + cin)
+    x = rng.standard_normal((2, size, size, cin)).astype(np.float32)
+    w = (rng.standard_normal((kernel, kernel, cin, cout)) / kernel).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    got = be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), stride, relu=relu).get()
+    ho, top, bottom = same_padding(size, kernel, stride)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (top, bottom), (0, 0)))
+    span = (ho - 1) * stride + 1
+    want = sum(padded[:, i:i + span:stride, j:j + span:stride] @ w[i, j].astype(np.float64)
+               for i in range(kernel) for j in range(kernel)) + b
+    if relu:
+        want = np.maximum(want, 0.0)
+    assert got.shape == want.shape == (2, ho, ho, cout)
+    np.testing.assert_allclose(got, want, rtol=0, atol=4e-6 * np.abs(want).max())
+
+
 def test_spmm_batched_equals_scipy(cp, gb):
     import scipy.sparse as sp
 

@@ -52,6 +52,8 @@ THREADS = 256
 # (XM_LP_THREADS, its launch bound), bytes of one point's bilinear corners at one (view, map)
 # (sizeof(XmBilinear))
 LOCAL_POINTS, LOCAL_THREADS, LOCAL_TAP_BYTES = 32, 224, 32
+#: conv_direct_x4 (few input channels): the largest kernel it holds in shared memory
+DIRECT_CONV_WEIGHT_BYTES = 48 * 1024
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
 #: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of 16 through
@@ -337,7 +339,8 @@ class CupyBackend(Backend):
     # ------------------------------------------------------------------ convolution
     def conv2d_same(self, x, weight, bias, stride: int, relu: bool = True):
         """'SAME' convolution of NHWC x: implicit GEMM (the tc_gemm.cu conv kernels read x directly)
-        when the input channels are a multiple of 16, else im2col + GEMM (the 3-channel first layer)."""
+        when the input channels are a multiple of 16; direct float32 sums (``conv_direct_x4``) for
+        fewer (the 3-channel first layer) when cout is a multiple of 4; else im2col + GEMM."""
         cp = self.cupy
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n, h, w, cin = x.shape
@@ -354,6 +357,16 @@ class CupyBackend(Backend):
                         np.int32(wo), np.int32(top), np.int32(left))
             return self._launch_tc(kernel, geometry, flat_w, out.reshape(n * ho * wo, cout), n * ho * wo, k, bn,
                                    bias, relu).reshape(out.shape)
+        if cin < GEMM_BK and cout % 4 == 0 and k * cout * 4 <= DIRECT_CONV_WEIGHT_BYTES \
+                and h * w * cin < 2**31 and n < 65536:   # grid (ho, n); 32-bit offsets within an image
+            bias_arg = np.uint64(0) if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32)
+            self._kernel("conv_direct_x4")(   # a block per output row
+                (ho, n), (THREADS,),
+                (x, cp.ascontiguousarray(flat_w, dtype=cp.float32), bias_arg, out, np.int32(h), np.int32(w),
+                 np.int32(cin), np.int32(kh), np.int32(kw), np.int32(stride), np.int32(wo), np.int32(top),
+                 np.int32(left), np.int32(cout), np.int32(bool(relu))),
+                shared_mem=k * cout * 4)
+            return out
         chunk = max(1, IM2COL_LIMIT // (ho * wo * k))
         im2col = self._kernel("im2col_nhwc")
         for start in range(0, n, chunk):
