@@ -11,8 +11,8 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
   convolution in one pass, after the one GEMM y = X [W0 | W1] (on compute capability 9.0 the whole
   layer is one kernel instead, ``wg_drb_layer`` in ``kernels/wgmma_gemm.cu``);
 - ``hypothesis_softmax_update``: softmax over the 43 hypotheses and the new vertex positions;
-- ``conv_*`` (implicit GEMM, tc_gemm.cu) or ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions
-  (CuPy 14 no longer reaches cuDNN).
+- ``conv_*`` (implicit GEMM, tc_gemm.cu), ``conv_direct_x4`` (the 3-channel first layer, float32) or
+  ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
 
 Every matrix product runs through xmesh's own tensor-core GEMMs: on compute capability 9.0 (H100,
 H200) the large ones through warpgroup MMAs (``kernels/wgmma_gemm.cu``, ``hopper_gemm.py``), the rest
