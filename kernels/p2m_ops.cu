@@ -354,16 +354,16 @@ extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half
 
 // 'SAME' convolution of NHWC float32 x with few input channels (the CNNs' first layer, 3 -> 16, whose
 // 27-wide K leaves the tensor-core kernels idle): direct float32 sums. A block per output row (blockIdx.x
-// = oy, blockIdx.y = image) holds the kernel w (kh*kw*C, cout) in dynamic shared memory; its threads
+// = oy, blockIdx.y = image) holds `weights` (kh*kw*C, cout) in dynamic shared memory; its threads
 // take (output pixel, 4 output channels) along the row, so consecutive threads store consecutive
 // 16-byte pieces. The sum runs over (ky, kx, c) in order from 0 (taps in the zero padding skipped),
 // then + bias and the ReLU. cout a multiple of 4, out 16-byte aligned.
-extern "C" __global__ void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ w,
+extern "C" __global__ void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ weights,
                                           const float* __restrict__ bias, float* __restrict__ out, int H, int W,
                                           int C, int kh, int kw, int stride, int Wo, int pad_top, int pad_left,
                                           int cout, int relu) {
     extern __shared__ __align__(16) float xm_conv_w[];
-    for (int i = threadIdx.x; i < kh * kw * C * cout; i += blockDim.x) xm_conv_w[i] = w[i];
+    for (int i = threadIdx.x; i < kh * kw * C * cout; i += blockDim.x) xm_conv_w[i] = weights[i];
     __syncthreads();
     const int oy = blockIdx.x, n = blockIdx.y, groups = cout / 4;
     const float* image = x + (long long)n * H * W * C;
