@@ -454,11 +454,13 @@ extern "C" __global__ void unpool_midpoints(const float* __restrict__ x, const l
 }
 
 // Stage-1 graph convolution with support 0 the identity, after y = x [W0 | W1] (rows of width ldy):
-// out[b,i,c] = act((y[b,i,c] + sum_k S1[i,k] y[b,k,off1+c]) + bias[c]), S1 in CSR (int32 indices).
+// out[b,i,c] = act((y[b,i,c] + sum_k S1[i,k] y[b,k,off1+c]) + bias[c]), S1 in CSR (int32 indices);
+// with res, then the original's residual step out = (out + res[b,i,c]) * 0.5.
 extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,
                                      const float* __restrict__ data, const float* __restrict__ y,
                                      int ldy, int off1, const float* __restrict__ bias,
-                                     float* __restrict__ out, int B, int N, int cout, int relu) {
+                                     const float* __restrict__ res, float* __restrict__ out,
+                                     int B, int N, int cout, int relu) {
     const long long total = (long long)B * N * cout;
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
@@ -471,7 +473,8 @@ extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* 
         acc = fmaf(data[k], y[(b0 + indices[k]) * ldy + off1 + c], acc);
     }
     float v = __fadd_rn(__fadd_rn(y[row * ldy + c], acc), bias[c]);
-    out[idx] = relu ? fmaxf(v, 0.0f) : v;
+    if (relu) v = fmaxf(v, 0.0f);
+    out[idx] = res != nullptr ? __fmul_rn(__fadd_rn(v, res[idx]), 0.5f) : v;
 }
 
 // Local graph convolution of a deformation reasoning block after the one GEMM y = x [W0 | W1]

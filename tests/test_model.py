@@ -65,6 +65,10 @@ def test_graph_conv_and_unpool_against_dense_reference(be):
     dense = s1.toarray().astype(np.float64)
     ref = np.maximum(x @ w0.astype(np.float64) + dense @ (x.astype(np.float64) @ w1) + bias, 0)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # the residual layers' step (h + a[-2]) / 2
+    residual = rng.standard_normal((2, n, cout)).astype(np.float32)
+    got_res = graph.graph_conv(be, layer, x, (None, be.sparse(s1)), residual)
+    np.testing.assert_allclose(got_res, (ref + residual) / 2, rtol=1e-5, atol=1e-5)
     # a non-identity support 0 takes the unfused path
     s0 = sp.identity(n, format="csr", dtype=np.float32) * 2
     layer0 = GraphConv(w1, bias, cout, relu=False, weight0=w0)
@@ -190,3 +194,40 @@ def test_unknown_backend_is_rejected():
 
     with pytest.raises(InputError, match="numpy, cupy"):
         get_backend("torch")
+
+
+def _frame_one_row(row):
+    """MODEL.md's camera frame of one row, in numpy float32 scalars (the original's order)."""
+    row = np.asarray(row, dtype=np.float32)
+    pi = np.float32(np.pi)
+    theta, phi, d = row[0] * pi / np.float32(180.0), row[1] * pi / np.float32(180.0), row[3]
+    camy, lens = d * np.sin(phi), d * np.cos(phi)
+    z = np.array([lens * np.cos(theta), camy, lens * np.sin(theta)], dtype=np.float32)
+    y = np.array([camy * np.cos(theta + pi), lens, camy * np.sin(theta + pi)], dtype=np.float32)
+    x = np.array([y[1] * z[2] - y[2] * z[1], y[2] * z[0] - y[0] * z[2], y[0] * z[1] - y[1] * z[0]], dtype=np.float32)
+    axes = np.stack([v / np.sqrt(np.float32(v[0] * v[0] + v[1] * v[1]) + v[2] * v[2]) for v in (x, y, z)])
+    return axes, z
+
+
+def test_batched_camera_transforms_equal_the_row_by_row_float32_ones():
+    """packed_transforms (all samples and views at once, as a graph replay uploads them) gives bit for
+    bit the row-by-row float32 scalar arithmetic, over wide random ranges; DeviceTransforms' fields
+    are views of its one packed array."""
+    from xmesh.model.camera import packed_transforms
+
+    rng = np.random.default_rng(11)
+    cams = np.zeros((300, 3, 5), np.float32)
+    cams[..., 0] = rng.uniform(-720, 720, cams.shape[:2])
+    cams[..., 1] = rng.uniform(-89, 89, cams.shape[:2])
+    cams[..., 3] = rng.uniform(0.1, 5, cams.shape[:2])
+    got = packed_transforms(cams)
+    for b in range(cams.shape[0]):
+        frames = [_frame_one_row(row) for row in cams[b]]
+        rot = np.stack([c.T for c, _ in frames])
+        from0 = np.linalg.inv(rot[0].astype(np.float64)).astype(np.float32)
+        want = np.concatenate([from0.ravel(), frames[0][1], rot.ravel(), np.stack([o for _, o in frames]).ravel()])
+        np.testing.assert_array_equal(got[b].view(np.uint32), want.view(np.uint32))
+    tf = DeviceTransforms.from_cameras(get_backend("numpy"), cams[:4])
+    assert np.shares_memory(tf.rot, tf.packed) and np.shares_memory(tf.from0, tf.packed)
+    np.testing.assert_array_equal(tf.rot[2, 1], got[2, 12 + 9:12 + 18].reshape(3, 3))
+    np.testing.assert_array_equal(tf.origin[3], got[3, 39:48].reshape(3, 3))

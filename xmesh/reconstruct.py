@@ -15,6 +15,7 @@ from .io.weights import load_weights
 from .mesh import Mesh
 from .model import network
 from .model.params import prepare_stage1, prepare_stage2
+from .model.camera import packed_transforms
 from .model.projection import DeviceTransforms
 from .template_gen import generate_template
 
@@ -118,8 +119,7 @@ class Reconstructor:
         replay it; returns copies of its outputs."""
         graph, static_images, static_tf = self._captured[batch]
         self.backend.copy_into(static_images, images)
-        for name, host in DeviceTransforms.host_arrays(cameras).items():
-            self.backend.copy_into(getattr(static_tf, name), host)
+        self.backend.copy_into(static_tf.packed, packed_transforms(cameras))   # the transforms: one upload
         coarse, refined = graph.replay()
         return coarse.copy(), refined.copy()
 

@@ -436,8 +436,9 @@ class CupyBackend(Backend):
         out16 = operands if self.hopper is not None and hopper_gemm.OPERANDS[operands][2] == 0 else ""
         return self._projection("local_projection", points, maps, tf, 3, 1, out16=out16)
 
-    def op_graph_conv(self, layer, x, supports):
-        """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel."""
+    def op_graph_conv(self, layer, x, supports, residual=None):
+        """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel
+        (bias, ReLU and the residual step included)."""
         cp = self.cupy
         s0, s1 = supports
         if s0 is not None or layer.weight0 is not None:
@@ -445,14 +446,41 @@ class CupyBackend(Backend):
         b, n, cin = x.shape
         cout = layer.cout
         x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
-        y = self.gemm(x2, layer.weight, cache_key=layer.weight)   # (B*N, 2*cout)
+        weight = layer.weight
+        if cin % 4:   # the first layers' 2883 / 3075 inputs: rows padded to 16 bytes for the vector loads
+            x2, weight = self._pad_k(x2), self._padded_weight(layer.weight)
+        y = self.gemm(x2, weight, cache_key=weight)   # (B*N, 2*cout)
+        if residual is not None:
+            residual = cp.ascontiguousarray(residual, dtype=cp.float32)
+            if residual.shape != (b, n, cout):
+                raise InputError(f"graph_conv: residual of shape {residual.shape}, expected {(b, n, cout)}")
         out = cp.empty((b, n, cout), dtype=cp.float32)
         total = out.size
         self._kernel("csr_gconv")(
             ((total + THREADS - 1) // THREADS,), (THREADS,),
-            (s1.indptr, s1.indices, s1.data, y, np.int32(2 * cout), np.int32(cout), layer.bias, out,
+            (s1.indptr, s1.indices, s1.data, y, np.int32(2 * cout), np.int32(cout), layer.bias,
+             np.uint64(0) if residual is None else residual, out,
              np.int32(b), np.int32(n), np.int32(cout), np.int32(bool(layer.relu))))
         return out
+
+    def _pad_k(self, x2):
+        """(M, K) -> (M, K rounded up to 4) with zero columns appended."""
+        m, k = x2.shape
+        padded = self.cupy.empty((m, k + (-k % 4)), dtype=self.cupy.float32)
+        padded[:, k:] = 0.0
+        padded[:, :k] = x2
+        return padded
+
+    def _padded_weight(self, weight):
+        """``weight`` (K, N) with zero rows up to a multiple of 4, made once per weight array."""
+        hit = self._prepared.get(("pad_k", id(weight)))
+        if hit is None or hit[0] is not weight:
+            k = weight.shape[0]
+            padded = self.cupy.zeros((k + (-k % 4), weight.shape[1]), dtype=self.cupy.float32)
+            padded[:k] = weight
+            hit = (weight, padded)   # hold weight: its id stays unique
+            self._prepared[("pad_k", id(weight))] = hit
+        return hit[1]
 
     def op_unpool(self, x, pool_idx):
         """x (B,N,C) followed by the midpoints of pool_idx's edges, in one kernel (graph.unpool's arithmetic)."""

@@ -17,22 +17,42 @@ MAX_PIXEL = 223.0      # projections are clamped to [0, MAX_PIXEL]
 IMAGE_SIZE = 224
 
 
-def camera_frame(row) -> tuple[np.ndarray, np.ndarray]:
-    """(C, o) for one camera row: C's rows are the unit X, Y, Z axes, o the (unnormalised) Z vector."""
-    row = np.asarray(row, dtype=np.float32)
+def camera_frames(rows) -> tuple[np.ndarray, np.ndarray]:
+    """(C, o) for camera rows (..., 5): C (..., 3, 3) with rows the unit X, Y, Z axes, o (..., 3) the
+    (unnormalised) Z vector. Element-wise float32 arithmetic, in the same order for every row."""
+    rows = np.asarray(rows, dtype=np.float32)
     pi = np.float32(np.pi)
-    theta = row[0] * pi / np.float32(180.0)
-    phi = row[1] * pi / np.float32(180.0)
-    d = row[3]
+    theta = rows[..., 0] * pi / np.float32(180.0)
+    phi = rows[..., 1] * pi / np.float32(180.0)
+    d = rows[..., 3]
     camy = d * np.sin(phi)
     lens = d * np.cos(phi)
     camx = lens * np.cos(theta)
     camz = lens * np.sin(theta)
-    z = np.array([camx, camy, camz], dtype=np.float32)
-    y = np.array([camy * np.cos(theta + pi), lens, camy * np.sin(theta + pi)], dtype=np.float32)
-    x = np.cross(y, z).astype(np.float32)
-    axes = [v / np.sqrt(np.sum(v * v, dtype=np.float32)) for v in (x, y, z)]
-    return np.stack(axes).astype(np.float32), z
+    z = np.stack([camx, camy, camz], axis=-1)
+    y = np.stack([camy * np.cos(theta + pi), lens, camy * np.sin(theta + pi)], axis=-1)
+    x = np.cross(y, z)
+    axes = np.stack([x, y, z], axis=-2)
+    norms = np.sqrt(np.sum(axes * axes, axis=-1, dtype=np.float32))
+    return (axes / norms[..., None]).astype(np.float32), z
+
+
+def camera_frame(row) -> tuple[np.ndarray, np.ndarray]:
+    """(C, o) for one camera row: C's rows are the unit X, Y, Z axes, o the (unnormalised) Z vector."""
+    c, o = camera_frames(np.asarray(row, dtype=np.float32)[None])
+    return c[0], o[0]
+
+
+def packed_transforms(cameras) -> np.ndarray:
+    """Camera rows (B, V, 5) -> (B, 12 + 12V) float32: per sample ``from0`` (9), ``origin0`` (3), ``rot``
+    (9V) and ``origin`` (3V) of :class:`ViewTransforms`, flattened in that order, all samples at once."""
+    cameras = np.asarray(cameras, dtype=np.float32)
+    batch, views = cameras.shape[:2]
+    frames, origin = camera_frames(cameras)
+    rot = np.swapaxes(frames, -1, -2)
+    from0 = np.linalg.inv(rot[:, 0].astype(np.float64)).astype(np.float32)
+    return np.concatenate([from0.reshape(batch, 9), origin[:, 0], rot.reshape(batch, 9 * views),
+                           origin.reshape(batch, 3 * views)], axis=1).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -50,13 +70,10 @@ class ViewTransforms:
 
     @classmethod
     def from_cameras(cls, cameras) -> "ViewTransforms":
-        cameras = np.asarray(cameras, dtype=np.float32)
-        frames = [camera_frame(row) for row in cameras]
-        c0, o0 = frames[0]
-        from0 = np.linalg.inv(c0.T.astype(np.float64)).astype(np.float32)
-        rot = np.stack([c.T for c, _ in frames]).astype(np.float32)
-        origin = np.stack([o for _, o in frames]).astype(np.float32)
-        return cls(from0=from0, origin0=o0, rot=rot, origin=origin)
+        packed = packed_transforms(np.asarray(cameras, dtype=np.float32)[None])[0]
+        views = (packed.size - 12) // 12
+        return cls(from0=packed[:9].reshape(3, 3), origin0=packed[9:12], rot=packed[12:12 + 9 * views].reshape(views, 3, 3),
+                   origin=packed[12 + 9 * views:].reshape(views, 3))
 
     def packed(self) -> np.ndarray:
         """All of it as one flat float32 vector (9 + 3 + V*12), for a kernel argument."""

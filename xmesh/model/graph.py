@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 
-def graph_conv(backend, layer, x, supports):
-    """act(S0 (x W0) + S1 (x W1) + b) for x (B,N,cin); S0 = None means the identity (product skipped)."""
-    fast = backend.try_fast_path("graph_conv", layer, x, supports)
+def graph_conv(backend, layer, x, supports, residual=None):
+    """act(S0 (x W0) + S1 (x W1) + b) for x (B,N,cin); S0 = None means the identity (product skipped).
+
+    With ``residual`` (B,N,cout), the original's residual step follows: (out + residual) * 0.5.
+    """
+    fast = backend.try_fast_path("graph_conv", layer, x, supports, residual)
     if fast is not None:
         return fast
     xp = backend.xp
@@ -15,7 +18,9 @@ def graph_conv(backend, layer, x, supports):
     else:
         out = backend.spmm(s0, x @ layer.weight0) + backend.spmm(s1, x @ layer.weight)
     out = out + layer.bias
-    return xp.maximum(out, 0.0) if layer.relu else out
+    if layer.relu:
+        out = xp.maximum(out, 0.0)
+    return out if residual is None else (out + residual) * 0.5
 
 
 def unpool(backend, x, pool_idx):

@@ -42,13 +42,12 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
             h = graph_projection(backend, current, maps, tf, view_quirk)
         elif idx in arch.UNPOOL_LAYERS:
             h = unpool(backend, current, p.pool_idx[arch.UNPOOL_LAYERS[idx]])
-        else:
+        else:   # a graph convolution; the residual layers' averaging (h + a[-2]) / 2 is part of it
             block = arch.block_of_layer(idx)
-            h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1])
+            residual = previous if idx in arch.RESIDUAL_LAYERS else None
+            h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1], residual)
             if blocks is not None and arch.last_layer_of_block(idx):
                 blocks.append(h)
-        if idx in arch.RESIDUAL_LAYERS:
-            h = (h + previous) * 0.5
         if idx in arch.CONCAT_LAYERS:
             h = xp.concat([h, previous], axis=-1)
         previous, current = current, h

@@ -12,36 +12,39 @@ from typing import Any
 import numpy as np
 
 from .architecture import IMAGE_SIZE
-from .camera import ViewTransforms, mat3, project
+from .camera import mat3, packed_transforms, project
 
 STD_EPS = 1e-6
 
 
 @dataclass(frozen=True)
 class DeviceTransforms:
-    """Batched view transforms on the device: from0 (B,3,3), origin0 (B,3), rot (B,V,3,3), origin (B,V,3)."""
+    """Batched view transforms on the device: from0 (B,3,3), origin0 (B,3), rot (B,V,3,3), origin (B,V,3).
+
+    All four are views of ``packed`` (B, 12 + 12V) (:func:`~xmesh.model.camera.packed_transforms`),
+    the one array the kernels read and the one upload of a call.
+    """
 
     from0: Any
     origin0: Any
     rot: Any
     origin: Any
-    packed: Any      # (B, 12 + 12V) float32, the same numbers flat for kernels
+    packed: Any
     num_views: int
 
-    @staticmethod
-    def host_arrays(cameras) -> dict:
-        """The fields (all but ``num_views``) as host float32 arrays, from a host array (B,V,5)."""
-        tfs = [ViewTransforms.from_cameras(c) for c in np.asarray(cameras, dtype=np.float32)]
-        arrays = {field: np.stack([getattr(t, field) for t in tfs]) for field in ("from0", "origin0", "rot", "origin")}
-        arrays["packed"] = np.stack([t.packed() for t in tfs])
-        return arrays
+    @classmethod
+    def from_packed(cls, packed, num_views: int) -> "DeviceTransforms":
+        """The transforms as views of a (B, 12 + 12V) array of :func:`packed_transforms` rows."""
+        batch, v = packed.shape[0], num_views
+        return cls(from0=packed[:, :9].reshape(batch, 3, 3), origin0=packed[:, 9:12],
+                   rot=packed[:, 12:12 + 9 * v].reshape(batch, v, 3, 3), origin=packed[:, 12 + 9 * v:].reshape(batch, v, 3),
+                   packed=packed, num_views=v)
 
     @classmethod
     def from_cameras(cls, backend, cameras) -> "DeviceTransforms":
         """``cameras`` is a host array (B,V,5)."""
-        arrays = cls.host_arrays(cameras)
-        return cls(*(backend.asarray(arrays[f]) for f in ("from0", "origin0", "rot", "origin", "packed")),
-                   arrays["rot"].shape[1])
+        cameras = np.asarray(cameras, dtype=np.float32)
+        return cls.from_packed(backend.asarray(packed_transforms(cameras)), cameras.shape[1])
 
 
 def _view_pixels(xp, points, tf: DeviceTransforms, view: int):
