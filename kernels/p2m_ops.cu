@@ -552,6 +552,26 @@ extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, l
     }
 }
 
+// End of a deformation reasoning block for one vertex: w = softmax over the K hypotheses of its
+// scores s[0], s[stride], ...; new = center + sum_k w_k offsets[k,:].
+__device__ __forceinline__ void xm_softmax_move(const float* s, long long stride, int K, const float* __restrict__ offsets,
+                                                const float* __restrict__ center, float* __restrict__ out) {
+    float m = s[0];
+    for (int k = 1; k < K; ++k) m = fmaxf(m, s[k * stride]);
+    float total = 0.0f;
+    for (int k = 0; k < K; ++k) total = __fadd_rn(total, expf(__fsub_rn(s[k * stride], m)));
+    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        const float w = __fdiv_rn(expf(__fsub_rn(s[k * stride], m)), total);
+        d0 = fmaf(w, offsets[3 * k], d0);
+        d1 = fmaf(w, offsets[3 * k + 1], d1);
+        d2 = fmaf(w, offsets[3 * k + 2], d2);
+    }
+    out[0] = __fadd_rn(center[0], d0);
+    out[1] = __fadd_rn(center[1], d1);
+    out[2] = __fadd_rn(center[2], d2);
+}
+
 // End of a deformation reasoning block: w = softmax over the K hypotheses of score[b,:,n];
 // new[b,n,:] = centers[b,n,:] + sum_k w_k offsets[k,:]. One thread per (b, n).
 extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,
@@ -561,19 +581,70 @@ extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ s
     if (idx >= (long long)B * N) return;
     const int n = (int)(idx % N);
     const long long b = idx / N;
-    const float* s = score + b * K * N + n;
-    float m = s[0];
-    for (int k = 1; k < K; ++k) m = fmaxf(m, s[(long long)k * N]);
-    float total = 0.0f;
-    for (int k = 0; k < K; ++k) total = __fadd_rn(total, expf(__fsub_rn(s[(long long)k * N], m)));
-    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f;
-    for (int k = 0; k < K; ++k) {
-        const float w = __fdiv_rn(expf(__fsub_rn(s[(long long)k * N], m)), total);
-        d0 = fmaf(w, offsets[3 * k], d0);
-        d1 = fmaf(w, offsets[3 * k + 1], d1);
-        d2 = fmaf(w, offsets[3 * k + 2], d2);
+    xm_softmax_move(score + b * K * N + n, N, K, offsets, centers + 3 * idx, out + 3 * idx);
+}
+
+// A deformation reasoning block's narrow last layer (cin -> 1, the hypothesis scores) and its end in
+// one pass, per vertex (b, n) and hypothesis k: y0 = X[b,k,n,:] W[:,0], y1 = X[b,k,n,:] W[:,1]
+// (float32 fmaf sums over the input columns in order, as skinny_gemm16), the score
+// s_k = relu((y0 + sum_j A1[k,j] y1_j) + bias) (drb_mix_epilogue's order), then the softmax over k
+// and the moved vertex (xm_softmax_move). X: float32 (x16 = 0), float16 (1) or bfloat16 bits (2),
+// rows ldx elements apart, 16-byte aligned, cin and ldx whole 16-byte loads (cin <= XM_SKINNY_K). A block takes
+// XM_SU_VERTS vertices, a thread per (vertex, hypothesis): the vertex's 43 rows are read once.
+#define XM_SU_VERTS 4
+#define XM_SU_THREADS 192   // >= XM_SU_VERTS * XM_HYP
+extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
+    const void* __restrict__ x, long long ldx, int cin, int x16, const float* __restrict__ w,
+    const float* __restrict__ a1, const float* __restrict__ bias, const float* __restrict__ offsets,
+    const float* __restrict__ centers, float* __restrict__ out, int B, int N) {
+    __shared__ float ws[XM_SKINNY_K * 2];
+    __shared__ float a[XM_HYP * XM_HYP];
+    __shared__ float y1s[XM_SU_VERTS][XM_HYP];
+    __shared__ float score[XM_SU_VERTS][XM_HYP];
+    for (int i = threadIdx.x; i < 2 * cin; i += blockDim.x) ws[i] = w[i];
+    for (int i = threadIdx.x; i < XM_HYP * XM_HYP; i += blockDim.x) a[i] = a1[i];
+    const int v = threadIdx.x / XM_HYP, k = threadIdx.x % XM_HYP;
+    const long long g = (long long)blockIdx.x * XM_SU_VERTS + v;   // the vertex, b * N + n
+    const bool active = v < XM_SU_VERTS && g < (long long)B * N;
+    __syncthreads();
+    float y0 = 0.0f;
+    if (active) {
+        const long long r = ((g / N) * XM_HYP + k) * N + g % N;    // row (b, k, n)
+        float acc0 = 0.0f, acc1 = 0.0f;
+        if (x16 == 0) {
+            const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * ldx);
+            for (int c4 = 0; c4 < cin / 4; ++c4) {
+                const float4 q = row[c4];
+                const float vals[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc0 = fmaf(vals[e], ws[2 * (4 * c4 + e)], acc0);
+                    acc1 = fmaf(vals[e], ws[2 * (4 * c4 + e) + 1], acc1);
+                }
+            }
+        } else {
+            const uint4* row = reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(x) + r * ldx);
+            for (int c8 = 0; c8 < cin / 8; ++c8) {
+                const uint4 q = row[c8];
+                const unsigned pairs[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const float val = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), x16 == 2);
+                    acc0 = fmaf(val, ws[2 * (8 * c8 + e)], acc0);
+                    acc1 = fmaf(val, ws[2 * (8 * c8 + e) + 1], acc1);
+                }
+            }
+        }
+        y0 = acc0;
+        y1s[v][k] = acc1;
     }
-    out[3 * idx] = __fadd_rn(centers[3 * idx], d0);
-    out[3 * idx + 1] = __fadd_rn(centers[3 * idx + 1], d1);
-    out[3 * idx + 2] = __fadd_rn(centers[3 * idx + 2], d2);
+    __syncthreads();
+    if (active) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < XM_HYP; ++j) acc = fmaf(a[k * XM_HYP + j], y1s[v][j], acc);
+        score[v][k] = fmaxf(__fadd_rn(__fadd_rn(y0, acc), bias[0]), 0.0f);
+    }
+    __syncthreads();
+    if (active && k == 0) xm_softmax_move(score[v], 1, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
 }

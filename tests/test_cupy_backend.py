@@ -176,6 +176,48 @@ def test_hypothesis_update_kernel_equals_reference(cp, gb, ref_gb, batch, n):
     np.testing.assert_allclose(out, ref, rtol=0, atol=5e-7)   # the reference rounds in another order
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("batch,n", [(1, 2466), (2, 157)])
+def test_fused_score_update_equals_the_layer_then_the_update(cp, precision, batch, n):
+    """drb_score_update (the last layer, the softmax and the moved vertices in one kernel) against a
+    float64 reference; in the 16-bit modes (16-bit X, as the layer before leaves it on Hopper) bit for
+    bit what skinny_gemm16, drb_mix_epilogue and hypothesis_softmax_update gave one after another."""
+    from xmesh.backends import get_backend
+    from xmesh.backends.hopper_gemm import narrow16
+    from xmesh.model.deformation import hypothesis_update, local_gconv
+    from xmesh.model.params import GraphConv
+
+    be = get_backend("cupy", precision=precision)
+    if precision != "fp32" and be.hopper is None:
+        pytest.skip("16-bit activations come from the Hopper layer kernel (compute capability 9.0)")
+    rng = np.random.default_rng(n + batch)
+    x = cp.asarray(np.maximum(rng.standard_normal((batch, 43, n, 192)), 0).astype(np.float32))
+    if precision != "fp32":
+        x = narrow16(cp, x, precision)
+    layer = GraphConv(cp.asarray((rng.standard_normal((192, 2)) * 0.1).astype(np.float32)),
+                      cp.asarray(np.float32([0.05])), 1, relu=True)
+    cheb1 = cp.asarray((rng.standard_normal((43, 43)) * (rng.uniform(size=(43, 43)) < 0.2)).astype(np.float32))
+    centers = cp.asarray(rng.standard_normal((batch, n, 3)).astype(np.float32))
+    offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.02).astype(np.float32))
+    fused = be.op_score_update(layer, x, cheb1, None, centers, offsets)
+    assert fused is not None
+    fused = fused.get()
+    xf = (be._activation_f32(x) if precision != "fp32" else x).get().astype(np.float64)
+    w = layer.weight.get().astype(np.float64)
+    y0, y1 = xf @ w[:, 0], xf @ w[:, 1]                                   # (B, K, N)
+    s = np.maximum(y0 + np.einsum("kj,bjn->bkn", cheb1.get().astype(np.float64), y1) + 0.05, 0)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    exact = centers.get() + np.einsum("bkn,kd->bnd", p, offsets.get().astype(np.float64))
+    np.testing.assert_allclose(fused, exact, rtol=0, atol=2e-6)
+    score = local_gconv(be, layer, x, cheb1)[..., 0]
+    apart = hypothesis_update(be, centers, score, offsets).get()
+    if precision == "fp32":   # the unfused layer's product is 3xTF32: float32-accurate, another order
+        np.testing.assert_allclose(fused, apart, rtol=0, atol=2e-6)
+    else:
+        np.testing.assert_array_equal(fused, apart)
+
+
 @pytest.mark.parametrize("size,kernel,stride,cin", [(224, 3, 1, 3), (224, 3, 2, 16), (28, 5, 2, 128), (7, 3, 1, 32)])
 def test_conv2d_same_equals_numpy(cp, gb, size, kernel, stride, cin):
     from xmesh.backends import get_backend

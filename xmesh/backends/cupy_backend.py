@@ -66,6 +66,9 @@ GEMM_TARGET_BLOCKS = 264
 #: 156x192x384 product, 43 -> 17 us at K = 963, H100 ncu; with 60 tiles splitting no longer pays).
 GEMM_SPLIT_MIN_K = 256
 GEMM_SPLIT_MIN_K_FEW, GEMM_FEW_TILES = 32, 24
+#: drb_score_update (p2m_ops.cu): vertices per block (XM_SU_VERTS), threads per block (XM_SU_THREADS), and
+#: the longest input row it and skinny_gemm16 hold their weights for (XM_SKINNY_K)
+SCORE_VERTICES, SCORE_THREADS, SKINNY_MAX_K = 4, 192, 512
 #: Hypotheses per vertex the fused deformation kernels are built for (kernels/p2m_ops.cu, XM_HYP).
 HYPOTHESES = 43
 
@@ -612,6 +615,29 @@ class CupyBackend(Backend):
             hit = (cheb1, hopper_gemm.mixing_source(self.to_numpy(cheb1)))   # hold cheb1: its id stays unique
             self._mixing[id(cheb1)] = hit
         return hit[1]
+
+    def op_score_update(self, layer, x, cheb1, cheb0, centers, offsets):
+        """A deformation block's narrow last layer (cin -> 1), the softmax over hypotheses and the moved
+        vertices in one kernel (``drb_score_update``: X read once, float32 sums in every mode). None
+        where it does not apply: a non-identity first support, other widths, fp16 mode off Hopper
+        (cuBLAS products), rows not in whole 16-byte loads."""
+        cp = self.cupy
+        b, k, n, cin = x.shape
+        x16 = {cp.dtype(cp.float32): 0, cp.dtype(cp.float16): 1, cp.dtype(cp.uint16): 2}.get(x.dtype)
+        if (cheb0 is not None or layer.weight0 is not None or layer.cout != 1 or k != HYPOTHESES or x16 is None
+                or cin > SKINNY_MAX_K or (x16 == 0 and self.precision == "fp16" and self.hopper is None)):
+            return None
+        rows = hopper_gemm.hypothesis_rows(cp, x)   # unit-stride rows, evenly spaced
+        ldx, vector = rows.strides[-2] // rows.itemsize, 16 // rows.itemsize   # elements per 16-byte load
+        if cin % vector or ldx % vector or rows.data.ptr % 16:
+            return None
+        out = cp.empty((b, n, 3), dtype=cp.float32)
+        self._kernel("drb_score_update")(
+            (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
+            (rows, np.int64(ldx), np.int32(cin), np.int32(x16), cp.ascontiguousarray(layer.weight, dtype=cp.float32),
+             cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias, cp.ascontiguousarray(offsets, dtype=cp.float32),
+             cp.ascontiguousarray(centers, dtype=cp.float32), out, np.int32(b), np.int32(n)))
+        return out
 
     def op_hypothesis_update(self, centers, score, offsets):
         """Softmax over the hypotheses (axis 1 of score (B,K,N)) and the moved centers (B,N,3)."""

@@ -48,7 +48,17 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     x3 = conv(layers[2], x2, x1)
     x4 = conv(layers[3], x3)
     x5 = conv(layers[4], x4, x3)
-    score = conv(layers[5], x5)[..., 0]                                  # (B,K,N)
+    return score_update(backend, layers[5], x5, params, centers)
+
+
+def score_update(backend, layer, x, params, centers):
+    """The block's last layer (x (B,K,N,cin) -> hypothesis scores (B,K,N)) and the vertex update:
+    centers (B,N,3) moved by the softmax-weighted offsets (a backend may fuse the two)."""
+    cheb1, cheb0, offsets = params.sample_cheb1, params.sample_cheb0, params.sample_coord
+    fast = backend.try_fast_path("score_update", layer, x, cheb1, cheb0, centers, offsets)
+    if fast is not None:
+        return fast
+    score = local_gconv(backend, layer, x, cheb1, cheb0)[..., 0]             # (B,K,N)
     return hypothesis_update(backend, centers, score, offsets)
 
 
