@@ -10,7 +10,11 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
 - ``drb_mix_epilogue``: the 43 x 43 mixing and relu(y0 + A y1 + b) (+ residual) of a local graph
   convolution in one pass, after the one GEMM y = X [W0 | W1] (on compute capability 9.0 the whole
   layer is one kernel instead, ``wg_drb_layer`` in ``kernels/wgmma_gemm.cu``);
-- ``hypothesis_softmax_update``: softmax over the 43 hypotheses and the new vertex positions;
+- ``drb_score_update``: a deformation block's narrow last layer (float32 sums), the softmax over the 43
+  hypotheses and the new vertex positions in one launch (``hypothesis_softmax_update``: the softmax
+  and update alone);
+- ``csr_gconv``: stage 1's graph convolution after its GEMM (support 1 in CSR, bias, ReLU, and the
+  residual layers' averaging);
 - ``conv_*`` (implicit GEMM, tc_gemm.cu), ``conv_direct_x4`` (the 3-channel first layer, float32) or
   ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
 
