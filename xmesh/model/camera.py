@@ -55,6 +55,13 @@ def packed_transforms(cameras) -> np.ndarray:
                            origin.reshape(batch, 3 * views)], axis=1).astype(np.float32)
 
 
+def unpack_transforms(packed, views: int) -> tuple:
+    """(from0, origin0, rot, origin) as views of :func:`packed_transforms` rows (..., 12 + 12V)."""
+    lead = tuple(packed.shape[:-1])
+    return (packed[..., :9].reshape(lead + (3, 3)), packed[..., 9:12],
+            packed[..., 12:12 + 9 * views].reshape(lead + (views, 3, 3)), packed[..., 12 + 9 * views:].reshape(lead + (views, 3)))
+
+
 @dataclass(frozen=True)
 class ViewTransforms:
     """Everything the projections need to map camera-0 points into each view, as host float32.
@@ -70,14 +77,8 @@ class ViewTransforms:
 
     @classmethod
     def from_cameras(cls, cameras) -> "ViewTransforms":
-        packed = packed_transforms(np.asarray(cameras, dtype=np.float32)[None])[0]
-        views = (packed.size - 12) // 12
-        return cls(from0=packed[:9].reshape(3, 3), origin0=packed[9:12], rot=packed[12:12 + 9 * views].reshape(views, 3, 3),
-                   origin=packed[12 + 9 * views:].reshape(views, 3))
-
-    def packed(self) -> np.ndarray:
-        """All of it as one flat float32 vector (9 + 3 + V*12), for a kernel argument."""
-        return np.concatenate([self.from0.ravel(), self.origin0, self.rot.ravel(), self.origin.ravel()]).astype(np.float32)
+        cameras = np.asarray(cameras, dtype=np.float32)
+        return cls(*unpack_transforms(packed_transforms(cameras[None])[0], cameras.shape[0]))
 
 
 def mat3(p, m):

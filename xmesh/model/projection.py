@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .architecture import IMAGE_SIZE
-from .camera import mat3, packed_transforms, project
+from .camera import mat3, packed_transforms, project, unpack_transforms
 
 STD_EPS = 1e-6
 
@@ -35,10 +35,7 @@ class DeviceTransforms:
     @classmethod
     def from_packed(cls, packed, num_views: int) -> "DeviceTransforms":
         """The transforms as views of a (B, 12 + 12V) array of :func:`packed_transforms` rows."""
-        batch, v = packed.shape[0], num_views
-        return cls(from0=packed[:, :9].reshape(batch, 3, 3), origin0=packed[:, 9:12],
-                   rot=packed[:, 12:12 + 9 * v].reshape(batch, v, 3, 3), origin=packed[:, 12 + 9 * v:].reshape(batch, v, 3),
-                   packed=packed, num_views=v)
+        return cls(*unpack_transforms(packed, num_views), packed=packed, num_views=num_views)
 
     @classmethod
     def from_cameras(cls, backend, cameras) -> "DeviceTransforms":
