@@ -518,6 +518,43 @@ extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const f
     }
 }
 
+// acc[c] (c < nw <= NC) += sum over k = 0 .. K-1, in order (fmaf), of row[k] * w[k * nw + c]: the row
+// float32 (x16 = 0) or a 16-bit mode's values (1: float16, 2: bfloat16 bits), 16-byte aligned and read
+// in 16-byte loads (values of the last load past K are skipped).
+template <int NC>
+__device__ __forceinline__ void xm_row_times(const void* row, int K, int x16, const float* w, int nw, float* acc) {
+    if (x16 == 0) {
+        const float4* r4 = reinterpret_cast<const float4*>(row);
+        for (int k4 = 0; k4 < K; k4 += 4) {
+            const float4 q = r4[k4 / 4];
+            const float vals[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int k = k4 + e;
+                if (k >= K) break;
+#pragma unroll
+                for (int c = 0; c < NC; ++c)
+                    if (c < nw) acc[c] = fmaf(vals[e], w[k * nw + c], acc[c]);
+            }
+        }
+        return;
+    }
+    const uint4* r8 = reinterpret_cast<const uint4*>(row);
+    for (int k8 = 0; k8 < K; k8 += 8) {
+        const uint4 q = r8[k8 / 8];
+        const unsigned pairs[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int k = k8 + e;
+            if (k >= K) break;
+            const float v = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), x16 == 2);
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+                if (c < nw) acc[c] = fmaf(v, w[k * nw + c], acc[c]);
+        }
+    }
+}
+
 // y (M, NW) = X (M, K) W (K, NW) for a few columns (NW <= XM_SKINNY_COLS) and X in a 16-bit mode's
 // activations (float16, or bfloat16 bits when bf16 != 0; rows ldx elements apart, 16-byte aligned,
 // ldx % 8 == 0): the narrow last layer of a deformation block in the fp16 / bf16 modes, which reads
@@ -534,20 +571,7 @@ extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, l
         float acc[XM_SKINNY_COLS];
 #pragma unroll
         for (int c = 0; c < XM_SKINNY_COLS; ++c) acc[c] = 0.0f;
-        const uint4* row = reinterpret_cast<const uint4*>(x + r * ldx);
-        for (int k8 = 0; k8 < K; k8 += 8) {
-            const uint4 q = row[k8 / 8];
-            const unsigned pairs[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int k = k8 + e;
-                if (k >= K) break;
-                const float v = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), bf16);
-#pragma unroll
-                for (int c = 0; c < XM_SKINNY_COLS; ++c)
-                    if (c < NW) acc[c] = fmaf(v, ws[k * NW + c], acc[c]);
-            }
-        }
+        xm_row_times<XM_SKINNY_COLS>(x + r * ldx, K, bf16 ? 2 : 1, ws, NW, acc);
         for (int c = 0; c < NW; ++c) y[r * NW + c] = acc[c];
     }
 }
@@ -610,33 +634,12 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     float y0 = 0.0f;
     if (active) {
         const long long r = ((g / N) * XM_HYP + k) * N + g % N;    // row (b, k, n)
-        float acc0 = 0.0f, acc1 = 0.0f;
-        if (x16 == 0) {
-            const float4* row = reinterpret_cast<const float4*>(static_cast<const float*>(x) + r * ldx);
-            for (int c4 = 0; c4 < cin / 4; ++c4) {
-                const float4 q = row[c4];
-                const float vals[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    acc0 = fmaf(vals[e], ws[2 * (4 * c4 + e)], acc0);
-                    acc1 = fmaf(vals[e], ws[2 * (4 * c4 + e) + 1], acc1);
-                }
-            }
-        } else {
-            const uint4* row = reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(x) + r * ldx);
-            for (int c8 = 0; c8 < cin / 8; ++c8) {
-                const uint4 q = row[c8];
-                const unsigned pairs[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const float val = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), x16 == 2);
-                    acc0 = fmaf(val, ws[2 * (8 * c8 + e)], acc0);
-                    acc1 = fmaf(val, ws[2 * (8 * c8 + e) + 1], acc1);
-                }
-            }
-        }
-        y0 = acc0;
-        y1s[v][k] = acc1;
+        const void* row = x16 == 0 ? (const void*)(static_cast<const float*>(x) + r * ldx)
+                                   : (const void*)(static_cast<const unsigned short*>(x) + r * ldx);
+        float acc[2] = {0.0f, 0.0f};
+        xm_row_times<2>(row, cin, x16, ws, 2, acc);
+        y0 = acc[0];
+        y1s[v][k] = acc[1];
     }
     __syncthreads();
     if (active) {
