@@ -1,7 +1,7 @@
 """Per-kernel GPU time of each benchmark stage, read by Nsight Compute (device only).
 
     ncu --csv --page raw --nvtx --profile-from-start off --cache-control none --clock-control none \
-        --metrics gpu__time_duration.sum python3 scripts/kernel_profile.py 1 > prof.csv
+        --metrics gpu__time_duration.sum python3 scripts/kernel_profile.py 1 [fp16] > prof.csv
     python3 scripts/kernel_profile.py --report prof.csv
 
 The first form runs every leaf stage of the benchmark once untimed, then once more inside the
@@ -18,12 +18,12 @@ LEAF_STAGES = ("cnn_stage1", "graph_projection", "graph_block_1", "graph_block_2
                "cnn_stage2", "local_projection", "drb_1", "drb_2")
 
 
-def profile(batch: int) -> None:
+def profile(batch: int, precision: str = "fp32") -> None:
     import cupy
 
     from xmesh.benchmarking import Workload
 
-    work = Workload("cupy", batch=batch)
+    work = Workload("cupy", batch=batch, precision=precision)
     work.prepare(*LEAF_STAGES)
     for name in LEAF_STAGES:
         work.stage(name)()
@@ -69,4 +69,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--report":
         report(sys.argv[2])
     else:
-        profile(int(sys.argv[1]))
+        profile(int(sys.argv[1]), *sys.argv[2:3])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
-from xmesh.errors import BackendUnavailableError
+from xmesh.errors import BackendUnavailableError, InputError
 
 END_TO_END_ATOL = 1e-4
 END_TO_END_MAX_FRACTION = 0.01   # at most 1% of vertices beyond END_TO_END_ATOL
@@ -446,6 +446,40 @@ def test_stage1_graph_conv_kernel_equals_reference(cp, gb, ref_gb, n, cin, batch
         np.testing.assert_allclose(out.get(), exact, rtol=1e-5, atol=1e-5)
         fused = graph_conv(gb, layer, x, (None, gb.sparse(s1)), residual)
         np.testing.assert_array_equal(fused.get(), ((out + residual) * 0.5).get())
+
+
+@pytest.mark.parametrize("n_old,cin,batch", [(156, 3075, 1), (618, 3075, 2), (40, 192, 3)])
+def test_stage1_graph_conv_after_unpooling_equals_reference(cp, gb, ref_gb, n_old, cin, batch):
+    """op_graph_conv with pool_idx (GEMM on the rows before unpooling, unpool kernel on its output,
+    CSR kernel) is the layer on the unpooled input: against a float64 reference of the original's
+    order (unpool, then the layer) and the model's array code on the unpooled input."""
+    import scipy.sparse as sp
+
+    from xmesh.model.graph import graph_conv, unpool
+    from xmesh.model.params import GraphConv
+
+    rng = np.random.default_rng(n_old + cin)
+    cout = 192
+    pool = np.unique(np.sort(rng.integers(0, n_old, size=(3 * n_old, 2)), axis=1), axis=0)
+    pool = pool[pool[:, 0] != pool[:, 1]]
+    n = n_old + len(pool)
+    s1 = sp.random(n, n, density=6 / n, random_state=5, dtype=np.float32).tocsr()
+    host_x = rng.standard_normal((batch, n_old, cin)).astype(np.float32)
+    host_w = (rng.standard_normal((cin, 2 * cout)) / np.sqrt(cin)).astype(np.float32)
+    host_b = rng.standard_normal(cout).astype(np.float32)
+    layer = GraphConv(cp.asarray(host_w), cp.asarray(host_b), cout, True)
+    x, edges = cp.asarray(host_x), cp.asarray(pool, dtype=cp.int64)
+    out = graph_conv(gb, layer, x, (None, gb.sparse(s1)), pool_idx=edges)
+    assert out.shape == (batch, n, cout)
+    up = host_x.astype(np.float64)
+    up = np.concatenate([up, (up[:, pool[:, 0]] + up[:, pool[:, 1]]) / 2], axis=1)
+    y = up @ host_w
+    exact = np.maximum(y[..., :cout] + np.stack([s1 @ yb[:, cout:] for yb in y]) + host_b, 0)
+    np.testing.assert_allclose(out.get(), exact, rtol=1e-5, atol=1e-5)
+    first = graph_conv(ref_gb, layer, unpool(ref_gb, x, edges), (None, ref_gb.sparse(s1)))
+    np.testing.assert_allclose(out.get(), first.get(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match="support"):
+        graph_conv(gb, layer, x, (None, gb.sparse(s1[:n - 1, :n - 1])), pool_idx=edges)
 
 
 @pytest.mark.parametrize("batch,n,c", [(1, 156, 963), (3, 618, 3075), (2, 5, 1)])

@@ -80,6 +80,48 @@ def test_graph_conv_and_unpool_against_dense_reference(be):
     np.testing.assert_array_equal(up[:, n], (x[:, 0] + x[:, 3]) * 0.5)
 
 
+def unpool_reference(x, pool):
+    """float64 unpooling written from MODEL.md: x followed by the midpoints (x_u + x_v) / 2."""
+    x = np.asarray(x, np.float64)
+    return np.concatenate([x, (x[:, pool[:, 0]] + x[:, pool[:, 1]]) / 2], axis=1)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_graph_conv_after_a_deferred_unpooling_is_the_layer_on_the_unpooled_input(be, fused):
+    """graph_conv(x, pool_idx) runs the product on x's rows and unpools its output; that must be
+    the layer applied to unpool(x) (the original's order), here in float64."""
+    rng = np.random.default_rng(3)
+    n_old, cin, cout = 24, 11, 6
+    pool = np.array(sorted({tuple(sorted(rng.choice(n_old, 2, replace=False))) for _ in range(40)}), dtype=np.int64)
+    n = n_old + len(pool)
+    s1 = sp.random(n, n, density=0.15, random_state=2, dtype=np.float32)
+    s1 = (s1 + s1.T).tocsr()
+    x = rng.standard_normal((2, n_old, cin)).astype(np.float32)
+    w0, w1 = rng.standard_normal((cin, cout)).astype(np.float32), rng.standard_normal((cin, cout)).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    up = unpool_reference(x, pool)
+    dense = s1.toarray().astype(np.float64)
+    if fused:
+        layer, supports, s0 = GraphConv(np.concatenate([w0, w1], 1), bias, cout, relu=True), (None, be.sparse(s1)), np.eye(n)
+    else:
+        s0m = sp.random(n, n, density=0.1, random_state=4, dtype=np.float32).tocsr()
+        layer, supports, s0 = GraphConv(w1, bias, cout, relu=True, weight0=w0), (be.sparse(s0m), be.sparse(s1)), s0m.toarray()
+    ref = np.maximum(s0 @ (up @ w0.astype(np.float64)) + dense @ (up @ w1.astype(np.float64)) + bias, 0)
+    got = graph.graph_conv(be, layer, x, supports, pool_idx=be.asarray(pool, dtype=np.int64))
+    assert got.shape == (2, n, cout)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # and the original order (unpool first, then the layer) agrees with it to float32 rounding
+    first = graph.graph_conv(be, layer, graph.unpool(be, x, be.asarray(pool, dtype=np.int64)), supports)
+    np.testing.assert_allclose(got, first, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_unpoolings_before_a_plain_graph_convolution_are_deferred():
+    from xmesh.model import architecture as arch
+
+    assert [i for i in range(arch.NUM_STAGE1_LAYERS) if arch.unpool_commutes_with_next(i)] == [16, 32]
+    assert not arch.unpool_commutes_with_next(15) and not arch.unpool_commutes_with_next(17)
+
+
 def random_cameras(rng, batch):
     rows = np.zeros((batch, 3, 5), np.float32)
     rows[..., 0] = rng.uniform(0, 360, (batch, 3))

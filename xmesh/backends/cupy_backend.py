@@ -443,9 +443,10 @@ class CupyBackend(Backend):
         out16 = operands if self.hopper is not None and hopper_gemm.OPERANDS[operands][2] == 0 else ""
         return self._projection("local_projection", points, maps, tf, 3, 1, out16=out16)
 
-    def op_graph_conv(self, layer, x, supports, residual=None):
+    def op_graph_conv(self, layer, x, supports, residual=None, pool_idx=None):
         """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel
-        (bias, ReLU and the residual step included)."""
+        (bias, ReLU and the residual step included). With ``pool_idx`` the GEMM's output is unpooled
+        (one kernel) before the CSR kernel (graph.graph_conv's order)."""
         cp = self.cupy
         s0, s1 = supports
         if s0 is not None or layer.weight0 is not None:
@@ -457,6 +458,14 @@ class CupyBackend(Backend):
         if cin % 4:   # the first layers' 2883 / 3075 inputs: rows padded to 16 bytes for the vector loads
             x2, weight = self._pad_k(x2), self._padded_weight(layer.weight)
         y = self.gemm(x2, weight, cache_key=weight)   # (B*N, 2*cout)
+        if pool_idx is not None:
+            y = self.op_unpool(y.reshape(b, n, 2 * cout), pool_idx)
+            if y is None:
+                return None
+            n = y.shape[1]
+            y = y.reshape(b * n, 2 * cout)
+        if s1.shape != (n, n):
+            raise InputError(f"graph_conv: support of shape {s1.shape} for {n} vertices")
         if residual is not None:
             residual = cp.ascontiguousarray(residual, dtype=cp.float32)
             if residual.shape != (b, n, cout):

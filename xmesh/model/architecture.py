@@ -49,6 +49,18 @@ def last_layer_of_block(idx: int) -> bool:
     return any(idx == first + count - 1 for _, first, count in GRAPH_BLOCKS)
 
 
+def unpool_commutes_with_next(idx: int) -> bool:
+    """Whether unpooling layer ``idx`` can run after the next layer's product instead of before it.
+
+    True when layer idx + 1 is a graph convolution that reads only a[-1], and layer idx + 2 reads
+    only a[-1] as well (so the unpooled input, a[-2] there, is never needed).
+    """
+    reads_previous = RESIDUAL_LAYERS | CONCAT_LAYERS
+    nxt = idx + 1
+    return (idx in UNPOOL_LAYERS and nxt not in PROJECTION_LAYERS and nxt not in UNPOOL_LAYERS
+            and nxt < NUM_STAGE1_LAYERS and nxt not in reads_previous and nxt + 1 not in reads_previous)
+
+
 def cnn_name(stage: int, k: int) -> str:
     return f"{'meshnetmvp2m' if stage == 1 else 'meshnet'}/cnn/conv2d_{k}"
 

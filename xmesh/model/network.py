@@ -34,18 +34,26 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
     The original's list of 48 layers: graph projections at 0, 15, 31, unpooling at 16 and 32,
     graph convolutions elsewhere; layers in RESIDUAL_LAYERS average with a[-2], those in
     CONCAT_LAYERS append a[-2]'s features. Each block's last layer output (coordinates) is
-    appended to ``blocks``.
+    appended to ``blocks``. An unpooling followed by a graph convolution is run inside that
+    convolution, after its product (``graph_conv``'s ``pool_idx``): the unpooled 3075-wide input
+    is never made, and the product runs on a quarter of the rows.
     """
     xp = backend.xp
+    pending_pool = None   # an unpooling left to the next layer, which runs its product first
     for idx in range(start, stop):
         if idx in arch.PROJECTION_LAYERS:
             h = graph_projection(backend, current, maps, tf, view_quirk)
         elif idx in arch.UNPOOL_LAYERS:
-            h = unpool(backend, current, p.pool_idx[arch.UNPOOL_LAYERS[idx]])
+            pool_idx = p.pool_idx[arch.UNPOOL_LAYERS[idx]]
+            if arch.unpool_commutes_with_next(idx) and idx + 2 < stop:
+                pending_pool, h = pool_idx, current
+            else:
+                h = unpool(backend, current, pool_idx)
         else:   # a graph convolution; the residual layers' averaging (h + a[-2]) / 2 is part of it
             block = arch.block_of_layer(idx)
             residual = previous if idx in arch.RESIDUAL_LAYERS else None
-            h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1], residual)
+            h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1], residual, pending_pool)
+            pending_pool = None
             if blocks is not None and arch.last_layer_of_block(idx):
                 blocks.append(h)
         if idx in arch.CONCAT_LAYERS:
