@@ -106,13 +106,14 @@ __device__ __forceinline__ void xm_pool_store(const float* vals, int V, OT* __re
 }
 
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
-// coords (B,N,3); tf (B, 12+12V); maps m_i (B*V, s_i, s_i, C_i); out (B, N, 3 + 3*CT), rows ldo apart.
+// coords (B,N,3); tf (B, 12+12V); maps m_i (B*MV, s_i, s_i, C_i): the first MV views of each sample
+// (all V, or with the quirk only view 0, the one it reads); out (B, N, 3 + 3*CT), rows ldo apart.
 extern "C" __global__ void graph_projection(
     const float* __restrict__ coords, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1,
     const float* __restrict__ m2, const float* __restrict__ m3,
     int s0, int s1, int s2, int s3, int c0, int c1, int c2, int c3,
-    int B, int N, int V, int quirk, float* __restrict__ out, long long ldo) {
+    int B, int N, int V, int quirk, int MV, float* __restrict__ out, long long ldo) {
     const int CT = c0 + c1 + c2 + c3;
     int c, b;
     long long pt;
@@ -136,7 +137,7 @@ extern "C" __global__ void graph_projection(
             const int ih = (int)__fdiv_rn(h, rf);
             const int iw = (int)__fdiv_rn(w, rf);
             const int src = quirk ? v / r : v;
-            const long long row = ((long long)(b * V + src) * s + ih) * s + iw;
+            const long long row = ((long long)(b * MV + src) * s + ih) * s + iw;   // MV views' maps a sample
             vals[v] = __ldg(m + row * C + cc);
         } else {
             vals[v] = 0.0f;

@@ -86,6 +86,10 @@ def test_graph_projection_kernel_equals_reference(cp, gb, ref_gb, quirk, seed):
     cpu = get_backend("numpy")
     host = graph_projection(cpu, coords, maps, DeviceTransforms.from_cameras(cpu, cams), quirk)
     np.testing.assert_allclose(out, host, rtol=1e-6, atol=1e-6)
+    if quirk:   # view 0's maps alone (what stage 1 computes with the quirk): the same values
+        view0 = [cp.asarray(m.reshape((batch, 3) + m.shape[1:])[:, 0]) for m in maps]
+        alone = gb.to_numpy(graph_projection(gb, cp.asarray(coords), view0, DeviceTransforms.from_cameras(gb, cams), quirk))
+        np.testing.assert_array_equal(alone, out)
 
 
 @pytest.mark.parametrize("seed,channels", [(0, (16, 32, 64)), (1, (16, 32, 64)), (2, (3, 8, 5))])

@@ -231,6 +231,58 @@ def test_graph_projection_view_quirk_switch(be):
     np.testing.assert_array_equal(quirk[..., :3], pts)
 
 
+def test_quirk_projection_reads_view0_maps_alone(be):
+    """With the quirk every view samples view 0's maps, so maps of view 0 alone (B*1 images) give
+    bit for bit what the maps of all views give; without the quirk all views are needed. Maps of
+    any other count are refused with the counts named."""
+    from xmesh.errors import InputError
+    from xmesh.model import architecture as arch
+
+    assert arch.stage1_views_read(3, True) == (0,) and arch.stage1_views_read(3, False) == (0, 1, 2)
+    assert [arch.map_stride(t) for t in arch.STAGE1_TAPS] == [4, 8, 16, 32]
+    assert arch.stage1_views_read(9, True) == (0, 1, 2)          # 9 views: view 8 // 4 = 2
+    rng = np.random.default_rng(6)
+    batch = 3
+    cams = random_cameras(rng, batch)
+    tf = DeviceTransforms.from_cameras(be, cams)
+    pts = rng.uniform(-0.2, 0.2, (batch, 40, 3)).astype(np.float32)
+    pts[..., 2] -= 0.8
+    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((56, 4), (28, 3), (14, 2), (7, 5))]
+    view0 = [m.reshape((batch, 3) + m.shape[1:])[:, 0] for m in maps]
+    full = projection.graph_projection(be, pts, maps, tf, view_quirk=True)
+    np.testing.assert_array_equal(projection.graph_projection(be, pts, view0, tf, view_quirk=True), full)
+    with pytest.raises(InputError, match=r"maps of \[3\] images for 3 sample\(s\) of 3 views; expected 9$"):
+        projection.graph_projection(be, pts, view0, tf, view_quirk=False)
+    with pytest.raises(InputError, match="expected 9 or 3"):
+        projection.graph_projection(be, pts, [m[:6] for m in maps], tf, view_quirk=True)
+
+
+def test_stage1_runs_the_cnn_on_the_views_it_reads(be, monkeypatch):
+    """Untraced, stage 1 sends only view 0 through its CNN (the quirk reads nothing else) and gives
+    the coarse mesh the traced run gives with every view's maps; without the quirk all views go in."""
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.model import network
+    from xmesh.template_gen import generate_template
+
+    rng = np.random.default_rng(8)
+    images = rng.uniform(0, 1, (2, 3, 224, 224, 3)).astype(np.float32)
+    cams = random_cameras(rng, 2)
+    model = Reconstructor(synthetic_weights(3), template=generate_template(), backend=be)
+    seen = []
+    real_cnn = network.run_cnn
+    monkeypatch.setattr(network, "run_cnn", lambda b, convs, x, taps: seen.append(x.shape[0]) or real_cnn(b, convs, x, taps))
+    flat = images.reshape(6, 224, 224, 3)
+    tf = DeviceTransforms.from_cameras(be, cams)
+    fast = network.run_stage1(be, model.stage1, flat, tf, view_quirk=True)
+    traced = network.run_stage1(be, model.stage1, flat, tf, view_quirk=True, trace=network.Trace())
+    assert seen == [2, 6]
+    for a, b in zip(fast, traced):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(network.stage1_cnn_images(be, flat, 3, True), images[:, 0])
+    assert network.stage1_cnn_images(be, flat, 3, False) is flat
+
+
 def test_unknown_backend_is_rejected():
     from xmesh.errors import InputError
 

@@ -8,7 +8,8 @@ zero-argument callable per stage (:data:`STAGES`). Every callable ends with
 
 What each stage covers (B = batch, V = 3 views):
 
-* ``cnn_stage1`` / ``cnn_stage2``: CNN18 over the B*V images (stage 2: convs 1-8 only).
+* ``cnn_stage1`` / ``cnn_stage2``: CNN18 over the images each stage reads (stage 1: view 0 alone
+  with the view quirk, ``network.stage1_cnn_images``; stage 2: all B*V images, convs 1-8 only).
 * ``graph_projection``: the three stage-1 graph projections (layers 0, 15, 31, concat included).
 * ``graph_block_1/2/3``: the graph convolutions of stage-1 block k (block 2 and 3 include the
   unpooling before them), i.e. layers 1-14, 16-30, 32-47.
@@ -206,8 +207,13 @@ class Workload:
 
     # -- intermediate results the stages start from (computed on first use) ---------------
     @cached_property
+    def stage1_images(self):
+        """What the stage-1 CNN reads in a reconstruction (network.stage1_cnn_images)."""
+        return network.stage1_cnn_images(self.backend, self.images, self.tf.num_views, self.view_quirk)
+
+    @cached_property
     def maps1(self):
-        return run_cnn(self.backend, self.model.stage1.cnn, self.images, arch.STAGE1_TAPS)
+        return run_cnn(self.backend, self.model.stage1.cnn, self.stage1_images, arch.STAGE1_TAPS)
 
     @cached_property
     def padded2(self):
@@ -268,7 +274,7 @@ class Workload:
 
     # -- the stages ----------------------------------------------------------------------
     def cnn_stage1(self):
-        out = run_cnn(self.backend, self.model.stage1.cnn, self.images, arch.STAGE1_TAPS)
+        out = run_cnn(self.backend, self.model.stage1.cnn, self.stage1_images, arch.STAGE1_TAPS)
         self.backend.synchronize()
         return out
 

@@ -45,6 +45,7 @@ from .base import Backend
 from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
 from .numpy_backend import same_padding
+from ..model.projection import stage1_map_views
 
 KERNEL_FILE = "p2m_ops.cu"
 GEMM_FILE = "tc_gemm.cu"
@@ -434,7 +435,9 @@ class CupyBackend(Backend):
         return out if row == width else out[..., :width]
 
     def op_graph_projection(self, coords, maps, tf, view_quirk=True):
-        return self._projection("graph_projection", coords, maps, tf, 4, 0, np.int32(bool(view_quirk)))
+        map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
+        return self._projection("graph_projection", coords, maps, tf, 4, 0, np.int32(bool(view_quirk)),
+                                np.int32(map_views))
 
     def op_local_projection(self, points, maps, tf):
         """The stage-2 projection; in the 16-bit modes on an H100/H200 its output is already in the

@@ -49,6 +49,25 @@ def last_layer_of_block(idx: int) -> bool:
     return any(idx == first + count - 1 for _, first, count in GRAPH_BLOCKS)
 
 
+def map_stride(tap: int) -> int:
+    """Pixels of the 224x224 image per map cell after conv ``tap`` (4 after conv 8, 32 after conv 18)."""
+    stride = 1
+    for _, _, step in CNN_LAYERS[:tap]:
+        stride *= step
+    return stride
+
+
+def stage1_views_read(num_views: int, view_quirk: bool) -> tuple:
+    """The views whose stage-1 maps the graph projections read.
+
+    With the quirk the view index is divided by each map's stride like the pixel indices, so view v
+    reads view v // stride's maps: with 3 views and strides of 4 and more, only view 0's.
+    """
+    if not view_quirk:
+        return tuple(range(num_views))
+    return tuple(sorted({v // map_stride(tap) for v in range(num_views) for tap in STAGE1_TAPS}))
+
+
 def unpool_commutes_with_next(idx: int) -> bool:
     """Whether unpooling layer ``idx`` can run after the next layer's product instead of before it.
 

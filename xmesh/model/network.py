@@ -62,11 +62,32 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
     return previous, current
 
 
+def stage1_cnn_images(backend, images, num_views: int, view_quirk: bool):
+    """The images whose stage-1 maps the graph projections read, (B*V',224,224,3) sample-major.
+
+    With the quirk (the published weights) every view samples view 0's maps, so only view 0 goes
+    through the stage-1 CNN: the other views' maps would never be read (the original computes and
+    discards them). Without it, all V views.
+    """
+    views = arch.stage1_views_read(num_views, view_quirk)
+    if len(views) == num_views:
+        return images
+    xp = backend.xp
+    batch = images.shape[0] // num_views
+    per_sample = xp.reshape(images, (batch, num_views) + tuple(images.shape[1:]))
+    return xp.reshape(per_sample[:, : len(views)], (batch * len(views),) + tuple(images.shape[1:]))
+
+
 def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True, trace: Trace | None = None):
-    """Coarse mesh: returns the coordinates after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3))."""
+    """Coarse mesh: returns the coordinates after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3)).
+
+    A trace keeps every view's maps (as the original computes them); without one, only the views
+    the projections read go through the CNN (``stage1_cnn_images``).
+    """
     xp = backend.xp
     batch = images.shape[0] // tf.num_views
-    maps = run_cnn(backend, p.cnn, images, arch.STAGE1_TAPS)
+    cnn_images = images if trace is not None else stage1_cnn_images(backend, images, tf.num_views, view_quirk)
+    maps = run_cnn(backend, p.cnn, cnn_images, arch.STAGE1_TAPS)
     coords = xp.broadcast_to(p.coord[None], (batch,) + tuple(p.coord.shape))
     blocks: list = []
     run_stage1_layers(backend, p, maps, tf, view_quirk, 0, arch.NUM_STAGE1_LAYERS, None, coords, blocks)

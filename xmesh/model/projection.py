@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .architecture import IMAGE_SIZE
+from ..errors import InputError
+from .architecture import IMAGE_SIZE, stage1_views_read
 from .camera import mat3, packed_transforms, project, unpack_transforms
 
 STD_EPS = 1e-6
@@ -63,13 +64,27 @@ def _pool_views(xp, per_view):
     return [xp.max(stacked, axis=0), mean, xp.sqrt(var + STD_EPS)]
 
 
+def stage1_map_views(batch: int, maps, num_views: int, view_quirk: bool) -> int:
+    """Views per sample in the stage-1 ``maps``: all ``num_views``, or (with the quirk) as few as the
+    projection reads (``architecture.stage1_views_read``); anything else is refused."""
+    read = len(stage1_views_read(num_views, view_quirk))
+    counts = {int(m.shape[0]) for m in maps}
+    for views in (num_views, read):
+        if counts == {batch * views}:
+            return views
+    raise InputError(f"graph projection: maps of {sorted(counts)} images for {batch} sample(s) of {num_views} views; "
+                     f"expected {batch * num_views}" + (f" or {batch * read} (the views the quirk reads)" if read != num_views else ""))
+
+
 def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bool = True):
     """Stage 1: (B,N,3) camera-0 coordinates -> (B,N,3+3*sum(C)) pooled features.
 
-    ``maps`` are the stacked (B*V,s,s,C) CNN maps. With ``view_quirk`` (the published weights'
-    behaviour) the view index is divided by the map stride like the pixel indices, so every view
+    ``maps`` are the stacked (B*V',s,s,C) CNN maps of the first V' views of each sample: all V, or
+    with ``view_quirk`` (the published weights' behaviour) only those the quirk reads. With the
+    quirk the view index is divided by the map stride like the pixel indices, so every view
     samples view 0's maps.
     """
+    map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
     fast = backend.try_fast_path("graph_projection", coords, maps, tf, view_quirk)
     if fast is not None:
         return fast
@@ -86,7 +101,7 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
             src_view = view // stride if view_quirk else view
             ih = xp.astype(h / stride, xp.int64)
             iw = xp.astype(w / stride, xp.int64)
-            base = (xp.arange(batch, dtype=xp.int64) * views + src_view)[:, None] * (s * s)
+            base = (xp.arange(batch, dtype=xp.int64) * map_views + src_view)[:, None] * (s * s)
             flat = xp.reshape(fmap, (-1, channels))
             index = xp.reshape(base + ih * s + iw, (-1,))
             feats.append(xp.reshape(xp.take(flat, index, axis=0), (batch, n, channels)))
