@@ -478,6 +478,46 @@ extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* 
     out[idx] = res != nullptr ? __fmul_rn(__fadd_rn(v, res[idx]), 0.5f) : v;
 }
 
+// csr_gconv for 4 adjacent columns a thread, with 32-bit indices: the same fmaf chain and adds per
+// element (bit for bit csr_gconv's results) from 16-byte loads of y, bias, res and stores of out.
+// Needs cout, ldy and off1 multiples of 4, y, bias, res, out 16-byte aligned, B * N * cout < 2^31.
+__device__ __forceinline__ float xm_gconv_end(float y0, float acc, float b, const float* res, int e, int relu) {
+    float v = __fadd_rn(__fadd_rn(y0, acc), b);
+    if (relu) v = fmaxf(v, 0.0f);
+    return res != nullptr ? __fmul_rn(__fadd_rn(v, res[e]), 0.5f) : v;
+}
+
+extern "C" __global__ void csr_gconv_x4(const int* __restrict__ indptr, const int* __restrict__ indices,
+                                        const float* __restrict__ data, const float* __restrict__ y,
+                                        int ldy, int off1, const float* __restrict__ bias,
+                                        const float* __restrict__ res, float* __restrict__ out,
+                                        int B, int N, int cout, int relu) {
+    const int quads = cout >> 2;
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * N * quads) return;
+    const int row = idx / quads, c = (idx - row * quads) * 4;   // row = b * N + i
+    const int i = row % N, b0 = row - i;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int end = __ldg(indptr + i + 1);
+    for (int k = __ldg(indptr + i); k < end; ++k) {
+        const float a = __ldg(data + k);
+        const float4 v = __ldg(reinterpret_cast<const float4*>(y + (size_t)(b0 + __ldg(indices + k)) * ldy + off1 + c));
+        acc[0] = fmaf(a, v.x, acc[0]);
+        acc[1] = fmaf(a, v.y, acc[1]);
+        acc[2] = fmaf(a, v.z, acc[2]);
+        acc[3] = fmaf(a, v.w, acc[3]);
+    }
+    const float4 y0 = __ldg(reinterpret_cast<const float4*>(y + (size_t)row * ldy + c));
+    const float4 bc = __ldg(reinterpret_cast<const float4*>(bias + c));
+    const float* r = res != nullptr ? res + (size_t)row * cout + c : nullptr;
+    float4 o;
+    o.x = xm_gconv_end(y0.x, acc[0], bc.x, r, 0, relu);
+    o.y = xm_gconv_end(y0.y, acc[1], bc.y, r, 1, relu);
+    o.z = xm_gconv_end(y0.z, acc[2], bc.z, r, 2, relu);
+    o.w = xm_gconv_end(y0.w, acc[3], bc.w, r, 3, relu);
+    *reinterpret_cast<float4*>(out + (size_t)row * cout + c) = o;
+}
+
 // Local graph convolution of a deformation reasoning block after the one GEMM y = x [W0 | W1]
 // (hypothesis-major rows (b, k, n), width 2*cout: y0 = columns [0, cout), y1 = [cout, 2*cout)):
 // out[b,k,n,c] = relu((y0[b,k,n,c] + sum_j A1[k,j] y1[b,j,n,c]) + bias[c]) (+ res[b,k,n,c]).

@@ -13,8 +13,8 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
 - ``drb_score_update``: a deformation block's narrow last layer (float32 sums), the softmax over the 43
   hypotheses and the new vertex positions in one launch (``hypothesis_softmax_update``: the softmax
   and update alone);
-- ``csr_gconv``: stage 1's graph convolution after its GEMM (support 1 in CSR, bias, ReLU, and the
-  residual layers' averaging);
+- ``csr_gconv`` / ``csr_gconv_x4`` (4 columns a thread): stage 1's graph convolution after its
+  GEMM (support 1 in CSR, bias, ReLU, and the residual layers' averaging);
 - ``conv_*`` (implicit GEMM, tc_gemm.cu), ``conv_direct_x4`` (the 3-channel first layer, float32) or
   ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
 
@@ -474,8 +474,11 @@ class CupyBackend(Backend):
             if residual.shape != (b, n, cout):
                 raise InputError(f"graph_conv: residual of shape {residual.shape}, expected {(b, n, cout)}")
         out = cp.empty((b, n, cout), dtype=cp.float32)
-        total = out.size
-        self._kernel("csr_gconv")(
+        total, kernel = out.size, "csr_gconv"
+        if cout % 4 == 0 and total < 2**31 and all(a.data.ptr % 16 == 0 for a in (y, layer.bias, out)) \
+                and (residual is None or residual.data.ptr % 16 == 0):
+            total, kernel = total // 4, "csr_gconv_x4"   # 4 columns a thread, 32-bit indices
+        self._kernel(kernel)(
             ((total + THREADS - 1) // THREADS,), (THREADS,),
             (s1.indptr, s1.indices, s1.data, y, np.int32(2 * cout), np.int32(cout), layer.bias,
              np.uint64(0) if residual is None else residual, out,
