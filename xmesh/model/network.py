@@ -74,6 +74,7 @@ def stage1_cnn_images(backend, images, num_views: int, view_quirk: bool):
         return images
     xp = backend.xp
     batch = images.shape[0] // num_views
+    # the views read are always the first ones (v // stride does not decrease with v)
     per_sample = xp.reshape(images, (batch, num_views) + tuple(images.shape[1:]))
     return xp.reshape(per_sample[:, : len(views)], (batch * len(views),) + tuple(images.shape[1:]))
 

@@ -84,10 +84,10 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
     quirk the view index is divided by the map stride like the pixel indices, so every view
     samples view 0's maps.
     """
-    map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
     fast = backend.try_fast_path("graph_projection", coords, maps, tf, view_quirk)
     if fast is not None:
         return fast
+    map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
     xp = backend.xp
     batch, n, _ = coords.shape
     views = tf.num_views
