@@ -1,4 +1,4 @@
-// A 192-wide layer of a deformation reasoning block in the 16-bit modes ("fp16", "bf16") on Hopper
+// A layer of a deformation reasoning block in the 16-bit modes ("fp16", "bf16") on Hopper
 // (sm_90a), with X, the residual and the output in the mode's 16 bits, and the 43 x 43 mixing moved
 // from the product's output to its input:
 //
@@ -12,17 +12,25 @@
 // its 192 rows) by all 192 output columns: X is read once per layer, the accumulators go straight to
 // the output (no staging), and the weights stay in shared memory for the whole kernel.
 //
+// A block's first layer (cin = 339: the local projection's features) has W0 and W1 too large for
+// shared memory at 192 columns; its kernel (CT = 96, the _n96 names) takes tiles of 4 vertices by 96
+// output columns, so each block holds the K rows of one half of W0 and W1 (up to cin = 384), and X is
+// read twice per layer (the two halves of a vertex tile run side by side, on neighbouring blocks, so
+// the second read comes from L2). A cin that is not a multiple of 32 has its last slice zero-filled.
+//
 // A persistent block (one per multiprocessor) of 4 warpgroups takes tiles blockIdx.x, blockIdx.x +
-// gridDim.x, ... of (sample, 4 vertices):
+// gridDim.x, ... of (sample, 4 vertices[, column half]):
 //   - the producer warpgroup streams X in K slices of 32 columns (cp.async, a ring of ZL_X_SLOTS) and
 //     computes each slice's Z into a ring of ZL_Z_SLOTS, one slice ahead of the MMAs;
-//   - three MMA warpgroups, 64 rows x 192 columns each, run m64n192k16 wgmmas with both operands in
+//   - three MMA warpgroups, 64 rows x CT columns each, run m64nCTk16 wgmmas with both operands in
 //     shared memory (Z W1 first, so that Z's slot frees early), then add the bias, apply the ReLU, add
-//     the residual and store the tile in 16 bits.
-// They hand slices over through named barriers, one per ring slot and direction.
+//     the residual and store the tile in 16 bits, a quad's residual and output in 64 contiguous bytes
+//     of a row (W's columns sit in shared memory in zl_column's order for this).
+// They hand slices over through named barriers, one per ring slot and direction. The copies, Z, the
+// MMAs and the epilogue overlap little (docs/PERFORMANCE.md, session 12, has the measured parts).
 //
 // Shared memory (128-byte swizzled rows of 64 16-bit elements, as wgmma_gemm.cu's B): W0 and W1 as
-// (192 columns x 64 K) buffers, cin / 64 of each; the X ring (two such 192-row buffers, each holding
+// (CT columns x 64 K) buffers, 192 x 192 / CT K of each; the X ring (two 192-row buffers, each holding
 // two 32-column slices side by side) and the Z ring (one buffer, two slices).
 #include "wgmma_common.cuh"
 
@@ -34,8 +42,8 @@
 #define ZL_VERTS 4
 #define ZL_ROWS 192                       // 3 MMA warpgroups x 64 rows; 172 hold hypotheses
 #define ZL_TILE_ROWS (ZL_HYP * ZL_VERTS)
-#define ZL_COUT 192                       // output columns (all of them in one tile)
-#define ZL_KMAX 192                       // cin <= 192 (multiple of 64): W0 and W1 fit in shared memory
+#define ZL_COUT 192                       // output columns of the layer (one tile's CT: 192, or 96 for cin > 192)
+#define ZL_W_ROWS 576                     // CT x (K rows held): 192 x 192, or 96 x 384 (W0 and W1 each)
 #define ZL_BK 32                          // X columns per K slice
 #define ZL_X_SLOTS 4
 #define ZL_Z_SLOTS 2
@@ -44,7 +52,7 @@
 #define ZL_MMA_REGS 136                   // registers per thread after setmaxnreg: 3 * 136 + 96 <= 4 * 128
 #define ZL_PRODUCER_REGS 96
 #define ZL_BUF_BYTES (ZL_ROWS * 128)      // one 192-row buffer of 128-byte rows
-#define ZL_B_BYTES (2 * (ZL_KMAX / 64) * ZL_BUF_BYTES)
+#define ZL_B_BYTES (2 * (ZL_W_ROWS / 64) * 128 * 64)   // W0 and W1: CT rows x cin (128-byte rows of 64 K)
 #define ZL_SMEM_BYTES (ZL_B_BYTES + (ZL_X_SLOTS / 2) * ZL_BUF_BYTES + (ZL_Z_SLOTS / 2) * ZL_BUF_BYTES + ZL_COUT * 4 + 1024)
 
 // Named barriers (0 is __syncthreads'): a slot's slice is ready (producer -> MMA), a Z or X slot is
@@ -55,8 +63,8 @@
 #define ZL_PRODUCER 9
 
 
-// d (64 x 192 over the warpgroup) += A (64 x 16) B (16 x 192), both from shared memory (descriptors).
-#define ZL_MMA(TYPE)                                                                                     \
+// d (64 x CT over the warpgroup) += A (64 x 16) B (16 x CT), both from shared memory (descriptors).
+#define ZL_MMA192(TYPE)                                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %96, 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " {"                       \
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
@@ -69,12 +77,28 @@
                  : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40), WG_F8(48), WG_F8(56),  \
                    WG_F8(64), WG_F8(72), WG_F8(80), WG_F8(88)                                            \
                  : "r"(accumulate), "l"(adesc), "l"(bdesc))
+#define ZL_MMA96(TYPE)                                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %48, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32." TYPE "." TYPE " {"                        \
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"  \
+                 "}, %49, %50, p, 1, 1, 0, 0;\n}\n"                                                      \
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40)                         \
+                 : "r"(accumulate), "l"(adesc), "l"(bdesc))
 template <int OPS>
 __device__ __forceinline__ void zl_mma(float (&d)[96], unsigned long long adesc, unsigned long long bdesc, int accumulate) {
     if (OPS == WG_BF16)
-        ZL_MMA("bf16");
+        ZL_MMA192("bf16");
     else
-        ZL_MMA("f16");
+        ZL_MMA192("f16");
+}
+template <int OPS>
+__device__ __forceinline__ void zl_mma(float (&d)[48], unsigned long long adesc, unsigned long long bdesc, int accumulate) {
+    if (OPS == WG_BF16)
+        ZL_MMA96("bf16");
+    else
+        ZL_MMA96("f16");
 }
 
 // Bring bytes [p, p + bytes) into L2 (a bulk prefetch: p 16-byte aligned, bytes a multiple of 16).
@@ -82,7 +106,18 @@ __device__ __forceinline__ void zl_prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// Tile -> sample b, first vertex n0 (tiles run over the samples' groups of ZL_VERTS vertices).
+// The output column (of a tile's CT) that accumulator column f holds: W's columns go into shared memory
+// in this order, so that thread t of a quad, whose accumulators hold columns 8 j + 2 t, + 1 (j <
+// CT / 8), holds output columns 32 k + 8 t .. 32 k + 8 t + 7 (k < CT / 32): its residual and output
+// move in 16-byte pieces, a quad's four side by side (64 bytes of a row). Each output element keeps
+// its sum over K, so the results are those of the unpermuted columns, bit for bit.
+__device__ __forceinline__ int zl_column(int f) {
+    const int j = f >> 3, t = (f >> 1) & 3;
+    return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1);
+}
+
+// Vertex tile -> sample b, first vertex n0 (vertex tiles run over the samples' groups of ZL_VERTS
+// vertices; with CT = 96, tile t is vertex tile t / 2, column half t % 2).
 __device__ __forceinline__ void zl_origin(int tile, int N, long& b, int& n0) {
     const int vert_tiles = (N + ZL_VERTS - 1) / ZL_VERTS;
     b = tile / vert_tiles;
@@ -94,7 +129,7 @@ __device__ __forceinline__ unsigned zl_offset(int r, int k) {
     return r * 128 + ((((k >> 3) ^ (r & 7))) << 4) + (k & 7) * 2;
 }
 
-template <int OPS>
+template <int OPS, int CT>
 __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, long ldx, int cin,
                                          const unsigned short* __restrict__ B, long ldbt,
                                          const float* __restrict__ bias, const unsigned short* __restrict__ res,
@@ -105,16 +140,23 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
     unsigned char* base_ptr = reinterpret_cast<unsigned char*>(zl_shared) + (base - raw);
     const unsigned b_smem = base, x_smem = base + ZL_B_BYTES, z_smem = x_smem + (ZL_X_SLOTS / 2) * ZL_BUF_BYTES;
     float* bias_s = reinterpret_cast<float*>(base_ptr + (z_smem - base) + (ZL_Z_SLOTS / 2) * ZL_BUF_BYTES);
-    const int nslices = cin / ZL_BK, kbufs = cin / 64;
+    static_assert(CT == 192 || CT == 96, "a tile covers all 192 output columns or half of them");
+    constexpr int HALVES = ZL_COUT / CT, KBUFS = ZL_W_ROWS / CT, WBUF = CT * 128;   // W buffer: CT rows x 64 K
+    const int nslices = (cin + ZL_BK - 1) / ZL_BK, kbufs = (nslices + 1) / 2;
+    const int col0 = ((int)blockIdx.x % HALVES) * CT;   // gridDim.x is a multiple of HALVES: fixed per block
     const int my_tiles = tiles > (int)blockIdx.x ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int total = my_tiles * nslices;   // K slices this block runs
     const long plane = (long)N * ldx, plane_out = (long)N * ZL_COUT;
 
-    // W0 (prepared rows 0..191) and W1 (rows 192..383), K-major: buffer (w, kb) holds K 64 kb .. 64 kb + 63.
-    for (int idx = threadIdx.x; idx < 2 * kbufs * ZL_COUT * 8; idx += ZL_THREADS) {
-        const int c = idx % 8, n = (idx / 8) % ZL_COUT, kb = (idx / (8 * ZL_COUT)) % kbufs, w = idx / (8 * ZL_COUT * kbufs);
-        const unsigned dst = b_smem + (w * (ZL_KMAX / 64) + kb) * ZL_BUF_BYTES + n * 128 + ((c ^ (n & 7)) << 4);
-        wg_copy(dst, reinterpret_cast<const float*>(B + (long)(w * ZL_COUT + n) * ldbt + kb * 64 + 8 * c), 16, 16);
+    // This block's columns col0 .. col0 + CT - 1 of W0 (prepared rows 0..191) and W1 (rows 192..383),
+    // in zl_column's order, K-major: buffer (w, kb) holds K 64 kb .. 64 kb + 63; K past the prepared
+    // ldbt (a multiple of 32) zero.
+    for (int idx = threadIdx.x; idx < 2 * kbufs * CT * 8; idx += ZL_THREADS) {
+        const int c = idx % 8, n = (idx / 8) % CT, kb = (idx / (8 * CT)) % kbufs, w = idx / (8 * CT * kbufs);
+        const unsigned dst = b_smem + (w * KBUFS + kb) * WBUF + n * 128 + ((c ^ (n & 7)) << 4);
+        const long k = kb * 64 + 8 * c;
+        wg_copy(dst, reinterpret_cast<const float*>(k < ldbt ? B + (long)(w * ZL_COUT + col0 + zl_column(n)) * ldbt + k : B), 16,
+                k < ldbt ? 16 : 0);
     }
     asm volatile("cp.async.commit_group;\n" ::);
     for (int c = threadIdx.x; c < ZL_COUT; c += ZL_THREADS) bias_s[c] = bias[c];
@@ -137,13 +179,13 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                     copy_tile = t;
                     long b;
                     int n0;
-                    zl_origin((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
+                    zl_origin(((int)blockIdx.x + t * (int)gridDim.x) / HALVES, N, b, n0);
                     copy_base = b * ZL_HYP * plane + (long)n0 * ldx;
                     // the tile's X (for its later slices) and residual (for the epilogue) into L2:
                     // hypothesis i's rows of the tile's vertices are contiguous
                     const int verts = N - n0 < ZL_VERTS ? N - n0 : ZL_VERTS;
                     if (et < ZL_HYP)
-                        zl_prefetch_l2(X + copy_base + et * plane, (unsigned)(((verts - 1) * ldx + cin) * 2));
+                        zl_prefetch_l2(X + copy_base + et * plane, (unsigned)(((verts - 1) * ldx + (cin + 7) / 8 * 8) * 2));
                     else if (et >= 64 && et < 64 + ZL_HYP && res != nullptr)
                         zl_prefetch_l2(res + (b * ZL_HYP + et - 64) * plane_out + (long)n0 * ZL_COUT,
                                        (unsigned)(verts * ZL_COUT * 2));
@@ -155,12 +197,15 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                 }
                 const int slot = q % ZL_X_SLOTS;
                 const unsigned buf = x_smem + (slot / 2) * ZL_BUF_BYTES;
+                // X columns from this thread's chunks' first on (chunk % 4 = et % 4 for every m); past cin
+                // the 16 bytes are zero-filled
+                const int left = cin - ks * ZL_BK - 8 * (et % 4), bytes = left >= 8 ? 16 : (left > 0 ? 2 * left : 0);
 #pragma unroll
                 for (int m = 0; m < 6; ++m) {
                     if (copy_off[m] < 0) continue;
                     const int chunk = et + 128 * m, r = chunk / 4, c = 4 * (slot % 2) + chunk % 4;
-                    wg_copy(buf + r * 128 + ((c ^ (r & 7)) << 4),
-                            reinterpret_cast<const float*>(X + copy_base + copy_off[m] + ks * ZL_BK), 16, 16);
+                    const unsigned short* src = bytes ? X + copy_base + copy_off[m] + ks * ZL_BK : X;
+                    wg_copy(buf + r * 128 + ((c ^ (r & 7)) << 4), reinterpret_cast<const float*>(src), 16, bytes);
                 }
             }
             asm volatile("cp.async.commit_group;\n" ::);
@@ -174,7 +219,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             if (q >= ZL_Z_SLOTS) wg_bar_sync(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
             long b;
             int n0;
-            zl_origin((int)blockIdx.x + (q / nslices) * (int)gridDim.x, N, b, n0);
+            zl_origin(((int)blockIdx.x + (q / nslices) * (int)gridDim.x) / HALVES, N, b, n0);
             if (n0 + v < N) {
                 // row 4 i + v, column k: X's slot and Z's slot hold slice q in the same half. Rows of even
                 // and odd i differ in their swizzle ((4 i + v) % 8 = v + 4 (i % 2)), so two offsets do.
@@ -206,15 +251,15 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
         const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
         int q = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            float acc[96];
+            float acc[CT / 2];
 #pragma unroll
-            for (int i = 0; i < 96; ++i) acc[i] = 0.0f;
+            for (int i = 0; i < CT / 2; ++i) acc[i] = 0.0f;
             for (int ks = 0; ks < nslices; ++ks, ++q) {
                 wg_bar_sync(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                 const unsigned a_rows = wg * 64 * 128 + 64 * (q % 2);   // this warpgroup's rows, the slice's half
-                const unsigned w0 = b_smem + (ks / 2) * ZL_BUF_BYTES + 64 * (ks % 2);
-                const unsigned w1 = w0 + (ZL_KMAX / 64) * ZL_BUF_BYTES;
+                const unsigned w0 = b_smem + (ks / 2) * WBUF + 64 * (ks % 2);
+                const unsigned w1 = w0 + KBUFS * WBUF;
 #pragma unroll
                 for (int kk = 0; kk < 2; ++kk)
                     zl_mma<OPS>(acc, wg_desc(z_smem + a_rows + 32 * kk), wg_desc(w1 + 32 * kk), ks > 0 || kk > 0);
@@ -230,43 +275,53 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
-            for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
-            // epilogue: rows g and g + 8 of this warp's 16, columns 8 j + 2 t, + 1
+            for (int i = 0; i < CT / 2; ++i) wg_pin(acc[i]);
+            // epilogue: rows g and g + 8 of this warp's 16; output columns col0 + 32 k + 8 t + c (c < 8)
+            // are accumulator columns 8 (4 k + c / 2) + 2 t + c % 2 (zl_column)
             long b;
             int n0;
-            zl_origin(tile, N, b, n0);
+            zl_origin(tile / HALVES, N, b, n0);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
                 if (i >= ZL_HYP || n0 + v >= N) continue;
-                const long o = (b * ZL_HYP + i) * plane_out + (long)(n0 + v) * ZL_COUT + 2 * t;
-                unsigned* orow = reinterpret_cast<unsigned*>(out + o);
-                unsigned rp[24];   // the row's residual pairs, loaded together (L2 holds them: prefetched)
+                const long o = (b * ZL_HYP + i) * plane_out + (long)(n0 + v) * ZL_COUT + col0 + 8 * t;
+                uint4 rp[CT / 32];   // the row's residual pieces, loaded together (L2 holds them: prefetched)
                 if (res != nullptr) {
 #pragma unroll
-                    for (int j = 0; j < 24; ++j) rp[j] = __ldg(reinterpret_cast<const unsigned*>(res + o) + 4 * j);
+                    for (int k = 0; k < CT / 32; ++k) rp[k] = __ldg(reinterpret_cast<const uint4*>(res + o + 32 * k));
                 }
 #pragma unroll
-                for (int j = 0; j < 24; ++j) {
-                    const float2 bj = *reinterpret_cast<const float2*>(bias_s + 8 * j + 2 * t);
-                    float v0 = fmaxf(__fadd_rn(acc[4 * j + 2 * h], bj.x), 0.0f);
-                    float v1 = fmaxf(__fadd_rn(acc[4 * j + 2 * h + 1], bj.y), 0.0f);
-                    if (res != nullptr) {
-                        v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rp[j] & 0xffffu)));
-                        v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rp[j] >> 16)));
+                for (int k = 0; k < CT / 32; ++k) {
+                    const float4 b0 = *reinterpret_cast<const float4*>(bias_s + col0 + 32 * k + 8 * t);
+                    const float4 b1 = *reinterpret_cast<const float4*>(bias_s + col0 + 32 * k + 8 * t + 4);
+                    const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+                    const unsigned rk[4] = {rp[k].x, rp[k].y, rp[k].z, rp[k].w};
+                    unsigned packed[4];
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {   // columns 2 p, 2 p + 1 of the piece: accumulator column 8 (4 k + p) + 2 t
+                        float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
+                        float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
+                        if (res != nullptr) {
+                            v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
+                            v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
+                        }
+                        packed[p] = wg_pack<OPS>(v0, v1);
                     }
-                    orow[4 * j] = wg_pack<OPS>(v0, v1);
+                    *reinterpret_cast<uint4*>(out + o + 32 * k) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
                 }
             }
         }
     }
 }
 
-#define ZL_KERNEL(NAME, OPS)                                                                             \
+#define ZL_KERNEL(NAME, OPS, CT)                                                                         \
     extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                      \
         const unsigned short* X, long ldx, int cin, const unsigned short* B, long ldbt, const float* bias,  \
         const unsigned short* res, unsigned short* out, int N, int tiles) {                             \
-        zl_layer<OPS>(X, ldx, cin, B, ldbt, bias, res, out, N, tiles);                                   \
+        zl_layer<OPS, CT>(X, ldx, cin, B, ldbt, bias, res, out, N, tiles);                               \
     }
-ZL_KERNEL(wg_drb_zlayer_f16, WG_F16)
-ZL_KERNEL(wg_drb_zlayer_bf16, WG_BF16)
+ZL_KERNEL(wg_drb_zlayer_f16, WG_F16, 192)
+ZL_KERNEL(wg_drb_zlayer_bf16, WG_BF16, 192)
+ZL_KERNEL(wg_drb_zlayer_f16_n96, WG_F16, 96)    // cin up to 384: a block's first layer
+ZL_KERNEL(wg_drb_zlayer_bf16_n96, WG_BF16, 96)

@@ -53,6 +53,16 @@ def zlayer_reference(x16, w, a1, bias, res16, operands):
     return (out if res16 is None else out + res16), bound
 
 
+def padded_rows(cp, x16, operands):
+    """x16 (B, 43, N, cin) as a view of rows padded to a multiple of 8 elements (16 bytes), the padding
+    NaN: as the local projection hands a block's first layer its 339 features in rows of 344."""
+    cin = x16.shape[-1]
+    nan = 0x7E00 if operands == "fp16" else 0x7FC0
+    full = cp.full(x16.shape[:-1] + (-(-cin // 8) * 8,), nan, dtype=cp.uint16).view(x16.dtype)
+    full[..., :cin] = x16
+    return full[..., :cin]
+
+
 def layer_case(cp, operands, b, n, cin, with_residual, seed):
     rng = np.random.default_rng(seed)
     a1 = ((rng.standard_normal((43, 43)) / 3) * template_support_mask()).astype(np.float32)
@@ -61,6 +71,8 @@ def layer_case(cp, operands, b, n, cin, with_residual, seed):
     bias = (rng.standard_normal(192) * 0.1).astype(np.float32)
     res = rng.standard_normal((b, 43, n, 192)).astype(np.float32) if with_residual else None
     x16 = to16(cp, x, operands)
+    if cin % 8:
+        x16 = padded_rows(cp, x16, operands)
     res16 = None if res is None else to16(cp, res, operands)
     return a1, x16, w, bias, res16
 
@@ -70,13 +82,17 @@ def layer_case(cp, operands, b, n, cin, with_residual, seed):
     (1, 7, 64, False),      # one 64-wide weight buffer, no residual
     (2, 301, 128, True),    # 152 tiles: persistent blocks run one or two, slices cross tiles
     (1, 2466, 192, True),   # the model's size: 617 tiles
+    (1, 2466, 339, False),  # a block's first layer: 96-column tiles, rows padded to 344 (NaN), a zero-filled slice
+    (2, 37, 256, True),     # 96-column tiles, cin a multiple of 64, a residual, partial vertex tile
+    (1, 9, 100, False),     # cin 100: 4 slices, the last partly zero-filled, all 192 columns per tile
 ])
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
 def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin, with_residual):
     """Every output element within one unit in the last place of the 16-bit output (half a unit is
     its own rounding), plus the float32 accumulation bound, of the float64 layer of the same
-    operands, on the template's A1 sparsity; and within the 16-bit rounding of the output-side
-    mixing kernel (wg_drb_layer, the layer without Z's rounding) on the same inputs."""
+    operands, on the template's A1 sparsity (the kernel keeps W's columns in another order in shared
+    memory, so a column written to the wrong place fails here); and within the 16-bit rounding of
+    the output-side mixing kernel (wg_drb_layer, the layer without Z's rounding) on the same inputs."""
     from xmesh.backends.hopper_gemm import activation_dtype, mixing_source, widen16
 
     a1, x16, w, bias, res16 = layer_case(cp, operands, b, n, cin, with_residual, seed=n + cin + len(operands))
@@ -104,8 +120,8 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
 
 
 def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
-    """drb_zlayer names what is wrong: no mixing source, a float32 X, a paired weight, cin not a
-    multiple of 64 or above 192, a residual of the wrong type."""
+    """drb_zlayer names what is wrong: no mixing source, a float32 X, a paired weight, cin above 384,
+    a residual of the wrong type."""
     from xmesh.backends.hopper_gemm import mixing_source
 
     a1, x16, w, bias, res16 = layer_case(cp, "fp16", 1, 5, 192, True, seed=1)
@@ -118,9 +134,9 @@ def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
         hopper.drb_zlayer(x16.astype(cp.float32), stacked, bias, res16, mixing)
     with pytest.raises(ValueError, match="paired=True"):
         hopper.drb_zlayer(x16, hopper.prepare(cp.asarray(w), "fp16", paired=True), bias, res16, mixing)
-    narrow = hopper.prepare(cp.asarray(w[:96]), "fp16")
-    with pytest.raises(ValueError, match="cin a multiple of 64"):
-        hopper.drb_zlayer(x16[..., :96].copy(), narrow, bias, res16, mixing)
+    wide = hopper.prepare(cp.asarray(np.concatenate([w, w, w[:8]])), "fp16")
+    with pytest.raises(ValueError, match="cin up to 384"):
+        hopper.drb_zlayer(cp.concatenate([x16, x16, x16[..., :8]], axis=-1), wide, bias, res16, mixing)
     with pytest.raises(ValueError, match="residual must be"):
         hopper.drb_zlayer(x16, stacked, bias, res16.astype(cp.float32), mixing)
     with pytest.raises(ValueError, match="activations"):
@@ -128,16 +144,18 @@ def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_backend_runs_16bit_layers_with_input_side_mixing(cp, hopper, precision):
-    """CupyBackend.op_local_gconv in a 16-bit mode sends a 192-wide layer whose X is 16-bit (the
-    layers after a block's first) to drb_zlayer, with the kernel built for the layer's A1."""
+@pytest.mark.parametrize("cin,with_residual", [(192, True), (339, False)])
+def test_backend_runs_16bit_layers_with_input_side_mixing(cp, hopper, precision, cin, with_residual):
+    """CupyBackend.op_local_gconv in a 16-bit mode sends a layer whose X is 16-bit (a block's first,
+    X the local projection's 339 features, and the 192-wide layers after it) to drb_zlayer, with the
+    kernel built for the layer's A1."""
     from types import SimpleNamespace
 
     from xmesh.backends import get_backend
     from xmesh.backends.hopper_gemm import widen16
 
     be = get_backend("cupy", precision=precision)
-    a1, x16, w, bias, res16 = layer_case(cp, precision, 1, 50, 192, True, seed=9)
+    a1, x16, w, bias, res16 = layer_case(cp, precision, 1, 50, cin, with_residual, seed=9)
     layer = SimpleNamespace(weight=cp.asarray(w), bias=cp.asarray(bias), cout=192, weight0=None, relu=True)
     calls = []
     original = be.hopper.drb_zlayer
@@ -146,8 +164,8 @@ def test_backend_runs_16bit_layers_with_input_side_mixing(cp, hopper, precision)
         out = be.op_local_gconv(layer, x16, cp.asarray(a1), residual=res16)
     finally:
         del be.hopper.drb_zlayer
-    assert calls == [True] and out.dtype == x16.dtype
+    assert calls == [with_residual] and out.dtype == x16.dtype
     got = widen16(cp, out, precision).get()
     ref, bound = zlayer_reference(widen16(cp, x16, precision).get(), w, a1, bias,
-                                  widen16(cp, res16, precision).get(), precision)
+                                  None if res16 is None else widen16(cp, res16, precision).get(), precision)
     assert (np.abs(got - ref) <= unit_in_last_place(ref, precision) + bound).all()

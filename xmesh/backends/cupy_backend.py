@@ -562,8 +562,9 @@ class CupyBackend(Backend):
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
         """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
         16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
-        as the next layer's X and residual); the layers that read them (192 wide) run
-        ``drb_zlayer`` (the mixing on the input side, all 192 columns per tile), and the narrow last
+        as the next layer's X and residual); every layer with 16-bit X (the 192-wide layers, and a
+        block's first, whose X the local projection writes in 16 bits) runs ``drb_zlayer`` (the mixing
+        on the input side; 96 columns per tile for the first layer's 339 inputs), and the narrow last
         layer reads them through ``_skinny16``."""
         cp = self.cupy
         operands = LAYER_OPERANDS[self.precision]
@@ -571,7 +572,7 @@ class CupyBackend(Backend):
         if out16 and residual is not None and residual.dtype == cp.float32:
             residual = hopper_gemm.narrow16(cp, residual, operands)
         rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
-        if out16 and x.dtype != cp.float32:   # 16-bit X (a 192-wide layer's output): mixing on the input side
+        if out16 and x.dtype != cp.float32:   # 16-bit X (the local projection's or a layer's): mixing on the input side
             stacked = self._hopper_weight(layer.weight, operands, layer.weight)
             if self.hopper.zlayer_applies(rows, stacked, mixing):
                 return self.hopper.drb_zlayer(rows, stacked, layer.bias, residual, mixing)

@@ -31,10 +31,12 @@ DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32,
 #: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
 #: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
 DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
-#: The 16-bit layer with the mixing on its input side (kernels/wgmma_drb16.cu): output columns (all
-#: in one tile), largest cin (W0 and W1 stay in shared memory), cin granularity, shared memory (W0 and
-#: W1 for cin 192, two X buffers and one Z buffer of 192 rows x 128 bytes, the bias, alignment slack).
-Z_SOURCE, Z_COUT, Z_KMAX, Z_KSTEP = "wgmma_drb16.cu", 192, 192, 64
+#: The 16-bit layer with the mixing on its input side (kernels/wgmma_drb16.cu): output columns, the
+#: largest cin whose W0 and W1 stay in shared memory with all 192 columns in one tile, the largest
+#: with 96 (the _n96 kernels: a block's first layer, cin 339), shared memory (W0 and W1 (CT columns x
+#: up to 192 x 192 / CT K rows each), two X buffers and one Z buffer of 192 rows x 128 bytes, the bias,
+#: alignment slack).
+Z_SOURCE, Z_COUT, Z_KMAX, Z_KMAX_HALF = "wgmma_drb16.cu", 192, 192, 384
 Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
 #: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
 OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
@@ -268,18 +270,25 @@ class HopperGemm:
     @staticmethod
     def zlayer_applies(x, weight: PreparedWeight, mixing: str) -> bool:
         """Whether :meth:`drb_zlayer` runs this layer: 16-bit X with 16-byte aligned rows (see
-        :func:`hypothesis_rows`), an unpaired 16-bit [W0 | W1] of cin <= 192 (a multiple of 64) rows and
-        2 x 192 columns, and the A1 built into ``mixing``."""
+        :func:`hypothesis_rows`), an unpaired 16-bit [W0 | W1] of cin <= 384 rows and 2 x 192 columns,
+        and the A1 built into ``mixing``."""
         half = x.dtype.itemsize == 2
         cin = x.shape[-1]
         return (bool(mixing) and half and weight.passes == 0 and not weight.paired and x.ndim == 4
-                and weight.n == 2 * Z_COUT and weight.k == cin and cin % Z_KSTEP == 0 and cin <= Z_KMAX
+                and weight.n == 2 * Z_COUT and weight.k == cin and 0 < cin <= Z_KMAX_HALF
                 and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
+
+    @staticmethod
+    def zlayer_columns(cin: int) -> int:
+        """Output columns per tile of :meth:`drb_zlayer` for ``cin`` inputs: all 192 up to cin 192 (W0
+        and W1 whole in shared memory), else 96 (each block holds one half of their columns)."""
+        return Z_COUT if cin <= Z_KMAX else Z_COUT // 2
 
     def drb_zlayer(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
         """The 16-bit modes' deformation layer with X and the output in 16 bits and the mixing on the
         input side: relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X rounded to the mode's 16 bits
-        (kernels/wgmma_drb16.cu). X (B, 43, N, cin) in :func:`activation_dtype`, ``weight`` the
+        (kernels/wgmma_drb16.cu). X (B, 43, N, cin <= 384) in :func:`activation_dtype` (beyond cin 192
+        a tile covers 96 output columns: :meth:`zlayer_columns`), ``weight`` the
         *unpaired* 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43, N, 192) in
         the same type or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192)."""
         cp = self.cupy
@@ -287,8 +296,8 @@ class HopperGemm:
             raise ValueError(f"drb_zlayer: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
                              f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
                              f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
-                             f"elements apart, cin a multiple of {Z_KSTEP} up to {Z_KMAX}, an unpaired 16-bit "
-                             f"(cin, {2 * Z_COUT}) weight and mixing_source(A1)")
+                             f"elements apart, cin up to {Z_KMAX_HALF}, an unpaired 16-bit (cin, {2 * Z_COUT}) "
+                             f"weight and mixing_source(A1)")
         act = activation_dtype(cp, weight.operands)
         if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
             raise ValueError(f"drb_zlayer: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
@@ -303,10 +312,12 @@ class HopperGemm:
         if bias.shape != (Z_COUT,):
             raise ValueError(f"drb_zlayer: bias must be ({Z_COUT},), got {bias.shape}")
         out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
-        tiles = b * -(-n // DRB_VERTS)
-        part = OPERANDS[weight.operands][1]
-        self._kernel(f"wg_drb_zlayer_{part}", Z_SMEM, mixing, Z_SOURCE)(
-            (min(tiles, self.sm_count),), (DRB_THREADS,),
+        halves = Z_COUT // self.zlayer_columns(cin)   # a block's column half is blockIdx.x % halves:
+        tiles = b * -(-n // DRB_VERTS) * halves       # the grid is a multiple of it
+        blocks = min(tiles, self.sm_count - self.sm_count % halves)
+        name = f"wg_drb_zlayer_{OPERANDS[weight.operands][1]}" + ("_n96" if halves == 2 else "")
+        self._kernel(name, Z_SMEM, mixing, Z_SOURCE)(
+            (blocks,), (DRB_THREADS,),
             (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
             shared_mem=Z_SMEM)
