@@ -121,7 +121,7 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
 
 def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
     """drb_zlayer names what is wrong: no mixing source, a float32 X, a paired weight, cin above 384,
-    a residual of the wrong type."""
+    a residual of the wrong type or not 16-byte aligned."""
     from xmesh.backends.hopper_gemm import mixing_source
 
     a1, x16, w, bias, res16 = layer_case(cp, "fp16", 1, 5, 192, True, seed=1)
@@ -139,6 +139,10 @@ def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
         hopper.drb_zlayer(cp.concatenate([x16, x16, x16[..., :8]], axis=-1), wide, bias, res16, mixing)
     with pytest.raises(ValueError, match="residual must be"):
         hopper.drb_zlayer(x16, stacked, bias, res16.astype(cp.float32), mixing)
+    shifted = cp.empty(res16.size + 1, dtype=res16.dtype)[1:].reshape(res16.shape)   # 2 bytes off
+    shifted[...] = res16
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        hopper.drb_zlayer(x16, stacked, bias, shifted, mixing)
     with pytest.raises(ValueError, match="activations"):
         hopper.drb_zlayer(x16.view(cp.uint16), stacked, bias, None, mixing)
 

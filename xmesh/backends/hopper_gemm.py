@@ -308,6 +308,9 @@ class HopperGemm:
                 raise ValueError(f"drb_zlayer: residual must be ({b}, {HYPOTHESES}, {n}, {Z_COUT}) {act}, "
                                  f"got {residual.shape} {residual.dtype}")
             residual = cp.ascontiguousarray(residual)
+            if residual.data.ptr % 16:   # the epilogue reads it in 16-byte pieces
+                raise ValueError(f"drb_zlayer: the residual must start 16-byte aligned, got address "
+                                 f"{residual.data.ptr:#x}")
         bias = cp.ascontiguousarray(bias, dtype=cp.float32)
         if bias.shape != (Z_COUT,):
             raise ValueError(f"drb_zlayer: bias must be ({Z_COUT},), got {bias.shape}")
