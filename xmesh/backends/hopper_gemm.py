@@ -38,6 +38,12 @@ DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESE
 #: alignment slack).
 Z_SOURCE, Z_COUT, Z_KMAX, Z_KMAX_HALF = "wgmma_drb16.cu", 192, 192, 384
 Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
+#: The TF32 modes' layer with the mixing on the input side (kernels/wgmma_drb32.cu): the output-column
+#: groups each kernel exists for (3xTF32: 48 up to cin 192, 24 beyond; one TF32 pass: twice these), the
+#: shared memory W0 and W1 (big and small parts) may take, threads (3 MMA and 2 producer warpgroups), and a
+#: block's shared memory (W, four X and two Z slots of 172 rows x 20 floats, the biases, alignment slack).
+Y_SOURCE, Y_COLUMNS, Y_W_BYTES, Y_THREADS = "wgmma_drb32.cu", {"3xtf32": (48, 24), "tf32": (96, 48)}, 147456, 640
+Y_SMEM = Y_W_BYTES + 6 * HYPOTHESES * DRB_VERTS * 20 * 4 + 96 * 4 + 1024
 #: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
 OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -284,6 +290,23 @@ class HopperGemm:
         and W1 whole in shared memory), else 96 (each block holds one half of their columns)."""
         return Z_COUT if cin <= Z_KMAX else Z_COUT // 2
 
+    def _zlayer_epilogue_operands(self, name: str, residual, bias, shape: tuple, dtype, align: int):
+        """The residual (``shape`` in ``dtype``, or None) as a contiguous array starting ``align``-byte
+        aligned (the input-side kernels' epilogues read it in pieces of that size), and the bias as
+        contiguous float32 (192,); ValueError naming ``name`` and what is wrong otherwise."""
+        cp = self.cupy
+        if residual is not None:
+            if residual.dtype != dtype or residual.shape != shape:
+                raise ValueError(f"{name}: residual must be {shape} {dtype}, got {residual.shape} {residual.dtype}")
+            residual = cp.ascontiguousarray(residual)
+            if residual.data.ptr % align:
+                raise ValueError(f"{name}: the residual must start {align}-byte aligned, got address "
+                                 f"{residual.data.ptr:#x}")
+        bias = cp.ascontiguousarray(bias, dtype=cp.float32)
+        if bias.shape != (Z_COUT,):
+            raise ValueError(f"{name}: bias must be ({Z_COUT},), got {bias.shape}")
+        return residual, bias
+
     def drb_zlayer(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
         """The 16-bit modes' deformation layer with X and the output in 16 bits and the mixing on the
         input side: relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X rounded to the mode's 16 bits
@@ -303,17 +326,7 @@ class HopperGemm:
             raise ValueError(f"drb_zlayer: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
                              f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}")
         b, _, n, cin = x.shape
-        if residual is not None:
-            if residual.dtype != act or residual.shape != (b, HYPOTHESES, n, Z_COUT):
-                raise ValueError(f"drb_zlayer: residual must be ({b}, {HYPOTHESES}, {n}, {Z_COUT}) {act}, "
-                                 f"got {residual.shape} {residual.dtype}")
-            residual = cp.ascontiguousarray(residual)
-            if residual.data.ptr % 16:   # the epilogue reads it in 16-byte pieces
-                raise ValueError(f"drb_zlayer: the residual must start 16-byte aligned, got address "
-                                 f"{residual.data.ptr:#x}")
-        bias = cp.ascontiguousarray(bias, dtype=cp.float32)
-        if bias.shape != (Z_COUT,):
-            raise ValueError(f"drb_zlayer: bias must be ({Z_COUT},), got {bias.shape}")
+        residual, bias = self._zlayer_epilogue_operands("drb_zlayer", residual, bias, (b, HYPOTHESES, n, Z_COUT), act, 16)
         out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
         halves = Z_COUT // self.zlayer_columns(cin)   # a block's column half is blockIdx.x % halves:
         tiles = b * -(-n // DRB_VERTS) * halves       # the grid is a multiple of it
@@ -324,4 +337,55 @@ class HopperGemm:
             (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
             shared_mem=Z_SMEM)
+        return out
+
+    @staticmethod
+    def zlayer32_columns(cin: int, operands: str):
+        """Output columns per tile of :meth:`drb_zlayer32` for ``cin`` inputs in ``operands`` ("3xtf32" or
+        "tf32"): the widest group whose W0 and W1 parts (2 x cin x columns, 4 bytes each, K rounded up
+        to 32) fit in :data:`Y_W_BYTES`; None where none does (cin above 384)."""
+        parts = 2 if operands == "3xtf32" else 1
+        kbufs = -(-cin // 32)
+        return next((ct for ct in Y_COLUMNS.get(operands, ()) if 2 * parts * kbufs * ct * 128 <= Y_W_BYTES), None)
+
+    def zlayer32_applies(self, x, weight: PreparedWeight, mixing: str) -> bool:
+        """Whether :meth:`drb_zlayer32` runs this layer: float32 X (B, 43, N, cin) with rows a multiple of
+        4 floats apart (see :func:`hypothesis_rows`) and 16-byte aligned, an unpaired TF32 [W0 | W1] of
+        cin rows and 2 x 192 columns, cin <= 384, and the A1 built into ``mixing``."""
+        cp = self.cupy
+        return (bool(mixing) and x.ndim == 4 and x.dtype == cp.float32 and x.shape[1] == HYPOTHESES
+                and weight.passes in (1, 3) and not weight.paired and weight.n == 2 * Z_COUT
+                and weight.k == x.shape[-1] and self.zlayer32_columns(x.shape[-1], weight.operands) is not None
+                and hypothesis_rows(cp, x) is x and (x.strides[2] // 4) % 4 == 0 and x.data.ptr % 16 == 0)
+
+    def drb_zlayer32(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
+        """The TF32 modes' deformation layer with the mixing on the input side, float32 in and out:
+        relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32 (kernels/wgmma_drb32.cu), the
+        products 3xTF32 or one TF32 pass as ``weight`` was prepared. X (B, 43, N, cin <= 384) float32,
+        ``weight`` the *unpaired* [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43,
+        N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192).
+
+        Measured slower than :meth:`drb_layer` on an H100 (docs/PERFORMANCE.md, session 13), so
+        :class:`~xmesh.backends.cupy_backend.CupyBackend` does not send the model's layers here yet."""
+        cp = self.cupy
+        if not self.zlayer32_applies(x, weight, mixing):
+            raise ValueError(f"drb_zlayer32: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
+                             f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
+                             f"{'a' if mixing else 'no'} mixing source: needs float32 X (B, {HYPOTHESES}, N, cin) "
+                             f"with 16-byte aligned rows a multiple of 4 floats apart, cin up to 384, an unpaired "
+                             f"3xtf32 or tf32 (cin, {2 * Z_COUT}) weight and mixing_source(A1)")
+        b, _, n, cin = x.shape
+        residual, bias = self._zlayer_epilogue_operands("drb_zlayer32", residual, bias, (b, HYPOTHESES, n, Z_COUT),
+                                                        cp.dtype(cp.float32), 8)
+        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
+        columns = self.zlayer32_columns(cin, weight.operands)
+        groups = Z_COUT // columns                     # a block's column group is blockIdx.x % groups:
+        tiles = b * -(-n // DRB_VERTS) * groups       # the grid is a multiple of it
+        blocks = min(tiles, self.sm_count - self.sm_count % groups)
+        name = f"wg_drb_zlayer32_{OPERANDS[weight.operands][1]}_n{columns}"
+        self._kernel(name, Y_SMEM, mixing, Y_SOURCE)(
+            (blocks,), (Y_THREADS,),
+            (x, np.int64(x.strides[2] // 4), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]),
+             bias, np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
+            shared_mem=Y_SMEM)
         return out
