@@ -1,7 +1,7 @@
 // Hopper warpgroup-MMA primitives shared by the wgmma kernels (sm_90a): operand-mode codes,
 // cp.async copies, TF32 splitting and 16-bit packing, shared-memory matrix descriptors, the
-// wgmma instructions, named barriers. Included by wgmma_gemm.cu and wgmma_drb16.cu
-// (xmesh/backends/cuda_kernels.py expands the include).
+// wgmma instructions, the input-side layers' vertex tiles, named barriers. Included by
+// wgmma_gemm.cu, wgmma_drb16.cu and wgmma_drb32.cu (xmesh/backends/cuda_kernels.py expands the include).
 #include "bits16.cuh"
 
 // Operand modes (the kernels' template parameter OPS): how A and B enter the tensor cores.
@@ -114,6 +114,15 @@ __device__ __forceinline__ void wg_mma16_ss(float (&d)[32], unsigned long long a
 template <int OPS>
 __device__ __forceinline__ float wg_widen16(unsigned short h) {
     return xm_widen16(h, OPS == WG_BF16);
+}
+
+// Vertex tile -> sample b, first vertex n0, for tiles of VERTS vertices running over each sample's N
+// vertices in turn (the input-side deformation layers, wgmma_drb16.cu and wgmma_drb32.cu).
+template <int VERTS>
+__device__ __forceinline__ void wg_vertex_origin(int vertex_tile, int N, long& b, int& n0) {
+    const int vert_tiles = (N + VERTS - 1) / VERTS;
+    b = vertex_tile / vert_tiles;
+    n0 = (vertex_tile % vert_tiles) * VERTS;
 }
 
 // Named barriers (bar.sync waits, bar.arrive does not): 0 is __syncthreads'; the K loop's is among

@@ -19,7 +19,8 @@
 // the second read comes from L2). A cin that is not a multiple of 32 has its last slice zero-filled.
 //
 // A persistent block (one per multiprocessor) of 4 warpgroups takes tiles blockIdx.x, blockIdx.x +
-// gridDim.x, ... of (sample, 4 vertices[, column half]):
+// gridDim.x, ... of (sample, 4 vertices[, column half]) (with CT = 96, tile t is vertex tile t / 2,
+// column half t % 2):
 //   - the producer warpgroup streams X in K slices of 32 columns (cp.async, a ring of ZL_X_SLOTS) and
 //     computes each slice's Z into a ring of ZL_Z_SLOTS, one slice ahead of the MMAs;
 //   - three MMA warpgroups, 64 rows x CT columns each, run m64nCTk16 wgmmas with both operands in
@@ -116,14 +117,6 @@ __device__ __forceinline__ int zl_column(int f) {
     return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1);
 }
 
-// Vertex tile -> sample b, first vertex n0 (vertex tiles run over the samples' groups of ZL_VERTS
-// vertices; with CT = 96, tile t is vertex tile t / 2, column half t % 2).
-__device__ __forceinline__ void zl_origin(int tile, int N, long& b, int& n0) {
-    const int vert_tiles = (N + ZL_VERTS - 1) / ZL_VERTS;
-    b = tile / vert_tiles;
-    n0 = (tile % vert_tiles) * ZL_VERTS;
-}
-
 // Byte offset of 16-bit element k (0..63) of row r in a buffer of 128-byte swizzled rows.
 __device__ __forceinline__ unsigned zl_offset(int r, int k) {
     return r * 128 + ((((k >> 3) ^ (r & 7))) << 4) + (k & 7) * 2;
@@ -179,7 +172,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                     copy_tile = t;
                     long b;
                     int n0;
-                    zl_origin(((int)blockIdx.x + t * (int)gridDim.x) / HALVES, N, b, n0);
+                    wg_vertex_origin<ZL_VERTS>(((int)blockIdx.x + t * (int)gridDim.x) / HALVES, N, b, n0);
                     copy_base = b * ZL_HYP * plane + (long)n0 * ldx;
                     // the tile's X (for its later slices) and residual (for the epilogue) into L2:
                     // hypothesis i's rows of the tile's vertices are contiguous
@@ -219,7 +212,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             if (q >= ZL_Z_SLOTS) wg_bar_sync(ZL_Z_FREE + q % ZL_Z_SLOTS, ZL_THREADS);
             long b;
             int n0;
-            zl_origin(((int)blockIdx.x + (q / nslices) * (int)gridDim.x) / HALVES, N, b, n0);
+            wg_vertex_origin<ZL_VERTS>(((int)blockIdx.x + (q / nslices) * (int)gridDim.x) / HALVES, N, b, n0);
             if (n0 + v < N) {
                 // row 4 i + v, column k: X's slot and Z's slot hold slice q in the same half. Rows of even
                 // and odd i differ in their swizzle ((4 i + v) % 8 = v + 4 (i % 2)), so two offsets do.
@@ -280,7 +273,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             // are accumulator columns 8 (4 k + c / 2) + 2 t + c % 2 (zl_column)
             long b;
             int n0;
-            zl_origin(tile / HALVES, N, b, n0);
+            wg_vertex_origin<ZL_VERTS>(tile / HALVES, N, b, n0);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;

@@ -110,13 +110,6 @@ __device__ __forceinline__ void y_prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
-// Vertex tile -> sample b, first vertex n0.
-__device__ __forceinline__ void y_origin(int vertex_tile, int N, long& b, int& n0) {
-    const int vert_tiles = (N + Y_VERTS - 1) / Y_VERTS;
-    b = vertex_tile / vert_tiles;
-    n0 = (vertex_tile % vert_tiles) * Y_VERTS;
-}
-
 // Z = A1 X for one vertex and column of a slice: x points at hypothesis 0's row of the X slot, z at
 // Z's; rows of consecutive hypotheses are Y_VERTS * Y_STRIDE floats apart. Each of the four threads
 // of a (vertex, column) stores a quarter of the 43 sums (Q: hypotheses 11 Q .. 11 Q + 10, the last
@@ -184,7 +177,7 @@ __device__ __forceinline__ void y_layer(const float* __restrict__ X, long ldx, i
                 if (copy_ks == 0) {   // a new tile: its copy plan, and its X and residual rows into L2
                     long b;
                     int n0;
-                    y_origin(((int)blockIdx.x + copy_tile * (int)gridDim.x) / GROUPS, N, b, n0);
+                    wg_vertex_origin<Y_VERTS>(((int)blockIdx.x + copy_tile * (int)gridDim.x) / GROUPS, N, b, n0);
                     copy_base = b * Y_HYP * plane + (long)n0 * ldx;
                     const int verts = N - n0 < Y_VERTS ? N - n0 : Y_VERTS;
                     // hypothesis i's rows of the tile's vertices are contiguous: lines of 128 bytes
@@ -231,7 +224,7 @@ __device__ __forceinline__ void y_layer(const float* __restrict__ X, long ldx, i
             if (ks == 0) {
                 long b;
                 int n0;
-                y_origin(((int)blockIdx.x + t * (int)gridDim.x) / GROUPS, N, b, n0);
+                wg_vertex_origin<Y_VERTS>(((int)blockIdx.x + t * (int)gridDim.x) / GROUPS, N, b, n0);
                 vertex_in = n0 + v < N;
             }
             asm volatile("cp.async.wait_group %0;\n" ::"n"(Y_X_SLOTS - 2));   // slice q is in
@@ -336,7 +329,7 @@ __device__ __forceinline__ void y_layer(const float* __restrict__ X, long ldx, i
             // epilogue: acc[4 j + 2 h + e] is row row + 8 h, column col0 + 8 j + 2 t + e
             long b;
             int n0;
-            y_origin(tile / GROUPS, N, b, n0);
+            wg_vertex_origin<Y_VERTS>(tile / GROUPS, N, b, n0);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = row + 8 * h, i = r / Y_VERTS, v = r % Y_VERTS;

@@ -290,6 +290,14 @@ class HopperGemm:
         and W1 whole in shared memory), else 96 (each block holds one half of their columns)."""
         return Z_COUT if cin <= Z_KMAX else Z_COUT // 2
 
+    def _column_group_grid(self, b: int, n: int, columns: int) -> tuple:
+        """Tiles and persistent blocks of an input-side layer whose tiles are 4 vertices by ``columns`` of
+        the 192 output columns: a block's column group is blockIdx.x % (192 / columns), so the grid is
+        a multiple of the group count (at most one block per multiprocessor)."""
+        groups = Z_COUT // columns
+        tiles = b * -(-n // DRB_VERTS) * groups
+        return tiles, min(tiles, self.sm_count - self.sm_count % groups)
+
     def _zlayer_epilogue_operands(self, name: str, residual, bias, shape: tuple, dtype, align: int):
         """The residual (``shape`` in ``dtype``, or None) as a contiguous array starting ``align``-byte
         aligned (the input-side kernels' epilogues read it in pieces of that size), and the bias as
@@ -328,10 +336,9 @@ class HopperGemm:
         b, _, n, cin = x.shape
         residual, bias = self._zlayer_epilogue_operands("drb_zlayer", residual, bias, (b, HYPOTHESES, n, Z_COUT), act, 16)
         out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
-        halves = Z_COUT // self.zlayer_columns(cin)   # a block's column half is blockIdx.x % halves:
-        tiles = b * -(-n // DRB_VERTS) * halves       # the grid is a multiple of it
-        blocks = min(tiles, self.sm_count - self.sm_count % halves)
-        name = f"wg_drb_zlayer_{OPERANDS[weight.operands][1]}" + ("_n96" if halves == 2 else "")
+        columns = self.zlayer_columns(cin)
+        tiles, blocks = self._column_group_grid(b, n, columns)
+        name = f"wg_drb_zlayer_{OPERANDS[weight.operands][1]}" + ("_n96" if columns < Z_COUT else "")
         self._kernel(name, Z_SMEM, mixing, Z_SOURCE)(
             (blocks,), (DRB_THREADS,),
             (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
@@ -379,9 +386,7 @@ class HopperGemm:
                                                         cp.dtype(cp.float32), 8)
         out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
         columns = self.zlayer32_columns(cin, weight.operands)
-        groups = Z_COUT // columns                     # a block's column group is blockIdx.x % groups:
-        tiles = b * -(-n // DRB_VERTS) * groups       # the grid is a multiple of it
-        blocks = min(tiles, self.sm_count - self.sm_count % groups)
+        tiles, blocks = self._column_group_grid(b, n, columns)
         name = f"wg_drb_zlayer32_{OPERANDS[weight.operands][1]}_n{columns}"
         self._kernel(name, Y_SMEM, mixing, Y_SOURCE)(
             (blocks,), (Y_THREADS,),
