@@ -14,7 +14,7 @@ case "${1:-tests}" in
 tests)
   XMESH_TEST_BACKEND=cupy timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_tc_gemm.py \
     tests/test_golden.py tests/test_cupy_backend.py tests/test_metrics_gpu.py tests/test_out_of_memory.py \
-    tests/test_model.py tests/test_drb16_zlayer.py tests/test_drb32_zlayer.py tests/test_kernel_sources.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+    tests/test_model.py tests/test_drb16_zlayer.py tests/test_drb16_chain.py tests/test_drb32_zlayer.py tests/test_kernel_sources.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   timeout 150 python3 scripts/precision_errors.py fp32 tf32 fp16 bf16 2>&1 | tail -6
   ;;
 bench)

@@ -19,7 +19,8 @@ def definitions(source: str, name: str) -> int:
 
 @pytest.mark.parametrize("filename,headers", [
     ("wgmma_gemm.cu", ["wgmma_common.cuh", "bits16.cuh"]),
-    ("wgmma_drb16.cu", ["wgmma_common.cuh", "bits16.cuh"]),
+    ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
+    ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb32.cu", ["wgmma_common.cuh", "bits16.cuh"]),
     ("p2m_ops.cu", ["bits16.cuh"]),
 ])
@@ -66,3 +67,35 @@ def test_tf32_input_side_layer_fits_shared_memory():
             assert 2 * parts * -(-cin // 32) * ct * 128 <= hg.Y_W_BYTES and 192 % ct == 0
             assert f"wg_drb_zlayer32_{part}_n{ct}," in source
         assert hg.HopperGemm.zlayer32_columns(385, operands) is None
+
+
+def macro(source: str, name: str) -> int:
+    """The integer value of ``#define name EXPR`` in a kernel source, EXPR evaluated with the source's
+    other macros (integer arithmetic only)."""
+    defines = dict(re.findall(r"^#define (\w+) ([^/\n]+)", source, re.MULTILINE))
+
+    def value(key):
+        expr = re.sub(r"[A-Z][A-Z0-9_]+", lambda m: str(value(m.group(0))), defines[key])
+        return int(eval(expr, {"__builtins__": {}}))   # our own sources: digits, names, + - * / ( )
+
+    return value(name)
+
+
+def test_chained_layers_fit_shared_memory_as_the_host_reckons():
+    """wgmma_drb16_chain.cu: the block's shared memory (two activation buffers and the Z slots of 176
+    rows, the six W pieces, alignment slack) is what hopper_gemm launches it with, no more than an
+    H100/H200 block may have (227 KB); its buffers are whole 1024-byte swizzle groups; the W stream
+    repeats every tile (4 layers x 6 slices x 2 pieces); both 16-bit kernels exist; the header shares
+    the vertex tile with the one-layer kernel."""
+    from xmesh.backends import hopper_gemm as hg
+
+    source = kernel_source(hg.C_SOURCE)
+    assert macro(source, "ZC_SMEM_BYTES") == hg.C_SMEM <= 227 * 1024
+    assert macro(source, "ZC_KBUF_BYTES") % 1024 == 0 and macro(source, "ZC_PIECE_BYTES") % 1024 == 0
+    assert macro(source, "ZC_KBUF_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
+    assert macro(source, "ZC_PIECES_PER_TILE") == 2 * hg.C_LAYERS * hg.C_SLICES
+    assert macro(source, "ZC_LAYERS") == hg.C_LAYERS and macro(source, "ZC_SLICES") * 32 == hg.Z_COUT
+    assert 3 * macro(source, "ZC_MMA_REGS") + macro(source, "ZC_PRODUCER_REGS") == 4 * 128
+    for part in ("f16", "bf16"):
+        assert f"wg_drb_chain_{part}," in source
+    assert definitions(source, "zl_mix_slice_column") == 1

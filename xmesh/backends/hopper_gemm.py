@@ -44,6 +44,12 @@ Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
 #: block's shared memory (W, four X and two Z slots of 172 rows x 20 floats, the biases, alignment slack).
 Y_SOURCE, Y_COLUMNS, Y_W_BYTES, Y_THREADS = "wgmma_drb32.cu", {"3xtf32": (48, 24), "tf32": (96, 48)}, 147456, 640
 Y_SMEM = Y_W_BYTES + 6 * HYPOTHESES * DRB_VERTS * 20 * 4 + 96 * 4 + 1024
+#: A deformation block's four 192-wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit modes):
+#: the layers, their 32-column K slices, and a block's shared memory (two activation buffers and the Z
+#: slots of 176 rows x 128 bytes per 64 columns, six W pieces of 192 rows x 64 bytes, alignment slack:
+#: 232448 bytes, all a block may have on compute capability 9.0).
+C_SOURCE, C_LAYERS, C_SLICES = "wgmma_drb16_chain.cu", 4, 6
+C_SMEM = (2 * 3 + 1) * 176 * 128 + 6 * Z_COUT * 64 + 1024
 #: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
 OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -148,6 +154,40 @@ class PreparedWeight:
     def small_arg(self):
         """The small part to pass a kernel: ``big`` again for one pass (the kernel then never reads it)."""
         return self.big if self.small is None else self.small
+
+
+@dataclass(frozen=True)
+class PreparedChain:
+    """A deformation block's four 192-wide layers for :meth:`HopperGemm.drb_chain16`: ``stream`` the
+    16-bit W pieces (4 layers x 6 K slices x (W1, W0) x 192 columns x 32 K rows, uint16), ``bias``
+    (4, 192) float32, ``operands`` "fp16" or "bf16"."""
+
+    stream: object
+    bias: object
+    operands: str
+
+
+def accumulator_columns(n: int = Z_COUT):
+    """The output column that each of a 16-bit input-side tile's ``n`` accumulator columns holds (as
+    zl_column in kernels/drb16_tile.cuh): accumulator column f -> 32 (j // 4) + 8 t + 2 (j % 4) + f % 2
+    with j = f // 8, t = (f // 2) % 4, so that a quad thread's outputs lie in 16-byte pieces."""
+    f = np.arange(n)
+    j, t = f >> 3, (f >> 1) & 3
+    return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1)
+
+
+def chain_piece_index(ldb: int) -> np.ndarray:
+    """Where each 16-bit element of one layer's part of :meth:`HopperGemm.prepare_chain16`'s W stream
+    comes from: for stream axes (K slice, piece h, accumulator column n, 16-byte chunk position pos,
+    element e) the flat index, into the layer's prepared unpaired weight (2 x 192 rows of ``ldb``, row
+    c holding column c of [W0 | W1]), of W1 (h = 0) or W0 (h = 1) at column accumulator_columns()[n]
+    and K row 32 slice + 8 c + e, where c = pos ^ ((n >> 1) & 3) (the 64-byte swizzle)."""
+    n = np.arange(Z_COUT)
+    chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                      # (n, pos)
+    w_row = np.array([Z_COUT, 0])[:, None] + accumulator_columns()[None, :]     # (h, n): W1 then W0
+    k = (32 * np.arange(C_SLICES)[:, None, None, None] + 8 * chunk[None, :, :, None]
+         + np.arange(8)[None, None, None, :])                                     # (ks, n, pos, e)
+    return w_row[None, :, :, None, None] * ldb + k[:, None]                        # (ks, h, n, pos, e)
 
 
 def hypothesis_rows(cupy, x):
@@ -344,6 +384,53 @@ class HopperGemm:
             (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
             shared_mem=Z_SMEM)
+        return out
+
+    def prepare_chain16(self, weights, biases) -> PreparedChain:
+        """The W stream and biases of :meth:`drb_chain16` from a block's four 192-wide layers: ``weights``
+        their unpaired 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``, 192 x 384, one mode),
+        ``biases`` their (192,) biases. The stream holds, per layer and 32-row K slice, W1's then W0's
+        rows for all 192 columns in the kernel's shared-memory form (:func:`chain_piece_index`)."""
+        cp = self.cupy
+        weights = tuple(weights)
+        modes = {w.operands for w in weights}
+        if (len(weights) != C_LAYERS or len(modes) != 1 or weights[0].passes
+                or any(w.paired or w.k != Z_COUT or w.n != 2 * Z_COUT for w in weights)):
+            raise ValueError(f"prepare_chain16: needs {C_LAYERS} unpaired 16-bit ({Z_COUT}, {2 * Z_COUT}) weights "
+                             f"of one mode, got {[(w.k, w.n, w.operands, w.paired) for w in weights]}")
+        stream = cp.stack([cp.take(w.big.reshape(-1), cp.asarray(chain_piece_index(w.big.shape[1]))) for w in weights])
+        bias = cp.stack([cp.ascontiguousarray(b, dtype=cp.float32).reshape(-1) for b in biases])
+        if bias.shape != (C_LAYERS, Z_COUT):
+            raise ValueError(f"prepare_chain16: needs {C_LAYERS} biases of ({Z_COUT},), got {bias.shape}")
+        return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), weights[0].operands)
+
+    def chain_applies(self, x) -> bool:
+        """Whether :meth:`drb_chain16` takes this x1: a contiguous (B, 43, N, 192) 16-bit array starting
+        16-byte aligned (what :meth:`drb_zlayer` returns)."""
+        cp = self.cupy
+        return (x.ndim == 4 and x.dtype in (cp.float16, cp.uint16) and x.shape[1] == HYPOTHESES
+                and x.shape[3] == Z_COUT and x.flags.c_contiguous and x.data.ptr % 16 == 0)
+
+    def drb_chain16(self, x1, chain: PreparedChain, mixing: str):
+        """A deformation block's four 192-wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
+        16-bit mode: x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3, each layer as
+        :meth:`drb_zlayer` computes it (so x5 equals four drb_zlayer calls bit for bit), with the
+        activations kept in shared memory. x1 (B, 43, N, 192) in :func:`activation_dtype` (see
+        :meth:`chain_applies`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
+        :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type."""
+        cp = self.cupy
+        act = activation_dtype(cp, chain.operands)
+        if not mixing or not self.chain_applies(x1) or x1.dtype != act:
+            raise ValueError(f"drb_chain16: x1 {x1.shape} {x1.dtype} (strides {x1.strides}) with "
+                             f"{'a' if mixing else 'no'} mixing source: needs a contiguous 16-byte aligned "
+                             f"(B, {HYPOTHESES}, N, {Z_COUT}) {act} array ({chain.operands}) and mixing_source(A1)")
+        b, _, n, _ = x1.shape
+        out = cp.empty_like(x1)
+        tiles = b * -(-n // DRB_VERTS)
+        name = f"wg_drb_chain_{OPERANDS[chain.operands][1]}"
+        self._kernel(name, C_SMEM, mixing, C_SOURCE)(
+            (min(tiles, self.sm_count),), (DRB_THREADS,),
+            (x1, chain.stream, chain.bias, out, np.int32(n), np.int32(tiles)), shared_mem=C_SMEM)
         return out
 
     @staticmethod

@@ -44,11 +44,21 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
     conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
     x1 = conv(layers[0], x)
-    x2 = conv(layers[1], x1)
-    x3 = conv(layers[2], x2, x1)
-    x4 = conv(layers[3], x3)
-    x5 = conv(layers[4], x4, x3)
+    x5 = hidden_layers(backend, layers[1:5], x1, params)
     return score_update(backend, layers[5], x5, params, centers)
+
+
+def hidden_layers(backend, layers, x1, params):
+    """The block's four 192-wide layers with their two residuals, x1 -> x5 (a backend may run them
+    as one kernel, keeping the activations on chip)."""
+    fast = backend.try_fast_path("drb_hidden_layers", layers, x1, params.sample_cheb1, params.sample_cheb0)
+    if fast is not None:
+        return fast
+    conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
+    x2 = conv(layers[0], x1)
+    x3 = conv(layers[1], x2, x1)
+    x4 = conv(layers[2], x3)
+    return conv(layers[3], x4, x3)
 
 
 def score_update(backend, layer, x, params, centers):

@@ -1,0 +1,259 @@
+// A deformation reasoning block's four 192-wide layers in one kernel, in the 16-bit modes ("fp16",
+// "bf16") on Hopper (sm_90a): from x1 (the block's first layer's output) to
+//
+//     x2 = lc2(x1),  x3 = lc3(x2) + x1,  x4 = lc4(x3),  x5 = lc5(x4) + x3,
+//     lcN(h) = relu(h W0 + Z W1 + b),  Z = A1 h rounded to the mode's 16 bits,
+//
+// each layer computed as wgmma_drb16.cu computes it (the same Z, the same wgmmas in the same order,
+// the same epilogue), so x5 is that of four wg_drb_zlayer launches bit for bit. There, every layer
+// reads its X and residual from global memory and writes its output back (about 120 MB a sample a
+// layer at 16 bits); here a tile's activations stay in shared memory from x1 to x5, and W streams
+// through instead: x1 in, x5 out, and 4 x 147 KB of W a tile from L2.
+//
+// A persistent block (one per multiprocessor) of 4 warpgroups takes tiles blockIdx.x, blockIdx.x +
+// gridDim.x, ... of (sample, 4 vertices) (drb16_tile.cuh's rows 4 i + v):
+//   - the producer warpgroup copies the tile's x1 into activation buffer P, then for each layer's six
+//     32-column K slices computes the slice's Z from the layer's input (P for lc2 and lc4, Q for lc3
+//     and lc5) into a ring of two slots;
+//   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
+//     columns, two a slice, a ring of six: two slices ahead), run m64n192k16 wgmmas (Z W1, then the
+//     input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
+//     store the layer's output in 16 bits: lc2 and lc4 into Q, lc3 over its residual in P (each
+//     element read and written by the same thread), lc5 to global memory.
+// Named barriers hand slices over (Z ready, Z slot free), tell the producer that a layer's output is
+// in shared memory (or, after lc5, that P and Q are free for the next tile), and keep the MMA
+// warpgroups together before W pieces are overwritten.
+//
+// Shared memory (227 KB, the most a block may have): P and Q (three 64-column K buffers each, of 176
+// rows of 128 bytes: 172 rows hold hypotheses; the third warpgroup's MMAs read 16 rows past a buffer,
+// whose results are never stored), the Z slots (one such buffer, two 32-column halves), and the W ring
+// (six pieces of 192 rows of 64 bytes with the 64-byte swizzle, prepared so by
+// HopperGemm.prepare_chain16 and copied as they are).
+#include "drb16_tile.cuh"
+
+#define ZC_LAYERS 4
+#define ZC_SLICES 6                                   // 32-column K slices of a 192-wide layer
+#define ZC_KBUF_BYTES (176 * 128)                      // one 64-column K buffer of an activation
+#define ZC_ACT_BYTES (3 * ZC_KBUF_BYTES)
+#define ZC_PIECE_BYTES (ZL_COUT * 64)                  // 32 K rows of W0 or W1, all 192 columns
+#define ZC_PIECES 6
+#define ZC_PIECES_PER_TILE (2 * ZC_LAYERS * ZC_SLICES)  // the W stream repeats every tile
+#define ZC_SMEM_BYTES (2 * ZC_ACT_BYTES + ZC_KBUF_BYTES + ZC_PIECES * ZC_PIECE_BYTES + 1024)
+// registers per thread after setmaxnreg (3 * 144 + 80 = 4 * 128): the MMA loop spans four layers and
+// the W copies, so the MMA warpgroups take more than wgmma_drb16.cu's (there 136: 400 bytes of spills)
+#define ZC_MMA_REGS 144
+#define ZC_PRODUCER_REGS 80
+
+// Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
+// a layer's output stored (MMA -> producer), the MMA warpgroups' own, the producer warpgroup's own.
+#define ZC_READY 1                                    // + Z slot (2)
+#define ZC_Z_FREE 3                                   // + Z slot (2)
+#define ZC_LAYER_DONE 5
+#define ZC_MMA 6
+#define ZC_PRODUCER 7
+
+// Matrix descriptor of a K-major B piece with the 64-byte swizzle: rows of 64 bytes, 512 bytes between
+// 8-row groups (wg_desc is the 128-byte form).
+__device__ __forceinline__ unsigned long long zc_desc64(unsigned addr) {
+    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
+}
+
+// A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in P), rounded to 16
+// bits, into shared buffer dst (P or Q) or, for the last layer, to global memory. The accumulator
+// columns of quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): one 16-byte piece of the
+// row per k, chunk 4 (k % 2) + t of K buffer k / 2.
+template <int OPS, bool RESIDUAL, bool GLOBAL_OUT>
+__device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float* __restrict__ bias,
+                                            unsigned char* p_buf, unsigned char* dst,
+                                            unsigned short* __restrict__ out, long plane, long b, int n0, int N,
+                                            int wg, int warp, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
+        if (i >= ZL_HYP || n0 + v >= N) continue;
+        const long o = (b * ZL_HYP + i) * plane + (long)(n0 + v) * ZL_COUT + 8 * t;
+#pragma unroll
+        for (int k = 0; k < ZL_COUT / 32; ++k) {
+            const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
+            const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
+            const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
+            const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            uint4 rp = make_uint4(0u, 0u, 0u, 0u);
+            if (RESIDUAL) rp = *reinterpret_cast<const uint4*>(p_buf + s);
+            const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
+            unsigned packed[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {   // columns 2 p, 2 p + 1 of the piece: accumulator column 8 (4 k + p) + 2 t
+                float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
+                float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
+                if (RESIDUAL) {
+                    v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
+                    v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
+                }
+                packed[p] = wg_pack<OPS>(v0, v1);
+            }
+            const uint4 piece = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            if (GLOBAL_OUT)
+                *reinterpret_cast<uint4*>(out + o + 32 * k) = piece;
+            else
+                *reinterpret_cast<uint4*>(dst + s) = piece;
+        }
+    }
+}
+
+template <int OPS>
+__device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, const unsigned short* __restrict__ W,
+                                         const float* __restrict__ bias, unsigned short* __restrict__ out, int N,
+                                         int tiles) {
+    extern __shared__ float4 zc_shared[];
+    const unsigned raw = wg_smem(zc_shared);
+    const unsigned base = (raw + 1023u) & ~1023u;
+    unsigned char* base_ptr = reinterpret_cast<unsigned char*>(zc_shared) + (base - raw);
+    // P, Q, Z, W ring: the buffers MMAs read past (P, Q, Z: 16 rows) are followed by another
+    const unsigned p_smem = base, q_smem = base + ZC_ACT_BYTES, z_smem = base + 2 * ZC_ACT_BYTES;
+    const unsigned w_smem = z_smem + ZC_KBUF_BYTES;
+    const int my_tiles = tiles > (int)blockIdx.x ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int total = my_tiles * ZC_LAYERS * ZC_SLICES;   // K slices this block runs
+    const long plane = (long)N * ZL_COUT;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    if (threadIdx.x >= ZL_MMA_THREADS) {   // ---- producer: x1 in, Z slices out
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ZC_PRODUCER_REGS));
+        const int et = threadIdx.x - ZL_MMA_THREADS, v = warp - ZL_MMA_THREADS / 32;
+        for (int q = 0; q < total; ++q) {
+            const int t = q / (ZC_LAYERS * ZC_SLICES), layer = (q / ZC_SLICES) % ZC_LAYERS, ks = q % ZC_SLICES;
+            long b;
+            int n0;
+            wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
+            if (layer == 0 && ks == 0) {
+                if (t > 0) wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);   // the last tile's lc5 is done with P and Q
+                // x1's rows 4 i + vv, 24 16-byte chunks each, into P (rows of vertices past N are left as they are)
+                const unsigned short* x1 = X + b * ZL_HYP * plane + (long)n0 * ZL_COUT;
+                for (int idx = et; idx < ZL_TILE_ROWS * 24; idx += 128) {
+                    const int r = idx / 24, c = idx % 24, i = r / ZL_VERTS, vv = r % ZL_VERTS;
+                    if (n0 + vv < N)
+                        wg_copy(p_smem + (c / 8) * ZC_KBUF_BYTES + r * 128 + (((c % 8) ^ (r & 7)) << 4),
+                                reinterpret_cast<const float*>(x1 + i * plane + vv * ZL_COUT + 8 * c), 16, 16);
+                }
+                asm volatile("cp.async.commit_group;\n" ::);
+                if (t + 1 < my_tiles && et < ZL_HYP) {   // the next tile's x1 into L2: hypothesis et's rows are contiguous
+                    long nb;
+                    int nn0;
+                    wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + (t + 1) * (int)gridDim.x, N, nb, nn0);
+                    const int verts = N - nn0 < ZL_VERTS ? N - nn0 : ZL_VERTS;
+                    zl_prefetch_l2(X + (nb * ZL_HYP + et) * plane + (long)nn0 * ZL_COUT, (unsigned)(verts * ZL_COUT * 2));
+                }
+                asm volatile("cp.async.wait_all;\n" ::);
+                wg_bar_sync(ZC_PRODUCER, 128);
+            } else if (ks == 0) {
+                wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);   // the previous layer's output is in shared memory
+            }
+            if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
+            if (n0 + v < N) {
+                // the layer's input: P for lc2 and lc4, Q for lc3 and lc5; its slice ks is half ks % 2 of
+                // K buffer ks / 2, and q % 2 = ks % 2 (six slices a layer) is Z's slot
+                const unsigned src = (layer % 2 ? q_smem : p_smem) + (ks / 2) * ZC_KBUF_BYTES;
+                zl_mix_slice_column<OPS>(base_ptr + (src - base), base_ptr + (z_smem - base), v, 32 * (ks % 2) + lane);
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            wg_bar_arrive(ZC_READY + q % 2, ZL_THREADS);
+        }
+    } else {   // ---- MMA warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ZC_MMA_REGS));
+        const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
+        // W piece p (p = 2 q: slice q's W1, 2 q + 1: its W0) is piece p % 48 of the stream and goes into
+        // ring slot p % 6: 768 16-byte chunks, this thread's are chunks threadIdx.x and threadIdx.x + 384
+        const char* w_src = reinterpret_cast<const char*>(W) + threadIdx.x * 16;
+        const unsigned w_dst = w_smem + threadIdx.x * 16;
+        auto copy_piece = [&](int stream_piece, int slot) {
+            const char* src = w_src + (long)stream_piece * ZC_PIECE_BYTES;
+            wg_copy(w_dst + slot * ZC_PIECE_BYTES, reinterpret_cast<const float*>(src), 16, 16);
+            wg_copy(w_dst + slot * ZC_PIECE_BYTES + ZL_MMA_THREADS * 16,
+                    reinterpret_cast<const float*>(src + ZL_MMA_THREADS * 16), 16, 16);
+        };
+        if (total > 0) {   // slices 0 and 1: pieces 0-3 (one commit group a slice)
+            copy_piece(0, 0);
+            copy_piece(1, 1);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        if (total > 1) {
+            copy_piece(2, 2);
+            copy_piece(3, 3);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        // descriptors: one 16-byte step is 1 in the address field (K step 32 bytes: 2, the slice's half
+        // of a 128-byte row: 4, a W piece: 768, a K buffer: 1408)
+        const unsigned long long z_desc = wg_desc(z_smem + wg * 64 * 128), w_desc = zc_desc64(w_smem);
+        const unsigned long long p_desc = wg_desc(p_smem + wg * 64 * 128), q_desc = wg_desc(q_smem + wg * 64 * 128);
+        int q = 0;
+        for (int tile = blockIdx.x, t = 0; tile < tiles; tile += gridDim.x, ++t) {
+#pragma unroll 1
+            for (int layer = 0; layer < ZC_LAYERS; ++layer) {
+                float acc[96];
+#pragma unroll
+                for (int i = 0; i < 96; ++i) acc[i] = 0.0f;
+                const unsigned long long in_desc = layer % 2 ? q_desc : p_desc;
+                // slice ks of the layer: q % 2 = ks % 2 and 2 q % 6 = 2 ks % 6 (24 slices a tile, 6 a layer)
+#pragma unroll
+                for (int ks = 0; ks < ZC_SLICES; ++ks, ++q) {
+                    asm volatile("cp.async.wait_group 1;\n" ::);   // this thread's copies of slice q's pieces are in
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    wg_bar_sync(ZC_READY + ks % 2, ZL_THREADS);     // ... everyone's, and Z's slice
+                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                    const unsigned long long w1 = w_desc + ((2 * ks) % ZC_PIECES) * (ZC_PIECE_BYTES / 16);
+                    const unsigned long long w0 = w_desc + ((2 * ks + 1) % ZC_PIECES) * (ZC_PIECE_BYTES / 16);
+                    const unsigned long long zs = z_desc + 4 * (ks % 2);
+                    const unsigned long long xs = in_desc + (ks / 2) * (ZC_KBUF_BYTES / 16) + 4 * (ks % 2);
+                    zl_mma<OPS>(acc, zs, w1, ks > 0);
+                    zl_mma<OPS>(acc, zs + 2, w1 + 2, 1);
+                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's products are done
+                    wg_bar_sync(ZC_MMA, ZL_MMA_THREADS);                                 // ... in every warpgroup
+                    if (q + 2 < total) {   // slice q + 2's pieces into slice q - 1's slots
+                        int next = 12 * layer + 2 * ks + 4;
+                        if (next >= ZC_PIECES_PER_TILE) next -= ZC_PIECES_PER_TILE;
+                        copy_piece(next, (2 * ks + 4) % ZC_PIECES);
+                        copy_piece(next + 1, (2 * ks + 5) % ZC_PIECES);
+                    }
+                    asm volatile("cp.async.commit_group;\n" ::);
+                    zl_mma<OPS>(acc, xs, w0, 1);
+                    zl_mma<OPS>(acc, xs + 2, w0 + 2, 1);
+                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q's Z products are done
+                    if (q + 2 < total) wg_bar_arrive(ZC_Z_FREE + ks % 2, ZL_THREADS);
+                }
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+                for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
+                long b;
+                int n0;
+                wg_vertex_origin<ZL_VERTS>(tile, N, b, n0);
+                unsigned char* p_buf = base_ptr + (p_smem - base);
+                unsigned char* q_buf = base_ptr + (q_smem - base);
+                const float* bl = bias + layer * ZL_COUT;
+                if (layer == 0)
+                    zc_epilogue<OPS, false, false>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                else if (layer == 1)
+                    zc_epilogue<OPS, true, false>(acc, bl, p_buf, p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                else if (layer == 2)
+                    zc_epilogue<OPS, false, false>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                else
+                    zc_epilogue<OPS, true, true>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                if (layer < ZC_LAYERS - 1 || t + 1 < my_tiles) {
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the next layer's wgmmas read it
+                    wg_bar_arrive(ZC_LAYER_DONE, ZL_THREADS);
+                }
+            }
+        }
+        asm volatile("cp.async.wait_all;\n" ::);
+    }
+}
+
+#define ZC_KERNEL(NAME, OPS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                      \
+        const unsigned short* X, const unsigned short* W, const float* bias, unsigned short* out, int N, \
+        int tiles) {                                                                                     \
+        zc_chain<OPS>(X, W, bias, out, N, tiles);                                                        \
+    }
+ZC_KERNEL(wg_drb_chain_f16, WG_F16)
+ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
