@@ -1,0 +1,61 @@
+"""What bounds the chained deformation layers (kernels/wgmma_drb16_chain.cu): the kernel timed with
+parts of it taken out (its source patched before compiling: Z not made, W or x1 not copied, no
+epilogue stores, no wgmmas, and combinations), fp16, b=16, 2466 vertices, the template's A1, median
+us per sample over 5 x 3 calls (CUDA events), two rounds. The patched kernels compute nonsense; only
+their times matter. Without the epilogue's stores the compiler may drop the wgmmas whose sums are
+never read, so the variants without the epilogue say nothing about the MMAs. Device only (H100/H200):
+
+    XMESH_SHARED=../shared python3 scripts/chain_parts.py
+"""
+import os, sys
+import cupy as cp, numpy as np
+import xmesh.backends.cuda_kernels as ck
+from xmesh.backends import hopper_gemm as hg
+from xmesh.io.template import load_template
+base_src = ck._read_kernel_file("wgmma_drb16_chain.cu")
+P = {
+ "no_z": [("zl_mix_slice_column<OPS>(base_ptr + (src - base), base_ptr + (z_smem - base), v, 32 * (ks % 2) + lane);", ";")],
+ "no_wcopy": [("wg_copy(w_dst + slot * ZC_PIECE_BYTES, reinterpret_cast<const float*>(src), 16, 16);", ";"),
+              ("wg_copy(w_dst + slot * ZC_PIECE_BYTES + ZL_MMA_THREADS * 16,", "if (0) wg_copy(w_dst + slot * ZC_PIECE_BYTES + ZL_MMA_THREADS * 16,")],
+ "no_epilogue": [("        if (i >= ZL_HYP || n0 + v >= N) continue;", "        if (i >= 0) continue;")],
+ "no_mma": [("zl_mma<OPS>(acc, zs, w1, ks > 0);", ";"), ("zl_mma<OPS>(acc, zs + 2, w1 + 2, 1);", ";"),
+            ("zl_mma<OPS>(acc, xs, w0, 1);", ";"), ("zl_mma<OPS>(acc, xs + 2, w0 + 2, 1);", ";")],
+ "no_x1": [("                        wg_copy(p_smem + (c / 8) * ZC_KBUF_BYTES", "                        if (0) wg_copy(p_smem + (c / 8) * ZC_KBUF_BYTES")],
+}
+variants = {"base": []}
+for k, v in P.items(): variants[k] = v
+variants["no_z_epilogue"] = P["no_z"] + P["no_epilogue"]
+variants["no_z_epi_w"] = P["no_z"] + P["no_epilogue"] + P["no_wcopy"]
+variants["only_mma"] = P["no_z"] + P["no_epilogue"] + P["no_wcopy"] + P["no_x1"]
+variants["skeleton"] = variants["only_mma"] + P["no_mma"]
+cur = {"v": "base"}
+orig = ck._read_kernel_file
+def patched(name):
+    if name == "wgmma_drb16_chain.cu":
+        s = base_src
+        for a, b in variants[cur["v"]]:
+            assert a in s, (cur["v"], a[:50]); s = s.replace(a, b)
+        return s
+    return orig(name)
+ck._read_kernel_file = patched
+t = load_template(os.path.join(os.environ["XMESH_SHARED"], "golden", "template.dat"))
+a1 = np.asarray(t.sample_cheb[1], dtype=np.float32)
+h = hg.HopperGemm(cp); mixing = hg.mixing_source(a1)
+rng = np.random.default_rng(0)
+ws = [h.prepare(cp.asarray((rng.standard_normal((192, 384)) / np.sqrt(384)).astype(np.float32)), "fp16") for _ in range(4)]
+bs = [cp.asarray((rng.standard_normal(192) * 0.1).astype(np.float32)) for _ in range(4)]
+chain = h.prepare_chain16(ws, bs)
+def median_us(fn):
+    fn(); cp.cuda.Device().synchronize()
+    s, e = cp.cuda.Event(), cp.cuda.Event(); ts = []
+    for _ in range(5):
+        s.record(); [fn() for _ in range(3)]; e.record(); e.synchronize(); ts.append(cp.cuda.get_elapsed_time(s, e) / 3 * 1000)
+    return float(np.median(ts))
+b = 16
+x1 = hg.narrow16(cp, cp.maximum(cp.asarray(rng.standard_normal((b, 43, 2466, 192), dtype=np.float32)), 0), "fp16")
+for rnd in range(2):
+    line = []
+    for v in variants:
+        cur["v"] = v; h._kernels.clear(); ck._arch_module.cache_clear()
+        line.append(f"{v} {median_us(lambda: h.drb_chain16(x1, chain, mixing)) / b:.1f}")
+    print(f"round {rnd} (us/sample, b={b}): " + ", ".join(line), flush=True)
