@@ -12,17 +12,20 @@
 //
 // A persistent block (one per multiprocessor) of 4 warpgroups takes tiles blockIdx.x, blockIdx.x +
 // gridDim.x, ... of (sample, 4 vertices) (drb16_tile.cuh's rows 4 i + v):
-//   - the producer warpgroup copies the tile's x1 into activation buffer P, then for each layer's six
-//     32-column K slices computes the slice's Z from the layer's input (P for lc2 and lc4, Q for lc3
+//   - the producer warpgroup copies the tile's x1 into activation buffer A, then for each layer's six
+//     32-column K slices computes the slice's Z from the layer's input (A for lc2 and lc4, B for lc3
 //     and lc5) into a ring of two slots;
 //   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
 //     columns, two a slice, a ring of six: two slices ahead), run m64n192k16 wgmmas (Z W1, then the
 //     input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
-//     store the layer's output in 16 bits: lc2 and lc4 into Q, lc3 over its residual in P (each
+//     store the layer's output in 16 bits: lc2 and lc4 into B, lc3 over its residual in A (each
 //     element read and written by the same thread), lc5 to global memory.
+// A and B are shared-memory buffers P and Q for even tiles and Q and P for odd ones: once lc5's
+// wgmmas are done with its input (B), the producer copies the next tile's x1 there while lc5's
+// epilogue still reads its residual from A.
 // Named barriers hand slices over (Z ready, Z slot free), tell the producer that a layer's output is
-// in shared memory (or, after lc5, that P and Q are free for the next tile), and keep the MMA
-// warpgroups together before W pieces are overwritten.
+// in shared memory or that lc5's input is free, and keep the MMA warpgroups together before W pieces
+// are overwritten.
 //
 // Shared memory (227 KB, the most a block may have): P and Q (three 64-column K buffers each, of 176
 // rows of 128 bytes: 172 rows hold hypotheses; the third warpgroup's MMAs read 16 rows past a buffer,
@@ -45,12 +48,14 @@
 #define ZC_PRODUCER_REGS 80
 
 // Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
-// a layer's output stored (MMA -> producer), the MMA warpgroups' own, the producer warpgroup's own.
+// a layer's output stored (MMA -> producer), the MMA warpgroups' own, the producer warpgroup's own,
+// and lc5's input free for the next tile's x1 (MMA -> producer).
 #define ZC_READY 1                                    // + Z slot (2)
 #define ZC_Z_FREE 3                                   // + Z slot (2)
 #define ZC_LAYER_DONE 5
 #define ZC_MMA 6
 #define ZC_PRODUCER 7
+#define ZC_INPUT_FREE 8                               // lc5's wgmmas are done with its input
 
 // Matrix descriptor of a K-major B piece with the 64-byte swizzle: rows of 64 bytes, 512 bytes between
 // 8-row groups (wg_desc is the 128-byte form).
@@ -58,8 +63,8 @@ __device__ __forceinline__ unsigned long long zc_desc64(unsigned addr) {
     return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
 }
 
-// A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in P), rounded to 16
-// bits, into shared buffer dst (P or Q) or, for the last layer, to global memory. The accumulator
+// A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in buffer A, p_buf),
+// rounded to 16 bits, into shared buffer dst (A or B) or, for the last layer, to global memory. The accumulator
 // columns of quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): one 16-byte piece of the
 // row per k, chunk 4 (k % 2) + t of K buffer k / 2.
 template <int OPS, bool RESIDUAL, bool GLOBAL_OUT>
@@ -125,14 +130,16 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
             long b;
             int n0;
             wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
+            // tile t's x1 (and x3) buffer: P for even t, Q for odd t; its x2 (and x4) buffer the other one
+            const unsigned a_smem = t % 2 ? q_smem : p_smem, b_smem = t % 2 ? p_smem : q_smem;
             if (layer == 0 && ks == 0) {
-                if (t > 0) wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);   // the last tile's lc5 is done with P and Q
-                // x1's rows 4 i + vv, 24 16-byte chunks each, into P (rows of vertices past N are left as they are)
+                if (t > 0) wg_bar_sync(ZC_INPUT_FREE, ZL_THREADS);   // the last tile's lc5 wgmmas are done with its x4
+                // x1's rows 4 i + vv, 24 16-byte chunks each (rows of vertices past N are left as they are)
                 const unsigned short* x1 = X + b * ZL_HYP * plane + (long)n0 * ZL_COUT;
                 for (int idx = et; idx < ZL_TILE_ROWS * 24; idx += 128) {
                     const int r = idx / 24, c = idx % 24, i = r / ZL_VERTS, vv = r % ZL_VERTS;
                     if (n0 + vv < N)
-                        wg_copy(p_smem + (c / 8) * ZC_KBUF_BYTES + r * 128 + (((c % 8) ^ (r & 7)) << 4),
+                        wg_copy(a_smem + (c / 8) * ZC_KBUF_BYTES + r * 128 + (((c % 8) ^ (r & 7)) << 4),
                                 reinterpret_cast<const float*>(x1 + i * plane + vv * ZL_COUT + 8 * c), 16, 16);
                 }
                 asm volatile("cp.async.commit_group;\n" ::);
@@ -150,9 +157,9 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
             }
             if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
             if (n0 + v < N) {
-                // the layer's input: P for lc2 and lc4, Q for lc3 and lc5; its slice ks is half ks % 2 of
-                // K buffer ks / 2, and q % 2 = ks % 2 (six slices a layer) is Z's slot
-                const unsigned src = (layer % 2 ? q_smem : p_smem) + (ks / 2) * ZC_KBUF_BYTES;
+                // the layer's input: x1 or x3 for lc2 and lc4, x2 or x4 for lc3 and lc5; its slice ks is half
+                // ks % 2 of K buffer ks / 2, and q % 2 = ks % 2 (six slices a layer) is Z's slot
+                const unsigned src = (layer % 2 ? b_smem : a_smem) + (ks / 2) * ZC_KBUF_BYTES;
                 zl_mix_slice_column<OPS>(base_ptr + (src - base), base_ptr + (z_smem - base), v, 32 * (ks % 2) + lane);
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -161,75 +168,67 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
     } else {   // ---- MMA warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ZC_MMA_REGS));
         const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
-        // W piece p (p = 2 q: slice q's W1, 2 q + 1: its W0) is piece p % 48 of the stream and goes into
-        // ring slot p % 6: 768 16-byte chunks, this thread's are chunks threadIdx.x and threadIdx.x + 384
-        const char* w_src = reinterpret_cast<const char*>(W) + threadIdx.x * 16;
-        const unsigned w_dst = w_smem + threadIdx.x * 16;
-        auto copy_piece = [&](int stream_piece, int slot) {
-            const char* src = w_src + (long)stream_piece * ZC_PIECE_BYTES;
-            wg_copy(w_dst + slot * ZC_PIECE_BYTES, reinterpret_cast<const float*>(src), 16, 16);
-            wg_copy(w_dst + slot * ZC_PIECE_BYTES + ZL_MMA_THREADS * 16,
-                    reinterpret_cast<const float*>(src + ZL_MMA_THREADS * 16), 16, 16);
+        // slice q's W pieces (W1 then W0: pieces 2 q, 2 q + 1 of the stream) into ring slots 2q % 6, (2q + 1) % 6;
+        // 768 16-byte chunks a piece, two a thread; one commit group a slice, empty past the end
+        auto issue_w = [&](int q) {
+            if (q < total) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = 2 * q + h;
+                    const unsigned dst = w_smem + (p % ZC_PIECES) * ZC_PIECE_BYTES;
+                    const unsigned short* src = W + (long)(p % ZC_PIECES_PER_TILE) * (ZC_PIECE_BYTES / 2);
+#pragma unroll
+                    for (int m = 0; m < 2; ++m) {
+                        const int chunk = threadIdx.x + ZL_MMA_THREADS * m;
+                        wg_copy(dst + chunk * 16, reinterpret_cast<const float*>(src + chunk * 8), 16, 16);
+                    }
+                }
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
         };
-        if (total > 0) {   // slices 0 and 1: pieces 0-3 (one commit group a slice)
-            copy_piece(0, 0);
-            copy_piece(1, 1);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-        if (total > 1) {
-            copy_piece(2, 2);
-            copy_piece(3, 3);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-        // descriptors: one 16-byte step is 1 in the address field (K step 32 bytes: 2, the slice's half
-        // of a 128-byte row: 4, a W piece: 768, a K buffer: 1408)
-        const unsigned long long z_desc = wg_desc(z_smem + wg * 64 * 128), w_desc = zc_desc64(w_smem);
-        const unsigned long long p_desc = wg_desc(p_smem + wg * 64 * 128), q_desc = wg_desc(q_smem + wg * 64 * 128);
+        issue_w(0);
+        issue_w(1);
         int q = 0;
         for (int tile = blockIdx.x, t = 0; tile < tiles; tile += gridDim.x, ++t) {
+            long b;
+            int n0;
+            wg_vertex_origin<ZL_VERTS>(tile, N, b, n0);
 #pragma unroll 1
             for (int layer = 0; layer < ZC_LAYERS; ++layer) {
                 float acc[96];
 #pragma unroll
                 for (int i = 0; i < 96; ++i) acc[i] = 0.0f;
-                const unsigned long long in_desc = layer % 2 ? q_desc : p_desc;
-                // slice ks of the layer: q % 2 = ks % 2 and 2 q % 6 = 2 ks % 6 (24 slices a tile, 6 a layer)
-#pragma unroll
+                const unsigned in_smem = (layer + t) % 2 ? q_smem : p_smem;   // as the producer's src
+#pragma unroll 1
                 for (int ks = 0; ks < ZC_SLICES; ++ks, ++q) {
                     asm volatile("cp.async.wait_group 1;\n" ::);   // this thread's copies of slice q's pieces are in
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    wg_bar_sync(ZC_READY + ks % 2, ZL_THREADS);     // ... everyone's, and Z's slice
+                    wg_bar_sync(ZC_READY + q % 2, ZL_THREADS);      // ... everyone's, and Z's slice
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                    const unsigned long long w1 = w_desc + ((2 * ks) % ZC_PIECES) * (ZC_PIECE_BYTES / 16);
-                    const unsigned long long w0 = w_desc + ((2 * ks + 1) % ZC_PIECES) * (ZC_PIECE_BYTES / 16);
-                    const unsigned long long zs = z_desc + 4 * (ks % 2);
-                    const unsigned long long xs = in_desc + (ks / 2) * (ZC_KBUF_BYTES / 16) + 4 * (ks % 2);
-                    zl_mma<OPS>(acc, zs, w1, ks > 0);
-                    zl_mma<OPS>(acc, zs + 2, w1 + 2, 1);
+                    const unsigned a_rows = wg * 64 * 128 + 64 * (ks % 2);   // this warpgroup's rows, the slice's half
+                    const unsigned w1 = w_smem + ((2 * q) % ZC_PIECES) * ZC_PIECE_BYTES;
+                    const unsigned w0 = w_smem + ((2 * q + 1) % ZC_PIECES) * ZC_PIECE_BYTES;
+#pragma unroll
+                    for (int kk = 0; kk < 2; ++kk)
+                        zl_mma<OPS>(acc, wg_desc(z_smem + a_rows + 32 * kk), zc_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's products are done
                     wg_bar_sync(ZC_MMA, ZL_MMA_THREADS);                                 // ... in every warpgroup
-                    if (q + 2 < total) {   // slice q + 2's pieces into slice q - 1's slots
-                        int next = 12 * layer + 2 * ks + 4;
-                        if (next >= ZC_PIECES_PER_TILE) next -= ZC_PIECES_PER_TILE;
-                        copy_piece(next, (2 * ks + 4) % ZC_PIECES);
-                        copy_piece(next + 1, (2 * ks + 5) % ZC_PIECES);
-                    }
-                    asm volatile("cp.async.commit_group;\n" ::);
-                    zl_mma<OPS>(acc, xs, w0, 1);
-                    zl_mma<OPS>(acc, xs + 2, w0 + 2, 1);
+                    issue_w(q + 2);   // into slice q - 1's slots
+                    const unsigned xs = in_smem + (ks / 2) * ZC_KBUF_BYTES + a_rows;
+#pragma unroll
+                    for (int kk = 0; kk < 2; ++kk) zl_mma<OPS>(acc, wg_desc(xs + 32 * kk), zc_desc64(w0 + 32 * kk), 1);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q's Z products are done
-                    if (q + 2 < total) wg_bar_arrive(ZC_Z_FREE + ks % 2, ZL_THREADS);
+                    if (q + 2 < total) wg_bar_arrive(ZC_Z_FREE + q % 2, ZL_THREADS);
                 }
                 asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
                 for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
-                long b;
-                int n0;
-                wg_vertex_origin<ZL_VERTS>(tile, N, b, n0);
-                unsigned char* p_buf = base_ptr + (p_smem - base);
-                unsigned char* q_buf = base_ptr + (q_smem - base);
+                // lc5's input is the next tile's x1 buffer: the producer fills it while this epilogue runs
+                if (layer == ZC_LAYERS - 1 && t + 1 < my_tiles) wg_bar_arrive(ZC_INPUT_FREE, ZL_THREADS);
+                unsigned char* p_buf = base_ptr + ((t % 2 ? q_smem : p_smem) - base);   // x1, x3
+                unsigned char* q_buf = base_ptr + ((t % 2 ? p_smem : q_smem) - base);   // x2, x4
                 const float* bl = bias + layer * ZL_COUT;
                 if (layer == 0)
                     zc_epilogue<OPS, false, false>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
@@ -239,7 +238,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
                     zc_epilogue<OPS, false, false>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else
                     zc_epilogue<OPS, true, true>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
-                if (layer < ZC_LAYERS - 1 || t + 1 < my_tiles) {
+                if (layer < ZC_LAYERS - 1) {
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the next layer's wgmmas read it
                     wg_bar_arrive(ZC_LAYER_DONE, ZL_THREADS);
                 }

@@ -6,35 +6,13 @@ kernels' outputs relative to the output's largest value. Device only (H100/H200)
 
     XMESH_SHARED=../shared python3 scripts/layer32_bench.py
 """
-import os
-
 import cupy as cp
 import numpy as np
 
-from xmesh.backends import hopper_gemm as hg
-from xmesh.io.template import load_template
+from layer_timing import median_us, template_kernels
 
-template = load_template(os.path.join(os.environ["XMESH_SHARED"], "golden", "template.dat"))
-a1 = np.asarray(template.sample_cheb[1], dtype=np.float32)
-h = hg.HopperGemm(cp)
-mixing = hg.mixing_source(a1)
+a1, mixing, h = template_kernels()
 rng = np.random.default_rng(0)
-
-
-def median_us(fn):
-    fn()
-    cp.cuda.Device().synchronize()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(3):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / 3 * 1000)
-    return float(np.median(times))
-
 
 for ops in ("3xtf32", "tf32"):
     for batch in (1, 16):

@@ -42,8 +42,7 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     points = centers[:, None, :, :] + offsets[None, :, None, :]          # (B,K,N,3)
     feats = local_projection(backend, xp.reshape(points, (b, k * n, 3)), maps, tf)
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
-    conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
-    x1 = conv(layers[0], x)
+    x1 = local_gconv(backend, layers[0], x, params.sample_cheb1, params.sample_cheb0)
     x5 = hidden_layers(backend, layers[1:5], x1, params)
     return score_update(backend, layers[5], x5, params, centers)
 
