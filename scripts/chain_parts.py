@@ -3,16 +3,19 @@ parts of it taken out (its source patched before compiling: Z not made, W or x1 
 epilogue stores, no wgmmas, and combinations), fp16, b=16, 2466 vertices, the template's A1, median
 us per sample over 5 x 3 calls (CUDA events), two rounds. The patched kernels compute nonsense; only
 their times matter. Without the epilogue's stores the compiler may drop the wgmmas whose sums are
-never read, so the variants without the epilogue say nothing about the MMAs. Device only (H100/H200):
+never read, so the variants without the epilogue say nothing about the MMAs. The patterns are those
+of fe6fe62's kernel, which printed the figures of docs/PERFORMANCE.md (session 14); give that source
+as the argument to time it again. Device only (H100/H200):
 
-    XMESH_SHARED=../shared python3 scripts/chain_parts.py
+    git show fe6fe62:kernels/wgmma_drb16_chain.cu > /tmp/chain.cu
+    XMESH_SHARED=../shared python3 scripts/chain_parts.py /tmp/chain.cu
 """
 import os, sys
 import cupy as cp, numpy as np
 import xmesh.backends.cuda_kernels as ck
 from xmesh.backends import hopper_gemm as hg
 from xmesh.io.template import load_template
-base_src = ck._read_kernel_file("wgmma_drb16_chain.cu")
+base_src = open(sys.argv[1]).read() if len(sys.argv) > 1 else ck._read_kernel_file("wgmma_drb16_chain.cu")
 P = {
  "no_z": [("zl_mix_slice_column<OPS>(base_ptr + (src - base), base_ptr + (z_smem - base), v, 32 * (ks % 2) + lane);", ";")],
  "no_wcopy": [("wg_copy(w_dst + slot * ZC_PIECE_BYTES, reinterpret_cast<const float*>(src), 16, 16);", ";"),
