@@ -63,13 +63,13 @@ __device__ __forceinline__ unsigned long long zc_desc64(unsigned addr) {
     return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
 }
 
-// A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in buffer A, p_buf),
+// A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in buffer A, a_buf),
 // rounded to 16 bits, into shared buffer dst (A or B) or, for the last layer, to global memory. The accumulator
 // columns of quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): one 16-byte piece of the
 // row per k, chunk 4 (k % 2) + t of K buffer k / 2.
 template <int OPS, bool RESIDUAL, bool GLOBAL_OUT>
 __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float* __restrict__ bias,
-                                            unsigned char* p_buf, unsigned char* dst,
+                                            unsigned char* a_buf, unsigned char* dst,
                                             unsigned short* __restrict__ out, long plane, long b, int n0, int N,
                                             int wg, int warp, int g, int t) {
 #pragma unroll
@@ -84,7 +84,7 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
             const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
             const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
             uint4 rp = make_uint4(0u, 0u, 0u, 0u);
-            if (RESIDUAL) rp = *reinterpret_cast<const uint4*>(p_buf + s);
+            if (RESIDUAL) rp = *reinterpret_cast<const uint4*>(a_buf + s);
             const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
             unsigned packed[4];
 #pragma unroll
@@ -227,17 +227,17 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
                 for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
                 // lc5's input is the next tile's x1 buffer: the producer fills it while this epilogue runs
                 if (layer == ZC_LAYERS - 1 && t + 1 < my_tiles) wg_bar_arrive(ZC_INPUT_FREE, ZL_THREADS);
-                unsigned char* p_buf = base_ptr + ((t % 2 ? q_smem : p_smem) - base);   // x1, x3
-                unsigned char* q_buf = base_ptr + ((t % 2 ? p_smem : q_smem) - base);   // x2, x4
+                unsigned char* a_buf = base_ptr + ((t % 2 ? q_smem : p_smem) - base);   // x1, x3
+                unsigned char* b_buf = base_ptr + ((t % 2 ? p_smem : q_smem) - base);   // x2, x4
                 const float* bl = bias + layer * ZL_COUT;
                 if (layer == 0)
-                    zc_epilogue<OPS, false, false>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, false, false>(acc, bl, a_buf, b_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else if (layer == 1)
-                    zc_epilogue<OPS, true, false>(acc, bl, p_buf, p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, true, false>(acc, bl, a_buf, a_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else if (layer == 2)
-                    zc_epilogue<OPS, false, false>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, false, false>(acc, bl, a_buf, b_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else
-                    zc_epilogue<OPS, true, true>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, true, true>(acc, bl, a_buf, b_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 if (layer < ZC_LAYERS - 1) {
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the next layer's wgmmas read it
                     wg_bar_arrive(ZC_LAYER_DONE, ZL_THREADS);

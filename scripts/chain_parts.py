@@ -10,11 +10,15 @@ as the argument to time it again. Device only (H100/H200):
     git show fe6fe62:kernels/wgmma_drb16_chain.cu > /tmp/chain.cu
     XMESH_SHARED=../shared python3 scripts/chain_parts.py /tmp/chain.cu
 """
-import os, sys
-import cupy as cp, numpy as np
+import sys
+
+import cupy as cp
+import numpy as np
+
 import xmesh.backends.cuda_kernels as ck
+from layer_timing import median_us, template_kernels
 from xmesh.backends import hopper_gemm as hg
-from xmesh.io.template import load_template
+
 base_src = open(sys.argv[1]).read() if len(sys.argv) > 1 else ck._read_kernel_file("wgmma_drb16_chain.cu")
 P = {
  "no_z": [("zl_mix_slice_column<OPS>(base_ptr + (src - base), base_ptr + (z_smem - base), v, 32 * (ks % 2) + lane);", ";")],
@@ -41,19 +45,11 @@ def patched(name):
         return s
     return orig(name)
 ck._read_kernel_file = patched
-t = load_template(os.path.join(os.environ["XMESH_SHARED"], "golden", "template.dat"))
-a1 = np.asarray(t.sample_cheb[1], dtype=np.float32)
-h = hg.HopperGemm(cp); mixing = hg.mixing_source(a1)
+a1, mixing, h = template_kernels()
 rng = np.random.default_rng(0)
 ws = [h.prepare(cp.asarray((rng.standard_normal((192, 384)) / np.sqrt(384)).astype(np.float32)), "fp16") for _ in range(4)]
 bs = [cp.asarray((rng.standard_normal(192) * 0.1).astype(np.float32)) for _ in range(4)]
 chain = h.prepare_chain16(ws, bs)
-def median_us(fn):
-    fn(); cp.cuda.Device().synchronize()
-    s, e = cp.cuda.Event(), cp.cuda.Event(); ts = []
-    for _ in range(5):
-        s.record(); [fn() for _ in range(3)]; e.record(); e.synchronize(); ts.append(cp.cuda.get_elapsed_time(s, e) / 3 * 1000)
-    return float(np.median(ts))
 b = 16
 x1 = hg.narrow16(cp, cp.maximum(cp.asarray(rng.standard_normal((b, 43, 2466, 192), dtype=np.float32)), 0), "fp16")
 for rnd in range(2):

@@ -4,15 +4,13 @@ median us per sample over 5 x 3 calls (CUDA events), fp16 and bf16 at b=16 and 6
 
     XMESH_SHARED=../shared python3 scripts/first_layer_bench.py
 """
-import numpy as np
 import cupy as cp
+import numpy as np
+
+from layer_timing import median_us, template_kernels
 from xmesh.backends import hopper_gemm as hg
-from xmesh.io.template import load_template
-import os
-t = load_template(os.path.join(os.environ["XMESH_SHARED"], "golden", "template.dat"))
-a1 = np.asarray(t.sample_cheb[1], dtype=np.float32)
-h = hg.HopperGemm(cp)
-mixing = hg.mixing_source(a1)
+
+a1, mixing, h = template_kernels()
 rng = np.random.default_rng(0)
 for ops in ("fp16", "bf16"):
     for batch in (16, 64):
@@ -25,14 +23,5 @@ for ops in ("fp16", "bf16"):
                 "input_side_n96": lambda: h.drb_zlayer(x, stacked, bias, None, mixing)}
         line = []
         for name, fn in runs.items():
-            fn(); cp.cuda.Device().synchronize()
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            ts = []
-            for _ in range(5):
-                s.record()
-                for _ in range(3):
-                    fn()
-                e.record(); e.synchronize()
-                ts.append(cp.cuda.get_elapsed_time(s, e) / 3 / batch * 1000)
-            line.append(f"{name} {np.median(ts):.1f}")
+            line.append(f"{name} {median_us(fn) / batch:.1f}")
         print(f"{ops} b={batch} first layer us/sample: " + ", ".join(line), flush=True)

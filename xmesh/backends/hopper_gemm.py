@@ -398,7 +398,8 @@ class HopperGemm:
                 or any(w.paired or w.k != Z_COUT or w.n != 2 * Z_COUT for w in weights)):
             raise ValueError(f"prepare_chain16: needs {C_LAYERS} unpaired 16-bit ({Z_COUT}, {2 * Z_COUT}) weights "
                              f"of one mode, got {[(w.k, w.n, w.operands, w.paired) for w in weights]}")
-        stream = cp.stack([cp.take(w.big.reshape(-1), cp.asarray(chain_piece_index(w.big.shape[1]))) for w in weights])
+        index = cp.asarray(chain_piece_index(Z_COUT))   # every layer's big is (384, 192): k = 192 is a whole K tile
+        stream = cp.stack([cp.take(w.big.reshape(-1), index) for w in weights])
         bias = cp.stack([cp.ascontiguousarray(b, dtype=cp.float32).reshape(-1) for b in biases])
         if bias.shape != (C_LAYERS, Z_COUT):
             raise ValueError(f"prepare_chain16: needs {C_LAYERS} biases of ({Z_COUT},), got {bias.shape}")
