@@ -4,7 +4,8 @@
 returns the kernel ``name``; a compile failure raises :class:`~xmesh.errors.KernelCompileError`
 naming the kernel and carrying the compiler's log. ``get_arch_function(file, name, arch)`` does the
 same for an explicit target such as ``sm_90a`` (Hopper's wgmma instructions exist only there, and
-CuPy's RawModule always compiles for the plain ``sm_XY`` of the device).
+CuPy's RawModule always compiles for the plain ``sm_XY`` of the device) with NVRTC, keeping the cubin
+in ``kernel_cache``'s folder so that the next process loads it instead of compiling it again.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import re
 from pathlib import Path
 
 from ..errors import BackendUnavailableError, KernelCompileError, MissingFileError
+from . import kernel_cache
 
 
 def require_cupy():
@@ -92,12 +94,10 @@ def get_function(filename: str, name: str, options: tuple = ()):
         raise KernelCompileError(f"the CUDA kernel {name} is not in {filename} (options {list(options)}): {exc}") from exc
 
 
-@functools.lru_cache(maxsize=None)
-def _arch_module(filename: str, arch: str, options: tuple, device: int, prelude: str = ""):
-    cupy = require_cupy()
+def _nvrtc_cubin(filename: str, source: str, arch: str, options: tuple) -> bytes:
     from cupy_backends.cuda.libs import nvrtc
 
-    program = nvrtc.createProgram(prelude + kernel_source(filename), filename, (), ())
+    program = nvrtc.createProgram(source, filename, (), ())
     try:
         try:
             nvrtc.compileProgram(program, (f"-arch={arch}",) + options)
@@ -106,9 +106,19 @@ def _arch_module(filename: str, arch: str, options: tuple, device: int, prelude:
                 f"{filename} failed to compile for {arch} (options {list(options)}): {exc}; compiler log:\n"
                 f"{nvrtc.getProgramLog(program)}"
             ) from exc
-        cubin = nvrtc.getCUBIN(program)
+        return nvrtc.getCUBIN(program)
     finally:
         nvrtc.destroyProgram(program)
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_module(filename: str, arch: str, options: tuple, device: int, prelude: str = ""):
+    cupy = require_cupy()
+    from cupy_backends.cuda.libs import nvrtc
+
+    source = prelude + kernel_source(filename)
+    cubin = kernel_cache.cached_cubin(filename, source, arch, options, tuple(nvrtc.getVersion()),
+                                      lambda: _nvrtc_cubin(filename, source, arch, options))
     module = cupy.cuda.function.Module()
     module.load(cubin)
     return module
