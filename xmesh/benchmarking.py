@@ -44,7 +44,7 @@ from .model import network
 from .model.cnn import run_cnn
 from .model.deformation import deformation_block
 from .model.network import run_stage1_layers
-from .model.projection import DeviceTransforms, local_projection, pad_maps
+from .model.projection import DeviceTransforms, local_projection
 
 WEIGHTS_SEED = 1
 MODEL_MD_GFLOP = 250.0   # MODEL.md's round figure; flop_counts() derives the exact one from the shapes
@@ -217,7 +217,7 @@ class Workload:
 
     @cached_property
     def padded2(self):
-        return pad_maps(self.backend, run_cnn(self.backend, self.model.stage2.cnn, self.images, arch.STAGE2_TAPS))
+        return network.stage2_maps(self.backend, self.model.stage2, self.images)[1]
 
     @cached_property
     def stage1_states(self) -> dict:

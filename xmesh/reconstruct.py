@@ -100,8 +100,11 @@ class Reconstructor:
             if batch in self._seen_batches:
                 return self._capture(batch, images, cameras)
             self._seen_batches.add(batch)
-        flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
         tf = DeviceTransforms.from_cameras(self.backend, cameras)
+        if trace is None and isinstance(images, np.ndarray):
+            host = np.reshape(images, (batch, NUM_VIEWS, 224, 224, 3))
+            return network.run_network_from_host(self.backend, self.stage1, self.stage2, host, tf, self.view_quirk)
+        flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
         return network.run_network_on_device(self.backend, self.stage1, self.stage2, flat, tf, self.view_quirk, trace)
 
     def _capture(self, batch: int, images, cameras):

@@ -4,6 +4,22 @@ from __future__ import annotations
 from typing import Any
 
 
+class Branch:
+    """A second queue of work that starts after everything queued when it was made: work queued
+    inside ``with branch:`` (as many blocks as needed) may run beside the work queued outside them,
+    until ``branch.join()``, after which queued work waits for the branch. On the CPU (this class)
+    the blocks simply run in place, so a branch changes no result, only what may overlap on a GPU."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def join(self) -> None:
+        """Make the work queued from now on wait for the branch's work."""
+
+
 class Backend:
     """An array namespace plus the operations the network needs beyond the array API.
 
@@ -37,6 +53,17 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
+
+    def branch(self) -> Branch:
+        """A second queue that starts after everything queued so far (see :class:`Branch`)."""
+        return Branch()
+
+    def copy_views_into(self, dst, host, views) -> None:
+        """Copy views ``views`` of host images (B, V, H, W, C) into device images ``dst`` (B*V, H, W, C),
+        sample-major, on the current queue; the other views of ``dst`` are left as they are."""
+        num_views = host.shape[1]
+        for v in views:
+            dst[v::num_views] = self.asarray(host[:, v])
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the device (or host) ran out of memory."""

@@ -41,7 +41,7 @@ import warnings
 import numpy as np
 
 from ..errors import BackendUnavailableError, InputError, KernelCompileError, XmeshError
-from .base import Backend
+from .base import Backend, Branch
 from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
 from .numpy_backend import same_padding
@@ -116,6 +116,36 @@ class CapturedGraph:
         return self.outputs
 
 
+class StreamBranch(Branch):
+    """A :class:`~xmesh.backends.base.Branch` on a second CUDA stream. It waits for an event that the
+    current stream records when the branch is made (so it may also reuse memory that earlier work
+    freed), its blocks run with the branch's stream current, and ``join`` makes the stream current
+    at the join wait for an event recorded after the last block. The stream is non-blocking, so
+    the legacy default stream does not serialize the two; under stream capture the events bring
+    the branch into the graph as a parallel path."""
+
+    def __init__(self, cupy, stream):
+        self.cupy, self.stream = cupy, stream
+        stream.wait_event(cupy.cuda.get_current_stream().record(self._event()))
+        self._done = None
+
+    def __enter__(self):
+        self.stream.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stream.__exit__(*exc)
+        self._done = self.stream.record(self._event())
+
+    def join(self) -> None:
+        if self._done is None:
+            raise RuntimeError("Branch.join() before any work was queued on the branch")
+        self.cupy.cuda.get_current_stream().wait_event(self._done)
+
+    def _event(self):
+        return self.cupy.cuda.Event(disable_timing=True)   # order only: no timestamps, allowed under capture
+
+
 class CupyBackend(Backend):
     name = "cupy"
 
@@ -149,6 +179,7 @@ class CupyBackend(Backend):
         self._gemm_kernels: dict = {}
         self._mixing: dict = {}
         self._prepared: dict = {}
+        self._branch_stream = None
         #: the 16-bit modes run a deformation block's four 192-wide layers as one kernel on compute
         #: capability 9.0 (op_drb_hidden_layers); False runs them one by one (for comparisons)
         self.chain_drb_layers = True
@@ -199,6 +230,31 @@ class CupyBackend(Backend):
     def asarray(self, array, dtype=np.float32):
         return self.cupy.ascontiguousarray(self.cupy.asarray(array, dtype=dtype))
 
+    def copy_views_into(self, dst, host, views) -> None:
+        """As :meth:`Backend.copy_views_into`: each run of adjacent views is one strided host-to-device
+        copy (cudaMemcpy2DAsync on the current stream; from pageable memory it returns once the data
+        is staged, so ``host`` may change afterwards)."""
+        cp = self.cupy
+        batch, num_views = host.shape[:2]
+        if dst.dtype != cp.float32 or not dst.flags.c_contiguous or dst.shape != (batch * num_views,) + host.shape[2:]:
+            raise ValueError(f"copy_views_into: dst must be a C-contiguous float32 array of shape "
+                             f"{(batch * num_views,) + tuple(host.shape[2:])}, got {dst.dtype} {dst.shape}")
+        host = np.ascontiguousarray(host, dtype=np.float32)
+        image = host[0, 0].nbytes
+        stream = cp.cuda.get_current_stream().ptr
+        views = sorted(set(views))
+        runs = [[v] for v in views[:1]]
+        for v in views[1:]:
+            if v == runs[-1][-1] + 1:
+                runs[-1].append(v)
+            else:
+                runs.append([v])
+        for run in runs:
+            offset = run[0] * image
+            cp.cuda.runtime.memcpy2DAsync(dst.data.ptr + offset, num_views * image, host.ctypes.data + offset,
+                                          num_views * image, len(run) * image, batch,
+                                          cp.cuda.runtime.memcpyHostToDevice, stream)
+
     def copy_into(self, dst, src) -> None:
         """dst[...] = src for a contiguous float32 device array dst: host data in one upload, device data
         in one copy (src reshaped to dst's shape when the sizes agree)."""
@@ -221,6 +277,11 @@ class CupyBackend(Backend):
 
     def synchronize(self) -> None:
         self.cupy.cuda.get_current_stream().synchronize()
+
+    def branch(self) -> StreamBranch:
+        if self._branch_stream is None:
+            self._branch_stream = self.cupy.cuda.Stream(non_blocking=True)
+        return StreamBranch(self.cupy, self._branch_stream)
 
     # ------------------------------------------------------------------ GEMM
     def _gemm_kernel(self, name: str, bn: int):

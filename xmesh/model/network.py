@@ -97,10 +97,17 @@ def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True
     return blocks
 
 
-def run_stage2(backend, p, images, coarse, tf: DeviceTransforms, trace: Trace | None = None):
-    """Refined mesh (B,N,3) from the coarse one, through the two deformation reasoning blocks."""
+def stage2_maps(backend, p, images) -> tuple[list, list]:
+    """Stage 2's CNN maps and the same maps padded for the local projection."""
     maps = run_cnn(backend, p.cnn, images, arch.STAGE2_TAPS)
-    padded = pad_maps(backend, maps)
+    return maps, pad_maps(backend, maps)
+
+
+def run_stage2(backend, p, images, coarse, tf: DeviceTransforms, trace: Trace | None = None,
+               maps: tuple[list, list] | None = None):
+    """Refined mesh (B,N,3) from the coarse one, through the two deformation reasoning blocks;
+    ``maps``: ``stage2_maps``'s result when it was computed already."""
+    maps, padded = stage2_maps(backend, p, images) if maps is None else maps
     centers = coarse
     blocks = []
     for layers in p.blocks:
@@ -120,7 +127,34 @@ def run_network(backend, stage1_params, stage2_params, images, cameras, view_qui
 
 def run_network_on_device(backend, stage1_params, stage2_params, images, tf: DeviceTransforms,
                           view_quirk: bool = True, trace: Trace | None = None):
-    """As ``run_network`` with the view transforms already on the device: device work only (capturable)."""
+    """As ``run_network`` with the view transforms already on the device: device work only (capturable).
+
+    Stage 2's CNN reads only the images, so it is queued first, on a branch: on a GPU it runs
+    beside stage 1, whose chain of small kernels leaves most of the chip idle at small batches.
+    """
+    cnn2 = backend.branch()
+    with cnn2:
+        maps2 = stage2_maps(backend, stage2_params, images)
     coarse = run_stage1(backend, stage1_params, images, tf, view_quirk, trace)[-1]
-    refined = run_stage2(backend, stage2_params, images, coarse, tf, trace)
+    cnn2.join()
+    refined = run_stage2(backend, stage2_params, images, coarse, tf, trace, maps2)
+    return coarse, refined
+
+
+def run_network_from_host(backend, stage1_params, stage2_params, host_images, tf: DeviceTransforms,
+                          view_quirk: bool = True):
+    """As ``run_network_on_device`` from host images (B,V,224,224,3): only the views stage 1 reads
+    are uploaded before it (with the view quirk, view 0); the others are uploaded on the stage-2
+    CNN's branch, queued after stage 1, so on a GPU the upload runs while stage 1 computes."""
+    batch, num_views = host_images.shape[:2]
+    images = backend.xp.empty((batch * num_views,) + tuple(host_images.shape[2:]), dtype=backend.xp.float32)
+    first = arch.stage1_views_read(num_views, view_quirk)
+    backend.copy_views_into(images, host_images, first)
+    cnn2 = backend.branch()
+    coarse = run_stage1(backend, stage1_params, images, tf, view_quirk)[-1]
+    with cnn2:
+        backend.copy_views_into(images, host_images, [v for v in range(num_views) if v not in first])
+        maps2 = stage2_maps(backend, stage2_params, images)
+    cnn2.join()
+    refined = run_stage2(backend, stage2_params, images, coarse, tf, None, maps2)
     return coarse, refined
