@@ -9,7 +9,7 @@ import pytest
 from conftest import requires_cuda
 
 from xmesh.backends import kernel_cache
-from xmesh.backends.kernel_cache import cache_folder, cached_cubin, cubin_key, cubin_path, read_cubin
+from xmesh.backends.kernel_cache import cache_folder, cached_cubin, cubin_key, read_cubin
 
 
 class Compiler:
