@@ -40,8 +40,6 @@ __device__ __forceinline__ void xm_view_pixel(const float* __restrict__ T, int V
     w = fminf(fmaxf(w, 0.0f), XM_MAX_PIXEL);
 }
 
-// max, mean, std = sqrt(mean((x - mean)^2) + 1e-6) over V values, summing left to right like
-// NumPy's reduction over a leading axis, dividing by V.
 // This thread's item of a projection over (sample b, point pt of B*N, channel c of CT): false
 // for the threads past the end.
 __device__ __forceinline__ bool xm_thread_item(int B, int N, int CT, int& c, long long& pt, int& b) {
@@ -67,41 +65,52 @@ __device__ __forceinline__ void xm_pick_map(int c, const float* m0, const float*
     m = m3; s = s3; C = c3; cc = c - c2;
 }
 
-// Pool channel c of point pt over the V views (max, mean, std = sqrt(var + 1e-6)) and write it to the
-// point's output row [coords(3), max(CT), mean(CT), std(CT)] (rows ldo floats apart); the first 3 channels' threads also
-// copy the point p.
 // An output element: float32 as it is, or (unsigned short: the 16-bit modes' activations; bf16 says
 // which type) rounded to nearest even.
 __device__ __forceinline__ void xm_put(float* o, float v, int) { *o = v; }
 __device__ __forceinline__ void xm_put(unsigned short* o, float v, int bf16) { *o = xm_round16(v, bf16); }
 
-template <class OT = float>
-__device__ __forceinline__ void xm_pool_store(const float* vals, int V, OT* __restrict__ out, long long ldo,
-                                              long long pt, int CT, int c, const float* __restrict__ p,
-                                              int bf16 = 0) {
-    float mx = vals[0];
+// max, mean and std = sqrt(mean((x - mean)^2) + 1e-6) of one channel over the views, summing left to
+// right like NumPy's reduction over a leading axis, dividing by V. NV: the views at compile time, or
+// 0 for V at run time (loops over XM_MAX_VIEWS, the views past V predicated off).
+template <int NV>
+__device__ __forceinline__ void xm_pool_views(const float* vals, int V, float& mx, float& mean, float& sd) {
+    constexpr int MAXV = NV ? NV : XM_MAX_VIEWS;
+    mx = vals[0];
     float sum = vals[0];
 #pragma unroll
-    for (int v = 1; v < XM_MAX_VIEWS; ++v) {
-        if (v < V) {
+    for (int v = 1; v < MAXV; ++v) {
+        if (NV || v < V) {
             mx = fmaxf(mx, vals[v]);
             sum = __fadd_rn(sum, vals[v]);
         }
     }
-    const float mean = __fdiv_rn(sum, (float)V);
-    float d0 = __fsub_rn(vals[0], mean);
+    mean = __fdiv_rn(sum, (float)V);
+    const float d0 = __fsub_rn(vals[0], mean);
     float ss = __fmul_rn(d0, d0);
 #pragma unroll
-    for (int v = 1; v < XM_MAX_VIEWS; ++v) {
-        if (v < V) {
-            float d = __fsub_rn(vals[v], mean);
+    for (int v = 1; v < MAXV; ++v) {
+        if (NV || v < V) {
+            const float d = __fsub_rn(vals[v], mean);
             ss = __fadd_rn(ss, __fmul_rn(d, d));
         }
     }
+    sd = __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f));
+}
+
+// Pool channel c of point pt over the V views (max, mean, std = sqrt(var + 1e-6)) and write it to the
+// point's output row [coords(3), max(CT), mean(CT), std(CT)] (rows ldo floats apart); the first 3 channels' threads also
+// copy the point p.
+template <class OT = float>
+__device__ __forceinline__ void xm_pool_store(const float* vals, int V, OT* __restrict__ out, long long ldo,
+                                              long long pt, int CT, int c, const float* __restrict__ p,
+                                              int bf16 = 0) {
+    float mx, mean, sd;
+    xm_pool_views<0>(vals, V, mx, mean, sd);
     OT* o = out + pt * ldo;
     xm_put(o + 3 + c, mx, bf16);
     xm_put(o + 3 + CT + c, mean, bf16);
-    xm_put(o + 3 + 2 * CT + c, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)V), 1e-6f)), bf16);
+    xm_put(o + 3 + 2 * CT + c, sd, bf16);
     if (c < 3) xm_put(o + c, p[c], bf16);
 }
 
@@ -149,17 +158,18 @@ extern "C" __global__ void graph_projection(
 // The original's bilinear rule at view v of point (p0, p1, p2) on a zero-padded (s+1)^2 map: the
 // pixel indices within that one map (ix * (s+1) + iy) of the four corners q11, q21, q12, q22 and
 // their weights. x1 = floor, x2 = ceil, so a point on a pixel row has zero weight on both (the quirk).
+// (The tiled local projection keeps the corners as float offsets within a sample's maps instead.)
 struct XmBilinear {
     int i11, i21, i12, i22;
     float w11, w21, w12, w22;
 };
 
-__device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, int V, int v, int s,
-                                                  float p0, float p1, float p2) {
+// The map stride 224 / s as float32, as the original computes it.
+__device__ __forceinline__ float xm_map_stride(int s) { return (float)(224.0 / (double)s); }
+
+// The rule at pixel (h, w) of the view on a map of size s and stride rf = xm_map_stride(s).
+__device__ __forceinline__ XmBilinear xm_bilinear_at(float h, float w, int s, float rf) {
     const int sp = s + 1;
-    const float rf = (float)(224.0 / (double)s);
-    float h, w;
-    xm_view_pixel(T, V, v, p0, p1, p2, h, w);
     const float x = __fdiv_rn(h, rf);
     const float y = __fdiv_rn(w, rf);
     const float x1 = floorf(x), x2 = ceilf(x);
@@ -179,13 +189,17 @@ __device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, i
     return r;
 }
 
-// W consecutive channels (from channel 0 at map pixel `pixel`, pixels C floats apart) of the four
-// corners, interpolated: W = 4 is one 16-byte load per corner.
+__device__ __forceinline__ XmBilinear xm_bilinear(const float* __restrict__ T, int V, int v, int s,
+                                                  float p0, float p1, float p2) {
+    float h, w;
+    xm_view_pixel(T, V, v, p0, p1, p2, h, w);
+    return xm_bilinear_at(h, w, s, xm_map_stride(s));
+}
+
+// W consecutive channels at the four corners q[0..3] (q11, q21, q12, q22), interpolated: W = 4 is
+// one 16-byte load per corner.
 template <int W>
-__device__ __forceinline__ void xm_lerp_taps(const float* __restrict__ m, long long pixel0, int C,
-                                             const XmBilinear& r, float (&f)[W]) {
-    const float* q[4] = {m + (pixel0 + r.i11) * C, m + (pixel0 + r.i21) * C,
-                         m + (pixel0 + r.i12) * C, m + (pixel0 + r.i22) * C};
+__device__ __forceinline__ void xm_lerp_corners(const float* const (&q)[4], const XmBilinear& r, float (&f)[W]) {
     float v[4][W];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
@@ -204,6 +218,15 @@ __device__ __forceinline__ void xm_lerp_taps(const float* __restrict__ m, long l
         s = __fadd_rn(s, __fmul_rn(v[2][j], r.w12));
         f[j] = __fadd_rn(s, __fmul_rn(v[3][j], r.w22));
     }
+}
+
+// The same from channel 0 at map pixel `pixel0` (pixels C floats apart).
+template <int W>
+__device__ __forceinline__ void xm_lerp_taps(const float* __restrict__ m, long long pixel0, int C,
+                                             const XmBilinear& r, float (&f)[W]) {
+    const float* const q[4] = {m + (pixel0 + r.i11) * C, m + (pixel0 + r.i21) * C,
+                               m + (pixel0 + r.i12) * C, m + (pixel0 + r.i22) * C};
+    xm_lerp_corners<W>(q, r, f);
 }
 
 // Stage 2, any channel counts: one thread per (sample b, point n, channel c of the 3 concatenated maps).
@@ -237,79 +260,125 @@ extern "C" __global__ void local_projection(
 
 // Stage 2 for channel counts that are multiples of 4 (maps 16-byte aligned, rows of ldo elements a
 // multiple of 16 bytes), bit-identical to the one above. A block takes XM_LP_POINTS consecutive points:
-// it works out each point's bilinear corners once per (view, map) in shared memory, then one thread
-// per (point, 4 channels) gathers with 16-byte loads and pools into the point's row in shared memory,
-// and the block's rows (contiguous in `out`) go out in coalesced 16-byte stores (zeros in the padding
-// past 3 + 3*CT). Dynamic shared memory: XM_LP_POINTS * (ldo * sizeof(OT) + 3 * V * sizeof(XmBilinear)).
-// Launched with XM_LP_THREADS threads (7 warps: 32 points x 28 four-channel groups in 4 rounds); the
-// bound keeps 4 blocks (28 warps) an SM without spills (74 registers would leave room for 3).
+// it works out each point's pixel once per view and its bilinear corners once per (view, map) in
+// shared memory (as 32-bit offsets within the sample's views of that map, so a sample's views of one
+// map must stay below 2^31 floats), then each thread keeps one group of 4 channels (so one map: its
+// pointers and sizes are worked out once) and takes that group for a point of every round: 16-byte
+// gathers and pooling into the point's row in shared memory; the block's
+// rows, contiguous in `out` as in shared memory, go out in coalesced 16-byte stores (zeros in the padding past 3 + 3*CT).
+// NV: the views at compile time (3, the model's), or 0 for V at run time (up to XM_MAX_VIEWS), whose
+// loops then run over XM_MAX_VIEWS with the views past V predicated off.
+// Dynamic shared memory: XM_LP_POINTS * (ldo * sizeof(OT) + 3 * V * sizeof(XmBilinear)).
+// Launched with XM_LP_THREADS threads (7 warps: 8 points x 28 four-channel groups a round, 4 rounds
+// for the model's 112 channels).
 #define XM_LP_POINTS 32
 #define XM_LP_THREADS 224
 
-template <class OT>
+template <class OT, int NV>
 __device__ __forceinline__ void xm_local_projection_tiled(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
     int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, OT* __restrict__ out,
     long long ldo, int bf16) {
+    constexpr int MAXV = NV ? NV : XM_MAX_VIEWS;
+    const int nv = NV ? NV : V;
     extern __shared__ __align__(16) unsigned char xm_lp_smem[];
     OT* rows = reinterpret_cast<OT*>(xm_lp_smem);                                   // [point][ldo]
     XmBilinear* taps = reinterpret_cast<XmBilinear*>(xm_lp_smem + XM_LP_POINTS * ldo * sizeof(OT));  // [point][view][map]
     __shared__ float xm_point[XM_LP_POINTS][3];
     __shared__ int xm_sample[XM_LP_POINTS];
-    const int CT = c0 + c1 + c2, width = 3 + 3 * CT, quads = CT / 4, per_point = 3 * V;
+    const int CT = c0 + c1 + c2, width = 3 + 3 * CT, quads = CT / 4;
     const long long first = (long long)blockIdx.x * XM_LP_POINTS;
     const int count = (int)min((long long)XM_LP_POINTS, (long long)B * N - first);
+    const int pad = (int)ldo - width;
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
         xm_sample[i] = (int)((first + i) / N);
 #pragma unroll
         for (int j = 0; j < 3; ++j) xm_point[i][j] = points[(first + i) * 3 + j];
-    }
-    const int pad = (int)ldo - width;
-    for (int t = threadIdx.x; t < count * pad; t += blockDim.x) rows[(t / pad) * ldo + width + t % pad] = OT(0);
-    __syncthreads();
-    for (int t = threadIdx.x; t < count * per_point; t += blockDim.x) {
-        const int i = t / per_point, v = (t % per_point) / 3, level = t % 3;
-        const int s = level == 0 ? s0 : (level == 1 ? s1 : s2);
-        const float* T = tf + (long long)xm_sample[i] * (12 + 12 * V);
-        taps[t] = xm_bilinear(T, V, v, s, xm_point[i][0], xm_point[i][1], xm_point[i][2]);
+        for (int j = 0; j < pad; ++j) rows[i * ldo + width + j] = OT(0);
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < count * quads; t += blockDim.x) {
-        const int i = t / quads, c = 4 * (t % quads);
-        const int b = xm_sample[i];
-        const int level = c < c0 ? 0 : (c < c0 + c1 ? 1 : 2);
-        const float* m;
-        int s, C, cc;
-        xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
-        const long long map_pixels = (long long)(s + 1) * (s + 1);
-        float vals[4][XM_MAX_VIEWS];
+    // a thread per (point, view): the pixel once, then the three maps' corners
+    const float rf0 = xm_map_stride(s0), rf1 = xm_map_stride(s1), rf2 = xm_map_stride(s2);
+    for (int t = threadIdx.x; t < count * nv; t += blockDim.x) {
+        const int i = t / nv, v = t - i * nv;
+        float h, w;
+        xm_view_pixel(tf + (long long)xm_sample[i] * (12 + 12 * V), V, v, xm_point[i][0], xm_point[i][1],
+                      xm_point[i][2], h, w);
+        const XmBilinear r[3] = {xm_bilinear_at(h, w, s0, rf0), xm_bilinear_at(h, w, s1, rf1),
+                                 xm_bilinear_at(h, w, s2, rf2)};
+        const int sizes[3] = {s0, s1, s2}, chans[3] = {c0, c1, c2};
 #pragma unroll
-        for (int v = 0; v < XM_MAX_VIEWS; ++v) {
+        for (int level = 0; level < 3; ++level) {   // corners as offsets (floats) within the sample's maps
+            const int C = chans[level], view0 = v * (sizes[level] + 1) * (sizes[level] + 1) * C;
+            XmBilinear o = r[level];
+            o.i11 = view0 + o.i11 * C, o.i21 = view0 + o.i21 * C, o.i12 = view0 + o.i12 * C, o.i22 = view0 + o.i22 * C;
+            taps[3 * t + level] = o;
+        }
+    }
+    __syncthreads();
+    // a thread per group of 4 channels, for points i0, i0 + step, ... (more groups than threads:
+    // groups q, q + blockDim.x, ... for every point)
+    const int per_round = (int)blockDim.x / quads;
+    const int q_first = per_round ? (int)threadIdx.x % quads : (int)threadIdx.x;
+    const int q_step = per_round ? quads : (int)blockDim.x;
+    const int i0 = per_round ? (int)threadIdx.x / quads : 0;
+    const int i_step = per_round ? per_round : 1;
+    if (i0 < max(per_round, 1)) {
+        for (int q = q_first; q < quads; q += q_step) {
+            const int c = 4 * q;
+            const int level = c < c0 ? 0 : (c < c0 + c1 ? 1 : 2);
+            const float* m;
+            int s, C, cc;
+            xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
+            const int sample_floats = nv * (s + 1) * (s + 1) * C;   // a sample's views of this map
+            for (int i = i0; i < count; i += i_step) {
+                const float* ms = m + cc + (long long)xm_sample[i] * sample_floats;
+                float vals[4][MAXV];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) vals[j][v] = 0.0f;
-            if (v < V) {
-                float f[4];
-                xm_lerp_taps<4>(m + cc, (long long)(b * V + v) * map_pixels, C, taps[i * per_point + 3 * v + level], f);
+                for (int v = 0; v < MAXV; ++v) {
+                    float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    if (NV || v < V) {
+                        const XmBilinear r = taps[(i * nv + v) * 3 + level];
+                        const float* const q[4] = {ms + r.i11, ms + r.i21, ms + r.i12, ms + r.i22};
+                        xm_lerp_corners<4>(q, r, f);
+                    }
 #pragma unroll
-                for (int j = 0; j < 4; ++j) vals[j][v] = f[j];
+                    for (int j = 0; j < 4; ++j) vals[j][v] = f[j];
+                }
+                OT* o = rows + i * ldo;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    float mx, mean, sd;
+                    xm_pool_views<NV>(vals[j], V, mx, mean, sd);
+                    xm_put(o + 3 + c + j, mx, bf16);
+                    xm_put(o + 3 + CT + c + j, mean, bf16);
+                    xm_put(o + 3 + 2 * CT + c + j, sd, bf16);
+                }
+                if (c == 0) {
+#pragma unroll
+                    for (int j = 0; j < 3; ++j) xm_put(o + j, xm_point[i][j], bf16);
+                }
             }
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) xm_pool_store<OT>(vals[j], V, rows, ldo, i, CT, c + j, xm_point[i], bf16);
     }
     __syncthreads();
-    const int chunks = (int)(ldo * sizeof(OT) / 16);
-    for (int t = threadIdx.x; t < count * chunks; t += blockDim.x) {
-        const int i = t / chunks, ch = t % chunks;
-        reinterpret_cast<uint4*>(out + (first + i) * ldo)[ch] = reinterpret_cast<const uint4*>(rows + i * ldo)[ch];
-    }
+    const int chunks = count * (int)(ldo * sizeof(OT) / 16);
+    uint4* dst = reinterpret_cast<uint4*>(out + first * ldo);
+    for (int t = threadIdx.x; t < chunks; t += blockDim.x) dst[t] = reinterpret_cast<const uint4*>(rows)[t];
 }
+
+#define XM_LP_BODY(OT)                                                                                        \
+    if (V == 3)                                                                                            \
+        xm_local_projection_tiled<OT, 3>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16); \
+    else                                                                                                   \
+        xm_local_projection_tiled<OT, 0>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16);
 
 extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled(const float* points, const float* tf, const float* m0, const float* m1, const float* m2, int s0,
                        int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* out, long long ldo) {
-    xm_local_projection_tiled<float>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, 0);
+    const int bf16 = 0;
+    XM_LP_BODY(float)
 }
 
 // The same, out in the 16-bit modes' activation type (float16, or bfloat16 bits when bf16 != 0), each
@@ -318,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled_o16(const float* points, const float* tf, const float* m0, const float* m1, const float* m2,
                            int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, unsigned short* out,
                            long long ldo, int bf16) {
-    xm_local_projection_tiled<unsigned short>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16);
+    XM_LP_BODY(unsigned short)
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.

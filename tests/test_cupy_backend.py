@@ -115,6 +115,44 @@ def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed, channels
     np.testing.assert_allclose(out, host, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("views,channels", [(3, (16, 32, 64)), (2, (16, 32, 64)), (5, (16, 32, 64)),
+                                            (3, (16, 32, 1024))])
+def test_tiled_local_projection_equals_the_per_channel_kernel_bit_for_bit(cp, gb, views, channels):
+    """The tiled kernel (three views built in, or any count up to 8; up to 224 four-channel groups a
+    thread each, or more groups than threads) gives the bits of the one-thread-per-channel kernel.
+    1072 channels: float32 rows of 32 points no longer fit in shared memory, so the float32 output
+    takes the per-channel kernel, while the 16-bit rows (bf16 mode) still take the tiled one."""
+    from test_tc_gemm import round16
+
+    from xmesh.backends import get_backend
+    from xmesh.backends.cupy_backend import THREADS
+    from xmesh.backends.hopper_gemm import widen16
+    from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
+
+    rng = np.random.default_rng(50 + views)
+    batch, n = 2, 1001                    # 1001 points a sample: a block straddles the samples, the last is partial
+    cams = random_cameras(rng, batch, views)
+    pts = random_points(rng, batch, n)
+    pts[1, :5] = [[0, 0, -0.8]] * 5       # on-axis points: the zero-weight quirk
+    maps = pad_maps(gb, [cp.asarray(rng.standard_normal((batch * views, s, s, c)).astype(np.float32))
+                         for s, c in zip((224, 112, 56), channels)])
+    tf = DeviceTransforms.from_cameras(gb, cams)
+    tiled = cp.ascontiguousarray(local_projection(gb, cp.asarray(pts), maps, tf))
+    width = 3 + 3 * sum(channels)
+    per_channel = cp.empty((batch, n, width), dtype=cp.float32)
+    gb._kernel("local_projection")(
+        ((batch * n * sum(channels) + THREADS - 1) // THREADS,), (THREADS,),
+        (cp.asarray(pts), tf.packed, *maps, *[np.int32(m.shape[1] - 1) for m in maps],
+         *[np.int32(c) for c in channels], np.int32(batch), np.int32(n), np.int32(views), per_channel,
+         np.int64(width)))
+    assert tiled.shape == (batch, n, width) and float(cp.abs(tiled).max()) > 0
+    np.testing.assert_array_equal(tiled.get(), per_channel.get())
+    if gb.hopper is not None:   # bf16 keeps float32 maps and writes 16-bit rows
+        be = get_backend("cupy", precision="bf16")
+        got = cp.ascontiguousarray(local_projection(be, cp.asarray(pts), maps, tf))
+        np.testing.assert_array_equal(widen16(cp, got, "bf16").get(), round16(per_channel.get(), "bf16"))
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_local_projection_in_16bit_modes_is_the_rounded_float32_one(cp, gb, precision):
     """On an H100/H200 the 16-bit modes' local projection writes its features in the mode's 16 bits

@@ -172,6 +172,7 @@ class CupyBackend(Backend):
         self.precision = precision
         self.device = cupy.cuda.Device(0 if device is None else device)
         self.sm_count = int(self.device.attributes["MultiProcessorCount"])
+        self._max_shared_per_block = int(self.device.attributes["MaxSharedMemoryPerBlockOptin"])
         self._linalg = linalg
         self._fp32_type = getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
         self._tf32_type = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
@@ -477,16 +478,20 @@ class CupyBackend(Backend):
         # stage 2: rows padded to a multiple of 4 floats (a view of the first `width` is returned), so the
         # deformation layer that reads them can copy 16 bytes at a time
         row = -(-width // 4) * 4 if kernel == "local_projection" else width
+        row16 = -(-width // 8) * 8
+        tiled_shared = LOCAL_POINTS * ((row16 * 2 if out16 else row * 4) + 3 * tf.num_views * LOCAL_TAP_BYTES)
+        tiled = (kernel == "local_projection" and all(c % 4 == 0 for c in chans)
+                 and tiled_shared <= self._max_shared_per_block   # its rows in shared memory: up to ~580 channels (float32)
+                 and all(m.shape[1] * m.shape[2] * m.shape[3] * tf.num_views < 2**31 for m in maps))   # 32-bit offsets
         dtype, shared, block = cp.float32, 0, THREADS
         grid = ((batch * n * ct + THREADS - 1) // THREADS,)
-        if kernel == "local_projection" and all(c % 4 == 0 for c in chans) and all(m.data.ptr % 16 == 0 for m in maps):
+        if tiled and all(m.data.ptr % 16 == 0 for m in maps):
             # a block per LOCAL_POINTS points: their bilinear corners once in shared memory, then a thread
             # per 4 channels with 16-byte gathers
             kernel, grid = "local_projection_tiled", ((batch * n + LOCAL_POINTS - 1) // LOCAL_POINTS,)
             if out16:   # 16-bit rows of a multiple of 8 elements: 16-byte aligned for the layer's copies
-                kernel, dtype, row = "local_projection_tiled_o16", hopper_gemm.activation_dtype(cp, out16), -(-width // 8) * 8
-            block = LOCAL_THREADS
-            shared = LOCAL_POINTS * (row * cp.dtype(dtype).itemsize + 3 * tf.num_views * LOCAL_TAP_BYTES)
+                kernel, dtype, row = "local_projection_tiled_o16", hopper_gemm.activation_dtype(cp, out16), row16
+            block, shared = LOCAL_THREADS, tiled_shared
         out = cp.empty((batch, n, row), dtype=dtype)
         args = (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra,
                 out, np.int64(row))
