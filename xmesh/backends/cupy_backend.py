@@ -45,6 +45,7 @@ from .base import Backend, Branch
 from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
 from .numpy_backend import same_padding
+from .pinned_upload import PinnedUploader
 from ..model.projection import stage1_map_views
 
 KERNEL_FILE = "p2m_ops.cu"
@@ -181,6 +182,7 @@ class CupyBackend(Backend):
         self._mixing: dict = {}
         self._prepared: dict = {}
         self._branch_stream = None
+        self.uploader = PinnedUploader(cupy)
         #: the 16-bit modes run a deformation block's four 192-wide layers as one kernel on compute
         #: capability 9.0 (op_drb_hidden_layers); False runs them one by one (for comparisons)
         self.chain_drb_layers = True
@@ -232,17 +234,16 @@ class CupyBackend(Backend):
         return self.cupy.ascontiguousarray(self.cupy.asarray(array, dtype=dtype))
 
     def copy_views_into(self, dst, host, views) -> None:
-        """As :meth:`Backend.copy_views_into`: each run of adjacent views is one strided host-to-device
-        copy (cudaMemcpy2DAsync on the current stream; from pageable memory it returns once the data
-        is staged, so ``host`` may change afterwards)."""
+        """As :meth:`Backend.copy_views_into`: each run of adjacent views is one pitched host-to-device
+        copy on the current stream, through pinned staging slots (``pinned_upload``); returns once
+        the data is out of ``host``, so ``host`` may change afterwards."""
         cp = self.cupy
         batch, num_views = host.shape[:2]
         if dst.dtype != cp.float32 or not dst.flags.c_contiguous or dst.shape != (batch * num_views,) + host.shape[2:]:
             raise ValueError(f"copy_views_into: dst must be a C-contiguous float32 array of shape "
                              f"{(batch * num_views,) + tuple(host.shape[2:])}, got {dst.dtype} {dst.shape}")
-        host = np.ascontiguousarray(host, dtype=np.float32)
-        image = host[0, 0].nbytes
-        stream = cp.cuda.get_current_stream().ptr
+        image = dst[0].nbytes
+        stream = cp.cuda.get_current_stream()
         views = sorted(set(views))
         runs = [[v] for v in views[:1]]
         for v in views[1:]:
@@ -251,16 +252,17 @@ class CupyBackend(Backend):
             else:
                 runs.append([v])
         for run in runs:
-            offset = run[0] * image
-            cp.cuda.runtime.memcpy2DAsync(dst.data.ptr + offset, num_views * image, host.ctypes.data + offset,
-                                          num_views * image, len(run) * image, batch,
-                                          cp.cuda.runtime.memcpyHostToDevice, stream)
+            self.uploader.copy_rows(dst.data.ptr + run[0] * image, num_views * image, host[:, run[0]:run[-1] + 1], stream)
 
     def copy_into(self, dst, src) -> None:
-        """dst[...] = src for a contiguous float32 device array dst: host data in one upload, device data
-        in one copy (src reshaped to dst's shape when the sizes agree)."""
+        """dst[...] = src for a contiguous float32 device array dst: host data in one upload (through
+        pinned slots when large), device data in one copy (src reshaped to dst's shape when the sizes
+        agree)."""
         if isinstance(src, np.ndarray):
-            dst.set(np.ascontiguousarray(src, dtype=np.float32).reshape(dst.shape))
+            if src.size != dst.size or not dst.flags.c_contiguous or dst.dtype != self.cupy.float32:
+                raise ValueError(f"copy_into: {src.shape} host values do not fit device array {dst.dtype} {dst.shape}")
+            rows = src.reshape(dst.shape if dst.ndim > 1 else (1, dst.size))
+            self.uploader.copy_rows(dst.data.ptr, dst.nbytes // rows.shape[0], rows, self.cupy.cuda.get_current_stream())
         else:
             dst[...] = self.cupy.reshape(src, dst.shape)
 
