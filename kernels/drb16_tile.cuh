@@ -78,12 +78,13 @@ __device__ __forceinline__ unsigned zl_offset(int r, int k) {
 }
 
 // Z = A1 X for one column of a 32-column slice and one vertex v of the tile: rows 4 i + v (i < 43) of
-// src, column k (0..63) of its 128-byte rows, mixed as the float32 fmaf chains of wg_mix_column and
-// rounded to the mode's 16 bits into the same rows and column of dst. Rows of even and odd i differ in
+// src, column ks (0..63) of its 128-byte rows, mixed as the float32 fmaf chains of wg_mix_column and
+// rounded to the mode's 16 bits into the same rows of dst, column kd. Rows of even and odd i differ in
 // their swizzle ((4 i + v) % 8 = v + 4 (i % 2)), so two offsets serve all 43.
 template <int OPS>
-__device__ __forceinline__ void zl_mix_slice_column(const unsigned char* src, unsigned char* dst, int v, int k) {
-    const unsigned even = zl_offset(v, k), odd = zl_offset(v + 4, k) - 512;
+__device__ __forceinline__ void zl_mix_slice_column(const unsigned char* src, int ks, unsigned char* dst, int kd, int v) {
+    const unsigned even = zl_offset(v, ks), odd = zl_offset(v + 4, ks) - 512;
+    const unsigned even_d = zl_offset(v, kd), odd_d = zl_offset(v + 4, kd) - 512;
     float m[ZL_HYP];
 #pragma unroll
     for (int i = 0; i < ZL_HYP; ++i) m[i] = 0.0f;
@@ -92,5 +93,5 @@ __device__ __forceinline__ void zl_mix_slice_column(const unsigned char* src, un
         wg_mix_column(j, wg_widen16<OPS>(*reinterpret_cast<const unsigned short*>(src + 512 * j + (j % 2 ? odd : even))), m);
 #pragma unroll
     for (int i = 0; i < ZL_HYP; ++i)
-        *reinterpret_cast<unsigned short*>(dst + 512 * i + (i % 2 ? odd : even)) = (unsigned short)(wg_pack<OPS>(m[i], 0.0f) & 0xffffu);
+        *reinterpret_cast<unsigned short*>(dst + 512 * i + (i % 2 ? odd_d : even_d)) = (unsigned short)(wg_pack<OPS>(m[i], 0.0f) & 0xffffu);
 }

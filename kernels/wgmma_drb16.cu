@@ -143,8 +143,8 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             wg_vertex_origin<ZL_VERTS>(((int)blockIdx.x + (q / nslices) * (int)gridDim.x) / HALVES, N, b, n0);
             if (n0 + v < N) {
                 // X's slot and Z's slot hold slice q in the same half
-                zl_mix_slice_column<OPS>(base_ptr + (x_smem - base) + ((q % ZL_X_SLOTS) / 2) * ZL_BUF_BYTES,
-                                         base_ptr + (z_smem - base), v, 32 * (q % 2) + col);
+                zl_mix_slice_column<OPS>(base_ptr + (x_smem - base) + ((q % ZL_X_SLOTS) / 2) * ZL_BUF_BYTES, 32 * (q % 2) + col,
+                                         base_ptr + (z_smem - base), 32 * (q % 2) + col, v);
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             wg_bar_arrive(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);

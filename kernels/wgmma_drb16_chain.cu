@@ -1,31 +1,35 @@
-// A deformation reasoning block's four 192-wide layers in one kernel, in the 16-bit modes ("fp16",
-// "bf16") on Hopper (sm_90a): from x1 (the block's first layer's output) to
+// A deformation reasoning block's five wide layers in one kernel, in the 16-bit modes ("fp16",
+// "bf16") on Hopper (sm_90a): from X (the local projection's features, cin <= 384 columns) to
 //
-//     x2 = lc2(x1),  x3 = lc3(x2) + x1,  x4 = lc4(x3),  x5 = lc5(x4) + x3,
+//     x1 = lc1(X),  x2 = lc2(x1),  x3 = lc3(x2) + x1,  x4 = lc4(x3),  x5 = lc5(x4) + x3,
 //     lcN(h) = relu(h W0 + Z W1 + b),  Z = A1 h rounded to the mode's 16 bits,
 //
 // each layer computed as wgmma_drb16.cu computes it (the same Z, the same wgmmas in the same order,
-// the same epilogue), so x5 is that of four wg_drb_zlayer launches bit for bit. There, every layer
+// the same epilogue), so x5 is that of five wg_drb_zlayer launches bit for bit. There, every layer
 // reads its X and residual from global memory and writes its output back (about 120 MB a sample a
-// layer at 16 bits); here a tile's activations stay in shared memory from x1 to x5, and W streams
-// through instead: x1 in, x5 out, and 4 x 147 KB of W a tile from L2.
+// layer at 16 bits), and the first layer (W too large for shared memory beside X) takes tiles of 96
+// output columns and reads X twice; here a tile's activations stay in shared memory from x1 to x5,
+// X is read once, and W streams through instead: X in, x5 out, and 147 KB a 192-wide layer (the first
+// layer's 264 KB at cin 339) of W a tile from L2.
 //
 // A persistent block (one per multiprocessor) of 4 warpgroups takes tiles blockIdx.x, blockIdx.x +
-// gridDim.x, ... of (sample, 4 vertices) (drb16_tile.cuh's rows 4 i + v):
-//   - the producer warpgroup copies the tile's x1 into activation buffer A, then for each layer's six
-//     32-column K slices computes the slice's Z from the layer's input (A for lc2 and lc4, B for lc3
-//     and lc5) into a ring of two slots;
+// gridDim.x, ... of (sample, 4 vertices) (drb16_tile.cuh's rows 4 i + v). Its K slices of 32 columns
+// run in one sequence, s0 = ceil(cin / 32) for lc1 and six for each 192-wide layer, 24 + s0 a tile:
+//   - the producer warpgroup copies X's slices (cp.async) into the six half-buffers of buffer Q, six
+//     at first and later each into the half-buffer of the slice six before it (three slices ahead,
+//     the MMAs long done with that one), and for every slice computes the slice's Z from the layer's input (the X slice
+//     for lc1, P for lc2 and lc4, Q for lc3 and lc5) into a ring of two slots;
 //   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
 //     columns, two a slice, a ring of six: two slices ahead), run m64n192k16 wgmmas (Z W1, then the
 //     input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
-//     store the layer's output in 16 bits: lc2 and lc4 into B, lc3 over its residual in A (each
-//     element read and written by the same thread), lc5 to global memory.
-// A and B are shared-memory buffers P and Q for even tiles and Q and P for odd ones: once lc5's
-// wgmmas are done with its input (B), the producer copies the next tile's x1 there while lc5's
-// epilogue still reads its residual from A.
-// Named barriers hand slices over (Z ready, Z slot free), tell the producer that a layer's output is
-// in shared memory or that lc5's input is free, and keep the MMA warpgroups together before W pieces
-// are overwritten.
+//     store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its residual there, each
+//     element read and written by the same thread), lc2 and lc4 into Q, lc5 to global memory.
+// Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X slices
+// there while lc5's epilogue still reads its residual from P (and the next tile's lc1 epilogue,
+// which writes P, runs in the same threads after it, element for element).
+// Named barriers hand slices over (Z ready, Z slot free, X half-buffer free), tell the producer that
+// a layer's output is in shared memory or that lc5's input is free, and keep the MMA warpgroups
+// together before W pieces are overwritten.
 //
 // Shared memory (227 KB, the most a block may have): P and Q (three 64-column K buffers each, of 176
 // rows of 128 bytes: 172 rows hold hypotheses; the third warpgroup's MMAs read 16 rows past a buffer,
@@ -34,28 +38,30 @@
 // HopperGemm.prepare_chain16 and copied as they are).
 #include "drb16_tile.cuh"
 
-#define ZC_LAYERS 4
+#define ZC_LAYERS 5                                   // lc1 (cin inputs) and the four 192-wide layers
+#define ZC_HIDDEN 4
 #define ZC_SLICES 6                                   // 32-column K slices of a 192-wide layer
 #define ZC_KBUF_BYTES (176 * 128)                      // one 64-column K buffer of an activation
 #define ZC_ACT_BYTES (3 * ZC_KBUF_BYTES)
 #define ZC_PIECE_BYTES (ZL_COUT * 64)                  // 32 K rows of W0 or W1, all 192 columns
 #define ZC_PIECES 6
-#define ZC_PIECES_PER_TILE (2 * ZC_LAYERS * ZC_SLICES)  // the W stream repeats every tile
 #define ZC_SMEM_BYTES (2 * ZC_ACT_BYTES + ZC_KBUF_BYTES + ZC_PIECES * ZC_PIECE_BYTES + 1024)
-// registers per thread after setmaxnreg (3 * 144 + 80 = 4 * 128): the MMA loop spans four layers and
+// registers per thread after setmaxnreg (3 * 144 + 80 = 4 * 128): the MMA loop spans five layers and
 // the W copies, so the MMA warpgroups take more than wgmma_drb16.cu's (there 136: 400 bytes of spills)
 #define ZC_MMA_REGS 144
 #define ZC_PRODUCER_REGS 80
 
 // Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
 // a layer's output stored (MMA -> producer), the MMA warpgroups' own, the producer warpgroup's own,
-// and lc5's input free for the next tile's x1 (MMA -> producer).
+// lc5's input free for the next tile's X (MMA -> producer), and an X half-buffer free (MMA -> producer:
+// the MMAs are done with lc1's slice s, s + 6 may go there; ids by s % 3, as at most three are pending).
 #define ZC_READY 1                                    // + Z slot (2)
 #define ZC_Z_FREE 3                                   // + Z slot (2)
 #define ZC_LAYER_DONE 5
 #define ZC_MMA 6
 #define ZC_PRODUCER 7
 #define ZC_INPUT_FREE 8                               // lc5's wgmmas are done with its input
+#define ZC_X_FREE 9                                   // + slice % 3
 
 // Matrix descriptor of a K-major B piece with the 64-byte swizzle: rows of 64 bytes, 512 bytes between
 // 8-row groups (wg_desc is the 128-byte form).
@@ -107,9 +113,9 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
 }
 
 template <int OPS>
-__device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, const unsigned short* __restrict__ W,
-                                         const float* __restrict__ bias, unsigned short* __restrict__ out, int N,
-                                         int tiles) {
+__device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, long ldx, int cin,
+                                         const unsigned short* __restrict__ W, const float* __restrict__ bias,
+                                         unsigned short* __restrict__ out, int N, int tiles) {
     extern __shared__ float4 zc_shared[];
     const unsigned raw = wg_smem(zc_shared);
     const unsigned base = (raw + 1023u) & ~1023u;
@@ -117,57 +123,94 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
     // P, Q, Z, W ring: the buffers MMAs read past (P, Q, Z: 16 rows) are followed by another
     const unsigned p_smem = base, q_smem = base + ZC_ACT_BYTES, z_smem = base + 2 * ZC_ACT_BYTES;
     const unsigned w_smem = z_smem + ZC_KBUF_BYTES;
+    const int first_slices = (cin + ZL_BK - 1) / ZL_BK, per_tile = first_slices + ZC_HIDDEN * ZC_SLICES;
     const int my_tiles = tiles > (int)blockIdx.x ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int total = my_tiles * ZC_LAYERS * ZC_SLICES;   // K slices this block runs
-    const long plane = (long)N * ZL_COUT;
+    const int total = my_tiles * per_tile;   // K slices this block runs
+    const long plane_x = (long)N * ldx, plane = (long)N * ZL_COUT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-    if (threadIdx.x >= ZL_MMA_THREADS) {   // ---- producer: x1 in, Z slices out
+    if (threadIdx.x >= ZL_MMA_THREADS) {   // ---- producer: X slices in, Z slices out
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ZC_PRODUCER_REGS));
         const int et = threadIdx.x - ZL_MMA_THREADS, v = warp - ZL_MMA_THREADS / 32;
-        for (int q = 0; q < total; ++q) {
-            const int t = q / (ZC_LAYERS * ZC_SLICES), layer = (q / ZC_SLICES) % ZC_LAYERS, ks = q % ZC_SLICES;
+        int q = 0;
+        for (int t = 0; t < my_tiles; ++t) {
             long b;
             int n0;
             wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
-            // tile t's x1 (and x3) buffer: P for even t, Q for odd t; its x2 (and x4) buffer the other one
-            const unsigned a_smem = t % 2 ? q_smem : p_smem, b_smem = t % 2 ? p_smem : q_smem;
-            if (layer == 0 && ks == 0) {
-                if (t > 0) wg_bar_sync(ZC_INPUT_FREE, ZL_THREADS);   // the last tile's lc5 wgmmas are done with its x4
-                // x1's rows 4 i + vv, 24 16-byte chunks each (rows of vertices past N are left as they are)
-                const unsigned short* x1 = X + b * ZL_HYP * plane + (long)n0 * ZL_COUT;
-                for (int idx = et; idx < ZL_TILE_ROWS * 24; idx += 128) {
-                    const int r = idx / 24, c = idx % 24, i = r / ZL_VERTS, vv = r % ZL_VERTS;
-                    if (n0 + vv < N)
-                        wg_copy(a_smem + (c / 8) * ZC_KBUF_BYTES + r * 128 + (((c % 8) ^ (r & 7)) << 4),
-                                reinterpret_cast<const float*>(x1 + i * plane + vv * ZL_COUT + 8 * c), 16, 16);
+            const unsigned short* x_tile = X + b * ZL_HYP * plane_x + (long)n0 * ldx;
+            // slice s of X into half-buffer s % 6 of Q (K buffer s % 6 / 2, half s % 2): rows 4 i + v, four
+            // 16-byte chunks each, columns past cin zero-filled (rows of vertices past N are left as they
+            // are); one commit group a call, empty when s is past the layer. This thread copies chunk c of
+            // rows r0 + 32 m (hypotheses i0 + 8 m, one vertex): the same swizzle and source step for every m,
+            // so the per-chunk work is two additions (the producer, which also makes Z, bounds lc1's pace)
+            const int c = et & 3, r0 = et >> 2, i0 = r0 / ZL_VERTS, vv = r0 % ZL_VERTS;
+            const bool copies = n0 + vv < N;
+            const unsigned short* x_rows = x_tile + i0 * plane_x + vv * ldx + 8 * c;
+            const long x_step = 32 / ZL_VERTS * plane_x;   // 8 hypotheses
+            auto load_slice = [&](int s) {
+                if (s < first_slices && copies) {
+                    const unsigned dst = q_smem + (s % 6 / 2) * ZC_KBUF_BYTES + r0 * 128 + (((4 * (s % 2) + c) ^ (r0 & 7)) << 4);
+                    const int left = cin - ZL_BK * s - 8 * c, bytes = left >= 8 ? 16 : (left > 0 ? 2 * left : 0);
+                    const unsigned short* src = x_rows + ZL_BK * s;
+#pragma unroll
+                    for (int m = 0; m < 6; ++m)
+                        if (r0 + 32 * m < ZL_TILE_ROWS)
+                            wg_copy(dst + m * 32 * 128, reinterpret_cast<const float*>(bytes ? src + m * x_step : X), 16, bytes);
                 }
                 asm volatile("cp.async.commit_group;\n" ::);
-                if (t + 1 < my_tiles && et < ZL_HYP) {   // the next tile's x1 into L2: hypothesis et's rows are contiguous
-                    long nb;
-                    int nn0;
-                    wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + (t + 1) * (int)gridDim.x, N, nb, nn0);
-                    const int verts = N - nn0 < ZL_VERTS ? N - nn0 : ZL_VERTS;
-                    zl_prefetch_l2(X + (nb * ZL_HYP + et) * plane + (long)nn0 * ZL_COUT, (unsigned)(verts * ZL_COUT * 2));
+            };
+            if (t > 0) wg_bar_sync(ZC_INPUT_FREE, ZL_THREADS);   // the last tile's lc5 wgmmas are done with Q
+            for (int s = 0; s < 6; ++s) load_slice(s);
+            if (t + 1 < my_tiles && et < ZL_HYP) {   // the next tile's X into L2: hypothesis et's rows are contiguous
+                long nb;
+                int nn0;
+                wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + (t + 1) * (int)gridDim.x, N, nb, nn0);
+                const int verts = N - nn0 < ZL_VERTS ? N - nn0 : ZL_VERTS;
+                zl_prefetch_l2(X + (nb * ZL_HYP + et) * plane_x + (long)nn0 * ldx,
+                               (unsigned)(((verts - 1) * ldx + (cin + 7) / 8 * 8) * 2));
+            }
+#pragma unroll 1
+            for (int layer = 0; layer < ZC_LAYERS; ++layer) {
+                if (layer > 0) wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);   // the previous layer's output is in shared memory
+                const int slices = layer ? ZC_SLICES : first_slices;
+#pragma unroll 1
+                for (int ks = 0; ks < slices; ++ks, ++q) {
+                    // the slice's input: half-buffer ks % 6 of Q (lc1's X), or the layer's input buffer (x1 or x3
+                    // in P for lc2 and lc4, x2 or x4 in Q for lc3 and lc5), whose slice ks is half ks % 2 of K buffer
+                    // ks / 2; Z goes to slot q % 2
+                    unsigned src;
+                    if (layer == 0) {
+                        // slice ks is commit group ks (ks < 6) or ks + 3 (loaded after slice ks - 3's Z) of the tile,
+                        // and one group follows every slice's Z
+                        if (ks < 6)
+                            asm volatile("cp.async.wait_group 5;\n" ::);
+                        else
+                            asm volatile("cp.async.wait_group 2;\n" ::);
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        wg_bar_sync(ZC_PRODUCER, 128);   // every producer thread's copies of the slice are in
+                        src = q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES;
+                    } else {
+                        src = (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES;
+                    }
+                    if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
+                    if (n0 + v < N)
+                        zl_mix_slice_column<OPS>(base_ptr + (src - base), 32 * (ks % 2) + lane, base_ptr + (z_smem - base),
+                                                 32 * (q % 2) + lane, v);
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    wg_bar_arrive(ZC_READY + q % 2, ZL_THREADS);
+                    if (layer == 0) {   // slice ks + 3 into slice ks - 3's half-buffer (the MMAs arrived for it
+                        // at their slice ks - 2, normally long before)
+                        if (ks >= 3 && ks + 3 < first_slices) wg_bar_sync(ZC_X_FREE + ks % 3, ZL_THREADS);
+                        load_slice(ks >= 3 ? ks + 3 : first_slices);
+                    }
                 }
-                asm volatile("cp.async.wait_all;\n" ::);
-                wg_bar_sync(ZC_PRODUCER, 128);
-            } else if (ks == 0) {
-                wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);   // the previous layer's output is in shared memory
             }
-            if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
-            if (n0 + v < N) {
-                // the layer's input: x1 or x3 for lc2 and lc4, x2 or x4 for lc3 and lc5; its slice ks is half
-                // ks % 2 of K buffer ks / 2, and q % 2 = ks % 2 (six slices a layer) is Z's slot
-                const unsigned src = (layer % 2 ? b_smem : a_smem) + (ks / 2) * ZC_KBUF_BYTES;
-                zl_mix_slice_column<OPS>(base_ptr + (src - base), base_ptr + (z_smem - base), v, 32 * (ks % 2) + lane);
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            wg_bar_arrive(ZC_READY + q % 2, ZL_THREADS);
         }
+        asm volatile("cp.async.wait_all;\n" ::);
     } else {   // ---- MMA warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ZC_MMA_REGS));
         const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
+        const int pieces_per_tile = 2 * per_tile;   // the W stream repeats every tile
         // slice q's W pieces (W1 then W0: pieces 2 q, 2 q + 1 of the stream) into ring slots 2q % 6, (2q + 1) % 6;
         // 768 16-byte chunks a piece, two a thread; one commit group a slice, empty past the end
         auto issue_w = [&](int q) {
@@ -176,7 +219,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
                 for (int h = 0; h < 2; ++h) {
                     const int p = 2 * q + h;
                     const unsigned dst = w_smem + (p % ZC_PIECES) * ZC_PIECE_BYTES;
-                    const unsigned short* src = W + (long)(p % ZC_PIECES_PER_TILE) * (ZC_PIECE_BYTES / 2);
+                    const unsigned short* src = W + (long)(p % pieces_per_tile) * (ZC_PIECE_BYTES / 2);
 #pragma unroll
                     for (int m = 0; m < 2; ++m) {
                         const int chunk = threadIdx.x + ZL_MMA_THREADS * m;
@@ -189,6 +232,8 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
         issue_w(0);
         issue_w(1);
         int q = 0;
+        unsigned char* p_buf = base_ptr + (p_smem - base);
+        unsigned char* q_buf = base_ptr + (q_smem - base);
         for (int tile = blockIdx.x, t = 0; tile < tiles; tile += gridDim.x, ++t) {
             long b;
             int n0;
@@ -198,24 +243,28 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
                 float acc[96];
 #pragma unroll
                 for (int i = 0; i < 96; ++i) acc[i] = 0.0f;
-                const unsigned in_smem = (layer + t) % 2 ? q_smem : p_smem;   // as the producer's src
+                const int slices = layer ? ZC_SLICES : first_slices;
+                const unsigned rows = wg * 64 * 128;   // this warpgroup's rows
 #pragma unroll 1
-                for (int ks = 0; ks < ZC_SLICES; ++ks, ++q) {
+                for (int ks = 0; ks < slices; ++ks, ++q) {
                     asm volatile("cp.async.wait_group 1;\n" ::);   // this thread's copies of slice q's pieces are in
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     wg_bar_sync(ZC_READY + q % 2, ZL_THREADS);      // ... everyone's, and Z's slice
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                    const unsigned a_rows = wg * 64 * 128 + 64 * (ks % 2);   // this warpgroup's rows, the slice's half
                     const unsigned w1 = w_smem + ((2 * q) % ZC_PIECES) * ZC_PIECE_BYTES;
                     const unsigned w0 = w_smem + ((2 * q + 1) % ZC_PIECES) * ZC_PIECE_BYTES;
+                    const unsigned zs = z_smem + rows + 64 * (q % 2);
 #pragma unroll
                     for (int kk = 0; kk < 2; ++kk)
-                        zl_mma<OPS>(acc, wg_desc(z_smem + a_rows + 32 * kk), zc_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
+                        zl_mma<OPS>(acc, wg_desc(zs + 32 * kk), zc_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's products are done
+                    if (layer == 0 && ks >= 1 && ks + 5 < first_slices) wg_bar_arrive(ZC_X_FREE + (ks - 1) % 3, ZL_THREADS);
                     wg_bar_sync(ZC_MMA, ZL_MMA_THREADS);                                 // ... in every warpgroup
                     issue_w(q + 2);   // into slice q - 1's slots
-                    const unsigned xs = in_smem + (ks / 2) * ZC_KBUF_BYTES + a_rows;
+                    const unsigned xs = (layer == 0 ? q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES
+                                                    : (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES)
+                                        + rows + 64 * (ks % 2);
 #pragma unroll
                     for (int kk = 0; kk < 2; ++kk) zl_mma<OPS>(acc, wg_desc(xs + 32 * kk), zc_desc64(w0 + 32 * kk), 1);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -225,19 +274,15 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
                 asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
                 for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
-                // lc5's input is the next tile's x1 buffer: the producer fills it while this epilogue runs
+                // lc5's input is where the next tile's X goes: the producer fills it while this epilogue runs
                 if (layer == ZC_LAYERS - 1 && t + 1 < my_tiles) wg_bar_arrive(ZC_INPUT_FREE, ZL_THREADS);
-                unsigned char* a_buf = base_ptr + ((t % 2 ? q_smem : p_smem) - base);   // x1, x3
-                unsigned char* b_buf = base_ptr + ((t % 2 ? p_smem : q_smem) - base);   // x2, x4
                 const float* bl = bias + layer * ZL_COUT;
-                if (layer == 0)
-                    zc_epilogue<OPS, false, false>(acc, bl, a_buf, b_buf, out, plane, b, n0, N, wg, warp, g, t4);
-                else if (layer == 1)
-                    zc_epilogue<OPS, true, false>(acc, bl, a_buf, a_buf, out, plane, b, n0, N, wg, warp, g, t4);
-                else if (layer == 2)
-                    zc_epilogue<OPS, false, false>(acc, bl, a_buf, b_buf, out, plane, b, n0, N, wg, warp, g, t4);
-                else
-                    zc_epilogue<OPS, true, true>(acc, bl, a_buf, b_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                if (layer == 0 || layer == 1 || layer == 3)   // x1 into P, x2 and x4 into Q
+                    zc_epilogue<OPS, false, false>(acc, bl, p_buf, layer ? q_buf : p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                else if (layer == 2)                          // x3 = lc3(x2) + x1 over x1 in P
+                    zc_epilogue<OPS, true, false>(acc, bl, p_buf, p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                else                                          // x5 = lc5(x4) + x3 to global memory
+                    zc_epilogue<OPS, true, true>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 if (layer < ZC_LAYERS - 1) {
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the next layer's wgmmas read it
                     wg_bar_arrive(ZC_LAYER_DONE, ZL_THREADS);
@@ -248,11 +293,11 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, c
     }
 }
 
-#define ZC_KERNEL(NAME, OPS)                                                                             \
-    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                      \
-        const unsigned short* X, const unsigned short* W, const float* bias, unsigned short* out, int N, \
-        int tiles) {                                                                                     \
-        zc_chain<OPS>(X, W, bias, out, N, tiles);                                                        \
+#define ZC_KERNEL(NAME, OPS)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
+        const unsigned short* X, long ldx, int cin, const unsigned short* W, const float* bias, unsigned short* out, \
+        int N, int tiles) {                                                                                   \
+        zc_chain<OPS>(X, ldx, cin, W, bias, out, N, tiles);                                                   \
     }
 ZC_KERNEL(wg_drb_chain_f16, WG_F16)
 ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)

@@ -5,9 +5,12 @@ us per sample over 5 x 3 calls (CUDA events), two rounds. The patched kernels co
 their times matter. Without the epilogue's stores the compiler may drop the wgmmas whose sums are
 never read, so the variants without the epilogue say nothing about the MMAs. The patterns are those
 of fe6fe62's kernel, which printed the figures of docs/PERFORMANCE.md (session 14); give that source
-as the argument to time it again. Device only (H100/H200):
+as the argument to time it again, from a tree of the four-layer kernel's API (prepare_chain16(weights,
+biases), commits up to ef31e56; since then the kernel runs a block's five layers). Device only
+(H100/H200):
 
     git show fe6fe62:kernels/wgmma_drb16_chain.cu > /tmp/chain.cu
+    mkdir /tmp/four && git archive ef31e56 | tar -x -C /tmp/four && cd /tmp/four
     XMESH_SHARED=../shared python3 scripts/chain_parts.py /tmp/chain.cu
 """
 import sys

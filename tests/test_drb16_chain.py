@@ -1,9 +1,9 @@
-"""A deformation block's four 192-wide layers in one kernel, in the 16-bit modes
+"""A deformation block's five wide layers in one kernel, in the 16-bit modes
 (kernels/wgmma_drb16_chain.cu, HopperGemm.drb_chain16):
 
-    x2 = lc2(x1),  x3 = lc3(x2) + x1,  x4 = lc4(x3),  x5 = lc5(x4) + x3,
+    x1 = lc1(X),  x2 = lc2(x1),  x3 = lc3(x2) + x1,  x4 = lc4(x3),  x5 = lc5(x4) + x3,
 
-each layer computed as the one-layer kernel drb_zlayer computes it, so x5 must equal four drb_zlayer
+each layer computed as the one-layer kernel drb_zlayer computes it, so x5 must equal five drb_zlayer
 calls bit for bit (test_drb16_zlayer.py checks that kernel against float64). The W stream's layout is
 checked on the CPU; the rest needs a GPU of compute capability 9.0.
 """
@@ -45,78 +45,101 @@ def test_w_stream_holds_each_weight_once_in_the_kernels_order():
     assert np.all(used % ldb < 192)
 
 
-def chain_case(cp, operands, b, n, seed):
+def test_first_layer_stream_covers_its_k_rows_in_whole_slices():
+    """The first layer's part: eleven 32-row slices for cin 339 (prepared with K padded to 352), each
+    of the 384 x 339 weights' elements once, and the padded rows 339..351 (zeros) read as well."""
+    from xmesh.backends.hopper_gemm import chain_piece_index
+
+    index = chain_piece_index(352, 11)
+    assert index.shape == (11, 2, 192, 4, 8)
+    used = index.reshape(-1)
+    assert len(np.unique(used)) == used.size == 384 * 352
+    assert used.max() == 384 * 352 - 1
+
+
+def chain_case(cp, operands, b, n, seed, cin=339, ldx=344):
+    """A1, X (b, 43, n, cin) as rows of ldx 16-bit values with NaN in the columns past cin (the
+    kernels must not read them), the five layers' weights and biases."""
     rng = np.random.default_rng(seed)
     a1 = ((rng.standard_normal((43, 43)) / 3) * template_support_mask()).astype(np.float32)
-    x1 = np.maximum(rng.standard_normal((b, 43, n, 192)), 0).astype(np.float32)
-    ws = [(rng.standard_normal((192, 384)) / np.sqrt(2 * 192)).astype(np.float32) for _ in range(4)]
-    biases = [(rng.standard_normal(192) * 0.1).astype(np.float32) for _ in range(4)]
-    return a1, to16(cp, x1, operands), ws, biases
+    rows = np.full((b, 43, n, ldx), np.nan, dtype=np.float32)
+    rows[..., :cin] = rng.uniform(0, 1, (b, 43, n, cin))
+    x = to16(cp, rows, operands)[..., :cin]
+    ws = [(rng.standard_normal((cin, 384)) / np.sqrt(2 * cin)).astype(np.float32)]
+    ws += [(rng.standard_normal((192, 384)) / np.sqrt(2 * 192)).astype(np.float32) for _ in range(4)]
+    biases = [(rng.standard_normal(192) * 0.1).astype(np.float32) for _ in range(5)]
+    return a1, x, ws, biases
 
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("b,n", [
-    (1, 2466),   # the model's size: 617 tiles, persistent blocks take four or five
-    (2, 10),     # partial vertex tiles, fewer tiles than multiprocessors
-    (3, 301),    # 228 tiles: blocks take one or two, tiles cross samples
+@pytest.mark.parametrize("b,n,cin,ldx", [
+    (1, 2466, 339, 344),   # the model's size: 617 tiles, persistent blocks take four or five
+    (2, 10, 339, 344),     # partial vertex tiles, fewer tiles than multiprocessors
+    (3, 301, 339, 352),    # 228 tiles: blocks take one or two, tiles cross samples
+    (2, 77, 130, 136),     # five first-layer slices: fewer than the six X half-buffers
+    (1, 50, 384, 392),     # twelve first-layer slices, the last one whole
 ])
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
-def test_chain_equals_four_single_layers_bit_for_bit(cp, hopper, operands, b, n):
-    from xmesh.backends.hopper_gemm import mixing_source
+def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n, cin, ldx):
+    from xmesh.backends.hopper_gemm import mixing_source, widen16
 
-    a1, x1, ws, biases = chain_case(cp, operands, b, n, seed=n + b + len(operands))
+    a1, x, ws, biases = chain_case(cp, operands, b, n, seed=n + b + len(operands), cin=cin, ldx=ldx)
     mixing = mixing_source(a1)
     weights = [hopper.prepare(cp.asarray(w), operands) for w in ws]
     bias = [cp.asarray(v) for v in biases]
-    x2 = hopper.drb_zlayer(x1, weights[0], bias[0], None, mixing)
-    x3 = hopper.drb_zlayer(x2, weights[1], bias[1], x1, mixing)
-    x4 = hopper.drb_zlayer(x3, weights[2], bias[2], None, mixing)
-    want = hopper.drb_zlayer(x4, weights[3], bias[3], x3, mixing)
+    x1 = hopper.drb_zlayer(x, weights[0], bias[0], None, mixing)
+    x2 = hopper.drb_zlayer(x1, weights[1], bias[1], None, mixing)
+    x3 = hopper.drb_zlayer(x2, weights[2], bias[2], x1, mixing)
+    x4 = hopper.drb_zlayer(x3, weights[3], bias[3], None, mixing)
+    want = hopper.drb_zlayer(x4, weights[4], bias[4], x3, mixing)
 
-    chain = hopper.prepare_chain16(weights, bias)
+    chain = hopper.prepare_chain16(weights[0], weights[1:], bias)
     poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
     del poison
-    got = hopper.drb_chain16(x1, chain, mixing)
-    assert got.dtype == x1.dtype and got.shape == x1.shape
+    got = hopper.drb_chain16(x, chain, mixing)
+    assert got.dtype == x.dtype and got.shape == (b, 43, n, 192)
     want16, got16 = want.view(cp.uint16).get(), got.view(cp.uint16).get()
     assert (want16 != 0).mean() > 0.3   # the layers did not die out: a real comparison
+    assert bool(cp.isfinite(widen16(cp, got, operands)).all())   # the NaN past cin was not read
     mismatch = np.argwhere(want16 != got16)
     assert mismatch.size == 0, (len(mismatch), mismatch[:5])
-    again = hopper.drb_chain16(x1, chain, mixing)   # deterministic
+    again = hopper.drb_chain16(x, chain, mixing)   # deterministic
     np.testing.assert_array_equal(again.view(cp.uint16).get(), got16)
 
 
 @requires_cuda
 @pytest.mark.gpu
 def test_chain_refuses_what_it_cannot_run(cp, hopper):
-    """drb_chain16 and prepare_chain16 name what is wrong: no mixing source, float32 or strided x1,
-    x1 in the other 16-bit type, weights of a TF32 mode or the wrong count."""
+    """drb_chain16 and prepare_chain16 name what is wrong: no mixing source, float32 or strided X,
+    X in the other 16-bit type or of another width, weights of a TF32 mode or the wrong count."""
     from xmesh.backends.hopper_gemm import mixing_source
 
-    a1, x1, ws, biases = chain_case(cp, "fp16", 1, 9, seed=3)
+    a1, x, ws, biases = chain_case(cp, "fp16", 1, 9, seed=3)
     mixing = mixing_source(a1)
     weights = [hopper.prepare(cp.asarray(w), "fp16") for w in ws]
-    chain = hopper.prepare_chain16(weights, [cp.asarray(v) for v in biases])
+    chain = hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases])
     with pytest.raises(ValueError, match="no mixing source"):
-        hopper.drb_chain16(x1, chain, "")
-    with pytest.raises(ValueError, match="contiguous 16-byte aligned"):
-        hopper.drb_chain16(x1.astype(cp.float32), chain, mixing)
-    with pytest.raises(ValueError, match="contiguous 16-byte aligned"):
-        hopper.drb_chain16(cp.concatenate([x1, x1], axis=-1)[..., ::2], chain, mixing)
+        hopper.drb_chain16(x, chain, "")
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        hopper.drb_chain16(x.astype(cp.float32), chain, mixing)
+    with pytest.raises(ValueError, match="rows a multiple of 8"):
+        hopper.drb_chain16(cp.concatenate([x, x], axis=-1)[..., ::2], chain, mixing)
+    with pytest.raises(ValueError, match="339"):
+        hopper.drb_chain16(x[..., :300], chain, mixing)
     with pytest.raises(ValueError, match="float16"):
-        hopper.drb_chain16(x1.view(cp.uint16), chain, mixing)
-    with pytest.raises(ValueError, match="4 unpaired 16-bit"):
-        hopper.prepare_chain16(weights[:3], biases[:3])
-    with pytest.raises(ValueError, match="4 unpaired 16-bit"):
-        hopper.prepare_chain16([hopper.prepare(cp.asarray(w), "tf32") for w in ws], biases)
+        hopper.drb_chain16(x.view(cp.uint16), chain, mixing)
+    with pytest.raises(ValueError, match="4 unpaired"):
+        hopper.prepare_chain16(weights[0], weights[1:4], biases[:4])
+    with pytest.raises(ValueError, match="4 unpaired"):
+        hopper.prepare_chain16(weights[0], [hopper.prepare(cp.asarray(w), "tf32") for w in ws[1:]], biases)
 
 
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
-    """A whole reconstruction in a 16-bit mode with the four layers chained (the default on compute
+    """A whole reconstruction in a 16-bit mode with the five layers chained (the default on compute
     capability 9.0) equals the one that runs them one by one, bit for bit, at batch 2."""
     from xmesh import Reconstructor
     from xmesh.backends.cupy_backend import CupyBackend

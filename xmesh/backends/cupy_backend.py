@@ -183,8 +183,8 @@ class CupyBackend(Backend):
         self._prepared: dict = {}
         self._branch_stream = None
         self.uploader = PinnedUploader(cupy)
-        #: the 16-bit modes run a deformation block's four 192-wide layers as one kernel on compute
-        #: capability 9.0 (op_drb_hidden_layers); False runs them one by one (for comparisons)
+        #: the 16-bit modes run a deformation block's five wide layers as one kernel on compute
+        #: capability 9.0 (op_drb_block_layers); False runs them one by one (for comparisons)
         self.chain_drb_layers = True
         # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
         # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
@@ -622,25 +622,28 @@ class CupyBackend(Backend):
                 cp.matmul(a, flat_y[i], out=flat_out[i])
         return out
 
-    def op_drb_hidden_layers(self, layers, x1, cheb1, cheb0=None):
-        """A deformation block's four 192-wide layers (x1 -> x5, the model's ``hidden_layers``) in one
-        Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the activations stay in shared
-        memory, each layer computed as ``drb_zlayer`` computes it); None elsewhere, and the model runs
-        the layers one by one."""
+    def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
+        """A deformation block's five wide layers (the projected features X -> x5, the model's
+        ``block_layers``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
+        activations stay in shared memory, each layer computed as ``drb_zlayer`` computes it); None
+        elsewhere, and the model runs the layers one by one."""
         operands = LAYER_OPERANDS[self.precision]
+        z = hopper_gemm.Z_COUT
         if (self.hopper is None or not self.chain_drb_layers or hopper_gemm.OPERANDS[operands][2]
-                or cheb0 is not None or len(layers) != hopper_gemm.C_LAYERS
-                or any(layer.weight0 is not None or layer.weight.shape != (hopper_gemm.Z_COUT, 2 * hopper_gemm.Z_COUT)
-                       for layer in layers)
-                or x1.dtype != hopper_gemm.activation_dtype(self.cupy, operands) or not self.hopper.chain_applies(x1)):
+                or cheb0 is not None or len(layers) != hopper_gemm.C_HIDDEN + 1
+                or any(layer.weight0 is not None for layer in layers)
+                or layers[0].weight.shape != (x.shape[-1], 2 * z) or not 0 < x.shape[-1] <= hopper_gemm.Z_KMAX_HALF
+                or any(layer.weight.shape != (z, 2 * z) for layer in layers[1:])
+                or x.dtype != hopper_gemm.activation_dtype(self.cupy, operands)
+                or not self.hopper.chain_applies(x, x.shape[-1])):
             return None
         key = ("chain",) + tuple(id(layer.weight) for layer in layers) + (operands,)
         hit = self._prepared.get(key)
         if hit is None:   # hold the layers: their weights' ids stay unique
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
-            hit = (layers, self.hopper.prepare_chain16(weights, [layer.bias for layer in layers]))
+            hit = (layers, self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers]))
             self._prepared[key] = hit
-        return self.hopper.drb_chain16(x1, hit[1], self._mixing_source(cheb1))
+        return self.hopper.drb_chain16(x, hit[1], self._mixing_source(cheb1))
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
         if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:   # A_0 the identity

@@ -44,11 +44,11 @@ Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
 #: block's shared memory (W, four X and two Z slots of 172 rows x 20 floats, the biases, alignment slack).
 Y_SOURCE, Y_COLUMNS, Y_W_BYTES, Y_THREADS = "wgmma_drb32.cu", {"3xtf32": (48, 24), "tf32": (96, 48)}, 147456, 640
 Y_SMEM = Y_W_BYTES + 6 * HYPOTHESES * DRB_VERTS * 20 * 4 + 96 * 4 + 1024
-#: A deformation block's four 192-wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit modes):
-#: the layers, their 32-column K slices, and a block's shared memory (two activation buffers and the Z
-#: slots of 176 rows x 128 bytes per 64 columns, six W pieces of 192 rows x 64 bytes, alignment slack:
-#: 232448 bytes, all a block may have on compute capability 9.0).
-C_SOURCE, C_LAYERS, C_SLICES = "wgmma_drb16_chain.cu", 4, 6
+#: A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit modes):
+#: the 192-wide layers after the first, their 32-column K slices, and a block's shared memory (two
+#: activation buffers and the Z slots of 176 rows x 128 bytes per 64 columns, six W pieces of 192 rows
+#: x 64 bytes, alignment slack: 232448 bytes, all a block may have on compute capability 9.0).
+C_SOURCE, C_HIDDEN, C_SLICES = "wgmma_drb16_chain.cu", 4, 6
 C_SMEM = (2 * 3 + 1) * 176 * 128 + 6 * Z_COUT * 64 + 1024
 #: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
 OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
@@ -158,12 +158,14 @@ class PreparedWeight:
 
 @dataclass(frozen=True)
 class PreparedChain:
-    """A deformation block's four 192-wide layers for :meth:`HopperGemm.drb_chain16`: ``stream`` the
-    16-bit W pieces (4 layers x 6 K slices x (W1, W0) x 192 columns x 32 K rows, uint16), ``bias``
-    (4, 192) float32, ``operands`` "fp16" or "bf16"."""
+    """A deformation block's five wide layers for :meth:`HopperGemm.drb_chain16`: ``stream`` the 16-bit
+    W pieces (the first layer's ceil(cin / 32) K slices, then 4 layers x 6 K slices; each slice W1's
+    then W0's 192 columns x 32 K rows, uint16), ``bias`` (5, 192) float32, ``cin`` the first layer's
+    inputs, ``operands`` "fp16" or "bf16"."""
 
     stream: object
     bias: object
+    cin: int
     operands: str
 
 
@@ -176,16 +178,17 @@ def accumulator_columns(n: int = Z_COUT):
     return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1)
 
 
-def chain_piece_index(ldb: int) -> np.ndarray:
+def chain_piece_index(ldb: int, slices: int = C_SLICES) -> np.ndarray:
     """Where each 16-bit element of one layer's part of :meth:`HopperGemm.prepare_chain16`'s W stream
     comes from: for stream axes (K slice, piece h, accumulator column n, 16-byte chunk position pos,
-    element e) the flat index, into the layer's prepared unpaired weight (2 x 192 rows of ``ldb``, row
-    c holding column c of [W0 | W1]), of W1 (h = 0) or W0 (h = 1) at column accumulator_columns()[n]
-    and K row 32 slice + 8 c + e, where c = pos ^ ((n >> 1) & 3) (the 64-byte swizzle)."""
+    element e) the flat index, into the layer's prepared unpaired weight (2 x 192 rows of ``ldb`` >=
+    32 ``slices``, row c holding column c of [W0 | W1]), of W1 (h = 0) or W0 (h = 1) at column
+    accumulator_columns()[n] and K row 32 slice + 8 c + e, where c = pos ^ ((n >> 1) & 3) (the
+    64-byte swizzle)."""
     n = np.arange(Z_COUT)
     chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                      # (n, pos)
     w_row = np.array([Z_COUT, 0])[:, None] + accumulator_columns()[None, :]     # (h, n): W1 then W0
-    k = (32 * np.arange(C_SLICES)[:, None, None, None] + 8 * chunk[None, :, :, None]
+    k = (32 * np.arange(slices)[:, None, None, None] + 8 * chunk[None, :, :, None]
          + np.arange(8)[None, None, None, :])                                     # (ks, n, pos, e)
     return w_row[None, :, :, None, None] * ldb + k[:, None]                        # (ks, h, n, pos, e)
 
@@ -386,52 +389,63 @@ class HopperGemm:
             shared_mem=Z_SMEM)
         return out
 
-    def prepare_chain16(self, weights, biases) -> PreparedChain:
-        """The W stream and biases of :meth:`drb_chain16` from a block's four 192-wide layers: ``weights``
-        their unpaired 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``, 192 x 384, one mode),
-        ``biases`` their (192,) biases. The stream holds, per layer and 32-row K slice, W1's then W0's
-        rows for all 192 columns in the kernel's shared-memory form (:func:`chain_piece_index`)."""
+    def prepare_chain16(self, first: PreparedWeight, weights, biases) -> PreparedChain:
+        """The W stream and biases of :meth:`drb_chain16` from a block's five wide layers: ``first`` the
+        first layer's unpaired 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``, cin <= 384
+        inputs, 2 x 192 outputs), ``weights`` the four 192-wide layers' (192 x 384, the same mode),
+        ``biases`` the five (192,) biases. The stream holds, per layer and 32-row K slice, W1's then
+        W0's rows for all 192 columns in the kernel's shared-memory form (:func:`chain_piece_index`;
+        the first layer's K rows past cin are the zeros :meth:`prepare` pads with)."""
         cp = self.cupy
         weights = tuple(weights)
-        modes = {w.operands for w in weights}
-        if (len(weights) != C_LAYERS or len(modes) != 1 or weights[0].passes
-                or any(w.paired or w.k != Z_COUT or w.n != 2 * Z_COUT for w in weights)):
-            raise ValueError(f"prepare_chain16: needs {C_LAYERS} unpaired 16-bit ({Z_COUT}, {2 * Z_COUT}) weights "
-                             f"of one mode, got {[(w.k, w.n, w.operands, w.paired) for w in weights]}")
-        index = cp.asarray(chain_piece_index(Z_COUT))   # every layer's big is (384, 192): k = 192 is a whole K tile
-        stream = cp.stack([cp.take(w.big.reshape(-1), index) for w in weights])
+        modes = {w.operands for w in (first,) + weights}
+        if (len(weights) != C_HIDDEN or len(modes) != 1 or first.passes
+                or any(w.paired or w.k != Z_COUT or w.n != 2 * Z_COUT for w in weights)
+                or first.paired or first.n != 2 * Z_COUT or not 0 < first.k <= Z_KMAX_HALF):
+            raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {Z_KMAX_HALF}, "
+                             f"{2 * Z_COUT}) weight and {C_HIDDEN} unpaired ({Z_COUT}, {2 * Z_COUT}) weights, all "
+                             f"of one 16-bit mode, got {[(w.k, w.n, w.operands, w.paired) for w in (first,) + weights]}")
+        first_slices = -(-first.k // 32)   # prepare pads K to a multiple of 32 with zeros
+        parts = [cp.take(first.big.reshape(-1), cp.asarray(chain_piece_index(first.big.shape[1], first_slices)))]
+        index = cp.asarray(chain_piece_index(Z_COUT))   # a 192-wide layer's big is (384, 192): k = 192 is a whole K tile
+        parts += [cp.take(w.big.reshape(-1), index) for w in weights]
+        stream = cp.concatenate([part.reshape(-1) for part in parts])
         bias = cp.stack([cp.ascontiguousarray(b, dtype=cp.float32).reshape(-1) for b in biases])
-        if bias.shape != (C_LAYERS, Z_COUT):
-            raise ValueError(f"prepare_chain16: needs {C_LAYERS} biases of ({Z_COUT},), got {bias.shape}")
-        return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), weights[0].operands)
+        if bias.shape != (C_HIDDEN + 1, Z_COUT):
+            raise ValueError(f"prepare_chain16: needs {C_HIDDEN + 1} biases of ({Z_COUT},), got {bias.shape}")
+        return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), first.k, first.operands)
 
-    def chain_applies(self, x) -> bool:
-        """Whether :meth:`drb_chain16` takes this x1: a contiguous (B, 43, N, 192) 16-bit array starting
-        16-byte aligned (what :meth:`drb_zlayer` returns)."""
+    def chain_applies(self, x, cin: int) -> bool:
+        """Whether :meth:`drb_chain16` takes this X: a (B, 43, N, cin) 16-bit array whose rows (unit
+        stride) are evenly spaced a multiple of 8 elements apart, starting 16-byte aligned (the local
+        projection's 16-bit output, rows of 344 for cin 339)."""
         cp = self.cupy
         return (x.ndim == 4 and x.dtype in (cp.float16, cp.uint16) and x.shape[1] == HYPOTHESES
-                and x.shape[3] == Z_COUT and x.flags.c_contiguous and x.data.ptr % 16 == 0)
+                and x.shape[3] == cin and hypothesis_rows(cp, x) is x and (x.strides[2] // 2) % 8 == 0
+                and x.data.ptr % 16 == 0)
 
-    def drb_chain16(self, x1, chain: PreparedChain, mixing: str):
-        """A deformation block's four 192-wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
-        16-bit mode: x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3, each layer as
-        :meth:`drb_zlayer` computes it (so x5 equals four drb_zlayer calls bit for bit), with the
-        activations kept in shared memory. x1 (B, 43, N, 192) in :func:`activation_dtype` (see
+    def drb_chain16(self, x, chain: PreparedChain, mixing: str):
+        """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
+        16-bit mode: x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3,
+        each layer as :meth:`drb_zlayer` computes it (so x5 equals five drb_zlayer calls bit for bit),
+        with the activations kept in shared memory. X (B, 43, N, cin) in :func:`activation_dtype` (see
         :meth:`chain_applies`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
         :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type."""
         cp = self.cupy
         act = activation_dtype(cp, chain.operands)
-        if not mixing or not self.chain_applies(x1) or x1.dtype != act:
-            raise ValueError(f"drb_chain16: x1 {x1.shape} {x1.dtype} (strides {x1.strides}) with "
-                             f"{'a' if mixing else 'no'} mixing source: needs a contiguous 16-byte aligned "
-                             f"(B, {HYPOTHESES}, N, {Z_COUT}) {act} array ({chain.operands}) and mixing_source(A1)")
-        b, _, n, _ = x1.shape
-        out = cp.empty_like(x1)
+        if not mixing or not self.chain_applies(x, chain.cin) or x.dtype != act:
+            raise ValueError(f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}) with "
+                             f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned (B, {HYPOTHESES}, N, "
+                             f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
+                             f"and mixing_source(A1)")
+        b, _, n, _ = x.shape
+        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
         tiles = b * -(-n // DRB_VERTS)
         name = f"wg_drb_chain_{OPERANDS[chain.operands][1]}"
         self._kernel(name, C_SMEM, mixing, C_SOURCE)(
             (min(tiles, self.sm_count),), (DRB_THREADS,),
-            (x1, chain.stream, chain.bias, out, np.int32(n), np.int32(tiles)), shared_mem=C_SMEM)
+            (x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias, out, np.int32(n),
+             np.int32(tiles)), shared_mem=C_SMEM)
         return out
 
     @staticmethod

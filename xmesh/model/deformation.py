@@ -42,22 +42,23 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     points = centers[:, None, :, :] + offsets[None, :, None, :]          # (B,K,N,3)
     feats = local_projection(backend, xp.reshape(points, (b, k * n, 3)), maps, tf)
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
-    x1 = local_gconv(backend, layers[0], x, params.sample_cheb1, params.sample_cheb0)
-    x5 = hidden_layers(backend, layers[1:5], x1, params)
+    x5 = block_layers(backend, layers[:5], x, params)
     return score_update(backend, layers[5], x5, params, centers)
 
 
-def hidden_layers(backend, layers, x1, params):
-    """The block's four 192-wide layers with their two residuals, x1 -> x5 (a backend may run them
-    as one kernel, keeping the activations on chip)."""
-    fast = backend.try_fast_path("drb_hidden_layers", layers, x1, params.sample_cheb1, params.sample_cheb0)
+def block_layers(backend, layers, x, params):
+    """The block's five wide layers, the projected features x -> x5: the first (339 -> 192), then
+    four 192-wide ones with two residuals (a backend may run them as one kernel, keeping the
+    activations on chip)."""
+    fast = backend.try_fast_path("drb_block_layers", layers, x, params.sample_cheb1, params.sample_cheb0)
     if fast is not None:
         return fast
     conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
-    x2 = conv(layers[0], x1)
-    x3 = conv(layers[1], x2, x1)
-    x4 = conv(layers[2], x3)
-    return conv(layers[3], x4, x3)
+    x1 = conv(layers[0], x)
+    x2 = conv(layers[1], x1)
+    x3 = conv(layers[2], x2, x1)
+    x4 = conv(layers[3], x3)
+    return conv(layers[4], x4, x3)
 
 
 def score_update(backend, layer, x, params, centers):
