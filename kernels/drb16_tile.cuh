@@ -1,5 +1,5 @@
 // The 16-bit deformation layers' vertex tile (kernels/wgmma_drb16.cu: one layer a launch;
-// wgmma_drb16_chain.cu: a block's four 192-wide layers in one): 4 vertices x 43 hypotheses as rows
+// wgmma_drb16_chain.cu: a block's five wide layers in one): 4 vertices x 43 hypotheses as rows
 // 4 i + v of 128-byte swizzled rows of 64 16-bit columns, three MMA warpgroups of 64 rows and a producer
 // warpgroup that makes Z = A1 X a 32-column slice at a time; W's output columns in zl_column's order.
 #include "wgmma_common.cuh"
