@@ -112,6 +112,13 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
     }
 }
 
+// The K buffer that holds K slice ks of a layer's input, in half ks % 2 of it: lc1's X in Q's half-buffer
+// ks % 6, x1 and x3 (lc2, lc4) in P, x2 and x4 (lc3, lc5) in Q. The producer's Z and copies and the MMAs'
+// descriptors all take it from here.
+__device__ __forceinline__ unsigned zc_input_kbuf(int layer, int ks, unsigned p_smem, unsigned q_smem) {
+    return layer == 0 ? q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES : (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES;
+}
+
 template <int OPS>
 __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, long ldx, int cin,
                                          const unsigned short* __restrict__ W, const float* __restrict__ bias,
@@ -149,7 +156,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
             const long x_step = 32 / ZL_VERTS * plane_x;   // 8 hypotheses
             auto load_slice = [&](int s) {
                 if (s < first_slices && copies) {
-                    const unsigned dst = q_smem + (s % 6 / 2) * ZC_KBUF_BYTES + r0 * 128 + (((4 * (s % 2) + c) ^ (r0 & 7)) << 4);
+                    const unsigned dst = zc_input_kbuf(0, s, p_smem, q_smem) + r0 * 128 + (((4 * (s % 2) + c) ^ (r0 & 7)) << 4);
                     const int left = cin - ZL_BK * s - 8 * c, bytes = left >= 8 ? 16 : (left > 0 ? 2 * left : 0);
                     const unsigned short* src = x_rows + ZL_BK * s;
 #pragma unroll
@@ -175,10 +182,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                 const int slices = layer ? ZC_SLICES : first_slices;
 #pragma unroll 1
                 for (int ks = 0; ks < slices; ++ks, ++q) {
-                    // the slice's input: half-buffer ks % 6 of Q (lc1's X), or the layer's input buffer (x1 or x3
-                    // in P for lc2 and lc4, x2 or x4 in Q for lc3 and lc5), whose slice ks is half ks % 2 of K buffer
-                    // ks / 2; Z goes to slot q % 2
-                    unsigned src;
+                    // Z of the slice's input (zc_input_kbuf) goes to slot q % 2
                     if (layer == 0) {
                         // slice ks is commit group ks (ks < 6) or ks + 3 (loaded after slice ks - 3's Z) of the tile,
                         // and one group follows every slice's Z
@@ -188,10 +192,8 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                             asm volatile("cp.async.wait_group 2;\n" ::);
                         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                         wg_bar_sync(ZC_PRODUCER, 128);   // every producer thread's copies of the slice are in
-                        src = q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES;
-                    } else {
-                        src = (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES;
                     }
+                    const unsigned src = zc_input_kbuf(layer, ks, p_smem, q_smem);
                     if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
                     if (n0 + v < N)
                         zl_mix_slice_column<OPS>(base_ptr + (src - base), 32 * (ks % 2) + lane, base_ptr + (z_smem - base),
@@ -262,9 +264,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                     if (layer == 0 && ks >= 1 && ks + 5 < first_slices) wg_bar_arrive(ZC_X_FREE + (ks - 1) % 3, ZL_THREADS);
                     wg_bar_sync(ZC_MMA, ZL_MMA_THREADS);                                 // ... in every warpgroup
                     issue_w(q + 2);   // into slice q - 1's slots
-                    const unsigned xs = (layer == 0 ? q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES
-                                                    : (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES)
-                                        + rows + 64 * (ks % 2);
+                    const unsigned xs = zc_input_kbuf(layer, ks, p_smem, q_smem) + rows + 64 * (ks % 2);
 #pragma unroll
                     for (int kk = 0; kk < 2; ++kk) zl_mma<OPS>(acc, wg_desc(xs + 32 * kk), zc_desc64(w0 + 32 * kk), 1);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
