@@ -268,19 +268,118 @@ extern "C" __global__ void local_projection(
 // rows, contiguous in `out` as in shared memory, go out in coalesced 16-byte stores (zeros in the padding past 3 + 3*CT).
 // NV: the views at compile time (3, the model's), or 0 for V at run time (up to XM_MAX_VIEWS), whose
 // loops then run over XM_MAX_VIEWS with the views past V predicated off.
+// OUT: XM_OUT_F32 (float rows, the rule above to the bit) or, in the 16-bit modes, XM_OUT_F16 /
+// XM_OUT_BF16 (16-bit rows, xm_lerp4_fma and xm_pool16's arithmetic).
 // Dynamic shared memory: XM_LP_POINTS * (ldo * sizeof(OT) + 3 * V * sizeof(XmBilinear)).
 // Launched with XM_LP_THREADS threads (7 warps: 8 points x 28 four-channel groups a round, 4 rounds
 // for the model's 112 channels).
 #define XM_LP_POINTS 32
 #define XM_LP_THREADS 224
+#define XM_OUT_F32 0
+#define XM_OUT_F16 1
+#define XM_OUT_BF16 2
 
-template <class OT, int NV>
+template <int OUT> struct XmOutType { typedef unsigned short type; };
+template <> struct XmOutType<XM_OUT_F32> { typedef float type; };
+
+// The 16-bit modes compute the rule above in plain float32 arithmetic: the corners' products summed
+// by fused multiply-adds, the mean and the variance as sums times 1/V, an approximate square root
+// (sqrt.approx, about 2^-23 relative). Each value then lies within a few float32 ulps of the exact
+// rule's, far below the one rounding to 16 bits that follows (2^-11 relative for float16, 2^-8 for
+// bfloat16), which therefore gives the same bits except for values within those ulps of a rounding
+// boundary (tests/test_cupy_backend.py bounds them). The exact rule's correctly rounded divisions and
+// square root, each with its slow-path branch, took two thirds of the kernel's instructions.
+__device__ __forceinline__ float xm_sqrt_approx(float x) {
+    float r;
+    asm("sqrt.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// 4 channels at the corners q (q11, q21, q12, q22), interpolated with fused multiply-adds.
+__device__ __forceinline__ void xm_lerp4_fma(const float* const (&q)[4], const XmBilinear& r, float (&f)[4]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(q[0]));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(q[1]));
+    const float4 c = __ldg(reinterpret_cast<const float4*>(q[2]));
+    const float4 d = __ldg(reinterpret_cast<const float4*>(q[3]));
+    f[0] = fmaf(d.x, r.w22, fmaf(c.x, r.w12, fmaf(b.x, r.w21, a.x * r.w11)));
+    f[1] = fmaf(d.y, r.w22, fmaf(c.y, r.w12, fmaf(b.y, r.w21, a.y * r.w11)));
+    f[2] = fmaf(d.z, r.w22, fmaf(c.z, r.w12, fmaf(b.z, r.w21, a.z * r.w11)));
+    f[3] = fmaf(d.w, r.w22, fmaf(c.w, r.w12, fmaf(b.w, r.w21, a.w * r.w11)));
+}
+
+// Two values rounded to nearest even float16 (bf16 = false) or bfloat16 as one 32-bit word, lo at the
+// lower address (cvt's packed forms on compute capability 8.0 and later).
+template <bool BF16>
+__device__ __forceinline__ unsigned xm_pack16x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned d;
+    if constexpr (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    }
+    return d;
+#else
+    return (unsigned)xm_round16(lo, BF16) | ((unsigned)xm_round16(hi, BF16) << 16);
+#endif
+}
+
+// v[0..3] rounded to 16 bits into p[0..3], p at an element 3 mod 4 of a 16-byte aligned row (a 4-channel
+// group's place in one of a row's sections, after the 3 coordinates): p[1], p[2] as one 32-bit store.
+template <bool BF16>
+__device__ __forceinline__ void xm_put4_16(unsigned short* p, const float (&v)[4]) {
+    const unsigned first = xm_pack16x2<BF16>(v[0], v[3]);
+    p[0] = (unsigned short)first;
+    *reinterpret_cast<unsigned*>(p + 1) = xm_pack16x2<BF16>(v[1], v[2]);
+    p[3] = (unsigned short)(first >> 16);
+}
+
+// max, mean and std = sqrt(var + 1e-6) of each of 4 channels over the views (vals[channel][view]),
+// rounded to the mode's 16 bits into o[3 + j], o[3 + CT + j], o[3 + 2 CT + j] (o 16-byte aligned, CT a
+// multiple of 4).
+template <int OUT, int NV>
+__device__ __forceinline__ void xm_pool16(const float (&vals)[4][NV ? NV : XM_MAX_VIEWS], int V, float inv_v,
+                                          unsigned short* __restrict__ o, int CT) {
+    constexpr int MAXV = NV ? NV : XM_MAX_VIEWS;
+    float mx[4], mean[4], sd[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float sum = vals[j][0];
+        mx[j] = vals[j][0];
+#pragma unroll
+        for (int v = 1; v < MAXV; ++v) {
+            if (NV || v < V) {
+                mx[j] = fmaxf(mx[j], vals[j][v]);
+                sum += vals[j][v];
+            }
+        }
+        mean[j] = sum * inv_v;
+        float d = vals[j][0] - mean[j];
+        float ss = d * d;
+#pragma unroll
+        for (int v = 1; v < MAXV; ++v) {
+            if (NV || v < V) {
+                d = vals[j][v] - mean[j];
+                ss = fmaf(d, d, ss);
+            }
+        }
+        sd[j] = xm_sqrt_approx(fmaf(ss, inv_v, 1e-6f));
+    }
+    constexpr bool bf16 = OUT == XM_OUT_BF16;
+    xm_put4_16<bf16>(o + 3, mx);
+    xm_put4_16<bf16>(o + 3 + CT, mean);
+    xm_put4_16<bf16>(o + 3 + 2 * CT, sd);
+}
+
+template <int OUT, int NV>
 __device__ __forceinline__ void xm_local_projection_tiled(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
-    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, OT* __restrict__ out,
-    long long ldo, int bf16) {
+    int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V,
+    typename XmOutType<OUT>::type* __restrict__ out, long long ldo) {
+    typedef typename XmOutType<OUT>::type OT;
     constexpr int MAXV = NV ? NV : XM_MAX_VIEWS;
+    constexpr int bf16 = OUT == XM_OUT_BF16;
     const int nv = NV ? NV : V;
     extern __shared__ __align__(16) unsigned char xm_lp_smem[];
     OT* rows = reinterpret_cast<OT*>(xm_lp_smem);                                   // [point][ldo]
@@ -313,6 +412,9 @@ __device__ __forceinline__ void xm_local_projection_tiled(
             const int C = chans[level], view0 = v * (sizes[level] + 1) * (sizes[level] + 1) * C;
             XmBilinear o = r[level];
             o.i11 = view0 + o.i11 * C, o.i21 = view0 + o.i21 * C, o.i12 = view0 + o.i12 * C, o.i22 = view0 + o.i22 * C;
+            if constexpr (OUT != XM_OUT_F32) {   // in 16-byte units (C is a multiple of 4)
+                o.i11 >>= 2, o.i21 >>= 2, o.i12 >>= 2, o.i22 >>= 2;
+            }
             taps[3 * t + level] = o;
         }
     }
@@ -332,6 +434,7 @@ __device__ __forceinline__ void xm_local_projection_tiled(
             int s, C, cc;
             xm_pick_map(c, m0, m1, m2, nullptr, s0, s1, s2, 0, c0, c1, c2, 0, m, s, C, cc);
             const int sample_floats = nv * (s + 1) * (s + 1) * C;   // a sample's views of this map
+            const float inv_v = 1.0f / (float)nv;   // the 16-bit modes' 1/V (folded for NV = 3)
             for (int i = i0; i < count; i += i_step) {
                 const float* ms = m + cc + (long long)xm_sample[i] * sample_floats;
                 float vals[4][MAXV];
@@ -340,20 +443,32 @@ __device__ __forceinline__ void xm_local_projection_tiled(
                     float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     if (NV || v < V) {
                         const XmBilinear r = taps[(i * nv + v) * 3 + level];
-                        const float* const q[4] = {ms + r.i11, ms + r.i21, ms + r.i12, ms + r.i22};
-                        xm_lerp_corners<4>(q, r, f);
+                        if constexpr (OUT == XM_OUT_F32) {
+                            const float* const q[4] = {ms + r.i11, ms + r.i21, ms + r.i12, ms + r.i22};
+                            xm_lerp_corners<4>(q, r, f);
+                        } else {   // offsets in 16-byte units from the point's float4 base
+                            const float4* const q4 = reinterpret_cast<const float4*>(ms);
+                            const float* const q[4] = {
+                                reinterpret_cast<const float*>(q4 + (unsigned)r.i11), reinterpret_cast<const float*>(q4 + (unsigned)r.i21),
+                                reinterpret_cast<const float*>(q4 + (unsigned)r.i12), reinterpret_cast<const float*>(q4 + (unsigned)r.i22)};
+                            xm_lerp4_fma(q, r, f);
+                        }
                     }
 #pragma unroll
                     for (int j = 0; j < 4; ++j) vals[j][v] = f[j];
                 }
                 OT* o = rows + i * ldo;
+                if constexpr (OUT == XM_OUT_F32) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    float mx, mean, sd;
-                    xm_pool_views<NV>(vals[j], V, mx, mean, sd);
-                    xm_put(o + 3 + c + j, mx, bf16);
-                    xm_put(o + 3 + CT + c + j, mean, bf16);
-                    xm_put(o + 3 + 2 * CT + c + j, sd, bf16);
+                    for (int j = 0; j < 4; ++j) {
+                        float mx, mean, sd;
+                        xm_pool_views<NV>(vals[j], V, mx, mean, sd);
+                        xm_put(o + 3 + c + j, mx, bf16);
+                        xm_put(o + 3 + CT + c + j, mean, bf16);
+                        xm_put(o + 3 + 2 * CT + c + j, sd, bf16);
+                    }
+                } else {
+                    xm_pool16<OUT, NV>(vals, V, inv_v, o + c, CT);
                 }
                 if (c == 0) {
 #pragma unroll
@@ -368,26 +483,30 @@ __device__ __forceinline__ void xm_local_projection_tiled(
     for (int t = threadIdx.x; t < chunks; t += blockDim.x) dst[t] = reinterpret_cast<const uint4*>(rows)[t];
 }
 
-#define XM_LP_BODY(OT)                                                                                        \
+#define XM_LP_BODY(OUT)                                                                                       \
     if (V == 3)                                                                                            \
-        xm_local_projection_tiled<OT, 3>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16); \
+        xm_local_projection_tiled<OUT, 3>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);  \
     else                                                                                                   \
-        xm_local_projection_tiled<OT, 0>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo, bf16);
+        xm_local_projection_tiled<OUT, 0>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
 
 extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled(const float* points, const float* tf, const float* m0, const float* m1, const float* m2, int s0,
                        int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* out, long long ldo) {
-    const int bf16 = 0;
-    XM_LP_BODY(float)
+    XM_LP_BODY(XM_OUT_F32)
 }
 
-// The same, out in the 16-bit modes' activation type (float16, or bfloat16 bits when bf16 != 0), each
-// value rounded once to nearest even: what the deformation layer's 16-bit operands round it to.
+// The 16-bit modes' projection: out in the mode's activation type (float16, or bfloat16 bits when bf16
+// != 0), each value xm_pool16's, rounded once to nearest even: what the deformation layer's 16-bit
+// operands round its X to.
 extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled_o16(const float* points, const float* tf, const float* m0, const float* m1, const float* m2,
                            int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, unsigned short* out,
                            long long ldo, int bf16) {
-    XM_LP_BODY(unsigned short)
+    if (bf16) {
+        XM_LP_BODY(XM_OUT_BF16)
+    } else {
+        XM_LP_BODY(XM_OUT_F16)
+    }
 }
 
 // Local graph convolution epilogue: out = relu((y0 + mixed) + bias) (+ residual), rows of width cout.
