@@ -594,6 +594,66 @@ extern "C" __global__ void conv_direct_x4(const float* __restrict__ x, const flo
     }
 }
 
+// conv_direct_x4 for one shape known at compile time (C inputs, K x K taps, stride 1, COUT outputs: the
+// CNNs' first layer, 3 -> 16 in 3 x 3): a thread per output pixel takes all COUT channels, so each input
+// value is loaded once (not once per 4 outputs) and the loops unroll; the sums run in conv_direct_x4's
+// order, so the bits are its bits. A block per output row, Wo threads or more.
+template <int C, int K, int COUT>
+__device__ __forceinline__ void xm_conv_direct_fixed(const float* __restrict__ x, const float* __restrict__ weights,
+                                                     const float* __restrict__ bias, float* __restrict__ out, int H,
+                                                     int W, int Wo, int pad_top, int pad_left, int relu) {
+    __shared__ __align__(16) float w[K * K * C * COUT];
+    for (int i = threadIdx.x; i < K * K * C * COUT; i += blockDim.x) w[i] = weights[i];
+    __syncthreads();
+    const int oy = blockIdx.x, n = blockIdx.y, ox = threadIdx.x;
+    if (ox >= Wo) return;
+    const float* image = x + (long long)n * H * W * C;
+    float acc[COUT];
+#pragma unroll
+    for (int o = 0; o < COUT; ++o) acc[o] = 0.0f;
+#pragma unroll
+    for (int ky = 0; ky < K; ++ky) {
+        const int iy = oy - pad_top + ky;
+        if (iy < 0 || iy >= H) continue;
+#pragma unroll
+        for (int kx = 0; kx < K; ++kx) {
+            const int ix = ox - pad_left + kx;
+            if (ix < 0 || ix >= W) continue;
+            const float* px = image + (iy * W + ix) * C;
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const float v = __ldg(px + c);
+                const float4* wk = reinterpret_cast<const float4*>(w + ((ky * K + kx) * C + c) * COUT);
+#pragma unroll
+                for (int o4 = 0; o4 < COUT / 4; ++o4) {
+                    const float4 wv = wk[o4];
+                    acc[4 * o4] = fmaf(v, wv.x, acc[4 * o4]);
+                    acc[4 * o4 + 1] = fmaf(v, wv.y, acc[4 * o4 + 1]);
+                    acc[4 * o4 + 2] = fmaf(v, wv.z, acc[4 * o4 + 2]);
+                    acc[4 * o4 + 3] = fmaf(v, wv.w, acc[4 * o4 + 3]);
+                }
+            }
+        }
+    }
+    float4* dst = reinterpret_cast<float4*>(out + (((long long)n * gridDim.x + oy) * Wo + ox) * COUT);
+#pragma unroll
+    for (int o4 = 0; o4 < COUT / 4; ++o4) {
+        float r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            r[j] = bias != nullptr ? __fadd_rn(acc[4 * o4 + j], bias[4 * o4 + j]) : acc[4 * o4 + j];
+            if (relu) r[j] = fmaxf(r[j], 0.0f);
+        }
+        dst[o4] = make_float4(r[0], r[1], r[2], r[3]);
+    }
+}
+
+extern "C" __global__ void conv_direct_c3_k3_n16(const float* __restrict__ x, const float* __restrict__ weights,
+                                                 const float* __restrict__ bias, float* __restrict__ out, int H,
+                                                 int W, int Wo, int pad_top, int pad_left, int relu) {
+    xm_conv_direct_fixed<3, 3, 16>(x, weights, bias, out, H, W, Wo, pad_top, pad_left, relu);
+}
+
 // im2col for NHWC input with TensorFlow 'SAME' zero padding: cols (N*Ho*Wo, kh*kw*C), rows in NHW
 // order, columns in (ky, kx, c) order (matching a [kh,kw,cin,cout] kernel reshaped to (kh*kw*cin, cout)).
 extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,
@@ -846,6 +906,24 @@ extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ s
 // XM_SU_VERTS vertices, a thread per (vertex, hypothesis): the vertex's 43 rows are read once.
 #define XM_SU_VERTS 4
 #define XM_SU_THREADS 192   // >= XM_SU_VERTS * XM_HYP
+
+// Every thread of the block, once y1s[v][k] holds vertex v's y1 of hypothesis k (and this thread's y0):
+// the score s_k = relu((y0 + sum_j A1[k,j] y1_j) + bias) into score[v][k], then thread k = 0 of each vertex
+// moves it (xm_softmax_move). a: A1 (43 x 43) in shared memory.
+__device__ __forceinline__ void xm_score_move(float y0, int v, int k, bool active, long long g, const float* a,
+                                              float (*y1s)[XM_HYP], float (*score)[XM_HYP],
+                                              const float* __restrict__ bias, const float* __restrict__ offsets,
+                                              const float* __restrict__ centers, float* __restrict__ out) {
+    __syncthreads();
+    if (active) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < XM_HYP; ++j) acc = fmaf(a[k * XM_HYP + j], y1s[v][j], acc);
+        score[v][k] = fmaxf(__fadd_rn(__fadd_rn(y0, acc), bias[0]), 0.0f);
+    }
+    __syncthreads();
+    if (active && k == 0) xm_softmax_move(score[v], 1, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
+}
 extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     const void* __restrict__ x, long long ldx, int cin, int x16, const float* __restrict__ w,
     const float* __restrict__ a1, const float* __restrict__ bias, const float* __restrict__ offsets,
@@ -870,13 +948,27 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
         y0 = acc[0];
         y1s[v][k] = acc[1];
     }
-    __syncthreads();
+    xm_score_move(y0, v, k, active, g, a, y1s, score, bias, offsets, centers, out);
+}
+
+// The end of a deformation block after wgmma_drb16_chain.cu's chain with the score layer, which left
+// each hypothesis row's two products (y0, y1) of x5 with the score layer's W in rows (B, 43, N) float2:
+// the scores, the softmax and the moved vertices as drb_score_update makes them from there.
+extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
+    const float2* __restrict__ rows, const float* __restrict__ a1, const float* __restrict__ bias,
+    const float* __restrict__ offsets, const float* __restrict__ centers, float* __restrict__ out, int B, int N) {
+    __shared__ float a[XM_HYP * XM_HYP];
+    __shared__ float y1s[XM_SU_VERTS][XM_HYP];
+    __shared__ float score[XM_SU_VERTS][XM_HYP];
+    for (int i = threadIdx.x; i < XM_HYP * XM_HYP; i += blockDim.x) a[i] = a1[i];
+    const int v = threadIdx.x / XM_HYP, k = threadIdx.x % XM_HYP;
+    const long long g = (long long)blockIdx.x * XM_SU_VERTS + v;   // the vertex, b * N + n
+    const bool active = v < XM_SU_VERTS && g < (long long)B * N;
+    float y0 = 0.0f;
     if (active) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < XM_HYP; ++j) acc = fmaf(a[k * XM_HYP + j], y1s[v][j], acc);
-        score[v][k] = fmaxf(__fadd_rn(__fadd_rn(y0, acc), bias[0]), 0.0f);
+        const float2 y = rows[((g / N) * XM_HYP + k) * N + g % N];   // row (b, k, n)
+        y0 = y.x;
+        y1s[v][k] = y.y;
     }
-    __syncthreads();
-    if (active && k == 0) xm_softmax_move(score[v], 1, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
+    xm_score_move(y0, v, k, active, g, a, y1s, score, bias, offsets, centers, out);
 }

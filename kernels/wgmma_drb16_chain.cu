@@ -112,6 +112,54 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
     }
 }
 
+// lc5's epilogue when the block's score layer follows in the same kernel (zc_chain's SCORE): x5 =
+// relu(acc + bias) + x3, rounded to 16 bits as zc_epilogue rounds it, is never stored; each row's two
+// products with the score layer's float32 W (192 x 2, rows [w0 w1]), y0 = x5 W[:, 0] and y1 = x5 W[:, 1],
+// go to rows_out[(b, i, n)] as a float2 instead (8 bytes a row in place of 384). Float32 sums: each
+// thread's 48 columns in order by fmaf, then the quad's four partial sums. Every thread of a quad
+// takes part in the sums (rows past the tile's last hypothesis or vertex compute junk, never stored).
+template <int OPS>
+__device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const float* __restrict__ bias,
+                                                  const float* __restrict__ score_w, const unsigned char* a_buf,
+                                                  float2* __restrict__ rows_out, long b, int n0, int N, int wg,
+                                                  int warp, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
+        float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ZL_COUT / 32; ++k) {
+            const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
+            const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
+            const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
+            const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            const uint4 rp = *reinterpret_cast<const uint4*>(a_buf + s);
+            const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
+            const float4* wk = reinterpret_cast<const float4*>(score_w + 2 * (32 * k + 8 * t));
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {   // columns 32 k + 8 t + 2 p, + 1 (zc_epilogue's)
+                float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
+                float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
+                v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
+                v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
+                const unsigned packed = wg_pack<OPS>(v0, v1);
+                const float x0 = wg_widen16<OPS>((unsigned short)(packed & 0xffffu));
+                const float x1 = wg_widen16<OPS>((unsigned short)(packed >> 16));
+                const float4 w = __ldg(wk + p);   // W[c][0], W[c][1], W[c + 1][0], W[c + 1][1]
+                y0 = fmaf(x0, w.x, y0);
+                y1 = fmaf(x0, w.y, y1);
+                y0 = fmaf(x1, w.z, y0);
+                y1 = fmaf(x1, w.w, y1);
+            }
+        }
+        y0 += __shfl_xor_sync(0xffffffffu, y0, 1);
+        y1 += __shfl_xor_sync(0xffffffffu, y1, 1);
+        y0 += __shfl_xor_sync(0xffffffffu, y0, 2);
+        y1 += __shfl_xor_sync(0xffffffffu, y1, 2);
+        if (t == 0 && i < ZL_HYP && n0 + v < N) rows_out[(b * ZL_HYP + i) * (long)N + n0 + v] = make_float2(y0, y1);
+    }
+}
+
 // The K buffer that holds K slice ks of a layer's input, in half ks % 2 of it: lc1's X in Q's half-buffer
 // ks % 6, x1 and x3 (lc2, lc4) in P, x2 and x4 (lc3, lc5) in Q. The producer's Z and copies and the MMAs'
 // descriptors all take it from here.
@@ -119,10 +167,12 @@ __device__ __forceinline__ unsigned zc_input_kbuf(int layer, int ks, unsigned p_
     return layer == 0 ? q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES : (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES;
 }
 
-template <int OPS>
+// SCORE: lc5's epilogue is zc_epilogue_score's (score_w, rows_out) instead of x5 to `out`.
+template <int OPS, bool SCORE>
 __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, long ldx, int cin,
                                          const unsigned short* __restrict__ W, const float* __restrict__ bias,
-                                         unsigned short* __restrict__ out, int N, int tiles) {
+                                         unsigned short* __restrict__ out, const float* __restrict__ score_w,
+                                         float2* __restrict__ rows_out, int N, int tiles) {
     extern __shared__ float4 zc_shared[];
     const unsigned raw = wg_smem(zc_shared);
     const unsigned base = (raw + 1023u) & ~1023u;
@@ -281,6 +331,8 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                     zc_epilogue<OPS, false, false>(acc, bl, p_buf, layer ? q_buf : p_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else if (layer == 2)                          // x3 = lc3(x2) + x1 over x1 in P
                     zc_epilogue<OPS, true, false>(acc, bl, p_buf, p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                else if (SCORE)                               // x5 = lc5(x4) + x3 into the score layer's products
+                    zc_epilogue_score<OPS>(acc, bl, score_w, p_buf, rows_out, b, n0, N, wg, warp, g, t4);
                 else                                          // x5 = lc5(x4) + x3 to global memory
                     zc_epilogue<OPS, true, true>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 if (layer < ZC_LAYERS - 1) {
@@ -297,7 +349,17 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
     extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
         const unsigned short* X, long ldx, int cin, const unsigned short* W, const float* bias, unsigned short* out, \
         int N, int tiles) {                                                                                   \
-        zc_chain<OPS>(X, ldx, cin, W, bias, out, N, tiles);                                                   \
+        zc_chain<OPS, false>(X, ldx, cin, W, bias, out, nullptr, nullptr, N, tiles);                          \
     }
 ZC_KERNEL(wg_drb_chain_f16, WG_F16)
 ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
+
+// The same with the block's score layer's two products in lc5's epilogue: rows_out (B, 43, N) float2.
+#define ZC_SCORE_KERNEL(NAME, OPS)                                                                            \
+    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
+        const unsigned short* X, long ldx, int cin, const unsigned short* W, const float* bias,                 \
+        const float* score_w, float2* rows_out, int N, int tiles) {                                           \
+        zc_chain<OPS, true>(X, ldx, cin, W, bias, nullptr, score_w, rows_out, N, tiles);                      \
+    }
+ZC_SCORE_KERNEL(wg_drb_chain_score_f16, WG_F16)
+ZC_SCORE_KERNEL(wg_drb_chain_score_bf16, WG_BF16)

@@ -325,6 +325,27 @@ def test_few_channel_conv_is_float32_in_every_mode(cp, precision, size, kernel, 
     np.testing.assert_allclose(got, want, rtol=0, atol=4e-6 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("size,with_bias,relu", [(224, True, True), (57, False, False), (33, True, False)])
+def test_first_layer_conv_kernel_equals_the_general_direct_one_bit_for_bit(cp, gb, size, with_bias, relu):
+    """The CNNs' first layer (3 -> 16 channels, 3 x 3, stride 1) takes conv_direct_c3_k3_n16 (a thread
+    per pixel, all 16 outputs): the bits of conv_direct_x4, which the test above checks against float64."""
+    from xmesh.backends.cupy_backend import THREADS
+
+    rng = np.random.default_rng(size)
+    x = cp.asarray(rng.standard_normal((2, size, size, 3)).astype(np.float32))
+    w = cp.asarray((rng.standard_normal((3, 3, 3, 16)) / 3).astype(np.float32))
+    b = cp.asarray(rng.standard_normal(16).astype(np.float32)) if with_bias else None
+    got = gb.conv2d_same(x, w, b, 1, relu=relu)
+    want = cp.full_like(got, np.nan)
+    gb._kernel("conv_direct_x4")(
+        (size, 2), (THREADS,),
+        (x, w.reshape(27, 16), np.uint64(0) if b is None else b, want, np.int32(size), np.int32(size), np.int32(3),
+         np.int32(3), np.int32(3), np.int32(1), np.int32(size), np.int32(1), np.int32(1), np.int32(16), np.int32(relu)),
+        shared_mem=27 * 16 * 4)
+    assert bool(cp.isfinite(got).all()) and float(cp.abs(got).max()) > 0
+    np.testing.assert_array_equal(got.get(), want.get())
+
+
 def test_spmm_batched_equals_scipy(cp, gb):
     import scipy.sparse as sp
 

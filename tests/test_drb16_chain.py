@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
-from test_cupy_backend import random_cameras
+from test_cupy_backend import END_TO_END_MAX_FRACTION, differing_fraction, random_cameras
 from test_tc_gemm import template_support_mask, to16
 
 
@@ -110,6 +110,63 @@ def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n,
 
 @requires_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("b,n,cin,ldx", [(1, 2466, 339, 344), (2, 10, 339, 344), (3, 301, 339, 352)])
+@pytest.mark.parametrize("operands", ["fp16", "bf16"])
+def test_chain_with_the_score_layer_leaves_its_products(cp, hopper, operands, b, n, cin, ldx):
+    """Given the score layer's W (192 x 2), the chain writes no x5 but each row's x5 W (B, 43, N, 2)
+    float32: the float64 products of the x5 it writes otherwise, within float32 summation's bound
+    (192 u sum |x5| |W|). The model's size, partial vertex tiles, tiles across samples."""
+    from xmesh.backends.hopper_gemm import mixing_source, widen16
+
+    a1, x, ws, biases = chain_case(cp, operands, b, n, seed=2 * n + b, cin=cin, ldx=ldx)
+    mixing = mixing_source(a1)
+    weights = [hopper.prepare(cp.asarray(w), operands) for w in ws]
+    chain = hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases])
+    x5 = widen16(cp, hopper.drb_chain16(x, chain, mixing), operands).get().astype(np.float64)
+    w = (np.random.default_rng(n).standard_normal((192, 2)) / np.sqrt(192)).astype(np.float32)
+    got = hopper.drb_chain16(x, chain, mixing, score_weight=cp.asarray(w)).get()
+    assert got.shape == (b, 43, n, 2) and got.dtype == np.float32
+    want = x5 @ w.astype(np.float64)
+    bound = 192 * 2.0 ** -24 * (np.abs(x5) @ np.abs(w.astype(np.float64)))
+    assert (np.abs(want) > 1e-3).mean() > 0.9   # real products, not a dead block
+    excess = np.abs(got - want) - bound
+    assert excess.max() <= 0, (int((excess > 0).sum()), float(excess.max()))
+    with pytest.raises(ValueError, match="192, 2"):
+        hopper.drb_chain16(x, chain, mixing, score_weight=cp.asarray(w[:, :1]))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_score_finish_against_float64(cp):
+    """drb_score_finish (the block's end after the chain with the score layer): from each row's (y0, y1)
+    the scores relu(y0 + A1 y1 + b), the softmax over the 43 hypotheses and the moved vertices, against
+    float64; a vertex count that leaves the last block of 4 vertices partial."""
+    from xmesh.backends.cupy_backend import SCORE_THREADS, SCORE_VERTICES, CupyBackend
+
+    rng = np.random.default_rng(11)
+    b, n = 2, 1001
+    rows = rng.standard_normal((b, 43, n, 2)).astype(np.float32)
+    a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
+    bias = np.float32([0.3])
+    offsets = (rng.standard_normal((43, 3)) * 0.01).astype(np.float32)
+    centers = rng.standard_normal((b, n, 3)).astype(np.float32)
+    backend = CupyBackend(precision="fp16")
+    out = cp.full((b, n, 3), np.nan, dtype=cp.float32)
+    backend._kernel("drb_score_finish")(
+        (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
+        tuple(cp.asarray(a) for a in (rows, a1, bias, offsets, centers)) + (out, np.int32(b), np.int32(n)))
+    r = rows.astype(np.float64)
+    score = np.maximum(r[..., 0] + np.einsum("kj,bjn->bkn", a1.astype(np.float64), r[..., 1]) + bias[0], 0)
+    weight = np.exp(score - score.max(axis=1, keepdims=True))
+    weight /= weight.sum(axis=1, keepdims=True)
+    want = centers + np.einsum("bkn,kc->bnc", weight, offsets.astype(np.float64))
+    np.testing.assert_allclose(out.get(), want, rtol=0, atol=2e-6)
+    moved = np.abs(want - centers).max()
+    assert moved > 1e-3   # the offsets matter at this tolerance
+
+
+@requires_cuda
+@pytest.mark.gpu
 def test_chain_refuses_what_it_cannot_run(cp, hopper):
     """drb_chain16 and prepare_chain16 name what is wrong: no mixing source, float32 or strided X,
     X in the other 16-bit type or of another width, weights of a TF32 mode or the wrong count."""
@@ -139,8 +196,11 @@ def test_chain_refuses_what_it_cannot_run(cp, hopper):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
-    """A whole reconstruction in a 16-bit mode with the five layers chained (the default on compute
-    capability 9.0) equals the one that runs them one by one, bit for bit, at batch 2."""
+    """A whole reconstruction in a 16-bit mode with the five layers chained equals the one that runs
+    them one by one, bit for bit, at batch 2. With the score layer's products in the chain as well
+    (the default on compute capability 9.0) the first block's vertices move by float32 summation
+    order (test_block_tail_with_the_score_in_the_chain), which may move the second block's samples
+    to neighbouring pixels: the end-to-end allowance of test_cupy_backend.py."""
     from xmesh import Reconstructor
     from xmesh.backends.cupy_backend import CupyBackend
     from xmesh.io.weights import synthetic_weights
@@ -154,12 +214,48 @@ def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
     model = Reconstructor(weights, template=template, backend=backend, graphs=False)
     calls = []
     original = backend.hopper.drb_chain16
-    backend.hopper.drb_chain16 = lambda *a: calls.append(1) or original(*a)
+    backend.hopper.drb_chain16 = lambda *a, **kw: calls.append("score_weight" in kw) or original(*a, **kw)
+    fused = [a.get() for a in model.run(images, cameras)]
+    assert calls == [True, True]   # one call per deformation block, the score layer inside
+    backend.fuse_drb_score = False
     chained = [a.get() for a in model.run(images, cameras)]
-    assert len(calls) == 2   # one call per deformation block
+    assert calls[2:] == [False, False]
     backend.chain_drb_layers = False
     single = [a.get() for a in model.run(images, cameras)]
-    assert len(calls) == 2
+    assert len(calls) == 4
     for c, s in zip(chained, single):
         np.testing.assert_array_equal(c, s)
-    assert np.isfinite(chained[-1]).all()
+    np.testing.assert_array_equal(fused[0], chained[0])   # the coarse mesh: stage 1 alone
+    assert differing_fraction(fused[1], chained[1]) <= END_TO_END_MAX_FRACTION
+    assert np.isfinite(fused[1]).all() and not np.array_equal(fused[1], fused[0])
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("operands", ["fp16", "bf16"])
+def test_block_tail_with_the_score_in_the_chain(cp, hopper, operands):
+    """op_drb_block_tail (the chain with the score layer's products, then drb_score_finish) moves a
+    block's vertices as the chain's x5 through the separate score kernel (op_score_update) does, to
+    float32 summation order: 1e-6 with offsets of 0.05."""
+    from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.model.params import GraphConv
+
+    b, n = 2, 301
+    a1, x, ws, biases = chain_case(cp, operands, b, n, seed=21)
+    rng = np.random.default_rng(21)
+    layers = [GraphConv(cp.asarray(w), cp.asarray(v), 192, True) for w, v in zip(ws, biases)]
+    layers.append(GraphConv(cp.asarray((rng.standard_normal((192, 2)) / 8).astype(np.float32)),
+                            cp.asarray(np.float32([0.1])), 1, True))
+    cheb1 = cp.asarray(a1)
+    offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.05).astype(np.float32))
+    centers = cp.asarray(rng.standard_normal((b, n, 3)).astype(np.float32))
+    backend = CupyBackend(precision=operands)
+    fused = backend.op_drb_block_tail(layers, x, cheb1, None, centers, offsets)
+    x5 = backend.op_drb_block_layers(layers[:5], x, cheb1)
+    separate = backend.op_score_update(layers[5], x5, cheb1, None, centers, offsets)
+    assert fused is not None and separate is not None
+    moved = cp.abs(separate - centers).max()
+    assert float(moved) > 1e-2   # the scores matter at this tolerance
+    np.testing.assert_allclose(fused.get(), separate.get(), rtol=0, atol=1e-6)
+    backend.fuse_drb_score = False
+    assert backend.op_drb_block_tail(layers, x, cheb1, None, centers, offsets) is None

@@ -12,7 +12,8 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
   layer is one kernel instead, ``wg_drb_layer`` in ``kernels/wgmma_gemm.cu``);
 - ``drb_score_update``: a deformation block's narrow last layer (float32 sums), the softmax over the 43
   hypotheses and the new vertex positions in one launch (``hypothesis_softmax_update``: the softmax
-  and update alone);
+  and update alone; ``drb_score_finish``: the same from the score layer's products, which the 16-bit
+  modes' chained block kernel leaves instead of its last activations);
 - ``csr_gconv`` / ``csr_gconv_x4`` (4 columns a thread): stage 1's graph convolution after its
   GEMM (support 1 in CSR, bias, ReLU, and the residual layers' averaging);
 - ``conv_*`` (implicit GEMM, tc_gemm.cu), ``conv_direct_x4`` (the 3-channel first layer, float32) or
@@ -186,6 +187,9 @@ class CupyBackend(Backend):
         #: the 16-bit modes run a deformation block's five wide layers as one kernel on compute
         #: capability 9.0 (op_drb_block_layers); False runs them one by one (for comparisons)
         self.chain_drb_layers = True
+        #: where they chain, the block's score layer's products run in the chain's last epilogue
+        #: (op_drb_block_tail); False writes x5 and runs the score layer on its own (for comparisons)
+        self.fuse_drb_score = True
         # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
         # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
         self.gemm_passes = 3 if precision == "fp32" else 1
@@ -435,6 +439,12 @@ class CupyBackend(Backend):
         if cin < GEMM_BK and cout % 4 == 0 and k * cout * 4 <= DIRECT_CONV_WEIGHT_BYTES \
                 and h * w * cin < 2**31 and n < 65536:   # grid (ho, n); 32-bit offsets within an image
             bias_arg = np.uint64(0) if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32)
+            if (cin, kh, kw, stride, cout) == (3, 3, 3, 1, 16) and wo <= 1024:   # the CNNs' first layer
+                self._kernel("conv_direct_c3_k3_n16")(   # a block per output row, a thread per pixel
+                    (ho, n), (-(-wo // 32) * 32,),
+                    (x, cp.ascontiguousarray(flat_w, dtype=cp.float32), bias_arg, out, np.int32(h), np.int32(w),
+                     np.int32(wo), np.int32(top), np.int32(left), np.int32(bool(relu))))
+                return out
             self._kernel("conv_direct_x4")(   # a block per output row
                 (ho, n), (THREADS,),
                 (x, cp.ascontiguousarray(flat_w, dtype=cp.float32), bias_arg, out, np.int32(h), np.int32(w),
@@ -622,11 +632,10 @@ class CupyBackend(Backend):
                 cp.matmul(a, flat_y[i], out=flat_out[i])
         return out
 
-    def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
-        """A deformation block's five wide layers (the projected features X -> x5, the model's
-        ``block_layers``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
-        activations stay in shared memory, each layer computed as ``drb_zlayer`` computes it); None
-        elsewhere, and the model runs the layers one by one."""
+    def _prepared_chain(self, layers, x, cheb0):
+        """The block's five wide layers prepared for ``HopperGemm.drb_chain16`` (made once per layer
+        set), or None where the chained kernel does not run them: off Hopper, in the float32 modes,
+        with a non-identity first support, other widths, or an X it does not take."""
         operands = LAYER_OPERANDS[self.precision]
         z = hopper_gemm.Z_COUT
         if (self.hopper is None or not self.chain_drb_layers or hopper_gemm.OPERANDS[operands][2]
@@ -643,7 +652,40 @@ class CupyBackend(Backend):
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
             hit = (layers, self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers]))
             self._prepared[key] = hit
-        return self.hopper.drb_chain16(x, hit[1], self._mixing_source(cheb1))
+        return hit[1]
+
+    def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
+        """A deformation block's five wide layers (the projected features X -> x5, the model's
+        ``block_layers``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
+        activations stay in shared memory, each layer computed as ``drb_zlayer`` computes it); None
+        elsewhere, and the model runs the layers one by one."""
+        chain = self._prepared_chain(layers, x, cheb0)
+        return None if chain is None else self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1))
+
+    def op_drb_block_tail(self, layers, x, cheb1, cheb0, centers, offsets):
+        """A deformation block from its projected features X to the moved vertices (the model's
+        ``block_tail``) where the five wide layers chain (``op_drb_block_layers``): the score layer's
+        two products in the last wide layer's epilogue (``drb_chain16`` with ``score_weight``: x5
+        never leaves the chip, 8 bytes a row come back instead of 384), then ``drb_score_finish``
+        mixes them, adds the bias, takes the softmax and moves the vertices (``drb_score_update``'s
+        arithmetic, its float32 products summed in another order). None elsewhere."""
+        cp = self.cupy
+        score = layers[-1]
+        if (not self.fuse_drb_score or len(layers) != hopper_gemm.C_HIDDEN + 2 or score.weight0 is not None
+                or score.cout != 1 or score.weight.shape != (hopper_gemm.Z_COUT, 2) or x.shape[1] != HYPOTHESES):
+            return None
+        chain = self._prepared_chain(layers[:-1], x, cheb0)
+        if chain is None:
+            return None
+        rows = self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1), score_weight=score.weight)
+        b, _, n, _ = x.shape
+        out = cp.empty((b, n, 3), dtype=cp.float32)
+        self._kernel("drb_score_finish")(
+            (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
+            (rows, cp.ascontiguousarray(cheb1, dtype=cp.float32), cp.ascontiguousarray(score.bias, dtype=cp.float32),
+             cp.ascontiguousarray(offsets, dtype=cp.float32), cp.ascontiguousarray(centers, dtype=cp.float32), out,
+             np.int32(b), np.int32(n)))
+        return out
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
         if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:   # A_0 the identity

@@ -424,13 +424,17 @@ class HopperGemm:
                 and x.shape[3] == cin and hypothesis_rows(cp, x) is x and (x.strides[2] // 2) % 8 == 0
                 and x.data.ptr % 16 == 0)
 
-    def drb_chain16(self, x, chain: PreparedChain, mixing: str):
+    def drb_chain16(self, x, chain: PreparedChain, mixing: str, score_weight=None):
         """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
         16-bit mode: x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3,
         each layer as :meth:`drb_zlayer` computes it (so x5 equals five drb_zlayer calls bit for bit),
         with the activations kept in shared memory. X (B, 43, N, cin) in :func:`activation_dtype` (see
         :meth:`chain_applies`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
-        :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type."""
+        :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type.
+
+        With ``score_weight`` (the block's score layer's float32 W, (192, 2): columns W0, W1), x5 is
+        never written: the kernel returns each row's x5 W (B, 43, N, 2) float32 instead, summed in
+        float32 from x5's 16-bit values (the products the score layer mixes and adds)."""
         cp = self.cupy
         act = activation_dtype(cp, chain.operands)
         if not mixing or not self.chain_applies(x, chain.cin) or x.dtype != act:
@@ -439,13 +443,19 @@ class HopperGemm:
                              f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
                              f"and mixing_source(A1)")
         b, _, n, _ = x.shape
-        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
         tiles = b * -(-n // DRB_VERTS)
-        name = f"wg_drb_chain_{OPERANDS[chain.operands][1]}"
-        self._kernel(name, C_SMEM, mixing, C_SOURCE)(
-            (min(tiles, self.sm_count),), (DRB_THREADS,),
-            (x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias, out, np.int32(n),
-             np.int32(tiles)), shared_mem=C_SMEM)
+        head = (x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
+        if score_weight is None:
+            out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
+            name, args = f"wg_drb_chain_{OPERANDS[chain.operands][1]}", head + (out,)
+        else:
+            if score_weight.shape != (Z_COUT, 2):
+                raise ValueError(f"drb_chain16: the score layer's weight must be ({Z_COUT}, 2), got {score_weight.shape}")
+            out = cp.empty((b, HYPOTHESES, n, 2), dtype=cp.float32)
+            name = f"wg_drb_chain_score_{OPERANDS[chain.operands][1]}"
+            args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out)
+        self._kernel(name, C_SMEM, mixing, C_SOURCE)((min(tiles, self.sm_count),), (DRB_THREADS,),
+                                                     args + (np.int32(n), np.int32(tiles)), shared_mem=C_SMEM)
         return out
 
     @staticmethod

@@ -42,6 +42,17 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     points = centers[:, None, :, :] + offsets[None, :, None, :]          # (B,K,N,3)
     feats = local_projection(backend, xp.reshape(points, (b, k * n, 3)), maps, tf)
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
+    return block_tail(backend, layers, x, params, centers)
+
+
+def block_tail(backend, layers, x, params, centers):
+    """The block's six layers and its vertex update, the projected features x (B,K,N,cin) -> the moved
+    centers (B,N,3): the five wide layers, then the score layer and the softmax. A backend may run
+    them without ever writing x5 (the score layer's products inside the last wide layer)."""
+    fast = backend.try_fast_path("drb_block_tail", layers, x, params.sample_cheb1, params.sample_cheb0, centers,
+                                 params.sample_coord)
+    if fast is not None:
+        return fast
     x5 = block_layers(backend, layers[:5], x, params)
     return score_update(backend, layers[5], x5, params, centers)
 
