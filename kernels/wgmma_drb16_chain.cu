@@ -69,10 +69,34 @@ __device__ __forceinline__ unsigned long long zc_desc64(unsigned addr) {
     return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
 }
 
+// Piece k (output columns 32 k + 8 t .. + 7) of this thread's row h of a layer's output: relu(acc + bias)
+// (+ the residual's piece at res, 16 bits), rounded to 16 bits, as four pairs. The accumulator columns of
+// quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): accumulator column 8 (4 k + p) + 2 t and
+// the next hold the piece's columns 2 p, 2 p + 1.
+template <int OPS, bool RESIDUAL>
+__device__ __forceinline__ void zc_piece(const float (&acc)[96], const float* __restrict__ bias,
+                                         const unsigned char* res, int h, int k, int t, unsigned (&packed)[4]) {
+    const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
+    const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
+    const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    uint4 rp = make_uint4(0u, 0u, 0u, 0u);
+    if (RESIDUAL) rp = *reinterpret_cast<const uint4*>(res);
+    const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
+        float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
+        if (RESIDUAL) {
+            v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
+            v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
+        }
+        packed[p] = wg_pack<OPS>(v0, v1);
+    }
+}
+
 // A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in buffer A, a_buf),
-// rounded to 16 bits, into shared buffer dst (A or B) or, for the last layer, to global memory. The accumulator
-// columns of quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): one 16-byte piece of the
-// row per k, chunk 4 (k % 2) + t of K buffer k / 2.
+// rounded to 16 bits, into shared buffer dst (A or B) or, for the last layer, to global memory: one
+// 16-byte piece of the row per k (zc_piece), chunk 4 (k % 2) + t of K buffer k / 2.
 template <int OPS, bool RESIDUAL, bool GLOBAL_OUT>
 __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float* __restrict__ bias,
                                             unsigned char* a_buf, unsigned char* dst,
@@ -86,23 +110,8 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
 #pragma unroll
         for (int k = 0; k < ZL_COUT / 32; ++k) {
             const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
-            const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
-            const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
-            const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-            uint4 rp = make_uint4(0u, 0u, 0u, 0u);
-            if (RESIDUAL) rp = *reinterpret_cast<const uint4*>(a_buf + s);
-            const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
             unsigned packed[4];
-#pragma unroll
-            for (int p = 0; p < 4; ++p) {   // columns 2 p, 2 p + 1 of the piece: accumulator column 8 (4 k + p) + 2 t
-                float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
-                float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
-                if (RESIDUAL) {
-                    v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
-                    v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
-                }
-                packed[p] = wg_pack<OPS>(v0, v1);
-            }
+            zc_piece<OPS, RESIDUAL>(acc, bias, a_buf + s, h, k, t, packed);
             const uint4 piece = make_uint4(packed[0], packed[1], packed[2], packed[3]);
             if (GLOBAL_OUT)
                 *reinterpret_cast<uint4*>(out + o + 32 * k) = piece;
@@ -130,21 +139,13 @@ __device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const 
 #pragma unroll
         for (int k = 0; k < ZL_COUT / 32; ++k) {
             const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
-            const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
-            const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
-            const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-            const uint4 rp = *reinterpret_cast<const uint4*>(a_buf + s);
-            const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
+            unsigned packed[4];
+            zc_piece<OPS, true>(acc, bias, a_buf + s, h, k, t, packed);
             const float4* wk = reinterpret_cast<const float4*>(score_w + 2 * (32 * k + 8 * t));
 #pragma unroll
-            for (int p = 0; p < 4; ++p) {   // columns 32 k + 8 t + 2 p, + 1 (zc_epilogue's)
-                float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
-                float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
-                v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
-                v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
-                const unsigned packed = wg_pack<OPS>(v0, v1);
-                const float x0 = wg_widen16<OPS>((unsigned short)(packed & 0xffffu));
-                const float x1 = wg_widen16<OPS>((unsigned short)(packed >> 16));
+            for (int p = 0; p < 4; ++p) {   // columns 32 k + 8 t + 2 p, + 1
+                const float x0 = wg_widen16<OPS>((unsigned short)(packed[p] & 0xffffu));
+                const float x1 = wg_widen16<OPS>((unsigned short)(packed[p] >> 16));
                 const float4 w = __ldg(wk + p);   // W[c][0], W[c][1], W[c + 1][0], W[c + 1][1]
                 y0 = fmaf(x0, w.x, y0);
                 y1 = fmaf(x0, w.y, y1);
