@@ -259,7 +259,7 @@ extern "C" __global__ void local_projection(
 }
 
 // Stage 2 for channel counts that are multiples of 4 (maps 16-byte aligned, rows of ldo elements a
-// multiple of 16 bytes), bit-identical to the one above. A block takes XM_LP_POINTS consecutive points:
+// multiple of 16 bytes); its float32 rows (XM_OUT_F32) are bit-identical to the one above. A block takes XM_LP_POINTS consecutive points:
 // it works out each point's pixel once per view and its bilinear corners once per (view, map) in
 // shared memory (as 32-bit offsets within the sample's views of that map, so a sample's views of one
 // map must stay below 2^31 floats), then each thread keeps one group of 4 channels (so one map: its

@@ -669,7 +669,6 @@ class CupyBackend(Backend):
         never leaves the chip, 8 bytes a row come back instead of 384), then ``drb_score_finish``
         mixes them, adds the bias, takes the softmax and moves the vertices (``drb_score_update``'s
         arithmetic, its float32 products summed in another order). None elsewhere."""
-        cp = self.cupy
         score = layers[-1]
         if (not self.fuse_drb_score or len(layers) != hopper_gemm.C_HIDDEN + 2 or score.weight0 is not None
                 or score.cout != 1 or score.weight.shape != (hopper_gemm.Z_COUT, 2) or x.shape[1] != HYPOTHESES):
@@ -678,14 +677,7 @@ class CupyBackend(Backend):
         if chain is None:
             return None
         rows = self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1), score_weight=score.weight)
-        b, _, n, _ = x.shape
-        out = cp.empty((b, n, 3), dtype=cp.float32)
-        self._kernel("drb_score_finish")(
-            (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
-            (rows, cp.ascontiguousarray(cheb1, dtype=cp.float32), cp.ascontiguousarray(score.bias, dtype=cp.float32),
-             cp.ascontiguousarray(offsets, dtype=cp.float32), cp.ascontiguousarray(centers, dtype=cp.float32), out,
-             np.int32(b), np.int32(n)))
-        return out
+        return self._move_vertices("drb_score_finish", (rows,), cheb1, score.bias, centers, offsets)
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
         if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:   # A_0 the identity
@@ -787,12 +779,20 @@ class CupyBackend(Backend):
         ldx, vector = rows.strides[-2] // rows.itemsize, 16 // rows.itemsize   # elements per 16-byte load
         if cin % vector or ldx % vector or rows.data.ptr % 16:
             return None
+        return self._move_vertices("drb_score_update", (rows, np.int64(ldx), np.int32(cin), np.int32(x16),
+                                                        cp.ascontiguousarray(layer.weight, dtype=cp.float32)),
+                                   cheb1, layer.bias, centers, offsets)
+
+    def _move_vertices(self, kernel: str, inputs: tuple, cheb1, bias, centers, offsets):
+        """Launch a block's end kernel (``drb_score_update`` or ``drb_score_finish``: SCORE_VERTICES
+        vertices a block, a thread a hypothesis) on its leading arguments ``inputs`` and A1, the score
+        layer's bias, the offsets and the centers (B,N,3); returns the moved centers (B,N,3)."""
+        cp = self.cupy
+        b, n = centers.shape[:2]
         out = cp.empty((b, n, 3), dtype=cp.float32)
-        self._kernel("drb_score_update")(
-            (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
-            (rows, np.int64(ldx), np.int32(cin), np.int32(x16), cp.ascontiguousarray(layer.weight, dtype=cp.float32),
-             cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias, cp.ascontiguousarray(offsets, dtype=cp.float32),
-             cp.ascontiguousarray(centers, dtype=cp.float32), out, np.int32(b), np.int32(n)))
+        f32 = lambda a: cp.ascontiguousarray(a, dtype=cp.float32)
+        self._kernel(kernel)((-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
+                             (*inputs, f32(cheb1), f32(bias), f32(offsets), f32(centers), out, np.int32(b), np.int32(n)))
         return out
 
     def op_hypothesis_update(self, centers, score, offsets):
