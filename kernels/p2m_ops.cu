@@ -155,6 +155,65 @@ extern "C" __global__ void graph_projection(
     xm_pool_store(vals, V, out, ldo, pt, CT, c, p);
 }
 
+// Stage 1 with every map's channel count a multiple of 4 (the CNN's 64, 128, 256, 512): a block takes
+// XM_GP_POINTS points; each (point, view)'s pixel offset in the 4 maps is computed once into shared
+// memory, then a thread per (point, 4 channels) gathers 16 bytes per view and pools them. The same
+// pixel arithmetic and pooling as graph_projection, so the same bits; 32-bit offsets (the host checks
+// that every map holds fewer than 2^31 elements).
+#define XM_GP_POINTS 8
+#define XM_GP_THREADS 256
+extern "C" __global__ void __launch_bounds__(XM_GP_THREADS) graph_projection_tiled(
+    const float* __restrict__ coords, const float* __restrict__ tf,
+    const float* __restrict__ m0, const float* __restrict__ m1,
+    const float* __restrict__ m2, const float* __restrict__ m3,
+    int s0, int s1, int s2, int s3, int c0, int c1, int c2, int c3,
+    int B, int N, int V, int quirk, int MV, float* __restrict__ out, long long ldo) {
+    __shared__ int offsets[XM_GP_POINTS][XM_MAX_VIEWS][4];   // (point, view, map): the pixel's first element
+    const int CT = c0 + c1 + c2 + c3, groups = CT / 4;
+    const long long total = (long long)B * N, first = (long long)blockIdx.x * XM_GP_POINTS;
+    for (int i = threadIdx.x; i < XM_GP_POINTS * V; i += blockDim.x) {
+        const int j = i / V, v = i % V;
+        const long long pt = first + j;
+        if (pt >= total) continue;
+        const int b = (int)(pt / N);
+        const float* p = coords + pt * 3;
+        float h, w;
+        xm_view_pixel(tf + (long long)b * (12 + 12 * V), V, v, p[0], p[1], p[2], h, w);
+        const int sizes[4] = {s0, s1, s2, s3}, chans[4] = {c0, c1, c2, c3};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int s = sizes[k], r = 224 / s;
+            const float rf = (float)r;
+            const int ih = (int)__fdiv_rn(h, rf), iw = (int)__fdiv_rn(w, rf);
+            const int src = quirk ? v / r : v;
+            offsets[j][v][k] = (((b * MV + src) * s + ih) * s + iw) * chans[k];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < XM_GP_POINTS * groups; i += blockDim.x) {
+        const int j = i / groups, c = 4 * (i % groups);
+        const long long pt = first + j;
+        if (pt >= total) break;   // i only grows: every later item is past the end too
+        // the map of channel c (xm_pick_map's choice with all four maps given) and c's place in it
+        const int k = c < c0 ? 0 : (c < c0 + c1 ? 1 : (c < c0 + c1 + c2 ? 2 : 3));
+        const float* m = k == 0 ? m0 : (k == 1 ? m1 : (k == 2 ? m2 : m3));
+        const int cc = c - (k > 0 ? c0 : 0) - (k > 1 ? c1 : 0) - (k > 2 ? c2 : 0);
+        float vals[4][XM_MAX_VIEWS];
+#pragma unroll
+        for (int v = 0; v < XM_MAX_VIEWS; ++v) {
+            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (v < V) q = __ldg(reinterpret_cast<const float4*>(m + offsets[j][v][k] + cc));
+            vals[0][v] = q.x;
+            vals[1][v] = q.y;
+            vals[2][v] = q.z;
+            vals[3][v] = q.w;
+        }
+        const float* p = coords + pt * 3;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xm_pool_store(vals[e], V, out, ldo, pt, CT, c + e, p);
+    }
+}
+
 // The original's bilinear rule at view v of point (p0, p1, p2) on a zero-padded (s+1)^2 map: the
 // pixel indices within that one map (ix * (s+1) + iy) of the four corners q11, q21, q12, q22 and
 // their weights. x1 = floor, x2 = ceil, so a point on a pixel row has zero weight on both (the quirk).
@@ -908,21 +967,59 @@ extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ s
 #define XM_SU_THREADS 192   // >= XM_SU_VERTS * XM_HYP
 
 // Every thread of the block, once y1s[v][k] holds vertex v's y1 of hypothesis k (and this thread's y0):
-// the score s_k = relu((y0 + sum_j A1[k,j] y1_j) + bias) into score[v][k], then thread k = 0 of each vertex
-// moves it (xm_softmax_move). a: A1 (43 x 43) in shared memory.
+// the score s_k = relu((y0 + sum_j A1[k,j] y1_j) + bias), then vertex v's softmax over k and its move,
+// xm_softmax_move's arithmetic to the bit with its per-hypothesis parts spread over the vertex's threads:
+// each thread takes the maximum (fmaxf: any order gives the same) and its own exp(s_k - m), each sums the
+// 43 exps in xm_softmax_move's order and divides its own, and thread k = 0 sums the weighted offsets
+// (only these in-order sums stay serial, not 43 exps and correctly rounded divisions).
+// a: A1 (43 x 43) in shared memory; score: one float per (vertex, hypothesis), used three times over.
 __device__ __forceinline__ void xm_score_move(float y0, int v, int k, bool active, long long g, const float* a,
                                               float (*y1s)[XM_HYP], float (*score)[XM_HYP],
                                               const float* __restrict__ bias, const float* __restrict__ offsets,
                                               const float* __restrict__ centers, float* __restrict__ out) {
     __syncthreads();
+    float s = 0.0f;
     if (active) {
         float acc = 0.0f;
 #pragma unroll
         for (int j = 0; j < XM_HYP; ++j) acc = fmaf(a[k * XM_HYP + j], y1s[v][j], acc);
-        score[v][k] = fmaxf(__fadd_rn(__fadd_rn(y0, acc), bias[0]), 0.0f);
+        s = fmaxf(__fadd_rn(__fadd_rn(y0, acc), bias[0]), 0.0f);
+        score[v][k] = s;
     }
     __syncthreads();
-    if (active && k == 0) xm_softmax_move(score[v], 1, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
+    float e = 0.0f;
+    if (active) {
+        float m = score[v][0];
+#pragma unroll
+        for (int j = 1; j < XM_HYP; ++j) m = fmaxf(m, score[v][j]);
+        e = expf(__fsub_rn(s, m));
+    }
+    __syncthreads();
+    if (active) score[v][k] = e;
+    __syncthreads();
+    float w = 0.0f;
+    if (active) {
+        float total = 0.0f;
+#pragma unroll
+        for (int j = 0; j < XM_HYP; ++j) total = __fadd_rn(total, score[v][j]);
+        w = __fdiv_rn(e, total);
+    }
+    __syncthreads();
+    if (active) score[v][k] = w;
+    __syncthreads();
+    if (active && k == 0) {
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < XM_HYP; ++j) {
+            const float wj = score[v][j];
+            d0 = fmaf(wj, offsets[3 * j], d0);
+            d1 = fmaf(wj, offsets[3 * j + 1], d1);
+            d2 = fmaf(wj, offsets[3 * j + 2], d2);
+        }
+        out[3 * g] = __fadd_rn(centers[3 * g], d0);
+        out[3 * g + 1] = __fadd_rn(centers[3 * g + 1], d1);
+        out[3 * g + 2] = __fadd_rn(centers[3 * g + 2], d2);
+    }
 }
 extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     const void* __restrict__ x, long long ldx, int cin, int x16, const float* __restrict__ w,

@@ -31,8 +31,9 @@ __device__ __forceinline__ unsigned xg_smem(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void xg_copy16(float* dst, const float* src, bool full) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(xg_smem(dst)), "l"(src), "r"(full ? 16 : 0));
+// 16 bytes into shared memory, of which the first src_bytes come from src and the rest are zeros.
+__device__ __forceinline__ void xg_copy16(float* dst, const float* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(xg_smem(dst)), "l"(src), "r"(src_bytes));
 }
 
 __device__ __forceinline__ void xg_copy4(float* dst, const float* src, bool full) {
@@ -75,7 +76,9 @@ __device__ __forceinline__ void xg_mma(float (&d)[4], const unsigned (&a)[4], co
 }
 
 // Copy a ROWS x COLS tile of a row-major matrix (src: its first element, ld: row stride) into shared
-// memory (row stride STRIDE). Elements past rows_left / cols_left are zero-filled by the copy.
+// memory (row stride STRIDE). Elements past rows_left / cols_left are zero-filled by the copy, also
+// within a 16-byte copy (VEC): a row of A may end inside one (K not a multiple of 4, rows padded to 16
+// bytes: what lies past K there is never read).
 template <int ROWS, int COLS, int STRIDE, bool VEC>
 __device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict__ src, long ld, int rows_left,
                                              int cols_left, int tid) {
@@ -86,12 +89,13 @@ __device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict
         const int idx = tid + i * XG_THREADS;
         if (COPIES % XG_THREADS != 0 && idx >= COPIES) break;   // narrow B tiles: fewer copies than threads
         const int row = idx / (COLS / W), col = (idx % (COLS / W)) * W;
-        const bool ok = row < rows_left && col < cols_left;
-        const float* from = ok ? src + (long)row * ld + col : src;
+        const int left = row < rows_left ? cols_left - col : 0;   // valid floats from col on
+        const int n = left <= 0 ? 0 : (left >= W ? W : left);
+        const float* from = n > 0 ? src + (long)row * ld + col : src;
         if (VEC)
-            xg_copy16(dst + row * STRIDE + col, from, ok);
+            xg_copy16(dst + row * STRIDE + col, from, 4 * n);
         else
-            xg_copy4(dst + row * STRIDE + col, from, ok);
+            xg_copy4(dst + row * STRIDE + col, from, n > 0);
     }
 }
 
@@ -151,7 +155,7 @@ struct XgConvA {
             const int iy = iy0[i] + ky, ix = ix0[i] + kx;
             const bool ok = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
             const float* from = ok ? x + base[i] + ((long)iy * W + ix) * C + c0 + col : x;
-            xg_copy16(dst + row * XG_A_STRIDE + col, from, ok);
+            xg_copy16(dst + row * XG_A_STRIDE + col, from, ok ? 16 : 0);
         }
     }
 };

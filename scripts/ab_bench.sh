@@ -27,6 +27,6 @@ for round in 1 2; do
     (cd "$dir" && PYTHONPATH="$dir${base:+:$base}" timeout 280 python3 -m xmesh bench "$@") \
       > "$OUT/ab_${side}_${round}.txt" 2>&1
     echo "== $side ($([ "$side" = old ] && echo "$old" || echo working tree)), round $round"
-    grep -E "^\s*(stage|total|graph_block|drb|cnn|local|samples)" "$OUT/ab_${side}_${round}.txt" | head -20
+    grep -E "^\s*(stage|total|graph|drb|cnn|local|samples)" "$OUT/ab_${side}_${round}.txt" | head -20
   done
 done

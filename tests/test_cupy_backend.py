@@ -90,6 +90,14 @@ def test_graph_projection_kernel_equals_reference(cp, gb, ref_gb, quirk, seed):
         view0 = [cp.asarray(m.reshape((batch, 3) + m.shape[1:])[:, 0]) for m in maps]
         alone = gb.to_numpy(graph_projection(gb, cp.asarray(coords), view0, DeviceTransforms.from_cameras(gb, cams), quirk))
         np.testing.assert_array_equal(alone, out)
+    # the tiled kernel (taken above: channel counts a multiple of 4) against a thread per channel, bit for bit
+    gb.tiled_graph_projection = False
+    try:
+        per_channel = gb.to_numpy(graph_projection(gb, cp.asarray(coords), [cp.asarray(m) for m in maps],
+                                                   DeviceTransforms.from_cameras(gb, cams), quirk))
+    finally:
+        gb.tiled_graph_projection = True
+    np.testing.assert_array_equal(out, per_channel)
 
 
 @pytest.mark.parametrize("seed,channels", [(0, (16, 32, 64)), (1, (16, 32, 64)), (2, (3, 8, 5))])
@@ -534,6 +542,74 @@ def test_stage1_graph_conv_kernel_equals_reference(cp, gb, ref_gb, n, cin, batch
         np.testing.assert_allclose(out.get(), exact, rtol=1e-5, atol=1e-5)
         fused = graph_conv(gb, layer, x, (None, gb.sparse(s1)), residual)
         np.testing.assert_array_equal(fused.get(), ((out + residual) * 0.5).get())
+
+
+@pytest.mark.parametrize("batch,n", [(2, 156), (5, 2466)])
+def test_projection_with_carried_columns_feeds_the_graph_conv_in_place(cp, gb, batch, n):
+    """The concatenating layers (15, 31): the projection writes a[-2]'s columns after its own into rows
+    padded to 16 bytes, the concatenation bit for bit, and the next graph convolution reads those rows
+    in place (K = 3075 ending inside a 16-byte copy, zero-filled there), bit for bit what it computes
+    from the contiguous (padded and copied) input; 312 rows take the mma.sync GEMM, 12330 the
+    Hopper one where there is one."""
+    import scipy.sparse as sp
+
+    from xmesh.model.graph import graph_conv
+    from xmesh.model.params import GraphConv
+    from xmesh.model.projection import DeviceTransforms, graph_projection
+
+    rng = np.random.default_rng(n)
+    tf = DeviceTransforms.from_cameras(gb, random_cameras(rng, batch))
+    coords = cp.asarray(random_points(rng, batch, n))
+    maps = [cp.asarray(rng.standard_normal((batch, s, s, c)).astype(np.float32))
+            for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
+    carried = cp.asarray(rng.standard_normal((batch, n, 192)).astype(np.float32))
+    joined = graph_projection(gb, coords, maps, tf, True, carried)
+    alone = graph_projection(gb, coords, maps, tf, True)
+    assert joined.shape == (batch, n, 3075) and joined.strides[1] == 3076 * 4
+    np.testing.assert_array_equal(joined.get(), np.concatenate([alone.get(), carried.get()], axis=-1))
+    s1 = gb.sparse(sp.random(n, n, density=6 / n, random_state=1, dtype=np.float32).tocsr())
+    layer = GraphConv(cp.asarray((rng.standard_normal((3075, 384)) / 55).astype(np.float32)),
+                      cp.asarray(rng.standard_normal(192).astype(np.float32)), 192, True)
+    in_place = graph_conv(gb, layer, joined, (None, s1))
+    copied = graph_conv(gb, layer, cp.ascontiguousarray(joined), (None, s1))
+    np.testing.assert_array_equal(in_place.get(), copied.get())
+    y = joined.get()[0].astype(np.float64) @ layer.weight.get().astype(np.float64)
+    exact = np.maximum(y[:, :192] + s1.get() @ y[:, 192:] + layer.bias.get(), 0.0)
+    np.testing.assert_allclose(in_place.get()[0], exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+
+
+def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
+    """In tf32 mode a stride-1 'SAME' convolution of at least CONV_MIN_FLOP runs in cuDNN (where it is
+    installed): bias and ReLU applied, TF32 products (error above float32's, within TF32's against
+    float64), whatever the output buffer held before (NaN here); smaller or strided ones stay in
+    xmesh's kernels, and fp32 mode never uses it."""
+    from xmesh.backends.cudnn_conv import CONV_MIN_FLOP
+    from xmesh.backends.cupy_backend import CupyBackend
+
+    be = CupyBackend(precision="tf32")
+    if be._cudnn is None:
+        pytest.skip("cuDNN is not installed here")
+    assert CupyBackend(precision="fp32")._cudnn is None
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((32, 112, 112, 32)).astype(np.float32)
+    w = (rng.standard_normal((3, 3, 32, 32)) / 17).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    assert 2.0 * x[..., 0].size * 32 * 9 * 32 >= CONV_MIN_FLOP
+    calls = []
+    real = be._cudnn.conv2d_same_relu
+    monkeypatch.setattr(be._cudnn, "conv2d_same_relu", lambda *a: (calls.append(a[0].shape), real(*a))[1])
+    got = be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 1).get()
+    be.conv2d_same(cp.asarray(x[:2]), cp.asarray(w), cp.asarray(b), 1)          # too small
+    be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 2)              # strided
+    assert calls == [x.shape]
+    padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    exact = sum(padded[:, i:i + 112, j:j + 112] @ w[i, j].astype(np.float64) for i in range(3) for j in range(3)) + b
+    want = np.maximum(exact, 0.0)
+    err = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 3e-5 < err < 3e-3, err
+    out = cp.full(x.shape, cp.nan, dtype=cp.float32)
+    real(cp.asarray(x), cp.asarray(w), cp.asarray(b), out)
+    np.testing.assert_array_equal(out.get(), got)
 
 
 @pytest.mark.parametrize("batch,n,relu,with_res", [(1, 2466, True, True), (3, 618, False, False), (2, 156, True, False)])

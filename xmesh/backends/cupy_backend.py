@@ -17,13 +17,15 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
 - ``csr_gconv`` / ``csr_gconv_x4`` (4 columns a thread): stage 1's graph convolution after its
   GEMM (support 1 in CSR, bias, ReLU, and the residual layers' averaging);
 - ``conv_*`` (implicit GEMM, tc_gemm.cu), ``conv_direct_x4`` (the 3-channel first layer, float32) or
-  ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions (CuPy 14 no longer reaches cuDNN).
+  ``im2col_nhwc`` + GEMM, bias and ReLU fused: 'SAME' convolutions. In the speed modes the large
+  stride-1 ones go to cuDNN where it is installed (``cudnn_conv.py``, through ctypes: CuPy 14 no
+  longer reaches it).
 
 Every matrix product runs through xmesh's own tensor-core GEMMs: on compute capability 9.0 (H100,
 H200) the large ones through warpgroup MMAs (``kernels/wgmma_gemm.cu``, ``hopper_gemm.py``), the rest
 and every product on other GPUs through mma.sync (``kernels/tc_gemm.cu``). So a whole
-reconstruction is built from our kernels and CuPy element-wise kernels, and can be captured as one
-CUDA Graph (CuPy refuses cuBLAS under stream capture).
+reconstruction is built from our kernels, CuPy element-wise kernels and (speed modes) cuDNN's
+convolutions, and can be captured as one CUDA Graph (CuPy refuses cuBLAS under stream capture).
 
 Precision: ``fp32`` (default: every product as "3xTF32", operands split into two TF32 parts and
 three tensor-core products accumulated in float32, which keeps float32 accuracy), ``tf32`` (one
@@ -45,6 +47,7 @@ from ..errors import BackendUnavailableError, InputError, KernelCompileError, Xm
 from .base import Backend, Branch
 from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
+from .cudnn_conv import CudnnConv
 from .numpy_backend import same_padding
 from .pinned_upload import PinnedUploader
 from ..model.projection import stage1_map_views
@@ -59,6 +62,8 @@ THREADS = 256
 # (XM_LP_THREADS, its launch bound), bytes of one point's bilinear corners at one (view, map)
 # (sizeof(XmBilinear))
 LOCAL_POINTS, LOCAL_THREADS, LOCAL_TAP_BYTES = 32, 224, 32
+#: the tiled graph projection (p2m_ops.cu): points per block (XM_GP_POINTS), threads (XM_GP_THREADS)
+GRAPH_POINTS, GRAPH_THREADS = 8, 256
 #: conv_direct_x4 (few input channels): the largest kernel it holds in shared memory
 DIRECT_CONV_WEIGHT_BYTES = 48 * 1024
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
@@ -86,6 +91,18 @@ def _tile_width(n: int) -> int:
     if n % 128 == 0:
         return 128
     return 16 if n <= 16 else 32 if n <= 32 else 64
+
+
+def _rows_16byte(cp, x):
+    """x (B,N,C) float32 as a (B*N, C) view when its rows are evenly spaced, 16-byte aligned and a
+    multiple of 16 bytes apart with unit column stride (a projection's padded rows), else None."""
+    if x.dtype != cp.float32 or x.ndim != 3 or x.size == 0:
+        return None
+    b, n, c = x.shape
+    col, row = x.strides[2], x.strides[1]
+    if col != 4 or row % 16 or x.data.ptr % 16 or row < 4 * c or (b > 1 and x.strides[0] != n * row):
+        return None
+    return cp.lib.stride_tricks.as_strided(x, (b * n, c), (row, 4))
 
 
 def _grid(total: int, cap: int = 1 << 20) -> tuple:
@@ -193,6 +210,12 @@ class CupyBackend(Backend):
         # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
         # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
         self.gemm_passes = 3 if precision == "fp32" else 1
+        #: in those speed modes the large stride-1 convolutions run in cuDNN where it is installed
+        #: (cudnn_conv.py: TF32 products, as the backend's own kernels there); False keeps them in ours
+        self.cudnn_convs = True
+        #: stage 1's projection a block per few points (graph_projection_tiled); False: a thread per channel
+        self.tiled_graph_projection = True
+        self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)
         self._options = ("-std=c++17",)
         with self.device:
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
@@ -350,8 +373,8 @@ class CupyBackend(Backend):
                 -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS:
             return self.hopper(a, self._hopper_weight(b, "3xtf32" if passes == 3 else "tf32", cache_key), out, bias, relu)
         lda, ldb = a.strides[0] // 4, b.strides[0] // 4
-        vec = (lda % 4 == 0 and ldb % 4 == 0 and k % 4 == 0 and n % 4 == 0
-               and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0)
+        # 16-byte copies: rows 16-byte aligned; K may end inside one (the copy zero-fills past K)
+        vec = lda % 4 == 0 and ldb % 4 == 0 and n % 4 == 0 and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0
         bn = _tile_width(n)
         if bn == 128 and -(-m // GEMM_BM) * (n // 128) < self.sm_count:
             bn = 64   # fewer 128-wide tiles than multiprocessors (stage 1's graph convolutions): halve them
@@ -429,6 +452,10 @@ class CupyBackend(Backend):
         k = kh * kw * cin
         flat_w = weight.reshape(k, cout)
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
+        if self._cudnn is not None and self.cudnn_convs and relu and bias is not None \
+                and CudnnConv.applies(x.shape, weight.shape, stride):
+            self._cudnn.conv2d_same_relu(x, weight, bias, out)
+            return out
         if cin % GEMM_BK == 0 and cout % 4 == 0 and flat_w.flags.c_contiguous and flat_w.data.ptr % 16 == 0:
             bn = _tile_width(cout)
             kernel = self._gemm_kernel(f"conv_{self.gemm_passes}x_n{bn}", bn)
@@ -469,12 +496,14 @@ class CupyBackend(Backend):
         return out
 
     # ------------------------------------------------------------------ fast paths
-    def _projection(self, kernel: str, points, maps, tf, count: int, padded: int, *extra, out16: str = ""):
+    def _projection(self, kernel: str, points, maps, tf, count: int, padded: int, *extra, out16: str = "",
+                    carried=None):
         """Launch a projection kernel: one thread per (sample, point, channel of the maps' concatenation),
         or for the local projection with channel counts a multiple of 4, one block per LOCAL_POINTS
         points. ``out16`` ("fp16" / "bf16", local projection only): the output in that mode's 16-bit
         activation type (hopper_gemm.activation_dtype), rows padded to a multiple of 8 elements, where
-        the tiled kernel applies (float32 otherwise)."""
+        the tiled kernel applies (float32 otherwise). ``carried`` (B,N,E) float32: columns that follow
+        the projection's in each row (rows then padded to a multiple of 4 floats)."""
         cp = self.cupy
         if len(maps) != count:
             raise InputError(f"the {kernel} kernel takes {count} maps, got {len(maps)}")
@@ -487,9 +516,11 @@ class CupyBackend(Backend):
         chans = [np.int32(m.shape[3]) for m in maps]
         ct = int(sum(int(c) for c in chans))
         width = 3 + 3 * ct
-        # stage 2: rows padded to a multiple of 4 floats (a view of the first `width` is returned), so the
-        # deformation layer that reads them can copy 16 bytes at a time
-        row = -(-width // 4) * 4 if kernel == "local_projection" else width
+        extra_cols = 0 if carried is None else carried.shape[-1]
+        # rows padded to a multiple of 4 floats (a view of the first `width` is returned), so the layer
+        # that reads them can copy 16 bytes at a time: stage 2's, and stage 1's where it appends columns
+        # (its next layer then reads (M, 3075) with rows 3076 apart; pad column never read)
+        row = -(-(width + extra_cols) // 4) * 4 if kernel == "local_projection" or carried is not None else width
         row16 = -(-width // 8) * 8
         tiled_shared = LOCAL_POINTS * ((row16 * 2 if out16 else row * 4) + 3 * tf.num_views * LOCAL_TAP_BYTES)
         tiled = (kernel == "local_projection" and all(c % 4 == 0 for c in chans)
@@ -504,6 +535,10 @@ class CupyBackend(Backend):
             if out16:   # 16-bit rows of a multiple of 8 elements: 16-byte aligned for the layer's copies
                 kernel, dtype, row = "local_projection_tiled_o16", hopper_gemm.activation_dtype(cp, out16), row16
             block, shared = LOCAL_THREADS, tiled_shared
+        if (kernel == "graph_projection" and self.tiled_graph_projection and all(c % 4 == 0 for c in chans)
+                and all(m.size < 2**31 and m.data.ptr % 16 == 0 for m in maps)):   # 32-bit offsets, 16-byte gathers
+            # a block per GRAPH_POINTS points: their pixels once in shared memory, a thread per 4 channels
+            kernel, grid, block = "graph_projection_tiled", (-(-(batch * n) // GRAPH_POINTS),), GRAPH_THREADS
         out = cp.empty((batch, n, row), dtype=dtype)
         args = (points, tf.packed, *maps, *sizes, *chans, np.int32(batch), np.int32(n), np.int32(tf.num_views), *extra,
                 out, np.int64(row))
@@ -513,12 +548,21 @@ class CupyBackend(Backend):
         if shared > 48 * 1024 and function.max_dynamic_shared_size_bytes < shared:
             function.max_dynamic_shared_size_bytes = shared   # > 48 KB needs the opt-in
         function(grid, (block,), args, shared_mem=shared)
+        width += extra_cols
+        if extra_cols:
+            out[..., width - extra_cols:width] = carried
         return out if row == width else out[..., :width]
 
-    def op_graph_projection(self, coords, maps, tf, view_quirk=True):
+    def op_graph_projection(self, coords, maps, tf, view_quirk=True, carried=None):
+        """The stage-1 projection in one kernel; ``carried``'s columns are written after it into the same
+        rows, padded to 16 bytes (op_graph_conv reads them in place: no concatenation, no padded copy)."""
         map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
+        if carried is not None:
+            carried = self.cupy.asarray(carried, dtype=self.cupy.float32)
+            if carried.shape[:2] != coords.shape[:2]:
+                raise InputError(f"graph projection: carried features of shape {carried.shape} for {coords.shape[:2]} points")
         return self._projection("graph_projection", coords, maps, tf, 4, 0, np.int32(bool(view_quirk)),
-                                np.int32(map_views))
+                                np.int32(map_views), carried=carried)
 
     def op_local_projection(self, points, maps, tf):
         """The stage-2 projection; in the 16-bit modes on an H100/H200 its output is already in the
@@ -537,10 +581,12 @@ class CupyBackend(Backend):
             return None
         b, n, cin = x.shape
         cout = layer.cout
-        x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
         weight = layer.weight
-        if cin % 4:   # the first layers' 2883 / 3075 inputs: rows padded to 16 bytes for the vector loads
-            x2, weight = self._pad_k(x2), self._padded_weight(layer.weight)
+        x2 = _rows_16byte(cp, x)   # a projection's rows, padded to 16 bytes, read in place
+        if x2 is None:
+            x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
+            if cin % 4:   # the first layers' 2883 / 3075 inputs: rows padded to 16 bytes for the vector loads
+                x2, weight = self._pad_k(x2), self._padded_weight(layer.weight)
         y = self.gemm(x2, weight, cache_key=weight)   # (B*N, 2*cout)
         if pool_idx is not None:
             y = self.op_unpool(y.reshape(b, n, 2 * cout), pool_idx)

@@ -41,8 +41,9 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
     xp = backend.xp
     pending_pool = None   # an unpooling left to the next layer, which runs its product first
     for idx in range(start, stop):
-        if idx in arch.PROJECTION_LAYERS:
-            h = graph_projection(backend, current, maps, tf, view_quirk)
+        if idx in arch.PROJECTION_LAYERS:   # with a[-2]'s features appended at the concatenating layers
+            carried = previous if idx in arch.CONCAT_LAYERS else None
+            h = graph_projection(backend, current, maps, tf, view_quirk, carried)
         elif idx in arch.UNPOOL_LAYERS:
             pool_idx = p.pool_idx[arch.UNPOOL_LAYERS[idx]]
             if arch.unpool_commutes_with_next(idx) and idx + 2 < stop:
@@ -56,7 +57,7 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
             pending_pool = None
             if blocks is not None and arch.last_layer_of_block(idx):
                 blocks.append(h)
-        if idx in arch.CONCAT_LAYERS:
+        if idx in arch.CONCAT_LAYERS and idx not in arch.PROJECTION_LAYERS:
             h = xp.concat([h, previous], axis=-1)
         previous, current = current, h
     return previous, current

@@ -76,15 +76,16 @@ def stage1_map_views(batch: int, maps, num_views: int, view_quirk: bool) -> int:
                      f"expected {batch * num_views}" + (f" or {batch * read} (the views the quirk reads)" if read != num_views else ""))
 
 
-def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bool = True):
-    """Stage 1: (B,N,3) camera-0 coordinates -> (B,N,3+3*sum(C)) pooled features.
+def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bool = True, carried=None):
+    """Stage 1: (B,N,3) camera-0 coordinates -> (B,N,3+3*sum(C)) pooled features, followed by
+    ``carried``'s (B,N,E) columns where given (the layers that append a[-2]'s features).
 
     ``maps`` are the stacked (B*V',s,s,C) CNN maps of the first V' views of each sample: all V, or
     with ``view_quirk`` (the published weights' behaviour) only those the quirk reads. With the
     quirk the view index is divided by the map stride like the pixel indices, so every view
     samples view 0's maps.
     """
-    fast = backend.try_fast_path("graph_projection", coords, maps, tf, view_quirk)
+    fast = backend.try_fast_path("graph_projection", coords, maps, tf, view_quirk, carried)
     if fast is not None:
         return fast
     map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
@@ -106,7 +107,7 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
             index = xp.reshape(base + ih * s + iw, (-1,))
             feats.append(xp.reshape(xp.take(flat, index, axis=0), (batch, n, channels)))
         per_view.append(xp.concat(feats, axis=-1))
-    return xp.concat([coords] + _pool_views(xp, per_view), axis=-1)
+    return xp.concat([coords] + _pool_views(xp, per_view) + ([] if carried is None else [carried]), axis=-1)
 
 
 def pad_maps(backend, maps):

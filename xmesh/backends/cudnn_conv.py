@@ -1,0 +1,154 @@
+"""cuDNN's convolutions for the CuPy backend, reached through ctypes (CuPy 14 no longer wraps cuDNN).
+
+Only what the CNN's stride-1 'SAME' layers need: NHWC float32 in and out, bias and ReLU fused
+(``cudnnConvolutionBiasActivationForward``), the implicit-GEMM algorithm with tensor-op math, so the
+products run as TF32 (the backend's speed modes; its fp32 mode keeps xmesh's 3xTF32 kernels). On the
+device tool's H100, stage 2's layers at 192 images took 0.42 ms against 1.04 ms of xmesh's kernel
+(112x112, 32 -> 32) and 0.23 against 0.71 ms (56x56, 64 -> 64), stage 1's at 64 images 0.11 against
+0.27 ms (7x7, 512 -> 512); at one to three images xmesh's kernel was as fast or faster, and stage 1's
+CNN at 16 images (3.7 GFLOP a layer) went from 1.61 to 1.75-1.89 ms, so the backend sends only large
+convolutions here (``CONV_MIN_FLOP``; stage 2 at 16 samples, 11 GFLOP a layer, went 1.85 -> 1.40 ms).
+
+The library is looked for where CUDA's Python wheels put it (``nvidia.cudnn``), then by the loader's
+search (``libcudnn.so.9``); ``XMESH_CUDNN`` names a file, or ``0`` turns cuDNN off. Without it the
+backend runs every convolution in its own kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+#: a convolution goes to cuDNN from this many floating-point operations up (2 * outputs * taps * cin)
+CONV_MIN_FLOP = 6.0e9
+
+# cudnn.h's enumerations (cuDNN 8 and 9)
+_NHWC, _FLOAT = 1, 0
+_CROSS_CORRELATION = 1
+_TENSOR_OP_MATH = 1
+_RELU, _PROPAGATE_NAN = 1, 1
+_IMPLICIT_PRECOMP_GEMM = 1
+
+
+class CudnnError(RuntimeError):
+    pass
+
+
+def _library_paths() -> list[str]:
+    named = os.environ.get("XMESH_CUDNN", "")
+    if named:
+        return [] if named == "0" else [named]
+    paths = []
+    try:
+        import nvidia.cudnn as wheel   # the nvidia-cudnn-cu12 / -cu13 wheels
+        for root in wheel.__path__:
+            paths += sorted(glob.glob(os.path.join(root, "lib", "libcudnn.so.*")))
+    except ImportError:
+        pass
+    return paths + ["libcudnn.so.9", "libcudnn.so.8"]
+
+
+def load_library():
+    """The cuDNN library (a ctypes handle), or None where none can be loaded."""
+    for path in _library_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        lib.cudnnGetVersion.restype = ctypes.c_size_t
+        lib.cudnnGetErrorString.restype = ctypes.c_char_p
+        if lib.cudnnGetVersion() >= 8000:
+            return lib
+    return None
+
+
+class _Descriptors:
+    """The cuDNN descriptors of one convolution shape (kept for the backend's lifetime)."""
+
+    def __init__(self, conv: "CudnnConv", n: int, h: int, w: int, cin: int, cout: int, k: int):
+        call = conv._call
+        self.x, self.y, self.bias = (conv._new("TensorDescriptor") for _ in range(3))
+        call("cudnnSetTensor4dDescriptor", self.x, _NHWC, _FLOAT, n, cin, h, w)
+        call("cudnnSetTensor4dDescriptor", self.y, _NHWC, _FLOAT, n, cout, h, w)
+        call("cudnnSetTensor4dDescriptor", self.bias, _NHWC, _FLOAT, 1, cout, 1, 1)
+        self.w = conv._new("FilterDescriptor")
+        call("cudnnSetFilter4dDescriptor", self.w, _FLOAT, _NHWC, cout, cin, k, k)
+        self.conv = conv._new("ConvolutionDescriptor")
+        call("cudnnSetConvolution2dDescriptor", self.conv, k // 2, k // 2, 1, 1, 1, 1, _CROSS_CORRELATION, _FLOAT)
+        call("cudnnSetConvolutionMathType", self.conv, _TENSOR_OP_MATH)
+        size = ctypes.c_size_t()
+        call("cudnnGetConvolutionForwardWorkspaceSize", conv.handle, self.x, self.w, self.conv, self.y,
+             _IMPLICIT_PRECOMP_GEMM, ctypes.byref(size))
+        self.workspace = size.value
+
+
+class CudnnConv:
+    """Stride-1 'SAME' convolutions (odd square kernels) with bias and ReLU through cuDNN."""
+
+    def __init__(self, cupy, lib):
+        self.cupy, self.lib = cupy, lib
+        self.handle = ctypes.c_void_p()
+        self._call("cudnnCreate", ctypes.byref(self.handle))
+        self.relu = self._new("ActivationDescriptor")
+        self._call("cudnnSetActivationDescriptor", self.relu, _RELU, _PROPAGATE_NAN, ctypes.c_double(0.0))
+        self._shapes: dict = {}
+        self._weights: dict = {}
+        self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+    @classmethod
+    def create(cls, cupy):
+        """A CudnnConv on the current device, or None where cuDNN is missing or refuses to start."""
+        lib = load_library()
+        if lib is None:
+            return None
+        try:
+            return cls(cupy, lib)
+        except CudnnError:
+            return None
+
+    def _call(self, name: str, *args) -> None:
+        status = getattr(self.lib, name)(*args)
+        if status != 0:
+            raise CudnnError(f"{name} failed: {self.lib.cudnnGetErrorString(status).decode()} (status {status})")
+
+    def _new(self, kind: str):
+        handle = ctypes.c_void_p()
+        self._call(f"cudnnCreate{kind}", ctypes.byref(handle))
+        return handle
+
+    @staticmethod
+    def applies(x_shape, weight_shape, stride: int) -> bool:
+        """Whether ``conv2d_same_relu`` takes this layer: stride 1, an odd square kernel, and at least
+        CONV_MIN_FLOP of work (smaller ones ran as fast or faster in xmesh's kernels)."""
+        n, h, w, cin = x_shape
+        kh, kw, _, cout = weight_shape
+        return stride == 1 and kh == kw and kh % 2 == 1 and 2.0 * n * h * w * cout * kh * kw * cin >= CONV_MIN_FLOP
+
+    def _filter(self, weight):
+        """weight (kh, kw, cin, cout) as cuDNN's NHWC filter (cout, kh, kw, cin), made once per array."""
+        hit = self._weights.get(id(weight))
+        if hit is None or hit[0] is not weight:
+            hit = (weight, self.cupy.ascontiguousarray(self.cupy.transpose(weight, (3, 0, 1, 2)), dtype=self.cupy.float32))
+            self._weights[id(weight)] = hit   # hold weight: its id stays unique
+        return hit[1]
+
+    def conv2d_same_relu(self, x, weight, bias, out) -> None:
+        """out (N,H,W,cout) = relu(conv(x, weight) + bias) for NHWC float32 x (contiguous), weight
+        (k, k, cin, cout) with k odd (zero padding k // 2 each side: 'SAME' at stride 1), bias (cout,)."""
+        cp = self.cupy
+        n, h, w, cin = x.shape
+        k, _, _, cout = weight.shape
+        key = (n, h, w, cin, cout, k)
+        desc = self._shapes.get(key)
+        if desc is None:
+            desc = self._shapes[key] = _Descriptors(self, n, h, w, cin, cout, k)
+        filt = self._filter(weight)
+        bias = cp.ascontiguousarray(bias, dtype=cp.float32)
+        workspace = cp.empty(max(desc.workspace, 1), dtype=cp.uint8)
+        self._call("cudnnSetStream", self.handle, ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
+        ptr = lambda a: ctypes.c_void_p(a.data.ptr)
+        # alpha2 = 0: z (given as out) adds nothing
+        self._call("cudnnConvolutionBiasActivationForward", self.handle, ctypes.byref(self._one), desc.x, ptr(x),
+                   desc.w, ptr(filt), desc.conv, _IMPLICIT_PRECOMP_GEMM, ptr(workspace), ctypes.c_size_t(desc.workspace),
+                   ctypes.byref(self._zero), desc.y, ptr(out), desc.bias, ptr(bias), self.relu, desc.y, ptr(out))
+
