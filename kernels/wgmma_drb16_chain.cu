@@ -53,8 +53,9 @@
 
 // Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
 // a layer's output stored (MMA -> producer), the MMA warpgroups' own, the producer warpgroup's own,
-// lc5's input free for the next tile's X (MMA -> producer), and an X half-buffer free (MMA -> producer:
-// the MMAs are done with lc1's slice s, s + 6 may go there; ids by s % 3, as at most three are pending).
+// lc5's input free for the next tile's X (MMA -> producer), an X half-buffer free (MMA -> producer:
+// the MMAs are done with lc1's slice s, s + 6 may go there; ids by s % 3, as at most three are pending),
+// and one of a layer's first output slices stored (MMA -> producer, zc_epilogue).
 #define ZC_READY 1                                    // + Z slot (2)
 #define ZC_Z_FREE 3                                   // + Z slot (2)
 #define ZC_LAYER_DONE 5
@@ -62,6 +63,8 @@
 #define ZC_PRODUCER 7
 #define ZC_INPUT_FREE 8                               // lc5's wgmmas are done with its input
 #define ZC_X_FREE 9                                   // + slice % 3
+#define ZC_OUT 12                                     // + slice (< ZC_EARLY_SLICES): a layer's slice stored
+#define ZC_EARLY_SLICES 2                             // the slices so announced (the Z ring's two slots)
 
 // Matrix descriptor of a K-major B piece with the 64-byte swizzle: rows of 64 bytes, 512 bytes between
 // 8-row groups (wg_desc is the 128-byte form).
@@ -96,28 +99,32 @@ __device__ __forceinline__ void zc_piece(const float (&acc)[96], const float* __
 
 // A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in buffer A, a_buf),
 // rounded to 16 bits, into shared buffer dst (A or B) or, for the last layer, to global memory: one
-// 16-byte piece of the row per k (zc_piece), chunk 4 (k % 2) + t of K buffer k / 2.
+// 16-byte piece of the row per k (zc_piece), chunk 4 (k % 2) + t of K buffer k / 2. The pieces go out
+// in column order (k outer) and, into shared memory, each of the first ZC_EARLY_SLICES 32-column
+// slices is announced as soon as it is stored (barrier ZC_OUT + k): the producer makes the next
+// layer's first Z slices from them while the rest of the epilogue runs.
 template <int OPS, bool RESIDUAL, bool GLOBAL_OUT>
 __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float* __restrict__ bias,
                                             unsigned char* a_buf, unsigned char* dst,
                                             unsigned short* __restrict__ out, long plane, long b, int n0, int N,
                                             int wg, int warp, int g, int t) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
-        if (i >= ZL_HYP || n0 + v >= N) continue;
-        const long o = (b * ZL_HYP + i) * plane + (long)(n0 + v) * ZL_COUT + 8 * t;
+    for (int k = 0; k < ZL_COUT / 32; ++k) {
 #pragma unroll
-        for (int k = 0; k < ZL_COUT / 32; ++k) {
-            const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
-            unsigned packed[4];
-            zc_piece<OPS, RESIDUAL>(acc, bias, a_buf + s, h, k, t, packed);
-            const uint4 piece = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            if (GLOBAL_OUT)
-                *reinterpret_cast<uint4*>(out + o + 32 * k) = piece;
-            else
-                *reinterpret_cast<uint4*>(dst + s) = piece;
+        for (int h = 0; h < 2; ++h) {
+            const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
+            if (i < ZL_HYP && n0 + v < N) {
+                const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
+                unsigned packed[4];
+                zc_piece<OPS, RESIDUAL>(acc, bias, a_buf + s, h, k, t, packed);
+                const uint4 piece = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+                if (GLOBAL_OUT)
+                    *reinterpret_cast<uint4*>(out + (b * ZL_HYP + i) * plane + (long)(n0 + v) * ZL_COUT + 8 * t + 32 * k) = piece;
+                else
+                    *reinterpret_cast<uint4*>(dst + s) = piece;
+            }
         }
+        if (!GLOBAL_OUT && k < ZC_EARLY_SLICES) wg_bar_arrive(ZC_OUT + k, ZL_THREADS);
     }
 }
 
@@ -229,10 +236,13 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
             }
 #pragma unroll 1
             for (int layer = 0; layer < ZC_LAYERS; ++layer) {
-                if (layer > 0) wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);   // the previous layer's output is in shared memory
                 const int slices = layer ? ZC_SLICES : first_slices;
 #pragma unroll 1
                 for (int ks = 0; ks < slices; ++ks, ++q) {
+                    // the previous layer's output slice ks is in shared memory: the first ones as the
+                    // epilogue stores them, the rest once it is done
+                    if (layer > 0 && ks < ZC_EARLY_SLICES) wg_bar_sync(ZC_OUT + ks, ZL_THREADS);
+                    if (layer > 0 && ks == ZC_EARLY_SLICES) wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);
                     // Z of the slice's input (zc_input_kbuf) goes to slot q % 2
                     if (layer == 0) {
                         // slice ks is commit group ks (ks < 6) or ks + 3 (loaded after slice ks - 3's Z) of the tile,
@@ -264,15 +274,17 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ZC_MMA_REGS));
         const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
         const int pieces_per_tile = 2 * per_tile;   // the W stream repeats every tile
+        int w_piece = 0;                            // 2 q mod pieces_per_tile for the q issue_w takes next
         // slice q's W pieces (W1 then W0: pieces 2 q, 2 q + 1 of the stream) into ring slots 2q % 6, (2q + 1) % 6;
-        // 768 16-byte chunks a piece, two a thread; one commit group a slice, empty past the end
+        // 768 16-byte chunks a piece, two a thread; one commit group a slice, empty past the end. Called for
+        // q = 0, 1, 2, ... in turn (w_piece steps along: no division by the run-time tile length)
         auto issue_w = [&](int q) {
             if (q < total) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int p = 2 * q + h;
                     const unsigned dst = w_smem + (p % ZC_PIECES) * ZC_PIECE_BYTES;
-                    const unsigned short* src = W + (long)(p % pieces_per_tile) * (ZC_PIECE_BYTES / 2);
+                    const unsigned short* src = W + (long)(w_piece + h) * (ZC_PIECE_BYTES / 2);
 #pragma unroll
                     for (int m = 0; m < 2; ++m) {
                         const int chunk = threadIdx.x + ZL_MMA_THREADS * m;
@@ -280,6 +292,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                     }
                 }
             }
+            w_piece = w_piece + 2 == pieces_per_tile ? 0 : w_piece + 2;
             asm volatile("cp.async.commit_group;\n" ::);
         };
         issue_w(0);
