@@ -610,6 +610,18 @@ def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
     out = cp.full(x.shape, cp.nan, dtype=cp.float32)
     real(cp.asarray(x), cp.asarray(w), cp.asarray(b), out)
     np.testing.assert_array_equal(out.get(), got)
+    # cuDNN failing at run time (say, built for another CUDA): a warning, then xmesh's kernels, for good
+    from xmesh.backends.cudnn_conv import CudnnError
+
+    def broken(*args):
+        raise CudnnError("cudnnConvolutionBiasActivationForward failed: CUDNN_STATUS_EXECUTION_FAILED (status 8)")
+
+    monkeypatch.setattr(be._cudnn, "conv2d_same_relu", broken)
+    with pytest.warns(RuntimeWarning, match="XMESH_CUDNN=0"):
+        ours = be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 1).get()
+    assert be._cudnn is None
+    err = np.linalg.norm(ours - want) / np.linalg.norm(want)
+    assert 3e-5 < err < 3e-3, err
 
 
 @pytest.mark.parametrize("batch,n,relu,with_res", [(1, 2466, True, True), (3, 618, False, False), (2, 156, True, False)])

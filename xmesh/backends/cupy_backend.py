@@ -47,7 +47,7 @@ from ..errors import BackendUnavailableError, InputError, KernelCompileError, Xm
 from .base import Backend, Branch
 from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
-from .cudnn_conv import CudnnConv
+from .cudnn_conv import CudnnConv, CudnnError
 from .numpy_backend import same_padding
 from .pinned_upload import PinnedUploader
 from ..model.projection import stage1_map_views
@@ -215,11 +215,11 @@ class CupyBackend(Backend):
         self.cudnn_convs = True
         #: stage 1's projection a block per few points (graph_projection_tiled); False: a thread per channel
         self.tiled_graph_projection = True
-        self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)
         self._options = ("-std=c++17",)
         with self.device:
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
             self.hopper = self._hopper_gemm()
+            self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)   # its handle on this device
         if precision == "bf16" and self.hopper is None:
             cc = str(self.device.compute_capability)
             why = "XMESH_HOPPER_GEMM=0 is set" if hopper_gemm.supported(self.device) else \
@@ -454,8 +454,13 @@ class CupyBackend(Backend):
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
         if self._cudnn is not None and self.cudnn_convs and relu and bias is not None \
                 and CudnnConv.applies(x.shape, weight.shape, stride):
-            self._cudnn.conv2d_same_relu(x, weight, bias, out)
-            return out
+            try:
+                self._cudnn.conv2d_same_relu(x, weight, bias, out)
+                return out
+            except CudnnError as exc:   # e.g. a cuDNN built for another CUDA: our kernels take over for good
+                warnings.warn(f"xmesh: cuDNN's convolution failed, using xmesh's own kernels from now on ({exc}); "
+                              "set XMESH_CUDNN=0 to skip cuDNN", RuntimeWarning, stacklevel=2)
+                self._cudnn = None
         if cin % GEMM_BK == 0 and cout % 4 == 0 and flat_w.flags.c_contiguous and flat_w.data.ptr % 16 == 0:
             bn = _tile_width(cout)
             kernel = self._gemm_kernel(f"conv_{self.gemm_passes}x_n{bn}", bn)
