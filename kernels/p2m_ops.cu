@@ -114,6 +114,16 @@ __device__ __forceinline__ void xm_pool_store(const float* vals, int V, OT* __re
     if (c < 3) xm_put(o + c, p[c], bf16);
 }
 
+// Stage 1's gather rule: the pixel of a map of size s (stride r = 224 / s, given) that view v of sample
+// b reads at image position (h, w), as an index into the stacked (B*MV, s, s) maps. Indices truncate
+// h / r and w / r; with the quirk the view index is divided by r too (every view reads view 0's maps).
+__device__ __forceinline__ long long xm_stage1_pixel(float h, float w, int s, int r, int v, int b, int MV, int quirk) {
+    const float rf = (float)r;
+    const int ih = (int)__fdiv_rn(h, rf), iw = (int)__fdiv_rn(w, rf);
+    const int src = quirk ? v / r : v;
+    return ((long long)(b * MV + src) * s + ih) * s + iw;   // MV views' maps a sample
+}
+
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
 // coords (B,N,3); tf (B, 12+12V); maps m_i (B*MV, s_i, s_i, C_i): the first MV views of each sample
 // (all V, or with the quirk only view 0, the one it reads); out (B, N, 3 + 3*CT), rows ldo apart.
@@ -135,7 +145,6 @@ extern "C" __global__ void graph_projection(
     int s, C, cc;
     xm_pick_map(c, m0, m1, m2, m3, s0, s1, s2, s3, c0, c1, c2, c3, m, s, C, cc);
     const int r = 224 / s;
-    const float rf = (float)r;
 
     float vals[XM_MAX_VIEWS];
 #pragma unroll
@@ -143,11 +152,7 @@ extern "C" __global__ void graph_projection(
         if (v < V) {
             float h, w;
             xm_view_pixel(T, V, v, p0, p1, p2, h, w);
-            const int ih = (int)__fdiv_rn(h, rf);
-            const int iw = (int)__fdiv_rn(w, rf);
-            const int src = quirk ? v / r : v;
-            const long long row = ((long long)(b * MV + src) * s + ih) * s + iw;   // MV views' maps a sample
-            vals[v] = __ldg(m + row * C + cc);
+            vals[v] = __ldg(m + xm_stage1_pixel(h, w, s, r, v, b, MV, quirk) * C + cc);
         } else {
             vals[v] = 0.0f;
         }
@@ -181,23 +186,18 @@ extern "C" __global__ void __launch_bounds__(XM_GP_THREADS) graph_projection_til
         xm_view_pixel(tf + (long long)b * (12 + 12 * V), V, v, p[0], p[1], p[2], h, w);
         const int sizes[4] = {s0, s1, s2, s3}, chans[4] = {c0, c1, c2, c3};
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int s = sizes[k], r = 224 / s;
-            const float rf = (float)r;
-            const int ih = (int)__fdiv_rn(h, rf), iw = (int)__fdiv_rn(w, rf);
-            const int src = quirk ? v / r : v;
-            offsets[j][v][k] = (((b * MV + src) * s + ih) * s + iw) * chans[k];
-        }
+        for (int k = 0; k < 4; ++k)
+            offsets[j][v][k] = (int)(xm_stage1_pixel(h, w, sizes[k], 224 / sizes[k], v, b, MV, quirk) * chans[k]);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < XM_GP_POINTS * groups; i += blockDim.x) {
         const int j = i / groups, c = 4 * (i % groups);
         const long long pt = first + j;
         if (pt >= total) break;   // i only grows: every later item is past the end too
-        // the map of channel c (xm_pick_map's choice with all four maps given) and c's place in it
-        const int k = c < c0 ? 0 : (c < c0 + c1 ? 1 : (c < c0 + c1 + c2 ? 2 : 3));
-        const float* m = k == 0 ? m0 : (k == 1 ? m1 : (k == 2 ? m2 : m3));
-        const int cc = c - (k > 0 ? c0 : 0) - (k > 1 ? c1 : 0) - (k > 2 ? c2 : 0);
+        const int k = c < c0 ? 0 : (c < c0 + c1 ? 1 : (c < c0 + c1 + c2 ? 2 : 3));   // channel c's map
+        const float* m;
+        int s, C, cc;
+        xm_pick_map(c, m0, m1, m2, m3, s0, s1, s2, s3, c0, c1, c2, c3, m, s, C, cc);
         float vals[4][XM_MAX_VIEWS];
 #pragma unroll
         for (int v = 0; v < XM_MAX_VIEWS; ++v) {
@@ -926,15 +926,14 @@ extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, l
 
 // End of a deformation reasoning block for one vertex: w = softmax over the K hypotheses of its
 // scores s[0], s[stride], ...; new = center + sum_k w_k offsets[k,:].
-__device__ __forceinline__ void xm_softmax_move(const float* s, long long stride, int K, const float* __restrict__ offsets,
-                                                const float* __restrict__ center, float* __restrict__ out) {
-    float m = s[0];
-    for (int k = 1; k < K; ++k) m = fmaxf(m, s[k * stride]);
-    float total = 0.0f;
-    for (int k = 0; k < K; ++k) total = __fadd_rn(total, expf(__fsub_rn(s[k * stride], m)));
+// out = center + sum_k weight(k) offsets[k,:], the K terms summed in order by fmaf.
+template <class Weight>
+__device__ __forceinline__ void xm_weighted_move(Weight weight, int K, const float* __restrict__ offsets,
+                                                 const float* __restrict__ center, float* __restrict__ out) {
     float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f;
+#pragma unroll
     for (int k = 0; k < K; ++k) {
-        const float w = __fdiv_rn(expf(__fsub_rn(s[k * stride], m)), total);
+        const float w = weight(k);
         d0 = fmaf(w, offsets[3 * k], d0);
         d1 = fmaf(w, offsets[3 * k + 1], d1);
         d2 = fmaf(w, offsets[3 * k + 2], d2);
@@ -942,6 +941,15 @@ __device__ __forceinline__ void xm_softmax_move(const float* s, long long stride
     out[0] = __fadd_rn(center[0], d0);
     out[1] = __fadd_rn(center[1], d1);
     out[2] = __fadd_rn(center[2], d2);
+}
+
+__device__ __forceinline__ void xm_softmax_move(const float* s, long long stride, int K, const float* __restrict__ offsets,
+                                                const float* __restrict__ center, float* __restrict__ out) {
+    float m = s[0];
+    for (int k = 1; k < K; ++k) m = fmaxf(m, s[k * stride]);
+    float total = 0.0f;
+    for (int k = 0; k < K; ++k) total = __fadd_rn(total, expf(__fsub_rn(s[k * stride], m)));
+    xm_weighted_move([&](int k) { return __fdiv_rn(expf(__fsub_rn(s[k * stride], m)), total); }, K, offsets, center, out);
 }
 
 // End of a deformation reasoning block: w = softmax over the K hypotheses of score[b,:,n];
@@ -1007,19 +1015,7 @@ __device__ __forceinline__ void xm_score_move(float y0, int v, int k, bool activ
     __syncthreads();
     if (active) score[v][k] = w;
     __syncthreads();
-    if (active && k == 0) {
-        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < XM_HYP; ++j) {
-            const float wj = score[v][j];
-            d0 = fmaf(wj, offsets[3 * j], d0);
-            d1 = fmaf(wj, offsets[3 * j + 1], d1);
-            d2 = fmaf(wj, offsets[3 * j + 2], d2);
-        }
-        out[3 * g] = __fadd_rn(centers[3 * g], d0);
-        out[3 * g + 1] = __fadd_rn(centers[3 * g + 1], d1);
-        out[3 * g + 2] = __fadd_rn(centers[3 * g + 2], d2);
-    }
+    if (active && k == 0) xm_weighted_move([&](int j) { return score[v][j]; }, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
 }
 extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     const void* __restrict__ x, long long ldx, int cin, int x16, const float* __restrict__ w,
