@@ -19,6 +19,8 @@ import ctypes
 import glob
 import os
 
+from .derived_cache import DerivedCache
+
 #: a convolution goes to cuDNN from this many floating-point operations up (2 * outputs * taps * cin)
 CONV_MIN_FLOP = 6.0e9
 
@@ -92,7 +94,7 @@ class CudnnConv:
         self.relu = self._new("ActivationDescriptor")
         self._call("cudnnSetActivationDescriptor", self.relu, _RELU, _PROPAGATE_NAN, ctypes.c_double(0.0))
         self._shapes: dict = {}
-        self._weights: dict = {}
+        self._filters = DerivedCache()
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
     @classmethod
@@ -126,11 +128,9 @@ class CudnnConv:
 
     def _filter(self, weight):
         """weight (kh, kw, cin, cout) as cuDNN's NHWC filter (cout, kh, kw, cin), made once per array."""
-        hit = self._weights.get(id(weight))
-        if hit is None or hit[0] is not weight:
-            hit = (weight, self.cupy.ascontiguousarray(self.cupy.transpose(weight, (3, 0, 1, 2)), dtype=self.cupy.float32))
-            self._weights[id(weight)] = hit   # hold weight: its id stays unique
-        return hit[1]
+        cp = self.cupy
+        return self._filters.get((weight,), "nhwc", lambda: cp.ascontiguousarray(cp.transpose(weight, (3, 0, 1, 2)),
+                                                                                 dtype=cp.float32))
 
     def conv2d_same_relu(self, x, weight, bias, out) -> None:
         """out (N,H,W,cout) = relu(conv(x, weight) + bias) for NHWC float32 x (contiguous), weight

@@ -48,6 +48,7 @@ from .base import Backend, Branch
 from . import hopper_gemm
 from .cuda_kernels import get_function, require_cupy
 from .cudnn_conv import CudnnConv, CudnnError
+from .derived_cache import DerivedCache
 from .numpy_backend import same_padding
 from .pinned_upload import PinnedUploader
 from ..model.projection import stage1_map_views
@@ -195,10 +196,9 @@ class CupyBackend(Backend):
         self._linalg = linalg
         self._fp32_type = getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
         self._tf32_type = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
-        self._layer_cache: dict = {}
         self._gemm_kernels: dict = {}
-        self._mixing: dict = {}
-        self._prepared: dict = {}
+        #: weights prepared for our kernels and supports' mixing sources, made once per array
+        self._derived = DerivedCache()
         self._branch_stream = None
         self.uploader = PinnedUploader(cupy)
         #: the 16-bit modes run a deformation block's five wide layers as one kernel on compute
@@ -333,12 +333,8 @@ class CupyBackend(Backend):
         is given, so a layer's weights are split once."""
         if cache_key is None:
             return self.hopper.prepare(b, operands, paired)
-        key = (id(cache_key), operands, paired)
-        hit = self._prepared.get(key)
-        if hit is None or hit[1].k != b.shape[0] or hit[1].n != b.shape[1]:
-            hit = (cache_key, self.hopper.prepare(b, operands, paired))   # hold cache_key: its id stays unique
-            self._prepared[key] = hit
-        return hit[1]
+        return self._derived.get((cache_key,), ("hopper", operands, paired, tuple(b.shape)),
+                                 lambda: self.hopper.prepare(b, operands, paired))
 
     def gemm(self, a, b, out=None, bias=None, relu: bool = False, passes: int | None = None, cache_key=None):
         """``act(a @ b + bias)`` for float32 a (M,K), b (K,N) on the tensor cores (our kernels).
@@ -627,14 +623,13 @@ class CupyBackend(Backend):
 
     def _padded_weight(self, weight):
         """``weight`` (K, N) with zero rows up to a multiple of 4, made once per weight array."""
-        hit = self._prepared.get(("pad_k", id(weight)))
-        if hit is None or hit[0] is not weight:
+        def make():
             k = weight.shape[0]
             padded = self.cupy.zeros((k + (-k % 4), weight.shape[1]), dtype=self.cupy.float32)
             padded[:k] = weight
-            hit = (weight, padded)   # hold weight: its id stays unique
-            self._prepared[("pad_k", id(weight))] = hit
-        return hit[1]
+            return padded
+
+        return self._derived.get((weight,), "pad_k", make)
 
     def op_unpool(self, x, pool_idx):
         """x (B,N,C) followed by the midpoints of pool_idx's edges, in one kernel (graph.unpool's arithmetic)."""
@@ -652,23 +647,20 @@ class CupyBackend(Backend):
         return out
 
     def _local_weights(self, layer, cheb1, cheb0):
-        """(W0, W1, bias, A1, A0) in the GEMM dtype, split and cached per layer object."""
-        key = (id(layer), id(cheb1), id(cheb0))
-        hit = self._layer_cache.get(key)
-        if hit is not None:
-            return hit[1]
-        cp = self.cupy
-        dtype = cp.float16 if self.precision == "fp16" else cp.float32
-        cout = layer.cout
-        if layer.weight0 is None:
-            w0, w1 = layer.weight[:, :cout], layer.weight[:, cout:]
-        else:
-            w0, w1 = layer.weight0, layer.weight
-        prepared = (cp.ascontiguousarray(w0, dtype=dtype), cp.ascontiguousarray(w1, dtype=dtype),
+        """(W0, W1, bias, A1, A0) in the GEMM dtype, split once per (layer, supports) objects."""
+        def make():
+            cp = self.cupy
+            dtype = cp.float16 if self.precision == "fp16" else cp.float32
+            cout = layer.cout
+            if layer.weight0 is None:
+                w0, w1 = layer.weight[:, :cout], layer.weight[:, cout:]
+            else:
+                w0, w1 = layer.weight0, layer.weight
+            return (cp.ascontiguousarray(w0, dtype=dtype), cp.ascontiguousarray(w1, dtype=dtype),
                     cp.ascontiguousarray(layer.bias, dtype=cp.float32), cp.ascontiguousarray(cheb1, dtype=dtype),
                     None if cheb0 is None else cp.ascontiguousarray(cheb0, dtype=dtype))
-        self._layer_cache[key] = ((layer, cheb1, cheb0), prepared)  # hold the objects so ids stay unique
-        return prepared
+
+        return self._derived.get((layer, cheb1, cheb0), "local", make)
 
     def _mix(self, a, y):
         """a (K,K) applied over axis 1 of y (B,K,N,C): one GEMM per sample over (K, N*C)."""
@@ -697,13 +689,11 @@ class CupyBackend(Backend):
                 or x.dtype != hopper_gemm.activation_dtype(self.cupy, operands)
                 or not self.hopper.chain_applies(x, x.shape[-1])):
             return None
-        key = ("chain",) + tuple(id(layer.weight) for layer in layers) + (operands,)
-        hit = self._prepared.get(key)
-        if hit is None:   # hold the layers: their weights' ids stay unique
+        def make():
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
-            hit = (layers, self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers]))
-            self._prepared[key] = hit
-        return hit[1]
+            return self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers])
+
+        return self._derived.get(tuple(layer.weight for layer in layers), ("chain", operands), make)
 
     def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
         """A deformation block's five wide layers (the projected features X -> x5, the model's
@@ -809,11 +799,7 @@ class CupyBackend(Backend):
     def _mixing_source(self, cheb1) -> str:
         """hopper_gemm.mixing_source of a support (read to the host once per array: the template's
         supports live as long as the model, so this happens in the first, eager call)."""
-        hit = self._mixing.get(id(cheb1))
-        if hit is None:
-            hit = (cheb1, hopper_gemm.mixing_source(self.to_numpy(cheb1)))   # hold cheb1: its id stays unique
-            self._mixing[id(cheb1)] = hit
-        return hit[1]
+        return self._derived.get((cheb1,), "mixing", lambda: hopper_gemm.mixing_source(self.to_numpy(cheb1)))
 
     def op_score_update(self, layer, x, cheb1, cheb0, centers, offsets):
         """A deformation block's narrow last layer (cin -> 1), the softmax over hypotheses and the moved
