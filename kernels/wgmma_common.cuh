@@ -1,6 +1,6 @@
 // Hopper warpgroup-MMA primitives shared by the wgmma kernels (sm_90a): operand-mode codes,
-// cp.async copies, TF32 splitting and 16-bit packing, shared-memory matrix descriptors, the
-// wgmma instructions, the input-side layers' vertex tiles, named barriers. Included by
+// cp.async copies, transaction barriers and bulk copies, TF32 splitting and 16-bit packing,
+// shared-memory matrix descriptors, the wgmma instructions, the input-side layers' vertex tiles, named barriers. Included by
 // wgmma_gemm.cu, wgmma_drb16.cu and wgmma_drb32.cu (xmesh/backends/cuda_kernels.py expands the include).
 #include "bits16.cuh"
 
@@ -20,6 +20,30 @@ __device__ __forceinline__ void wg_copy(unsigned dst, const float* src, int byte
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// Transaction barriers (mbarrier, 8 bytes of shared memory) and bulk copies (the 1D form of the Tensor
+// Memory Accelerator's copies): a barrier's phase completes once its arrivals are in and every byte it
+// was told to expect has landed. wg_bulk_copy is one arrival that announces `bytes` and the copy of
+// them from global to shared memory (both 16-byte aligned, bytes a multiple of 16); the async proxy
+// writes them, so wgmmas may read them once the phase is seen complete, with no proxy fence.
+__device__ __forceinline__ void wg_mbar_init(unsigned bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// After the inits, before other threads or the copy engine use the barriers (then a block barrier).
+__device__ __forceinline__ void wg_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// Wait until the barrier's phase of the given parity (0 for its 1st, 3rd, ... phase) has completed.
+__device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile("{\n.reg .pred done;\nWG_MBAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WG_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
 // big = x rounded to TF32 (two integer instructions), small = x - big (exact in float32).

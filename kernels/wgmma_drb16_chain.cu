@@ -20,8 +20,9 @@
 //     the MMAs long done with that one), and for every slice computes the slice's Z from the layer's input (the X slice
 //     for lc1, P for lc2 and lc4, Q for lc3 and lc5) into a ring of two slots;
 //   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
-//     columns, two a slice, a ring of six: two slices ahead), run m64n192k16 wgmmas (Z W1, then the
-//     input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
+//     columns, two a slice, a ring of six: two slices ahead; one thread of theirs copies a slice's two
+//     pieces with one bulk copy, which completes on the ring slot's transaction barrier), run m64n192k16
+//     wgmmas (Z W1, then the input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
 //     store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its residual there, each
 //     element read and written by the same thread), lc2 and lc4 into Q, lc5 to global memory.
 // Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X slices
@@ -33,9 +34,11 @@
 //
 // Shared memory (227 KB, the most a block may have): P and Q (three 64-column K buffers each, of 176
 // rows of 128 bytes: 172 rows hold hypotheses; the third warpgroup's MMAs read 16 rows past a buffer,
-// whose results are never stored), the Z slots (one such buffer, two 32-column halves), and the W ring
-// (six pieces of 192 rows of 64 bytes with the 64-byte swizzle, prepared so by
-// HopperGemm.prepare_chain16 and copied as they are).
+// whose results are never stored), the Z slots (one such buffer, two 32-column halves; its rows 172-175,
+// which nothing stores to, hold the W ring's three transaction barriers), and the W ring (six pieces of
+// 192 rows of 64 bytes with the 64-byte swizzle, prepared so by HopperGemm.prepare_chain16 and copied
+// as they are). W went in by cp.async before (1536 copies of 16 bytes a slice through the load/store
+// pipe that the producer's Z also uses) and the chain took 7-9% longer.
 #include "drb16_tile.cuh"
 
 #define ZC_LAYERS 5                                   // lc1 (cin inputs) and the four 192-wide layers
@@ -188,6 +191,12 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
     // P, Q, Z, W ring: the buffers MMAs read past (P, Q, Z: 16 rows) are followed by another
     const unsigned p_smem = base, q_smem = base + ZC_ACT_BYTES, z_smem = base + 2 * ZC_ACT_BYTES;
     const unsigned w_smem = z_smem + ZC_KBUF_BYTES;
+    const unsigned w_full = z_smem + ZL_TILE_ROWS * 128;   // + 8 s: W ring slot s's barrier (slices q, q % 3 == s)
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ZC_PIECES / 2; ++s) wg_mbar_init(w_full + 8 * s, 1);
+        wg_mbar_init_fence();
+    }
+    __syncthreads();
     const int first_slices = (cin + ZL_BK - 1) / ZL_BK, per_tile = first_slices + ZC_HIDDEN * ZC_SLICES;
     const int my_tiles = tiles > (int)blockIdx.x ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int total = my_tiles * per_tile;   // K slices this block runs
@@ -275,25 +284,15 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
         const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
         const int pieces_per_tile = 2 * per_tile;   // the W stream repeats every tile
         int w_piece = 0;                            // 2 q mod pieces_per_tile for the q issue_w takes next
-        // slice q's W pieces (W1 then W0: pieces 2 q, 2 q + 1 of the stream) into ring slots 2q % 6, (2q + 1) % 6;
-        // 768 16-byte chunks a piece, two a thread; one commit group a slice, empty past the end. Called for
-        // q = 0, 1, 2, ... in turn (w_piece steps along: no division by the run-time tile length)
+        // slice q's W pieces (W1 then W0: pieces 2 q, 2 q + 1 of the stream, side by side in W and in the
+        // ring) into ring slots 2q % 6, (2q + 1) % 6: one bulk copy by thread 0, completing phase q / 3 of
+        // slot q % 3's barrier; none past the end. Called by every MMA thread for q = 0, 1, 2, ... in turn
+        // (w_piece steps along: no division by the run-time tile length)
         auto issue_w = [&](int q) {
-            if (q < total) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int p = 2 * q + h;
-                    const unsigned dst = w_smem + (p % ZC_PIECES) * ZC_PIECE_BYTES;
-                    const unsigned short* src = W + (long)(w_piece + h) * (ZC_PIECE_BYTES / 2);
-#pragma unroll
-                    for (int m = 0; m < 2; ++m) {
-                        const int chunk = threadIdx.x + ZL_MMA_THREADS * m;
-                        wg_copy(dst + chunk * 16, reinterpret_cast<const float*>(src + chunk * 8), 16, 16);
-                    }
-                }
-            }
+            if (q < total && threadIdx.x == 0)
+                wg_bulk_copy(w_smem + ((2 * q) % ZC_PIECES) * ZC_PIECE_BYTES, W + (long)w_piece * (ZC_PIECE_BYTES / 2),
+                             2 * ZC_PIECE_BYTES, w_full + 8 * (q % 3));
             w_piece = w_piece + 2 == pieces_per_tile ? 0 : w_piece + 2;
-            asm volatile("cp.async.commit_group;\n" ::);
         };
         issue_w(0);
         issue_w(1);
@@ -313,9 +312,8 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                 const unsigned rows = wg * 64 * 128;   // this warpgroup's rows
 #pragma unroll 1
                 for (int ks = 0; ks < slices; ++ks, ++q) {
-                    asm volatile("cp.async.wait_group 1;\n" ::);   // this thread's copies of slice q's pieces are in
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    wg_bar_sync(ZC_READY + q % 2, ZL_THREADS);      // ... everyone's, and Z's slice
+                    wg_mbar_wait(w_full + 8 * (q % 3), (q / 3) & 1);   // slice q's W pieces are in
+                    wg_bar_sync(ZC_READY + q % 2, ZL_THREADS);        // and Z's slice
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                     const unsigned w1 = w_smem + ((2 * q) % ZC_PIECES) * ZC_PIECE_BYTES;
                     const unsigned w0 = w_smem + ((2 * q + 1) % ZC_PIECES) * ZC_PIECE_BYTES;
@@ -355,7 +353,6 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                 }
             }
         }
-        asm volatile("cp.async.wait_all;\n" ::);
     }
 }
 
