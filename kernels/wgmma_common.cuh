@@ -39,6 +39,21 @@ __device__ __forceinline__ void wg_bulk_copy(unsigned dst, const void* src, unsi
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+// A tensor map (CUtensorMap: the Tensor Memory Accelerator's description of a global array, made on
+// the host by cuTensorMapEncodeTiled), passed to a kernel by value as a __grid_constant__ parameter.
+struct alignas(64) WgTensorMap {
+    unsigned long long bits[16];
+};
+// The box of a rank-3 tensor map at coordinates (c0, c1, c2) (innermost first) into shared memory at dst
+// (laid out and swizzled as the map says; elements past the array's ends read as zero): one arrival
+// on barrier `bar` that announces the box's `bytes`, and the copy.
+__device__ __forceinline__ void wg_tensor_copy_3d(unsigned dst, const WgTensorMap& map, int c0, int c1, int c2,
+                                                  unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
 // Wait until the barrier's phase of the given parity (0 for its 1st, 3rd, ... phase) has completed.
 __device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
     asm volatile("{\n.reg .pred done;\nWG_MBAR_WAIT:\n"

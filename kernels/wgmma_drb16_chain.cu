@@ -15,30 +15,34 @@
 // A persistent block (one per multiprocessor) of 4 warpgroups takes tiles blockIdx.x, blockIdx.x +
 // gridDim.x, ... of (sample, 4 vertices) (drb16_tile.cuh's rows 4 i + v). Its K slices of 32 columns
 // run in one sequence, s0 = ceil(cin / 32) for lc1 and six for each 192-wide layer, 24 + s0 a tile:
-//   - the producer warpgroup copies X's slices (cp.async) into the six half-buffers of buffer Q, six
-//     at first and later each into the half-buffer of the slice six before it (three slices ahead,
-//     the MMAs long done with that one), and for every slice computes the slice's Z from the layer's input (the X slice
-//     for lc1, P for lc2 and lc4, Q for lc3 and lc5) into a ring of two slots;
+//   - one producer thread has the Tensor Memory Accelerator copy lc1's X, 64 columns (two slices) at a
+//     time, into buffer Q's three K buffers through the tensor map `xmap` (rows 4 i + v and the 128-byte
+//     swizzle come from the map; columns past cin and vertices past N arrive as zeros), three at first
+//     and later each into the K buffer of the one three before it (the MMAs done with both its slices),
+//     each completing on that K buffer's transaction barrier; the producer warpgroup computes every
+//     slice's Z from the layer's input (the X slice for lc1, P for lc2 and lc4, Q for lc3 and lc5) into
+//     a ring of two slots;
 //   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
 //     columns, two a slice, a ring of six: two slices ahead; one thread of theirs copies a slice's two
 //     pieces with one bulk copy, which completes on the ring slot's transaction barrier), run m64n192k16
 //     wgmmas (Z W1, then the input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
 //     store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its residual there, each
 //     element read and written by the same thread), lc2 and lc4 into Q, lc5 to global memory.
-// Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X slices
+// Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X
 // there while lc5's epilogue still reads its residual from P (and the next tile's lc1 epilogue,
 // which writes P, runs in the same threads after it, element for element).
-// Named barriers hand slices over (Z ready, Z slot free, X half-buffer free), tell the producer that
+// Named barriers hand slices over (Z ready, Z slot free, X K buffer free), tell the producer that
 // a layer's output is in shared memory or that lc5's input is free, and keep the MMA warpgroups
 // together before W pieces are overwritten.
 //
 // Shared memory (227 KB, the most a block may have): P and Q (three 64-column K buffers each, of 176
 // rows of 128 bytes: 172 rows hold hypotheses; the third warpgroup's MMAs read 16 rows past a buffer,
 // whose results are never stored), the Z slots (one such buffer, two 32-column halves; its rows 172-175,
-// which nothing stores to, hold the W ring's three transaction barriers), and the W ring (six pieces of
+// which nothing stores to, hold the transaction barriers of the W ring's three slots and of Q's three K
+// buffers as lc1's X), and the W ring (six pieces of
 // 192 rows of 64 bytes with the 64-byte swizzle, prepared so by HopperGemm.prepare_chain16 and copied
-// as they are). W went in by cp.async before (1536 copies of 16 bytes a slice through the load/store
-// pipe that the producer's Z also uses) and the chain took 7-9% longer.
+// as they are). W and X went in by cp.async before (1536 copies of 16 bytes a slice for W, 768 a slice
+// of lc1 for X, through the load/store pipe that the producer's Z also uses).
 #include "drb16_tile.cuh"
 
 #define ZC_LAYERS 5                                   // lc1 (cin inputs) and the four 192-wide layers
@@ -55,17 +59,16 @@
 #define ZC_PRODUCER_REGS 80
 
 // Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
-// a layer's output stored (MMA -> producer), the MMA warpgroups' own, the producer warpgroup's own,
-// lc5's input free for the next tile's X (MMA -> producer), an X half-buffer free (MMA -> producer:
-// the MMAs are done with lc1's slice s, s + 6 may go there; ids by s % 3, as at most three are pending),
+// a layer's output stored (MMA -> producer), the MMA warpgroups' own,
+// lc5's input free for the next tile's X (MMA -> producer), an X K buffer free (MMA -> producer: the
+// MMAs are done with lc1's K buffer k, k + 3 may go there; ids by k % 3),
 // and one of a layer's first output slices stored (MMA -> producer, zc_epilogue).
 #define ZC_READY 1                                    // + Z slot (2)
 #define ZC_Z_FREE 3                                   // + Z slot (2)
 #define ZC_LAYER_DONE 5
 #define ZC_MMA 6
-#define ZC_PRODUCER 7
 #define ZC_INPUT_FREE 8                               // lc5's wgmmas are done with its input
-#define ZC_X_FREE 9                                   // + slice % 3
+#define ZC_X_FREE 9                                   // + K buffer % 3
 #define ZC_OUT 12                                     // + slice (< ZC_EARLY_SLICES): a layer's slice stored
 #define ZC_EARLY_SLICES 2                             // the slices so announced (the Z ring's two slots)
 
@@ -180,7 +183,7 @@ __device__ __forceinline__ unsigned zc_input_kbuf(int layer, int ks, unsigned p_
 
 // SCORE: lc5's epilogue is zc_epilogue_score's (score_w, rows_out) instead of x5 to `out`.
 template <int OPS, bool SCORE>
-__device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, long ldx, int cin,
+__device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned short* __restrict__ X, long ldx, int cin,
                                          const unsigned short* __restrict__ W, const float* __restrict__ bias,
                                          unsigned short* __restrict__ out, const float* __restrict__ score_w,
                                          float2* __restrict__ rows_out, int N, int tiles) {
@@ -192,12 +195,21 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
     const unsigned p_smem = base, q_smem = base + ZC_ACT_BYTES, z_smem = base + 2 * ZC_ACT_BYTES;
     const unsigned w_smem = z_smem + ZC_KBUF_BYTES;
     const unsigned w_full = z_smem + ZL_TILE_ROWS * 128;   // + 8 s: W ring slot s's barrier (slices q, q % 3 == s)
+    const unsigned x_full = w_full + 8 * ZC_PIECES / 2;    // + 8 j: Q's K buffer j's as lc1's X (K buffers k, k % 3 == j)
     if (threadIdx.x == 0) {
         for (int s = 0; s < ZC_PIECES / 2; ++s) wg_mbar_init(w_full + 8 * s, 1);
+        for (int j = 0; j < 3; ++j) wg_mbar_init(x_full + 8 * j, 1);
         wg_mbar_init_fence();
     }
     __syncthreads();
     const int first_slices = (cin + ZL_BK - 1) / ZL_BK, per_tile = first_slices + ZC_HIDDEN * ZC_SLICES;
+    const int x_kbufs = (first_slices + 1) / 2;   // lc1's 64-column K buffers
+    // the parity of the phase each of Q's K buffers (as lc1's X) completes next: bit j, flipped by every wait
+    unsigned x_parity = 0;
+    auto wait_x = [&](int kb) {
+        wg_mbar_wait(x_full + 8 * (kb % 3), (x_parity >> (kb % 3)) & 1u);
+        x_parity ^= 1u << (kb % 3);
+    };
     const int my_tiles = tiles > (int)blockIdx.x ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int total = my_tiles * per_tile;   // K slices this block runs
     const long plane_x = (long)N * ldx, plane = (long)N * ZL_COUT;
@@ -211,30 +223,14 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
             long b;
             int n0;
             wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
-            const unsigned short* x_tile = X + b * ZL_HYP * plane_x + (long)n0 * ldx;
-            // slice s of X into half-buffer s % 6 of Q (K buffer s % 6 / 2, half s % 2): rows 4 i + v, four
-            // 16-byte chunks each, columns past cin zero-filled (rows of vertices past N are left as they
-            // are); one commit group a call, empty when s is past the layer. This thread copies chunk c of
-            // rows r0 + 32 m (hypotheses i0 + 8 m, one vertex): the same swizzle and source step for every m,
-            // so the per-chunk work is two additions (the producer, which also makes Z, bounds lc1's pace)
-            const int c = et & 3, r0 = et >> 2, i0 = r0 / ZL_VERTS, vv = r0 % ZL_VERTS;
-            const bool copies = n0 + vv < N;
-            const unsigned short* x_rows = x_tile + i0 * plane_x + vv * ldx + 8 * c;
-            const long x_step = 32 / ZL_VERTS * plane_x;   // 8 hypotheses
-            auto load_slice = [&](int s) {
-                if (s < first_slices && copies) {
-                    const unsigned dst = zc_input_kbuf(0, s, p_smem, q_smem) + r0 * 128 + (((4 * (s % 2) + c) ^ (r0 & 7)) << 4);
-                    const int left = cin - ZL_BK * s - 8 * c, bytes = left >= 8 ? 16 : (left > 0 ? 2 * left : 0);
-                    const unsigned short* src = x_rows + ZL_BK * s;
-#pragma unroll
-                    for (int m = 0; m < 6; ++m)
-                        if (r0 + 32 * m < ZL_TILE_ROWS)
-                            wg_copy(dst + m * 32 * 128, reinterpret_cast<const float*>(bytes ? src + m * x_step : X), 16, bytes);
-                }
-                asm volatile("cp.async.commit_group;\n" ::);
+            // lc1's K buffer kb (X's columns 64 kb ..) into Q's K buffer kb % 3, by thread et == 0
+            auto load_kbuf = [&](int kb) {
+                if (et == 0)
+                    wg_tensor_copy_3d(q_smem + (kb % 3) * ZC_KBUF_BYTES, xmap, 64 * kb, n0, (int)(b * ZL_HYP),
+                                      x_full + 8 * (kb % 3), ZL_TILE_ROWS * 128);
             };
             if (t > 0) wg_bar_sync(ZC_INPUT_FREE, ZL_THREADS);   // the last tile's lc5 wgmmas are done with Q
-            for (int s = 0; s < 6; ++s) load_slice(s);
+            for (int kb = 0; kb < 3 && kb < x_kbufs; ++kb) load_kbuf(kb);
             if (t + 1 < my_tiles && et < ZL_HYP) {   // the next tile's X into L2: hypothesis et's rows are contiguous
                 long nb;
                 int nn0;
@@ -253,16 +249,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                     if (layer > 0 && ks < ZC_EARLY_SLICES) wg_bar_sync(ZC_OUT + ks, ZL_THREADS);
                     if (layer > 0 && ks == ZC_EARLY_SLICES) wg_bar_sync(ZC_LAYER_DONE, ZL_THREADS);
                     // Z of the slice's input (zc_input_kbuf) goes to slot q % 2
-                    if (layer == 0) {
-                        // slice ks is commit group ks (ks < 6) or ks + 3 (loaded after slice ks - 3's Z) of the tile,
-                        // and one group follows every slice's Z
-                        if (ks < 6)
-                            asm volatile("cp.async.wait_group 5;\n" ::);
-                        else
-                            asm volatile("cp.async.wait_group 2;\n" ::);
-                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        wg_bar_sync(ZC_PRODUCER, 128);   // every producer thread's copies of the slice are in
-                    }
+                    if (layer == 0 && ks % 2 == 0) wait_x(ks / 2);   // the slice's K buffer is in
                     const unsigned src = zc_input_kbuf(layer, ks, p_smem, q_smem);
                     if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
                     if (n0 + v < N)
@@ -270,15 +257,15 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                                                  32 * (q % 2) + lane, v);
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     wg_bar_arrive(ZC_READY + q % 2, ZL_THREADS);
-                    if (layer == 0) {   // slice ks + 3 into slice ks - 3's half-buffer (the MMAs arrived for it
-                        // at their slice ks - 2, normally long before)
-                        if (ks >= 3 && ks + 3 < first_slices) wg_bar_sync(ZC_X_FREE + ks % 3, ZL_THREADS);
-                        load_slice(ks >= 3 ? ks + 3 : first_slices);
+                    // after slice 2 k + 3's Z: K buffer k + 3 into K buffer k's place (the MMAs arrived for it at
+                    // their slice 2 k + 2, done with both of k's slices; three slices before k + 3's first)
+                    if (layer == 0 && ks % 2 == 1 && ks >= 3 && (ks - 3) / 2 + 3 < x_kbufs) {
+                        wg_bar_sync(ZC_X_FREE + (ks - 3) / 2 % 3, ZL_THREADS);
+                        load_kbuf((ks - 3) / 2 + 3);
                     }
                 }
             }
         }
-        asm volatile("cp.async.wait_all;\n" ::);
     } else {   // ---- MMA warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(ZC_MMA_REGS));
         const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
@@ -313,6 +300,7 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
 #pragma unroll 1
                 for (int ks = 0; ks < slices; ++ks, ++q) {
                     wg_mbar_wait(w_full + 8 * (q % 3), (q / 3) & 1);   // slice q's W pieces are in
+                    if (layer == 0 && ks % 2 == 0) wait_x(ks / 2);       // lc1's X slice is (the producer saw it)
                     wg_bar_sync(ZC_READY + q % 2, ZL_THREADS);        // and Z's slice
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                     const unsigned w1 = w_smem + ((2 * q) % ZC_PIECES) * ZC_PIECE_BYTES;
@@ -323,7 +311,9 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
                         zl_mma<OPS>(acc, wg_desc(zs + 32 * kk), zc_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's products are done
-                    if (layer == 0 && ks >= 1 && ks + 5 < first_slices) wg_bar_arrive(ZC_X_FREE + (ks - 1) % 3, ZL_THREADS);
+                    // done with lc1's K buffer ks / 2 - 1 (both its slices): K buffer ks / 2 + 2 may go there
+                    if (layer == 0 && ks % 2 == 0 && ks >= 2 && ks / 2 + 2 < x_kbufs)
+                        wg_bar_arrive(ZC_X_FREE + (ks / 2 - 1) % 3, ZL_THREADS);
                     wg_bar_sync(ZC_MMA, ZL_MMA_THREADS);                                 // ... in every warpgroup
                     issue_w(q + 2);   // into slice q - 1's slots
                     const unsigned xs = zc_input_kbuf(layer, ks, p_smem, q_smem) + rows + 64 * (ks % 2);
@@ -358,9 +348,9 @@ __device__ __forceinline__ void zc_chain(const unsigned short* __restrict__ X, l
 
 #define ZC_KERNEL(NAME, OPS)                                                                                  \
     extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
-        const unsigned short* X, long ldx, int cin, const unsigned short* W, const float* bias, unsigned short* out, \
-        int N, int tiles) {                                                                                   \
-        zc_chain<OPS, false>(X, ldx, cin, W, bias, out, nullptr, nullptr, N, tiles);                          \
+        const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const unsigned short* W, \
+        const float* bias, unsigned short* out, int N, int tiles) {                                             \
+        zc_chain<OPS, false>(xmap, X, ldx, cin, W, bias, out, nullptr, nullptr, N, tiles);                    \
     }
 ZC_KERNEL(wg_drb_chain_f16, WG_F16)
 ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
@@ -368,9 +358,9 @@ ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
 // The same with the block's score layer's two products in lc5's epilogue: rows_out (B, 43, N) float2.
 #define ZC_SCORE_KERNEL(NAME, OPS)                                                                            \
     extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
-        const unsigned short* X, long ldx, int cin, const unsigned short* W, const float* bias,                 \
-        const float* score_w, float2* rows_out, int N, int tiles) {                                           \
-        zc_chain<OPS, true>(X, ldx, cin, W, bias, nullptr, score_w, rows_out, N, tiles);                      \
+        const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const unsigned short* W, \
+        const float* bias, const float* score_w, float2* rows_out, int N, int tiles) {                          \
+        zc_chain<OPS, true>(xmap, X, ldx, cin, W, bias, nullptr, score_w, rows_out, N, tiles);                \
     }
 ZC_SCORE_KERNEL(wg_drb_chain_score_f16, WG_F16)
 ZC_SCORE_KERNEL(wg_drb_chain_score_bf16, WG_BF16)

@@ -85,7 +85,7 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     """wgmma_drb16_chain.cu: the block's shared memory (two activation buffers and the Z slots of 176
     rows, the six W pieces, alignment slack) is what hopper_gemm launches it with, no more than an
     H100/H200 block may have (227 KB); its buffers are whole 1024-byte swizzle groups, and the Z buffer's
-    rows past the tile hold the W ring's barriers; Q's six
+    rows past the tile hold the W ring's and X's barriers; Q's six
     half-buffers hold X's slices; the five layers are the first and hopper_gemm's 192-wide ones; both
     16-bit kernels exist; the header shares the vertex tile with the one-layer kernel."""
     from xmesh.backends import hopper_gemm as hg
@@ -94,9 +94,11 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     assert macro(source, "ZC_SMEM_BYTES") == hg.C_SMEM <= 227 * 1024
     assert macro(source, "ZC_KBUF_BYTES") % 1024 == 0 and macro(source, "ZC_PIECE_BYTES") % 1024 == 0
     assert macro(source, "ZC_KBUF_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
-    # the W ring's slot barriers (8 bytes each, a slot two pieces) sit in the Z buffer's rows past the tile's
-    assert macro(source, "ZL_TILE_ROWS") * 128 + 8 * macro(source, "ZC_PIECES") // 2 <= macro(source, "ZC_KBUF_BYTES")
-    assert "wg_mbar_init(w_full + 8 * s, 1)" in source and "z_smem + ZL_TILE_ROWS * 128" in source
+    # the transaction barriers (8 bytes each) of the W ring's slots (two pieces a slot) and of Q's three K
+    # buffers as lc1's X sit in the Z buffer's rows past the tile's
+    barriers = macro(source, "ZC_PIECES") // 2 + 3
+    assert macro(source, "ZL_TILE_ROWS") * 128 + 8 * barriers <= macro(source, "ZC_KBUF_BYTES")
+    assert "w_full = z_smem + ZL_TILE_ROWS * 128" in source and "x_full = w_full + 8 * ZC_PIECES / 2" in source
     assert macro(source, "ZC_ACT_BYTES") == 3 * macro(source, "ZC_KBUF_BYTES")   # three K buffers: six halves
     assert macro(source, "ZC_HIDDEN") == hg.C_HIDDEN and macro(source, "ZC_LAYERS") == hg.C_HIDDEN + 1
     assert macro(source, "ZC_SLICES") * 32 == hg.Z_COUT

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import tensor_map
 from .cuda_kernels import get_arch_function
 
 SOURCE = "wgmma_gemm.cu"
@@ -444,7 +445,11 @@ class HopperGemm:
                              f"and mixing_source(A1)")
         b, _, n, _ = x.shape
         tiles = b * -(-n // DRB_VERTS)
-        head = (x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
+        # lc1's X as the kernel's copies take it: (B * 43 hypotheses, N vertices, cin columns), a box of
+        # 64 columns x a tile's 4 vertices x 43 hypotheses (its rows 4 i + v) at a time
+        xmap = tensor_map.tiled_16bit(x.data.ptr, (chain.cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
+                                      (64, DRB_VERTS, HYPOTHESES))
+        head = (xmap, x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
         if score_weight is None:
             out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
             name, args = f"wg_drb_chain_{OPERANDS[chain.operands][1]}", head + (out,)
