@@ -18,3 +18,16 @@ def test_bad_layouts_are_refused_with_the_reason(address, strides, box, match):
 
 def test_the_parameter_is_the_drivers_128_bytes():
     assert tensor_map.TENSOR_MAP_DTYPE.itemsize == 128
+
+
+def test_a_driver_without_tensor_maps_is_named(monkeypatch):
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(tensor_map.ctypes, "CDLL", no_driver)
+    tensor_map._encode_tiled.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="cuTensorMapEncodeTiled.*CUDA 12 or newer driver"):
+            tensor_map.tiled_16bit(0x1000, (339, 50, 86), (688, 688 * 50), (64, 4, 43))
+    finally:
+        tensor_map._encode_tiled.cache_clear()

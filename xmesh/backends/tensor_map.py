@@ -27,8 +27,11 @@ OOB_FILL_ZERO = 0
 
 @functools.lru_cache(maxsize=1)
 def _encode_tiled():
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuTensorMapEncodeTiled
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    except (OSError, AttributeError) as err:
+        raise RuntimeError("the Hopper kernels' tensor maps need the CUDA driver's cuTensorMapEncodeTiled "
+                           f"(libcuda.so.1 of a CUDA 12 or newer driver): {err}") from err
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                    ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
