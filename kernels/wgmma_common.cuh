@@ -1,7 +1,8 @@
 // Hopper warpgroup-MMA primitives shared by the wgmma kernels (sm_90a): operand-mode codes,
-// cp.async copies, transaction barriers and bulk copies, TF32 splitting and 16-bit packing,
-// shared-memory matrix descriptors, the wgmma instructions, the input-side layers' vertex tiles, named barriers. Included by
-// wgmma_gemm.cu, wgmma_drb16.cu and wgmma_drb32.cu (xmesh/backends/cuda_kernels.py expands the include).
+// cp.async copies, transaction barriers with bulk and tensor-map copies, TF32 splitting and 16-bit
+// packing, shared-memory matrix descriptors, the wgmma instructions, the input-side layers' vertex
+// tiles, named barriers. Included by wgmma_gemm.cu, wgmma_drb16.cu and wgmma_drb32.cu
+// (xmesh/backends/cuda_kernels.py expands the include).
 #include "bits16.cuh"
 
 // Operand modes (the kernels' template parameter OPS): how A and B enter the tensor cores.

@@ -25,9 +25,10 @@
 //   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
 //     columns, two a slice, a ring of six: two slices ahead; one thread of theirs copies a slice's two
 //     pieces with one bulk copy, which completes on the ring slot's transaction barrier), run m64n192k16
-//     wgmmas (Z W1, then the input's W0), and after a layer's last slice add the bias, apply the ReLU, add the residual and
-//     store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its residual there, each
-//     element read and written by the same thread), lc2 and lc4 into Q, lc5 to global memory.
+//     wgmmas (Z W1, then the input's W0), and after a layer's last slice add the bias, apply the ReLU,
+//     add the residual and store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its
+//     residual there, each element read and written by the same thread), lc2 and lc4 into Q, lc5 to
+//     global memory.
 // Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X
 // there while lc5's epilogue still reads its residual from P (and the next tile's lc1 epilogue,
 // which writes P, runs in the same threads after it, element for element).
@@ -39,9 +40,8 @@
 // rows of 128 bytes: 172 rows hold hypotheses; the third warpgroup's MMAs read 16 rows past a buffer,
 // whose results are never stored), the Z slots (one such buffer, two 32-column halves; its rows 172-175,
 // which nothing stores to, hold the transaction barriers of the W ring's three slots and of Q's three K
-// buffers as lc1's X), and the W ring (six pieces of
-// 192 rows of 64 bytes with the 64-byte swizzle, prepared so by HopperGemm.prepare_chain16 and copied
-// as they are). W and X went in by cp.async before (1536 copies of 16 bytes a slice for W, 768 a slice
+// buffers as lc1's X), and the W ring (six pieces of 192 rows of 64 bytes with the 64-byte swizzle,
+// prepared so by HopperGemm.prepare_chain16 and copied as they are). W and X went in by cp.async before (1536 copies of 16 bytes a slice for W, 768 a slice
 // of lc1 for X, through the load/store pipe that the producer's Z also uses).
 #include "drb16_tile.cuh"
 
