@@ -35,8 +35,12 @@ __device__ __forceinline__ void wg_mbar_init(unsigned bar, unsigned arrivals) {
 __device__ __forceinline__ void wg_mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-__device__ __forceinline__ void wg_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+// One arrival on the barrier that also tells it to expect `bytes` more in this phase.
+__device__ __forceinline__ void wg_mbar_expect_tx(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void wg_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    wg_mbar_expect_tx(bar, bytes);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
@@ -50,7 +54,7 @@ struct alignas(64) WgTensorMap {
 // on barrier `bar` that announces the box's `bytes`, and the copy.
 __device__ __forceinline__ void wg_tensor_copy_3d(unsigned dst, const WgTensorMap& map, int c0, int c1, int c2,
                                                   unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    wg_mbar_expect_tx(bar, bytes);
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");

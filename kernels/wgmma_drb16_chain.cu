@@ -175,8 +175,8 @@ __device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const 
 }
 
 // The K buffer that holds K slice ks of a layer's input, in half ks % 2 of it: lc1's X in Q's half-buffer
-// ks % 6, x1 and x3 (lc2, lc4) in P, x2 and x4 (lc3, lc5) in Q. The producer's Z and copies and the MMAs'
-// descriptors all take it from here.
+// ks % 6, x1 and x3 (lc2, lc4) in P, x2 and x4 (lc3, lc5) in Q. The producer's Z and X copies and the
+// MMAs' descriptors all take it from here.
 __device__ __forceinline__ unsigned zc_input_kbuf(int layer, int ks, unsigned p_smem, unsigned q_smem) {
     return layer == 0 ? q_smem + (ks % 6 / 2) * ZC_KBUF_BYTES : (layer % 2 ? p_smem : q_smem) + (ks / 2) * ZC_KBUF_BYTES;
 }
@@ -223,10 +223,11 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
             long b;
             int n0;
             wg_vertex_origin<ZL_VERTS>((int)blockIdx.x + t * (int)gridDim.x, N, b, n0);
-            // lc1's K buffer kb (X's columns 64 kb ..) into Q's K buffer kb % 3, by thread et == 0
+            // lc1's K buffer kb (X's columns 64 kb .., slices 2 kb and 2 kb + 1) into its place in Q
+            // (zc_input_kbuf: K buffer kb % 3, whose barrier is x_full's kb % 3), by thread et == 0
             auto load_kbuf = [&](int kb) {
                 if (et == 0)
-                    wg_tensor_copy_3d(q_smem + (kb % 3) * ZC_KBUF_BYTES, xmap, 64 * kb, n0, (int)(b * ZL_HYP),
+                    wg_tensor_copy_3d(zc_input_kbuf(0, 2 * kb, p_smem, q_smem), xmap, 64 * kb, n0, (int)(b * ZL_HYP),
                                       x_full + 8 * (kb % 3), ZL_TILE_ROWS * 128);
             };
             if (t > 0) wg_bar_sync(ZC_INPUT_FREE, ZL_THREADS);   // the last tile's lc5 wgmmas are done with Q
@@ -300,7 +301,7 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
 #pragma unroll 1
                 for (int ks = 0; ks < slices; ++ks, ++q) {
                     wg_mbar_wait(w_full + 8 * (q % 3), (q / 3) & 1);   // slice q's W pieces are in
-                    if (layer == 0 && ks % 2 == 0) wait_x(ks / 2);       // lc1's X slice is (the producer saw it)
+                    if (layer == 0 && ks % 2 == 0) wait_x(ks / 2);       // lc1's X slice is in (the producer saw it land)
                     wg_bar_sync(ZC_READY + q % 2, ZL_THREADS);        // and Z's slice
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                     const unsigned w1 = w_smem + ((2 * q) % ZC_PIECES) * ZC_PIECE_BYTES;
