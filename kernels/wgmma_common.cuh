@@ -90,6 +90,12 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
+// The same with the 64-byte swizzle: rows of 64 bytes, 512 bytes between 8-row groups (the 16-bit
+// chain's and the 3xf16 layer's W pieces, 32 K rows of 16 bits).
+__device__ __forceinline__ unsigned long long wg_desc64(unsigned addr) {
+    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
+}
+
 #define WG_F8(i)                                                                                       \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),       \
         "+f"(d[i + 6]), "+f"(d[i + 7])

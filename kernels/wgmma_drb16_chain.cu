@@ -72,12 +72,6 @@
 #define ZC_OUT 12                                     // + slice (< ZC_EARLY_SLICES): a layer's slice stored
 #define ZC_EARLY_SLICES 2                             // the slices so announced (the Z ring's two slots)
 
-// Matrix descriptor of a K-major B piece with the 64-byte swizzle: rows of 64 bytes, 512 bytes between
-// 8-row groups (wg_desc is the 128-byte form).
-__device__ __forceinline__ unsigned long long zc_desc64(unsigned addr) {
-    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
-}
-
 // Piece k (output columns 32 k + 8 t .. + 7) of this thread's row h of a layer's output: relu(acc + bias)
 // (+ the residual's piece at res, 16 bits), rounded to 16 bits, as four pairs. The accumulator columns of
 // quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): accumulator column 8 (4 k + p) + 2 t and
@@ -309,7 +303,7 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
                     const unsigned zs = z_smem + rows + 64 * (q % 2);
 #pragma unroll
                     for (int kk = 0; kk < 2; ++kk)
-                        zl_mma<OPS>(acc, wg_desc(zs + 32 * kk), zc_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
+                        zl_mma<OPS>(acc, wg_desc(zs + 32 * kk), wg_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's products are done
                     // done with lc1's K buffer ks / 2 - 1 (both its slices): K buffer ks / 2 + 2 may go there
@@ -319,7 +313,7 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
                     issue_w(q + 2);   // into slice q - 1's slots
                     const unsigned xs = zc_input_kbuf(layer, ks, p_smem, q_smem) + rows + 64 * (ks % 2);
 #pragma unroll
-                    for (int kk = 0; kk < 2; ++kk) zl_mma<OPS>(acc, wg_desc(xs + 32 * kk), zc_desc64(w0 + 32 * kk), 1);
+                    for (int kk = 0; kk < 2; ++kk) zl_mma<OPS>(acc, wg_desc(xs + 32 * kk), wg_desc64(w0 + 32 * kk), 1);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q's Z products are done
                     if (q + 2 < total) wg_bar_arrive(ZC_Z_FREE + q % 2, ZL_THREADS);

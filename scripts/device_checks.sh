@@ -16,7 +16,7 @@ case "${1:-tests}" in
 tests)
   XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_tc_gemm.py \
     tests/test_golden.py tests/test_cupy_backend.py tests/test_metrics_gpu.py tests/test_out_of_memory.py \
-    tests/test_model.py tests/test_drb32_zlayer.py tests/test_kernel_sources.py tests/test_kernel_cache.py \
+    tests/test_model.py tests/test_drb32_zlayer.py tests/test_drb32h.py tests/test_kernel_sources.py tests/test_kernel_cache.py \
     tests/test_branches.py tests/test_pinned_upload.py --durations=30 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   ;;
 tests16)

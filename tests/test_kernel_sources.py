@@ -22,6 +22,7 @@ def definitions(source: str, name: str) -> int:
     ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb32.cu", ["wgmma_common.cuh", "bits16.cuh"]),
+    ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("p2m_ops.cu", ["bits16.cuh"]),
 ])
 def test_headers_are_put_in_place_once(filename, headers):
@@ -106,3 +107,20 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     for part in ("f16", "bf16"):
         assert f"wg_drb_chain_{part}," in source
     assert definitions(source, "zl_mix_slice_column") == 1
+
+
+def test_three_half_products_layer_fits_shared_memory_as_the_host_reckons():
+    """wgmma_drb32h.cu: the block's shared memory (three X and two Z slots of 192 rows x 128 bytes, four W
+    slots of a slice's four 96-column pieces, the transaction barriers, alignment slack) is what
+    hopper_gemm launches it with, within an H100/H200 block's 227 KB; the slots are whole 1024-byte
+    swizzle groups; the tile's columns are hopper_gemm's; the registers setmaxnreg moves add up to the
+    block's."""
+    from xmesh.backends import hopper_gemm as hg
+
+    source = kernel_source(hg.H_SOURCE)
+    assert macro(source, "H_SMEM_BYTES") == hg.H_SMEM <= 227 * 1024
+    assert macro(source, "H_SLOT_BYTES") % 1024 == 0 and macro(source, "H_SLOT_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
+    assert macro(source, "H_SLICE_BYTES") % 1024 == 0 and macro(source, "H_SLICE_BYTES") == 4 * hg.H_COLUMNS * 64
+    assert macro(source, "H_BK") == hg.H_BK == 32 and macro(source, "H_CT") == hg.H_COLUMNS
+    assert "wg_drb_hlayer32(" in source
+    assert 3 * macro(source, "H_MMA_REGS") + macro(source, "H_PRODUCER_REGS") == 4 * 128

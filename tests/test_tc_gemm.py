@@ -462,9 +462,11 @@ def template_support_mask():
     return mask
 
 
-def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper):
-    """CupyBackend.op_local_gconv on a 192-wide layer runs the fused Hopper kernel built for its A1
-    and agrees with the GEMM + mixing-kernel path of other GPUs to float32 rounding."""
+def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper, monkeypatch):
+    """CupyBackend.op_local_gconv on a 192-wide layer runs a fused Hopper kernel built for its A1 (the
+    fp32 mode's three-float16-products layer, drb_hlayer32, or with fp32_halves off the 3xTF32
+    output-side one, drb_layer), each agreeing with the GEMM + mixing-kernel path of other GPUs to
+    float32 rounding."""
     from types import SimpleNamespace
 
     from xmesh.backends.hopper_gemm import mixing_source
@@ -476,19 +478,20 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper):
                             weight0=None, relu=True)
     a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
     calls = []
-    original = hopper.drb_layer
-    hopper.drb_layer = lambda *args, **kw: calls.append(kw["mixing"]) or original(*args, **kw)
-    try:
-        fused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
-        gb.hopper = None
-        unfused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
-    finally:
-        gb.hopper = hopper
-        del hopper.drb_layer
-    assert calls == [mixing_source(a1.get())]        # the kernel built for this A1
+    halves_layer, tf32_layer = hopper.drb_hlayer32, hopper.drb_layer
+    monkeypatch.setattr(hopper, "drb_hlayer32", lambda *args: calls.append(("halves", args[4])) or halves_layer(*args))
+    monkeypatch.setattr(hopper, "drb_layer", lambda *args, **kw: calls.append(("3xtf32", kw["mixing"])) or tf32_layer(*args, **kw))
+    fused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
+    monkeypatch.setattr(gb, "fp32_halves", False)
+    fused_3x = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
+    monkeypatch.setattr(gb, "hopper", None)
+    unfused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
+    source = mixing_source(a1.get())   # the kernels built for this A1
+    assert calls == [("halves", source), ("3xtf32", source)]
     ref = drb_reference(x, layer.weight.get(), a1.get(), layer.bias.get(), None)
-    assert rel_error(fused, ref) < 1e-6 and rel_error(unfused, ref) < 1e-6
-    np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-5)
+    for got in (fused, fused_3x, unfused):
+        assert rel_error(got, ref) < 1e-6
+        np.testing.assert_allclose(got, unfused, rtol=1e-5, atol=1e-5)
 
 
 def test_hopper_kernels_can_be_switched_off(cp, hopper, monkeypatch):

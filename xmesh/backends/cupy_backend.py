@@ -207,6 +207,10 @@ class CupyBackend(Backend):
         #: where they chain, the block's score layer's products run in the chain's last epilogue
         #: (op_drb_block_tail); False writes x5 and runs the score layer on its own (for comparisons)
         self.fuse_drb_score = True
+        #: the fp32 mode's deformation layers run as three float16 products on compute capability 9.0
+        #: (HopperGemm.drb_hlayer32: 22-bit operand parts as 3xTF32's, at twice TF32's rate, the mixing
+        #: on the input side); False runs them in 3xTF32 (HopperGemm.drb_layer, for comparisons)
+        self.fp32_halves = True
         # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
         # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
         self.gemm_passes = 3 if precision == "fp32" else 1
@@ -734,13 +738,20 @@ class CupyBackend(Backend):
         as the next layer's X and residual); every layer with 16-bit X (the 192-wide layers, and a
         block's first, whose X the local projection writes in 16 bits) runs ``drb_zlayer`` (the mixing
         on the input side; 96 columns per tile for the first layer's 339 inputs), and the narrow last
-        layer reads them through ``_skinny16``."""
+        layer reads them through ``_skinny16``. The fp32 mode's layers run ``drb_hlayer32`` (three
+        float16 products of 22-bit operand parts, the mixing on the input side, each K slice summed on
+        its own and added in float32) where it takes X; the tf32 mode's, ``drb_layer``."""
         cp = self.cupy
         operands = LAYER_OPERANDS[self.precision]
         out16 = hopper_gemm.OPERANDS[operands][2] == 0
         if out16 and residual is not None and residual.dtype == cp.float32:
             residual = hopper_gemm.narrow16(cp, residual, operands)
         rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
+        if (operands == "3xtf32" and self.fp32_halves and x.dtype == cp.float32
+                and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.Z_COUT)):
+            halves = self._derived.get((layer.weight,), "halves", lambda: self.hopper.prepare_halves(layer.weight))
+            if self.hopper.hlayer32_applies(rows, halves, mixing):
+                return self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing)
         if out16 and x.dtype != cp.float32:   # 16-bit X (the local projection's or a layer's): mixing on the input side
             stacked = self._hopper_weight(layer.weight, operands, layer.weight)
             if self.hopper.zlayer_applies(rows, stacked, mixing):

@@ -51,6 +51,15 @@ Y_SMEM = Y_W_BYTES + 6 * HYPOTHESES * DRB_VERTS * 20 * 4 + 96 * 4 + 1024
 #: x 64 bytes, alignment slack: 232448 bytes, all a block may have on compute capability 9.0).
 C_SOURCE, C_HIDDEN, C_SLICES = "wgmma_drb16_chain.cu", 4, 6
 C_SMEM = (2 * 3 + 1) * 176 * 128 + 6 * Z_COUT * 64 + 1024
+#: The "fp32" mode's layer as three float16 products (kernels/wgmma_drb32h.cu): the mixing on the input
+#: side, tiles of 4 vertices by 96 of the 192 output columns (each K slice's products summed on their own,
+#: for float32's accuracy), W streamed. K slice, tile columns; shared memory: three X and two Z slots of
+#: 192 rows x 128 bytes (32 float32 columns), four W slots of four 96 x 32 float16 pieces, the slots'
+#: transaction barriers, alignment slack.
+H_SOURCE, H_BK, H_COLUMNS = "wgmma_drb32h.cu", 32, 96
+H_SMEM = 5 * DRB_ROWS * 128 + 4 * 4 * H_COLUMNS * 64 + 64 + 1024
+#: Each W column's power-of-two scale puts its largest entry in [2^H_W_EXPONENT, 2^(H_W_EXPONENT + 1)).
+H_W_EXPONENT = 7
 #: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
 OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -158,6 +167,19 @@ class PreparedWeight:
 
 
 @dataclass(frozen=True)
+class PreparedHalves:
+    """A deformation layer's [W0 | W1] (k x 2 * 192, float32) for :meth:`HopperGemm.drb_hlayer32`:
+    ``stream`` (uint16 holding float16) per 32-row K slice and column group of 96, W1's big and small
+    parts, then W0's, each 96 columns x 32 K rows in the kernel's shared-memory form
+    (:func:`piece_index`), of W with each output column c multiplied by 2^s_c; ``scale`` (192,)
+    float32, 2^-s_c; ``k`` the inputs."""
+
+    stream: object
+    scale: object
+    k: int
+
+
+@dataclass(frozen=True)
 class PreparedChain:
     """A deformation block's five wide layers for :meth:`HopperGemm.drb_chain16`: ``stream`` the 16-bit
     W pieces (the first layer's ceil(cin / 32) K slices, then 4 layers x 6 K slices; each slice W1's
@@ -179,19 +201,26 @@ def accumulator_columns(n: int = Z_COUT):
     return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1)
 
 
-def chain_piece_index(ldb: int, slices: int = C_SLICES) -> np.ndarray:
-    """Where each 16-bit element of one layer's part of :meth:`HopperGemm.prepare_chain16`'s W stream
-    comes from: for stream axes (K slice, piece h, accumulator column n, 16-byte chunk position pos,
-    element e) the flat index, into the layer's prepared unpaired weight (2 x 192 rows of ``ldb`` >=
-    32 ``slices``, row c holding column c of [W0 | W1]), of W1 (h = 0) or W0 (h = 1) at column
-    accumulator_columns()[n] and K row 32 slice + 8 c + e, where c = pos ^ ((n >> 1) & 3) (the
-    64-byte swizzle)."""
-    n = np.arange(Z_COUT)
-    chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                      # (n, pos)
-    w_row = np.array([Z_COUT, 0])[:, None] + accumulator_columns()[None, :]     # (h, n): W1 then W0
+def piece_index(ldb: int, slices: int, columns: int = Z_COUT) -> np.ndarray:
+    """Where each 16-bit element of a stream of W pieces comes from (the 16-bit chain's and the 3xf16
+    layer's shared-memory form of W): for stream axes (K slice, column group g, piece h, accumulator
+    column n, 16-byte chunk position pos, element e) the flat index, into a layer's unpaired K-major
+    weight (2 x 192 rows of ``ldb`` >= 32 ``slices``, row c holding column c of [W0 | W1]), of W1 (h = 0)
+    or W0 (h = 1) at column ``columns`` g + accumulator_columns()[n] and K row 32 slice + 8 c + e, where
+    c = pos ^ ((n >> 1) & 3) (the 64-byte swizzle); 192 / ``columns`` groups."""
+    n = np.arange(columns)
+    chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                                # (n, pos)
+    col = columns * np.arange(Z_COUT // columns)[:, None] + accumulator_columns(columns)[None, :]   # (g, n)
+    w_row = np.array([Z_COUT, 0])[None, :, None] + col[:, None, :]                           # (g, h, n): W1 then W0
     k = (32 * np.arange(slices)[:, None, None, None] + 8 * chunk[None, :, :, None]
-         + np.arange(8)[None, None, None, :])                                     # (ks, n, pos, e)
-    return w_row[None, :, :, None, None] * ldb + k[:, None]                        # (ks, h, n, pos, e)
+         + np.arange(8)[None, None, None, :])                                                  # (ks, n, pos, e)
+    return w_row[None, :, :, :, None, None] * ldb + k[:, None, None]                          # (ks, g, h, n, pos, e)
+
+
+def chain_piece_index(ldb: int, slices: int = C_SLICES) -> np.ndarray:
+    """:func:`piece_index` of all 192 columns (one group), axes (K slice, piece h, accumulator column
+    n, pos, e): the 16-bit chain's W stream (:meth:`HopperGemm.prepare_chain16`)."""
+    return piece_index(ldb, slices)[:, 0]
 
 
 def hypothesis_rows(cupy, x):
@@ -461,6 +490,75 @@ class HopperGemm:
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out)
         self._kernel(name, C_SMEM, mixing, C_SOURCE)((min(tiles, self.sm_count),), (DRB_THREADS,),
                                                      args + (np.int32(n), np.int32(tiles)), shared_mem=C_SMEM)
+        return out
+
+    def prepare_halves(self, w) -> PreparedHalves:
+        """[W0 | W1] (k, 2 x 192) float32 for :meth:`drb_hlayer32`: each output column c (W0's and W1's
+        column c together) scaled by the power of two 2^s_c that puts its largest magnitude in [2^7,
+        2^8) (exact), split into float16 big = fp16(w) and small = fp16(w - big), laid out as
+        :class:`PreparedHalves` says (K rows past k zero)."""
+        cp = self.cupy
+        w = cp.ascontiguousarray(w, dtype=cp.float32)
+        if w.ndim != 2 or w.shape[1] != 2 * Z_COUT or not 0 < w.shape[0]:
+            raise ValueError(f"prepare_halves: needs a (k, {2 * Z_COUT}) [W0 | W1], got {w.shape}")
+        k = w.shape[0]
+        if not bool(cp.isfinite(w).all()):
+            raise ValueError("prepare_halves: the weight has non-finite entries")
+        largest = cp.maximum(cp.abs(w[:, :Z_COUT]).max(axis=0), cp.abs(w[:, Z_COUT:]).max(axis=0))
+        _, exponent = cp.frexp(largest)   # largest = m 2^exponent, m in [0.5, 1)
+        shift = cp.where(largest > 0, H_W_EXPONENT + 1 - exponent, 0).astype(cp.int32)
+        scaled = cp.ldexp(w, cp.concatenate([shift, shift])[None, :])
+        big = scaled.astype(cp.float16)
+        small = (scaled - big.astype(cp.float32)).astype(cp.float16)
+        slices = -(-k // H_BK)
+
+        def k_major(part):   # (2 x 192, 32 slices): row c holds column c of [W0 | W1], zeros past k
+            rows = cp.zeros((2 * Z_COUT, H_BK * slices), dtype=cp.uint16)
+            rows[:, :k] = part.view(cp.uint16).T
+            return rows.reshape(-1)
+
+        index = cp.asarray(piece_index(H_BK * slices, slices, H_COLUMNS))   # (slice, group, W1 / W0, n, 4, 8)
+        stream = cp.stack([cp.take(k_major(big), index), cp.take(k_major(small), index)], axis=3)
+        scale = cp.ldexp(cp.ones(Z_COUT, dtype=cp.float32), -shift).astype(cp.float32)
+        return PreparedHalves(cp.ascontiguousarray(stream.reshape(-1)), scale, k)
+
+    def hlayer32_applies(self, x, halves: PreparedHalves, mixing: str) -> bool:
+        """Whether :meth:`drb_hlayer32` takes this X: float32 (B, 43, N, k) with rows (unit stride) evenly
+        spaced a multiple of 4 floats apart, starting 16-byte aligned, and the A1 built into ``mixing``."""
+        cp = self.cupy
+        return (bool(mixing) and x.ndim == 4 and x.dtype == cp.float32 and x.shape[1] == HYPOTHESES
+                and x.shape[3] == halves.k and hypothesis_rows(cp, x) is x and (x.strides[2] // 4) % 4 == 0
+                and x.data.ptr % 16 == 0)
+
+    def drb_hlayer32(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = ""):
+        """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu):
+        relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32, each product of float32 operands
+        taken as big big + big small + small big of their float16 parts (W's columns scaled by powers
+        of two, undone in the epilogue), each 32-column K slice's products summed in the tensor cores
+        and added in float32; tiles of 96 output columns.
+        X float32 (B, 43, N, k) (see :meth:`hlayer32_applies`), ``halves`` from :meth:`prepare_halves`,
+        residual (B, 43, N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns
+        (B, 43, N, 192) float32."""
+        cp = self.cupy
+        if not self.hlayer32_applies(x, halves, mixing):
+            raise ValueError(f"drb_hlayer32: X {x.shape} ({x.dtype}, strides {x.strides}) with "
+                             f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned float32 "
+                             f"(B, {HYPOTHESES}, N, {halves.k}) array with rows a multiple of 4 floats apart, "
+                             f"and mixing_source(A1)")
+        b, _, n, cin = x.shape
+        residual, bias = self._zlayer_epilogue_operands("drb_hlayer32", residual, bias, (b, HYPOTHESES, n, Z_COUT),
+                                                        cp.dtype(cp.float32), 16)
+        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
+        tiles, blocks = self._column_group_grid(b, n, H_COLUMNS)
+        # X as (B * 43 hypotheses, N vertices, cin columns), a box of 32 columns x a tile's 4 vertices x
+        # 43 hypotheses (its rows 4 i + v) at a time
+        xmap = tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
+                                (H_BK, DRB_VERTS, HYPOTHESES), element_bytes=4)
+        self._kernel("wg_drb_hlayer32", H_SMEM, mixing, H_SOURCE)(
+            (blocks,), (DRB_THREADS,),
+            (xmap, x, np.int64(x.strides[2] // 4), np.int32(cin), halves.stream, halves.scale, bias,
+             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
+            shared_mem=H_SMEM)
         return out
 
     @staticmethod

@@ -19,6 +19,7 @@ TENSOR_MAP_DTYPE = np.dtype([("bits", np.uint64, 16)])
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
 # CUtensorMapFloatOOBfill (cuda.h)
 DATA_UINT16 = 1
+DATA_UINT32 = 2
 INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3
 L2_PROMOTION_256B = 3
@@ -41,20 +42,29 @@ def _encode_tiled():
 
 
 def tiled_16bit(address: int, dims, strides_bytes, box):
-    """The tensor map of a 16-bit array at device ``address`` with sizes ``dims`` (innermost first),
-    byte strides ``strides_bytes`` of dims 1.. (multiples of 16), copied in boxes of ``box`` elements
-    (the innermost 128 bytes at most) with the 128-byte swizzle; elements past the array's ends read
-    as zero. Returns the NumPy scalar a kernel takes by value."""
+    """:func:`tiled` for a 16-bit array (float16 or bfloat16 bits)."""
+    return tiled(address, dims, strides_bytes, box, element_bytes=2)
+
+
+def tiled(address: int, dims, strides_bytes, box, element_bytes: int):
+    """The tensor map of an array of 2- or 4-byte elements (copied as raw bits) at device ``address``
+    with sizes ``dims`` (innermost first), byte strides ``strides_bytes`` of dims 1.. (multiples of 16),
+    copied in boxes of ``box`` elements (the innermost 128 bytes at most) with the 128-byte swizzle;
+    elements past the array's ends read as zero. Returns the NumPy scalar a kernel takes by value."""
     rank = len(dims)
+    if element_bytes not in (2, 4):
+        raise ValueError(f"tensor map: elements of 2 or 4 bytes, got {element_bytes}")
     if len(strides_bytes) != rank - 1 or len(box) != rank:
         raise ValueError(f"tensor map: {rank} sizes need {rank - 1} strides and {rank} box sizes")
-    if address % 16 or any(s % 16 for s in strides_bytes) or box[0] * 2 > 128:
+    if address % 16 or any(s % 16 for s in strides_bytes) or box[0] * element_bytes > 128:
         raise ValueError(f"tensor map: address {address:#x} and strides {tuple(strides_bytes)} must be "
-                         f"16-byte multiples, and the box's rows ({box[0]} elements) at most 128 bytes")
+                         f"16-byte multiples, and the box's rows ({box[0]} elements of {element_bytes} bytes) "
+                         f"at most 128 bytes")
     room = (ctypes.c_uint8 * (TENSOR_MAP_DTYPE.itemsize + 64))()   # the driver writes it 64-byte aligned
     at = (ctypes.addressof(room) + 63) & ~63
     u64, u32 = ctypes.c_uint64 * rank, ctypes.c_uint32 * rank
-    status = _encode_tiled()(at, DATA_UINT16, rank, address, u64(*dims),
+    data_type = DATA_UINT16 if element_bytes == 2 else DATA_UINT32
+    status = _encode_tiled()(at, data_type, rank, address, u64(*dims),
                              (ctypes.c_uint64 * max(rank - 1, 1))(*strides_bytes), u32(*box), u32(*([1] * rank)),
                              INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO)
     if status != 0:
