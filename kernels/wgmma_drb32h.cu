@@ -34,7 +34,7 @@
 //     the 128-byte swizzle; columns past cin and vertices past N arrive as zeros) into X slot q % 3,
 //     completing on that slot's transaction barrier; the producer warpgroup (a thread per vertex and
 //     column) computes the slice's Z into Z slot q % 2, laid out as the X slot; at a tile's start it
-//     has the tile's residual and the next tile's X brought into L2;
+//     has the tile's residual brought into L2 (the next tile's X too measured slower);
 //   - three MMA warpgroups (64 rows each) load a slice's X and Z fragments into registers, split them
 //     there, and run m64n96k16 wgmmas with A in registers and W's parts from shared memory, a k16 step
 //     at a time (small parts' products first); one of their threads streams W, a slice's four pieces
@@ -121,7 +121,7 @@ __device__ __forceinline__ void h_fragments(const unsigned char* slot, int r, in
     h_split(*reinterpret_cast<const float2*>(slot + (r + 8) * 128 + hi), big[3], small[3]);
 }
 
-__device__ __forceinline__ void h_layer(const WgTensorMap& xmap, const float* __restrict__ X, long ldx, int cin,
+__device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                                         const unsigned short* __restrict__ W, const float* __restrict__ scale,
                                         const float* __restrict__ bias, const float* __restrict__ res,
                                         float* __restrict__ out, int N, int tiles) {
@@ -172,13 +172,6 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, const float* __
                     const int verts = N - n0 < ZL_VERTS ? N - n0 : ZL_VERTS;
                     const float* row = res + (b * ZL_HYP + et) * plane + (long)n0 * ZL_COUT + col0;
                     for (int vv = 0; vv < verts; ++vv) zl_prefetch_l2(row + vv * ZL_COUT, (unsigned)(H_CT * 4));
-                }
-                if (t + 1 < my_tiles && et >= 64 && et < 64 + ZL_HYP) {   // the next tile's X into L2: its
-                    long nb;                                             // hypothesis's rows are contiguous
-                    int nn0;
-                    wg_vertex_origin<ZL_VERTS>(((int)blockIdx.x + (t + 1) * (int)gridDim.x) / H_GROUPS, N, nb, nn0);
-                    const int verts = N - nn0 < ZL_VERTS ? N - nn0 : ZL_VERTS;
-                    zl_prefetch_l2(X + (nb * ZL_HYP + et - 64) * N * ldx + (long)nn0 * ldx, (unsigned)(verts * ldx * 4));
                 }
             }
             wg_mbar_wait(x_full + 8 * (q % H_X_SLOTS), (q / H_X_SLOTS) & 1);   // slice q's X is in
@@ -299,10 +292,10 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, const float* __
     }
 }
 
-// X: the tensor map of the layer's float32 input (hopper_gemm.drb_hlayer32) and its pointer; W: the
-// stream of prepare_halves; scale (192,): 2^-s of each output column's power-of-two scale.
+// xmap: the tensor map of the layer's float32 input X (hopper_gemm.drb_hlayer32); W: the stream of
+// prepare_halves; scale (192,): 2^-s of each output column's power-of-two scale.
 extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
-    const __grid_constant__ WgTensorMap xmap, const float* X, long ldx, int cin, const unsigned short* W,
+    const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W,
     const float* scale, const float* bias, const float* res, float* out, int N, int tiles) {
-    h_layer(xmap, X, ldx, cin, W, scale, bias, res, out, N, tiles);
+    h_layer(xmap, cin, W, scale, bias, res, out, N, tiles);
 }

@@ -556,7 +556,7 @@ class HopperGemm:
                                 (H_BK, DRB_VERTS, HYPOTHESES), element_bytes=4)
         self._kernel("wg_drb_hlayer32", H_SMEM, mixing, H_SOURCE)(
             (blocks,), (DRB_THREADS,),
-            (xmap, x, np.int64(x.strides[2] // 4), np.int32(cin), halves.stream, halves.scale, bias,
+            (xmap, np.int32(cin), halves.stream, halves.scale, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
             shared_mem=H_SMEM)
         return out
