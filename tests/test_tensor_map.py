@@ -13,7 +13,7 @@ from xmesh.backends import tensor_map
 ])
 def test_bad_layouts_are_refused_with_the_reason(address, strides, box, match):
     with pytest.raises(ValueError, match=match):
-        tensor_map.tiled_16bit(address, (339, 50, 86), strides, box)
+        tensor_map.tiled(address, (339, 50, 86), strides, box, element_bytes=2)
 
 
 def test_the_parameter_is_the_drivers_128_bytes():
@@ -28,6 +28,6 @@ def test_a_driver_without_tensor_maps_is_named(monkeypatch):
     tensor_map._encode_tiled.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="cuTensorMapEncodeTiled.*CUDA 12 or newer driver"):
-            tensor_map.tiled_16bit(0x1000, (339, 50, 86), (688, 688 * 50), (64, 4, 43))
+            tensor_map.tiled(0x1000, (339, 50, 86), (688, 688 * 50), (64, 4, 43), element_bytes=2)
     finally:
         tensor_map._encode_tiled.cache_clear()

@@ -238,6 +238,22 @@ def hypothesis_rows(cupy, x):
     return cupy.ascontiguousarray(x, dtype=x.dtype if half else cupy.float32)
 
 
+def vertex_tile_map(x, columns: int):
+    """The tensor map through which the input-side kernels copy X (B, 43, N, cin) (see
+    :func:`hypothesis_rows`; 16-byte aligned rows): X as (B * 43 hypotheses, N vertices, cin columns),
+    a box of ``columns`` x a tile's 4 vertices x 43 hypotheses (its rows 4 i + v) at a time."""
+    b, _, n, cin = x.shape
+    return tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
+                            (columns, DRB_VERTS, HYPOTHESES), element_bytes=x.itemsize)
+
+
+def aligned_float32_rows(cupy, x) -> bool:
+    """Whether x is a float32 (B, 43, N, C) array whose rows (unit stride) are evenly spaced a multiple of
+    4 floats apart, starting 16-byte aligned: what the TF32 modes' input-side layers take as it is."""
+    return (x.ndim == 4 and x.dtype == cupy.float32 and x.shape[1] == HYPOTHESES and hypothesis_rows(cupy, x) is x
+            and (x.strides[2] // 4) % 4 == 0 and x.data.ptr % 16 == 0)
+
+
 class HopperGemm:
     def __init__(self, cupy):
         self.cupy = cupy
@@ -474,11 +490,7 @@ class HopperGemm:
                              f"and mixing_source(A1)")
         b, _, n, _ = x.shape
         tiles = b * -(-n // DRB_VERTS)
-        # lc1's X as the kernel's copies take it: (B * 43 hypotheses, N vertices, cin columns), a box of
-        # 64 columns x a tile's 4 vertices x 43 hypotheses (its rows 4 i + v) at a time
-        xmap = tensor_map.tiled_16bit(x.data.ptr, (chain.cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
-                                      (64, DRB_VERTS, HYPOTHESES))
-        head = (xmap, x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
+        head = (vertex_tile_map(x, 64), x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
         if score_weight is None:
             out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
             name, args = f"wg_drb_chain_{OPERANDS[chain.operands][1]}", head + (out,)
@@ -525,10 +537,7 @@ class HopperGemm:
     def hlayer32_applies(self, x, halves: PreparedHalves, mixing: str) -> bool:
         """Whether :meth:`drb_hlayer32` takes this X: float32 (B, 43, N, k) with rows (unit stride) evenly
         spaced a multiple of 4 floats apart, starting 16-byte aligned, and the A1 built into ``mixing``."""
-        cp = self.cupy
-        return (bool(mixing) and x.ndim == 4 and x.dtype == cp.float32 and x.shape[1] == HYPOTHESES
-                and x.shape[3] == halves.k and hypothesis_rows(cp, x) is x and (x.strides[2] // 4) % 4 == 0
-                and x.data.ptr % 16 == 0)
+        return bool(mixing) and aligned_float32_rows(self.cupy, x) and x.shape[3] == halves.k
 
     def drb_hlayer32(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = ""):
         """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu):
@@ -550,13 +559,9 @@ class HopperGemm:
                                                         cp.dtype(cp.float32), 16)
         out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
         tiles, blocks = self._column_group_grid(b, n, H_COLUMNS)
-        # X as (B * 43 hypotheses, N vertices, cin columns), a box of 32 columns x a tile's 4 vertices x
-        # 43 hypotheses (its rows 4 i + v) at a time
-        xmap = tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
-                                (H_BK, DRB_VERTS, HYPOTHESES), element_bytes=4)
         self._kernel("wg_drb_hlayer32", H_SMEM, mixing, H_SOURCE)(
             (blocks,), (DRB_THREADS,),
-            (xmap, np.int32(cin), halves.stream, halves.scale, bias,
+            (vertex_tile_map(x, H_BK), np.int32(cin), halves.stream, halves.scale, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
             shared_mem=H_SMEM)
         return out
@@ -574,11 +579,9 @@ class HopperGemm:
         """Whether :meth:`drb_zlayer32` runs this layer: float32 X (B, 43, N, cin) with rows a multiple of
         4 floats apart (see :func:`hypothesis_rows`) and 16-byte aligned, an unpaired TF32 [W0 | W1] of
         cin rows and 2 x 192 columns, cin <= 384, and the A1 built into ``mixing``."""
-        cp = self.cupy
-        return (bool(mixing) and x.ndim == 4 and x.dtype == cp.float32 and x.shape[1] == HYPOTHESES
+        return (bool(mixing) and aligned_float32_rows(self.cupy, x)
                 and weight.passes in (1, 3) and not weight.paired and weight.n == 2 * Z_COUT
-                and weight.k == x.shape[-1] and self.zlayer32_columns(x.shape[-1], weight.operands) is not None
-                and hypothesis_rows(cp, x) is x and (x.strides[2] // 4) % 4 == 0 and x.data.ptr % 16 == 0)
+                and weight.k == x.shape[-1] and self.zlayer32_columns(x.shape[-1], weight.operands) is not None)
 
     def drb_zlayer32(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
         """The TF32 modes' deformation layer with the mixing on the input side, float32 in and out:

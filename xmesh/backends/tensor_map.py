@@ -41,11 +41,6 @@ def _encode_tiled():
     return fn
 
 
-def tiled_16bit(address: int, dims, strides_bytes, box):
-    """:func:`tiled` for a 16-bit array (float16 or bfloat16 bits)."""
-    return tiled(address, dims, strides_bytes, box, element_bytes=2)
-
-
 def tiled(address: int, dims, strides_bytes, box, element_bytes: int):
     """The tensor map of an array of 2- or 4-byte elements (copied as raw bits) at device ``address``
     with sizes ``dims`` (innermost first), byte strides ``strides_bytes`` of dims 1.. (multiples of 16),
