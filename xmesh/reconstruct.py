@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -13,11 +14,25 @@ from .io.images import NUM_VIEWS, load_images
 from .io.template import Template, load_template
 from .io.weights import load_weights
 from .mesh import Mesh
+from .model import architecture as arch
 from .model import network
 from .model.params import prepare_stage1, prepare_stage2
 from .model.camera import packed_transforms
 from .model.projection import DeviceTransforms
 from .template_gen import generate_template
+
+
+@dataclass
+class CapturedNetwork:
+    """One batch size's reconstruction as four CUDA graphs (``Reconstructor._capture``) and the device
+    arrays they read: ``images`` (B*V,224,224,3) and the view transforms ``tf``."""
+
+    cnn1: Any      # stage 1's CNN (the views its projections read) -> its maps
+    stage1: Any    # the rest of stage 1 -> the coarse mesh (B,2466,3)
+    cnn2: Any      # stage 2's CNN -> its maps and their padded copies
+    stage2: Any    # the two deformation reasoning blocks -> the refined mesh
+    images: Any
+    tf: DeviceTransforms
 
 
 def _template(template) -> Template:
@@ -38,8 +53,9 @@ class Reconstructor:
     stage). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
     maps), which the published weights were trained with; turn it off only for weights trained
     without it. ``graphs`` (CuPy backend, fp32 and tf32): the second call with a given batch size
-    (up to ``graph_max_batch``) captures the whole reconstruction as a CUDA Graph and later calls
-    with that size replay it, which removes the launch overhead that dominates small batches.
+    (up to ``graph_max_batch``) captures the whole reconstruction as four CUDA Graphs and later
+    calls with that size replay them, which removes the launch overhead that dominates small
+    batches (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``).
     """
 
     #: Largest batch size replayed from a CUDA Graph: a graph keeps its own intermediates (about
@@ -57,10 +73,10 @@ class Reconstructor:
         self.faces = np.asarray(self.template.faces_triangle[-1], dtype=np.int64)
         self.max_batch: int | None = None   # set after an out-of-memory split
         # CUDA Graphs: the second call with a batch size captures the whole reconstruction, later
-        # calls with that size replay it (one launch instead of several hundred)
+        # calls with that size replay it (four launches instead of several hundred)
         self.graphs = bool(graphs) and getattr(self.backend, "can_capture_network", False)
         self._seen_batches: set[int] = set()
-        self._captured: dict[int, tuple] = {}
+        self._captured: dict[int, CapturedNetwork] = {}
 
     # -- low level: device arrays in, device arrays out ------------------------------------
     def run(self, images, cameras: np.ndarray, trace: network.Trace | None = None):
@@ -108,23 +124,54 @@ class Reconstructor:
         return network.run_network_on_device(self.backend, self.stage1, self.stage2, flat, tf, self.view_quirk, trace)
 
     def _capture(self, batch: int, images, cameras):
-        """Capture the whole network for this batch size as a graph reading its own input arrays, then run it."""
-        xp = self.backend.xp
-        static_images = xp.asarray(xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3)), copy=True)
-        static_tf = DeviceTransforms.from_cameras(self.backend, cameras)
-        graph = self.backend.capture(network.run_network_on_device, self.backend, self.stage1, self.stage2,
-                                     static_images, static_tf, self.view_quirk, warmup=1)
-        self._captured[batch] = (graph, static_images, static_tf)
+        """Capture the network for this batch size as four CUDA graphs reading their own input arrays
+        (the images, the view transforms), then run them: stage 1's CNN, the rest of stage 1, stage 2's
+        CNN, the rest of stage 2. Four rather than one so that a replay can overlap its host work with
+        the GPU's (``_replay``). Each piece runs once right after its capture, so the next piece's
+        warm-up reads real data."""
+        be, xp = self.backend, self.backend.xp
+        s1, s2, quirk = self.stage1, self.stage2, self.view_quirk
+        static_images = xp.asarray(xp.reshape(be.asarray(images), (batch * NUM_VIEWS, 224, 224, 3)), copy=True)
+        tf = DeviceTransforms.from_cameras(be, cameras)
+
+        def piece(fn):
+            graph = be.capture(fn, warmup=1)
+            graph.replay(synchronize=True)
+            return graph
+
+        cnn1 = piece(lambda: network.stage1_maps(be, s1, static_images, NUM_VIEWS, quirk))
+        stage1 = piece(lambda: network.stage1_from_maps(be, s1, cnn1.outputs, tf, quirk)[-1])
+        cnn2 = piece(lambda: network.stage2_maps(be, s2, static_images))
+        stage2 = piece(lambda: network.run_stage2(be, s2, static_images, stage1.outputs, tf, None, cnn2.outputs))
+        self._captured[batch] = CapturedNetwork(cnn1, stage1, cnn2, stage2, static_images, tf)
         return self._replay(batch, images, cameras)
 
     def _replay(self, batch: int, images, cameras):
-        """Copy the inputs straight into the captured graph's input arrays (host data: one upload each),
-        replay it; returns copies of its outputs."""
-        graph, static_images, static_tf = self._captured[batch]
-        self.backend.copy_into(static_images, images)
-        self.backend.copy_into(static_tf.packed, packed_transforms(cameras))   # the transforms: one upload
-        coarse, refined = graph.replay()
-        return coarse.copy(), refined.copy()
+        """Run the captured graphs on new inputs; returns copies of their outputs. From host images the
+        host's work overlaps the GPU's (as ``network.run_network_from_host`` does eagerly): only the
+        views stage 1 reads are uploaded before its CNN starts, the camera transforms are computed
+        and uploaded while that CNN runs, and the other views are uploaded on a second stream while
+        stage 1 computes, stage 2's CNN following them there."""
+        net, be = self._captured[batch], self.backend
+        rest: list = []
+        if isinstance(images, np.ndarray):
+            host = np.reshape(images, (batch, NUM_VIEWS, 224, 224, 3))
+            first = arch.stage1_views_read(NUM_VIEWS, self.view_quirk)
+            be.copy_views_into(net.images, host, first)
+            rest = [v for v in range(NUM_VIEWS) if v not in first]
+        else:
+            be.copy_into(net.images, images)
+        beside = be.branch()   # its work waits for this call's images so far and everything before
+        net.cnn1.replay()
+        be.copy_into(net.tf.packed, packed_transforms(cameras))   # the transforms: one upload
+        net.stage1.replay()
+        with beside:
+            if rest:
+                be.copy_views_into(net.images, host, rest)
+            net.cnn2.replay()
+        beside.join()
+        refined = net.stage2.replay()
+        return net.stage1.outputs.copy(), refined.copy()
 
     def _concat(self, parts):
         xp = self.backend.xp

@@ -78,6 +78,11 @@ GEMM_TARGET_BLOCKS = 264
 #: than GEMM_FEW_TILES tiles (stage 1's 156- and 618-vertex graph convolutions: 22 -> 13 us per
 #: 156x192x384 product, 43 -> 17 us at K = 963, H100 ncu; with 60 tiles splitting no longer pays).
 GEMM_SPLIT_MIN_K = 256
+#: A product with fewer output tiles than multiprocessors takes tiles half as wide, down to this many
+#: columns, before K is split (stage 1's graph convolutions at b=1: 156 and 618 rows in 16-wide
+#: tiles, 2466 in 32-wide ones; stage 1 after its CNN as one CUDA graph, H100: 0.850-0.865 ms with 64
+#: at the narrowest, 0.820-0.834 with 16)
+GEMM_NARROWEST = 16
 GEMM_SPLIT_MIN_K_FEW, GEMM_FEW_TILES = 32, 24
 #: drb_score_update (p2m_ops.cu): vertices per block (XM_SU_VERTS), threads per block (XM_SU_THREADS), and
 #: the longest input row it and skinny_gemm16 hold their weights for (XM_SKINNY_K)
@@ -376,8 +381,8 @@ class CupyBackend(Backend):
         # 16-byte copies: rows 16-byte aligned; K may end inside one (the copy zero-fills past K)
         vec = lda % 4 == 0 and ldb % 4 == 0 and n % 4 == 0 and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0
         bn = _tile_width(n)
-        if bn == 128 and -(-m // GEMM_BM) * (n // 128) < self.sm_count:
-            bn = 64   # fewer 128-wide tiles than multiprocessors (stage 1's graph convolutions): halve them
+        while bn > GEMM_NARROWEST and n % (bn // 2) == 0 and -(-m // GEMM_BM) * (n // bn) < self.sm_count:
+            bn //= 2   # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
         kernel = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn)
         return self._launch_tc(kernel, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 

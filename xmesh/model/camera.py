@@ -29,12 +29,12 @@ def camera_frames(rows) -> tuple[np.ndarray, np.ndarray]:
     lens = d * np.cos(phi)
     camx = lens * np.cos(theta)
     camz = lens * np.sin(theta)
-    z = np.stack([camx, camy, camz], axis=-1)
-    y = np.stack([camy * np.cos(theta + pi), lens, camy * np.sin(theta + pi)], axis=-1)
-    x = np.cross(y, z)
-    axes = np.stack([x, y, z], axis=-2)
+    y0, y1, y2 = camy * np.cos(theta + pi), lens, camy * np.sin(theta + pi)
+    # x = y cross z in np.cross's arithmetic (y1 z2 - y2 z1, ...) without its overhead (half of this function's time)
+    x0, x1, x2 = y1 * camz - y2 * camy, y2 * camx - y0 * camz, y0 * camy - y1 * camx
+    axes = np.stack([x0, x1, x2, y0, y1, y2, camx, camy, camz], axis=-1).reshape(rows.shape[:-1] + (3, 3))
     norms = np.sqrt(np.sum(axes * axes, axis=-1, dtype=np.float32))
-    return (axes / norms[..., None]).astype(np.float32), z
+    return (axes / norms[..., None]).astype(np.float32), axes[..., 2, :].copy()
 
 
 def camera_frame(row) -> tuple[np.ndarray, np.ndarray]:

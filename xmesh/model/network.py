@@ -80,19 +80,32 @@ def stage1_cnn_images(backend, images, num_views: int, view_quirk: bool):
     return xp.reshape(per_sample[:, : len(views)], (batch * len(views),) + tuple(images.shape[1:]))
 
 
+def stage1_maps(backend, p, images, num_views: int, view_quirk: bool = True) -> list:
+    """Stage 1's CNN maps of the views its projections read (``stage1_cnn_images``)."""
+    return run_cnn(backend, p.cnn, stage1_cnn_images(backend, images, num_views, view_quirk), arch.STAGE1_TAPS)
+
+
+def stage1_from_maps(backend, p, maps, tf: DeviceTransforms, view_quirk: bool = True) -> list:
+    """Stage 1 after its CNN: the 48 layers from the template's coordinates; returns the coordinates
+    after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3))."""
+    batch = tf.packed.shape[0]
+    coords = backend.xp.broadcast_to(p.coord[None], (batch,) + tuple(p.coord.shape))
+    blocks: list = []
+    run_stage1_layers(backend, p, maps, tf, view_quirk, 0, arch.NUM_STAGE1_LAYERS, None, coords, blocks)
+    return blocks
+
+
 def run_stage1(backend, p, images, tf: DeviceTransforms, view_quirk: bool = True, trace: Trace | None = None):
     """Coarse mesh: returns the coordinates after graph blocks 1, 2, 3 ((B,156,3), (B,618,3), (B,2466,3)).
 
     A trace keeps every view's maps (as the original computes them); without one, only the views
-    the projections read go through the CNN (``stage1_cnn_images``).
+    the projections read go through the CNN (``stage1_maps``).
     """
-    xp = backend.xp
-    batch = images.shape[0] // tf.num_views
-    cnn_images = images if trace is not None else stage1_cnn_images(backend, images, tf.num_views, view_quirk)
-    maps = run_cnn(backend, p.cnn, cnn_images, arch.STAGE1_TAPS)
-    coords = xp.broadcast_to(p.coord[None], (batch,) + tuple(p.coord.shape))
-    blocks: list = []
-    run_stage1_layers(backend, p, maps, tf, view_quirk, 0, arch.NUM_STAGE1_LAYERS, None, coords, blocks)
+    if trace is not None:
+        maps = run_cnn(backend, p.cnn, images, arch.STAGE1_TAPS)
+    else:
+        maps = stage1_maps(backend, p, images, tf.num_views, view_quirk)
+    blocks = stage1_from_maps(backend, p, maps, tf, view_quirk)
     if trace is not None:
         trace.stage1_maps, trace.stage1_blocks = maps, blocks
     return blocks
