@@ -50,6 +50,23 @@ def magnitudes(x, w, a1, bias):
     return ax @ aw[:, :192] + mixed @ aw[:, 192:] + np.abs(bias)
 
 
+def run_on_poisoned_memory(cp, layer, a1, x, bias, res):
+    """``layer(X, bias, residual, mixing_source(a1))`` with X on the device (rows padded to 16 bytes
+    where cin % 4) and the output's memory poisoned (NaN) first; checks that the output is float32
+    (B, 43, N, 192), finite (every element written) and mostly nonzero; returns it on the host."""
+    from xmesh.backends.hopper_gemm import mixing_source
+
+    b, _, n, cin = x.shape
+    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    del poison
+    x_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x)
+    out = layer(x_dev, cp.asarray(bias), None if res is None else cp.asarray(res), mixing_source(a1))
+    assert out.dtype == cp.float32 and out.shape == (b, 43, n, 192)
+    got = out.get()
+    assert np.isfinite(got).all() and (got != 0).mean() > 0.4
+    return got
+
+
 def assert_float32_accurate(got, x, w, a1, bias, res):
     """A float32-accurate layer: within 4x float32 arithmetic's error against float64 over the whole
     output, and every element within a float32 accumulation bound of its terms' magnitudes (which a
@@ -77,19 +94,11 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
     element within a float32 accumulation bound of its terms' magnitudes, which a misplaced row or
     column breaks); one TF32 pass within TF32's error and measurably less accurate. Every output
     element written (the output's memory is poisoned first), on the template's A1 sparsity."""
-    from xmesh.backends.hopper_gemm import mixing_source
-
     rng = np.random.default_rng(n + cin + len(operands))
     a1, x, w, bias, res = layer_case(rng, b, n, cin, with_residual)
     weight = hopper.prepare(cp.asarray(w), operands)
-    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
-    del poison
-    x_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x)
-    out = hopper.drb_zlayer32(x_dev, weight, cp.asarray(bias), None if res is None else cp.asarray(res),
-                              mixing_source(a1))
-    assert out.dtype == cp.float32 and out.shape == (b, 43, n, 192)
-    got = out.get()
-    assert np.isfinite(got).all() and (got != 0).mean() > 0.4
+    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_zlayer32(xd, weight, bd, rd, mixing),
+                                 a1, x, bias, res)
     if operands == "3xtf32":
         assert_float32_accurate(got, x, w, a1, bias, res)
     else:

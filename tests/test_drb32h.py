@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
-from test_drb32_zlayer import assert_float32_accurate, layer_case, padded_rows
+from test_drb32_zlayer import assert_float32_accurate, layer_case, padded_rows, run_on_poisoned_memory
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
 
@@ -31,19 +31,11 @@ def test_three_half_products_layer_against_float64(cp, hopper, b, n, cin, with_r
     """As accurate as float32 arithmetic (within 4x its error over the whole output, and every element
     within a float32 accumulation bound of its terms' magnitudes, which a misplaced row or column or a
     lost small part breaks); every output element written (the output's memory is poisoned first)."""
-    from xmesh.backends.hopper_gemm import mixing_source
-
     rng = np.random.default_rng(n + cin + 11)
     a1, x, w, bias, res = layer_case(rng, b, n, cin, with_residual)
     halves = hopper.prepare_halves(cp.asarray(w))
-    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
-    del poison
-    x_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x)
-    out = hopper.drb_hlayer32(x_dev, halves, cp.asarray(bias), None if res is None else cp.asarray(res),
-                              mixing_source(a1))
-    assert out.dtype == cp.float32 and out.shape == (b, 43, n, 192)
-    got = out.get()
-    assert np.isfinite(got).all() and (got != 0).mean() > 0.4
+    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_hlayer32(xd, halves, bd, rd, mixing),
+                                 a1, x, bias, res)
     assert_float32_accurate(got, x, w, a1, bias, res)
 
 
