@@ -1044,12 +1044,15 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     xm_score_move(y0, v, k, active, g, a, y1s, score, bias, offsets, centers, out);
 }
 
-// The end of a deformation block after wgmma_drb16_chain.cu's chain with the score layer, which left
-// each hypothesis row's two products (y0, y1) of x5 with the score layer's W in rows (B, 43, N) float2:
+// The end of a deformation block after a kernel that computed x5 with the score layer's products in
+// its epilogue (wgmma_drb16_chain.cu's chain, wgmma_drb32h.cu's last wide layer), which left each
+// hypothesis row's two products (y0, y1) of x5 with the score layer's W in `parts` planes of rows
+// (B, 43, N) float2, part_stride float2s apart (the sums over column groups of x5, added here in order):
 // the scores, the softmax and the moved vertices as drb_score_update makes them from there.
 extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
-    const float2* __restrict__ rows, const float* __restrict__ a1, const float* __restrict__ bias,
-    const float* __restrict__ offsets, const float* __restrict__ centers, float* __restrict__ out, int B, int N) {
+    const float2* __restrict__ rows, int parts, long long part_stride, const float* __restrict__ a1,
+    const float* __restrict__ bias, const float* __restrict__ offsets, const float* __restrict__ centers,
+    float* __restrict__ out, int B, int N) {
     __shared__ float a[XM_HYP * XM_HYP];
     __shared__ float y1s[XM_SU_VERTS][XM_HYP];
     __shared__ float score[XM_SU_VERTS][XM_HYP];
@@ -1059,7 +1062,13 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
     const bool active = v < XM_SU_VERTS && g < (long long)B * N;
     float y0 = 0.0f;
     if (active) {
-        const float2 y = rows[((g / N) * XM_HYP + k) * N + g % N];   // row (b, k, n)
+        const long long r = ((g / N) * XM_HYP + k) * N + g % N;   // row (b, k, n)
+        float2 y = rows[r];
+        for (int p = 1; p < parts; ++p) {
+            const float2 more = rows[p * part_stride + r];
+            y.x += more.x;
+            y.y += more.y;
+        }
         y0 = y.x;
         y1s[v][k] = y.y;
     }

@@ -41,7 +41,8 @@
 //     (W1 big, W1 small, W0 big, W0 small: 32 K rows x 96 columns each, 64-byte rows in the 64-byte
 //     swizzle, in zl_column's order) with one bulk copy into W slot q % 4, three slices ahead.
 //   After a tile's last slice the MMA warpgroups scale, add the bias, apply the ReLU, add the residual
-//   and store float32 rows, a quad's 32 columns in 128 contiguous bytes.
+//   and store float32 rows, a quad's 32 columns in 128 contiguous bytes (or, for a block's last wide
+//   layer, sum each row's products with the score layer's W instead: wg_drb_hlayer32_score).
 //
 // Shared memory: three X and two Z slots of 192 rows x 128 bytes (rows 172-191 are read by the third
 // warpgroup's MMAs, whose results there are never stored), four W slots of 4 x 6 KB, the transaction
@@ -121,10 +122,15 @@ __device__ __forceinline__ void h_fragments(const unsigned char* slot, int r, in
     h_split(*reinterpret_cast<const float2*>(slot + (r + 8) * 128 + hi), big[3], small[3]);
 }
 
+// SCORE: the layer is a block's last wide layer and the score layer follows (wg_drb_hlayer32_score):
+// its output rows are never stored; each row's products with the score layer's float32 W over this
+// block's 96 columns go to rows_out instead (see wg_drb_hlayer32_score).
+template <bool SCORE>
 __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                                         const unsigned short* __restrict__ W, const float* __restrict__ scale,
                                         const float* __restrict__ bias, const float* __restrict__ res,
-                                        float* __restrict__ out, int N, int tiles) {
+                                        float* __restrict__ out, const float* __restrict__ score_w,
+                                        float2* __restrict__ rows_out, long part_stride, int N, int tiles) {
     extern __shared__ float4 h_shared[];
     const unsigned raw = wg_smem(h_shared);
     const unsigned base = (raw + 1023u) & ~1023u;
@@ -259,8 +265,10 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = r0 + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
-                if (i >= ZL_HYP || n0 + v >= N) continue;
+                const bool stored = i < ZL_HYP && n0 + v < N;
+                if (!SCORE && !stored) continue;   // (with SCORE every thread of a quad takes part in its sums)
                 const long o = (b * ZL_HYP + i) * plane + (long)(n0 + v) * ZL_COUT;
+                float y0 = 0.0f, y1 = 0.0f;   // SCORE: the row's products with the score layer's W
 #pragma unroll
                 for (int k = 0; k < H_CT / 32; ++k) {
                     const int c = col0 + 32 * k + 8 * t4;
@@ -276,7 +284,7 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                             y[4 * half + e] = fmaxf(fmaf(acc[4 * (4 * k + p) + 2 * h + e % 2], sv[e], bv[e]), 0.0f);
                         }
                     }
-                    if (res != nullptr) {
+                    if (res != nullptr && stored) {
                         const float4 ra = __ldg(reinterpret_cast<const float4*>(res + o + c));
                         const float4 rb = __ldg(reinterpret_cast<const float4*>(res + o + c + 4));
                         y[0] = __fadd_rn(y[0], ra.x); y[1] = __fadd_rn(y[1], ra.y);
@@ -284,8 +292,28 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                         y[4] = __fadd_rn(y[4], rb.x); y[5] = __fadd_rn(y[5], rb.y);
                         y[6] = __fadd_rn(y[6], rb.z); y[7] = __fadd_rn(y[7], rb.w);
                     }
-                    *reinterpret_cast<float4*>(out + o + c) = make_float4(y[0], y[1], y[2], y[3]);
-                    *reinterpret_cast<float4*>(out + o + c + 4) = make_float4(y[4], y[5], y[6], y[7]);
+                    if (SCORE) {
+                        const float4* wk = reinterpret_cast<const float4*>(score_w + 2 * c);
+#pragma unroll
+                        for (int p = 0; p < 4; ++p) {   // columns c + 2 p, + 1
+                            const float4 w = __ldg(wk + p);   // W[c'][0], W[c'][1], W[c' + 1][0], W[c' + 1][1]
+                            y0 = fmaf(y[2 * p], w.x, y0);
+                            y1 = fmaf(y[2 * p], w.y, y1);
+                            y0 = fmaf(y[2 * p + 1], w.z, y0);
+                            y1 = fmaf(y[2 * p + 1], w.w, y1);
+                        }
+                    } else {
+                        *reinterpret_cast<float4*>(out + o + c) = make_float4(y[0], y[1], y[2], y[3]);
+                        *reinterpret_cast<float4*>(out + o + c + 4) = make_float4(y[4], y[5], y[6], y[7]);
+                    }
+                }
+                if (SCORE) {   // the quad's four partial sums (columns 8 t4 .. 8 t4 + 7 of each 32)
+                    y0 += __shfl_xor_sync(0xffffffffu, y0, 1);
+                    y1 += __shfl_xor_sync(0xffffffffu, y1, 1);
+                    y0 += __shfl_xor_sync(0xffffffffu, y0, 2);
+                    y1 += __shfl_xor_sync(0xffffffffu, y1, 2);
+                    if (t4 == 0 && stored)
+                        rows_out[group * part_stride + (b * ZL_HYP + i) * (long)N + n0 + v] = make_float2(y0, y1);
                 }
             }
         }
@@ -297,5 +325,16 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
 extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
     const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W,
     const float* scale, const float* bias, const float* res, float* out, int N, int tiles) {
-    h_layer(xmap, cin, W, scale, bias, res, out, N, tiles);
+    h_layer<false>(xmap, cin, W, scale, bias, res, out, nullptr, nullptr, 0, N, tiles);
+}
+
+// A block's last wide layer with the score layer's products in its epilogue: x5 = relu(X W0 + Z W1 + b)
+// + res is never stored; each row's y0 = x5 W[:, 0] and y1 = x5 W[:, 1] over column group g's 96
+// columns (score_w: the score layer's float32 W, 192 x 2, rows [w0 w1]) go to rows_out[g * part_stride +
+// (b, i, n)] as a float2, float32 sums (each thread's 24 columns in order by fmaf, then the quad's four
+// partial sums); drb_score_finish adds the two groups' in order.
+extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32_score(
+    const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W, const float* scale,
+    const float* bias, const float* res, const float* score_w, float2* rows_out, long part_stride, int N, int tiles) {
+    h_layer<true>(xmap, cin, W, scale, bias, res, nullptr, score_w, rows_out, part_stride, N, tiles);
 }

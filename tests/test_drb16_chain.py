@@ -137,15 +137,18 @@ def test_chain_with_the_score_layer_leaves_its_products(cp, hopper, operands, b,
 
 @requires_cuda
 @pytest.mark.gpu
-def test_score_finish_against_float64(cp):
-    """drb_score_finish (the block's end after the chain with the score layer): from each row's (y0, y1)
-    the scores relu(y0 + A1 y1 + b), the softmax over the 43 hypotheses and the moved vertices, against
-    float64; a vertex count that leaves the last block of 4 vertices partial."""
+@pytest.mark.parametrize("parts", [1, 2])
+def test_score_finish_against_float64(cp, parts):
+    """drb_score_finish (the block's end after a kernel with the score layer's products in its
+    epilogue): from each row's (y0, y1), summed over ``parts`` planes (the fp32 mode's last layer
+    leaves one per 96-column group), the scores relu(y0 + A1 y1 + b), the softmax over the 43
+    hypotheses and the moved vertices, against float64; a vertex count that leaves the last block of 4
+    vertices partial."""
     from xmesh.backends.cupy_backend import SCORE_THREADS, SCORE_VERTICES, CupyBackend
 
     rng = np.random.default_rng(11)
     b, n = 2, 1001
-    rows = rng.standard_normal((b, 43, n, 2)).astype(np.float32)
+    planes = rng.standard_normal((parts, b, 43, n, 2)).astype(np.float32)
     a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
     bias = np.float32([0.3])
     offsets = (rng.standard_normal((43, 3)) * 0.01).astype(np.float32)
@@ -154,8 +157,9 @@ def test_score_finish_against_float64(cp):
     out = cp.full((b, n, 3), np.nan, dtype=cp.float32)
     backend._kernel("drb_score_finish")(
         (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
-        tuple(cp.asarray(a) for a in (rows, a1, bias, offsets, centers)) + (out, np.int32(b), np.int32(n)))
-    r = rows.astype(np.float64)
+        (cp.asarray(planes), np.int32(parts), np.int64(b * 43 * n))
+        + tuple(cp.asarray(a) for a in (a1, bias, offsets, centers)) + (out, np.int32(b), np.int32(n)))
+    r = planes.astype(np.float64).sum(axis=0)
     score = np.maximum(r[..., 0] + np.einsum("kj,bjn->bkn", a1.astype(np.float64), r[..., 1]) + bias[0], 0)
     weight = np.exp(score - score.max(axis=1, keepdims=True))
     weight /= weight.sum(axis=1, keepdims=True)

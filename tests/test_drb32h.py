@@ -133,3 +133,72 @@ def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, ho
     assert len(calls) == 1
     assert_float32_accurate(got, x, w, a1, bias, res)
     assert_float32_accurate(old, x, w, a1, bias, res)
+
+
+@pytest.mark.parametrize("b,n,cin", [(2, 10, 192), (1, 2466, 192), (3, 37, 128)])
+def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
+    """drb_hlayer32 with a score layer's weight: x5 is not written; each 96-column group's products of
+    x5 (the same layer's float32 output, computed without the score weight) with W come back, each
+    within a float32 accumulation bound of float64's, every valid row's written (poisoned memory first)."""
+    from xmesh.backends.hopper_gemm import mixing_source
+
+    rng = np.random.default_rng(b * n + cin)
+    a1, x, w, bias, res = layer_case(rng, b, n, cin, True)
+    score_w = (rng.standard_normal((192, 2)) / 8).astype(np.float32)
+    halves, mixing = hopper.prepare_halves(cp.asarray(w)), mixing_source(a1)
+    x_dev, bias_dev, res_dev = cp.asarray(x), cp.asarray(bias), cp.asarray(res)
+    x5 = hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing).get().astype(np.float64)
+    poison = cp.full(2 * b * 43 * n * 2, np.nan, dtype=cp.float32)
+    del poison
+    parts = hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w))
+    assert parts.dtype == cp.float32 and parts.shape == (2, b, 43, n, 2)
+    got = parts.get()
+    assert np.isfinite(got).all()
+    for g in range(2):
+        cols = slice(96 * g, 96 * (g + 1))
+        want = x5[..., cols] @ score_w[cols].astype(np.float64)
+        bound = 100 * 2.0 ** -24 * (np.abs(x5[..., cols]) @ np.abs(score_w[cols].astype(np.float64)))
+        assert (np.abs(got[g] - want) <= bound).all(), np.abs(got[g] - want).max()
+    with pytest.raises(ValueError, match=r"\(192, 2\)"):
+        hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w[:, :1]))
+
+
+def test_block_tail_with_the_score_in_the_last_layer(cp, gb, hopper, monkeypatch):
+    """The fp32 backend's op_drb_last_layer_score (x5 never written, the score layer's products from the
+    last wide layer's epilogue, then drb_score_finish) moves a block's vertices as x5 through the
+    separate score kernel (op_score_update) does, to float32 summation order: 1e-6 with offsets of
+    0.05; the model's block_tail takes it; fuse_drb_score = False turns it off."""
+    from xmesh.model.deformation import block_tail
+    from xmesh.model.params import GraphConv
+
+    b, n = 2, 301
+    rng = np.random.default_rng(21)
+    a1, x4, w, bias, x3 = layer_case(rng, b, n, 192, True)
+    layer = GraphConv(cp.asarray(w), cp.asarray(bias), 192, True)
+    score = GraphConv(cp.asarray((rng.standard_normal((192, 2)) / 8).astype(np.float32)), cp.asarray(np.float32([0.1])),
+                      1, True)
+    cheb1 = cp.asarray(a1)
+    offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.05).astype(np.float32))
+    centers = cp.asarray(rng.standard_normal((b, n, 3)).astype(np.float32))
+    x4, x3 = cp.asarray(x4), cp.asarray(x3)
+    fused = gb.op_drb_last_layer_score(layer, score, x4, x3, cheb1, None, centers, offsets)
+    x5 = gb.op_local_gconv(layer, x4, cheb1, None, x3)
+    separate = gb.op_score_update(score, x5, cheb1, None, centers, offsets)
+    assert fused is not None and separate is not None
+    assert float(cp.abs(separate - centers).max()) > 1e-2   # the scores matter at this tolerance
+    np.testing.assert_allclose(fused.get(), separate.get(), rtol=0, atol=1e-6)
+
+    # the model's block tail: its first four layers, then this fast path
+    params = type("P", (), {"sample_cheb1": cheb1, "sample_cheb0": None, "sample_coord": offsets})()
+    x = cp.asarray(rng.standard_normal((b, 43, n, 192)).astype(np.float32) * 0.5)
+    layers = [GraphConv(cp.asarray((rng.standard_normal((192, 384)) / 20).astype(np.float32)), cp.asarray(bias), 192, True)
+              for _ in range(4)] + [layer, score]
+    calls = []
+    real = gb.op_drb_last_layer_score
+    monkeypatch.setattr(gb, "op_drb_last_layer_score", lambda *a: (calls.append(1), real(*a))[1])
+    tail = block_tail(gb, layers, x, params, centers)
+    assert calls == [1]
+    monkeypatch.setattr(gb, "fuse_drb_score", False)
+    unfused = block_tail(gb, layers, x, params, centers)
+    np.testing.assert_allclose(tail.get(), unfused.get(), rtol=0, atol=1e-6)
+    assert gb.op_drb_last_layer_score(layer, score, x4, x3, cheb1, None, centers, offsets) is None

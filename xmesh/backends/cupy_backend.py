@@ -13,7 +13,7 @@ device -> host copy. Kernels (``kernels/p2m_ops.cu``):
 - ``drb_score_update``: a deformation block's narrow last layer (float32 sums), the softmax over the 43
   hypotheses and the new vertex positions in one launch (``hypothesis_softmax_update``: the softmax
   and update alone; ``drb_score_finish``: the same from the score layer's products, which the 16-bit
-  modes' chained block kernel leaves instead of its last activations);
+  modes' chained block kernel and the fp32 mode's last wide layer leave instead of its activations);
 - ``csr_gconv`` / ``csr_gconv_x4`` (4 columns a thread): stage 1's graph convolution after its
   GEMM (support 1 in CSR, bias, ReLU, and the residual layers' averaging);
 - ``conv_*`` (implicit GEMM, tc_gemm.cu), ``conv_direct_x4`` (the 3-channel first layer, float32) or
@@ -209,8 +209,9 @@ class CupyBackend(Backend):
         #: the 16-bit modes run a deformation block's five wide layers as one kernel on compute
         #: capability 9.0 (op_drb_block_layers); False runs them one by one (for comparisons)
         self.chain_drb_layers = True
-        #: where they chain, the block's score layer's products run in the chain's last epilogue
-        #: (op_drb_block_tail); False writes x5 and runs the score layer on its own (for comparisons)
+        #: the block's score layer's products run in the last wide layer's epilogue where that layer is
+        #: the chain's (op_drb_block_tail) or drb_hlayer32 (op_drb_last_layer_score); False writes x5 and
+        #: runs the score layer on its own (for comparisons)
         self.fuse_drb_score = True
         #: the fp32 mode's deformation layers run as three float16 products on compute capability 9.0
         #: (HopperGemm.drb_hlayer32: 22-bit operand parts as 3xTF32's, at twice TF32's rate, the mixing
@@ -727,7 +728,34 @@ class CupyBackend(Backend):
         if chain is None:
             return None
         rows = self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1), score_weight=score.weight)
-        return self._move_vertices("drb_score_finish", (rows,), cheb1, score.bias, centers, offsets)
+        return self._move_vertices("drb_score_finish", (rows, np.int32(1), np.int64(0)), cheb1, score.bias, centers,
+                                   offsets)
+
+    def op_drb_last_layer_score(self, layer, score, x, residual, cheb1, cheb0, centers, offsets):
+        """A deformation block's last wide layer, x5 = lc5(x4) + x3, and its score layer and vertex update
+        (the model's ``block_tail`` after the first four layers) where the fp32 mode's layers run
+        ``drb_hlayer32``: the score layer's two products in the layer's epilogue
+        (``drb_hlayer32`` with ``score_weight``: x5 is never written, each of the two 96-column groups
+        leaves 8 bytes a row), then ``drb_score_finish`` adds the groups' products, mixes them, adds the
+        bias, takes the softmax and moves the vertices (``drb_score_update``'s arithmetic, its float32
+        products summed in another order). None elsewhere."""
+        cp = self.cupy
+        if (not self.fuse_drb_score or self.hopper is None or LAYER_OPERANDS[self.precision] != "3xtf32"
+                or not self.fp32_halves or cheb0 is not None or layer.weight0 is not None
+                or score.weight0 is not None or score.cout != 1 or score.weight.shape != (hopper_gemm.Z_COUT, 2)
+                or x.dtype != cp.float32 or x.ndim != 4 or x.shape[1] != HYPOTHESES
+                or layer.weight.shape != (x.shape[-1], 2 * hopper_gemm.Z_COUT)):
+            return None
+        rows, halves, mixing = hopper_gemm.hypothesis_rows(cp, x), self._halves(layer), self._mixing_source(cheb1)
+        if not self.hopper.hlayer32_applies(rows, halves, mixing):
+            return None
+        parts = self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing, score_weight=score.weight)
+        return self._move_vertices("drb_score_finish", (parts, np.int32(parts.shape[0]), np.int64(parts[0].size // 2)),
+                                   cheb1, score.bias, centers, offsets)
+
+    def _halves(self, layer):
+        """A layer's [W0 | W1] prepared for ``drb_hlayer32`` (HopperGemm.prepare_halves), once per weight."""
+        return self._derived.get((layer.weight,), "halves", lambda: self.hopper.prepare_halves(layer.weight))
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
         if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:   # A_0 the identity
@@ -754,7 +782,7 @@ class CupyBackend(Backend):
         rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
         if (operands == "3xtf32" and self.fp32_halves and x.dtype == cp.float32
                 and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.Z_COUT)):
-            halves = self._derived.get((layer.weight,), "halves", lambda: self.hopper.prepare_halves(layer.weight))
+            halves = self._halves(layer)
             if self.hopper.hlayer32_applies(rows, halves, mixing):
                 return self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing)
         if out16 and x.dtype != cp.float32:   # 16-bit X (the local projection's or a layer's): mixing on the input side

@@ -539,7 +539,7 @@ class HopperGemm:
         spaced a multiple of 4 floats apart, starting 16-byte aligned, and the A1 built into ``mixing``."""
         return bool(mixing) and aligned_float32_rows(self.cupy, x) and x.shape[3] == halves.k
 
-    def drb_hlayer32(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = ""):
+    def drb_hlayer32(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = "", score_weight=None):
         """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu):
         relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32, each product of float32 operands
         taken as big big + big small + small big of their float16 parts (W's columns scaled by powers
@@ -547,7 +547,12 @@ class HopperGemm:
         and added in float32; tiles of 96 output columns.
         X float32 (B, 43, N, k) (see :meth:`hlayer32_applies`), ``halves`` from :meth:`prepare_halves`,
         residual (B, 43, N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns
-        (B, 43, N, 192) float32."""
+        (B, 43, N, 192) float32.
+
+        With ``score_weight`` (a block's score layer's float32 W, (192, 2): columns W0, W1), the output
+        is never written: the kernel returns each row's products with W over each of the two 96-column
+        groups, (2, B, 43, N, 2) float32 (float32 sums of the output's float32 values; the two groups
+        added in order give x W)."""
         cp = self.cupy
         if not self.hlayer32_applies(x, halves, mixing):
             raise ValueError(f"drb_hlayer32: X {x.shape} ({x.dtype}, strides {x.strides}) with "
@@ -557,13 +562,20 @@ class HopperGemm:
         b, _, n, cin = x.shape
         residual, bias = self._zlayer_epilogue_operands("drb_hlayer32", residual, bias, (b, HYPOTHESES, n, Z_COUT),
                                                         cp.dtype(cp.float32), 16)
-        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
         tiles, blocks = self._column_group_grid(b, n, H_COLUMNS)
-        self._kernel("wg_drb_hlayer32", H_SMEM, mixing, H_SOURCE)(
-            (blocks,), (DRB_THREADS,),
-            (vertex_tile_map(x, H_BK), np.int32(cin), halves.stream, halves.scale, bias,
-             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
-            shared_mem=H_SMEM)
+        head = (vertex_tile_map(x, H_BK), np.int32(cin), halves.stream, halves.scale, bias,
+                np.uint64(0) if residual is None else residual)
+        if score_weight is None:
+            out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
+            name, args = "wg_drb_hlayer32", head + (out,)
+        else:
+            if score_weight.shape != (Z_COUT, 2):
+                raise ValueError(f"drb_hlayer32: the score layer's weight must be ({Z_COUT}, 2), got {score_weight.shape}")
+            out = cp.empty((Z_COUT // H_COLUMNS, b, HYPOTHESES, n, 2), dtype=cp.float32)
+            name = "wg_drb_hlayer32_score"
+            args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out, np.int64(b * HYPOTHESES * n))
+        self._kernel(name, H_SMEM, mixing, H_SOURCE)((blocks,), (DRB_THREADS,), args + (np.int32(n), np.int32(tiles)),
+                                                    shared_mem=H_SMEM)
         return out
 
     @staticmethod

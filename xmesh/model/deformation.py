@@ -48,12 +48,20 @@ def deformation_block(backend, layers, params, centers, maps, tf):
 def block_tail(backend, layers, x, params, centers):
     """The block's six layers and its vertex update, the projected features x (B,K,N,cin) -> the moved
     centers (B,N,3): the five wide layers, then the score layer and the softmax. A backend may run
-    them without ever writing x5 (the score layer's products inside the last wide layer)."""
-    fast = backend.try_fast_path("drb_block_tail", layers, x, params.sample_cheb1, params.sample_cheb0, centers,
-                                 params.sample_coord)
+    them without ever writing x5 (the score layer's products inside the last wide layer), either for
+    the whole block (``drb_block_tail``) or for its last wide layer (``drb_last_layer_score``)."""
+    cheb1, cheb0, offsets = params.sample_cheb1, params.sample_cheb0, params.sample_coord
+    fast = backend.try_fast_path("drb_block_tail", layers, x, cheb1, cheb0, centers, offsets)
     if fast is not None:
         return fast
-    x5 = block_layers(backend, layers[:5], x, params)
+    x5 = backend.try_fast_path("drb_block_layers", layers[:5], x, cheb1, cheb0)
+    if x5 is None:
+        x3, x4 = first_wide_layers(backend, layers[:4], x, params)
+        fast = backend.try_fast_path("drb_last_layer_score", layers[4], layers[5], x4, x3, cheb1, cheb0, centers,
+                                     offsets)
+        if fast is not None:
+            return fast
+        x5 = local_gconv(backend, layers[4], x4, cheb1, cheb0, x3)
     return score_update(backend, layers[5], x5, params, centers)
 
 
@@ -61,15 +69,22 @@ def block_layers(backend, layers, x, params):
     """The block's five wide layers, the projected features x -> x5: the first (339 -> 192), then
     four 192-wide ones with two residuals (a backend may run them as one kernel, keeping the
     activations on chip)."""
-    fast = backend.try_fast_path("drb_block_layers", layers, x, params.sample_cheb1, params.sample_cheb0)
+    cheb1, cheb0 = params.sample_cheb1, params.sample_cheb0
+    fast = backend.try_fast_path("drb_block_layers", layers, x, cheb1, cheb0)
     if fast is not None:
         return fast
+    x3, x4 = first_wide_layers(backend, layers[:4], x, params)
+    return local_gconv(backend, layers[4], x4, cheb1, cheb0, x3)
+
+
+def first_wide_layers(backend, layers, x, params):
+    """The block's first four wide layers: x1 = lc1(x), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3);
+    returns (x3, x4), what the last wide layer x5 = lc5(x4) + x3 reads."""
     conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
     x1 = conv(layers[0], x)
     x2 = conv(layers[1], x1)
     x3 = conv(layers[2], x2, x1)
-    x4 = conv(layers[3], x3)
-    return conv(layers[4], x4, x3)
+    return x3, conv(layers[3], x3)
 
 
 def score_update(backend, layer, x, params, centers):
