@@ -9,7 +9,8 @@
 //   PASSES = 1: one TF32 product (the "tf32" mode; ~1e-3 relative error per product).
 //
 // Tiling: a block of 256 threads (8 warps) computes a 128 x BN tile of C, stepping through K in
-// slices of 16 that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
+// slices of XG_BK (16, or 32 where the module is built with -DXG_BK=32: the backend's dense products)
+// that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
 // outside the matrix are zero-filled by the copy itself (src-size 0), so M, N and K are arbitrary.
 // VEC = true copies 16 bytes at a time and needs lda, ldb, K and N to be multiples of 4 and A, B
 // 16-byte aligned (the host checks); VEC = false copies single floats and takes anything.
@@ -25,7 +26,7 @@
 #define XG_STAGES 3
 #endif
 #define XG_THREADS 256
-#define XG_A_STRIDE (XG_BK + 4)   // 20 floats: fragment loads hit 32 distinct banks
+#define XG_A_STRIDE (XG_BK + 4)   // 20 or 36 floats: fragment loads hit 32 distinct banks
 
 __device__ __forceinline__ unsigned xg_smem(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -218,7 +219,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
         const float* as = As + (kt % XG_STAGES) * A_STAGE + (wm * WM) * XG_A_STRIDE;
         const float* bs = Bs + (kt % XG_STAGES) * B_STAGE + wn * WN;
         // The tensor cores add into their float32 accumulator with truncation, which biases a long
-        // sum; each 16-wide slice is summed on its own and added to acc with a rounded FADD.
+        // sum; each XG_BK-wide slice is summed on its own and added to acc with a rounded FADD.
         float part[MT][NT][4];
         xg_zero(part);
 #pragma unroll

@@ -69,9 +69,12 @@ GRAPH_POINTS, GRAPH_THREADS = 8, 256
 DIRECT_CONV_WEIGHT_BYTES = 48 * 1024
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
-#: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of 16 through
-#: a 3-stage shared-memory ring (kernels/tc_gemm.cu, XG_*).
-GEMM_BM, GEMM_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 3, 256
+#: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of GEMM_BK
+#: (the convolutions, conv_*) or GEMM_DENSE_BK (the dense products, gemm_*) through a 3-stage
+#: shared-memory ring (kernels/tc_gemm.cu, XG_*). Stage 1's graph convolutions at b=1 (K 192, few tiles)
+#: spend their time per slice: with 32-wide slices stage 1 after its CNN took 0.764-0.777 ms against
+#: 0.811-0.832 with 16 (H100, one CUDA graph), while stage 1's CNN went 0.385-0.398 -> 0.413-0.421.
+GEMM_BM, GEMM_BK, GEMM_DENSE_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3, 256
 #: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
 GEMM_TARGET_BLOCKS = 264
 #: ...into parts of at least this many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer
@@ -325,17 +328,19 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ GEMM
     def _gemm_kernel(self, name: str, bn: int):
-        """A kernel of tc_gemm.cu (gemm_* or conv_*), with its shared-memory opt-in set once."""
-        kernel = self._gemm_kernels.get(name)
-        if kernel is None:
-            kernel = get_function(GEMM_FILE, name, ("-std=c++17",))
-            kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn)   # > 48 KB needs the opt-in
-            self._gemm_kernels[name] = kernel
-        return kernel
+        """A kernel of tc_gemm.cu (gemm_*: K slices of GEMM_DENSE_BK, or conv_*: of GEMM_BK) and its
+        slice width, with its shared-memory opt-in set once."""
+        entry = self._gemm_kernels.get(name)
+        if entry is None:
+            bk = GEMM_DENSE_BK if name.startswith("gemm_") else GEMM_BK
+            kernel = get_function(GEMM_FILE, name, ("-std=c++17", f"-DXG_BK={bk}"))
+            kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn, bk)   # > 48 KB needs the opt-in
+            entry = self._gemm_kernels[name] = (kernel, bk)
+        return entry
 
     @staticmethod
-    def _gemm_smem(bn: int) -> int:
-        return GEMM_STAGES * (GEMM_BM * (GEMM_BK + 4) + GEMM_BK * (bn + 8)) * 4
+    def _gemm_smem(bn: int, bk: int) -> int:
+        return GEMM_STAGES * (GEMM_BM * (bk + 4) + bk * (bn + 8)) * 4
 
     def _hopper_weight(self, b, operands: str, cache_key, paired: bool = False):
         """b prepared for the Hopper kernels (``operands``: a key of hopper_gemm.OPERANDS); kept per
@@ -384,12 +389,14 @@ class CupyBackend(Backend):
         bn = _tile_width(n)
         while bn > GEMM_NARROWEST and n % (bn // 2) == 0 and -(-m // GEMM_BM) * (n // bn) < self.sm_count:
             bn //= 2   # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
-        kernel = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn)
-        return self._launch_tc(kernel, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
+        entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn)
+        return self._launch_tc(entry, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 
-    def _launch_tc(self, kernel, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
-        """Launch a kernel of tc_gemm.cu (A given by ``a_args``, B by ``b``) over (M/128 x N/bn) tiles,
-        splitting K when there are few tiles (the CNN's deep layers at small batch)."""
+    def _launch_tc(self, entry: tuple, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
+        """Launch a kernel of tc_gemm.cu (``entry``: ``_gemm_kernel``'s (kernel, K slice width); A given
+        by ``a_args``, B by ``b``) over (M/128 x N/bn) tiles, splitting K when there are few tiles (the
+        CNN's deep layers at small batch)."""
+        kernel, bk = entry
         cp = self.cupy
         n = b.shape[1]
         ldb, ldc = b.strides[0] // 4, out.strides[0] // 4
@@ -398,13 +405,13 @@ class CupyBackend(Backend):
         min_k = GEMM_SPLIT_MIN_K_FEW if tiles < GEMM_FEW_TILES else GEMM_SPLIT_MIN_K
         splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // min_k))
         bias_arg = np.uint64(0) if bias is None else bias
-        smem = self._gemm_smem(bn)
+        smem = self._gemm_smem(bn, bk)
         if splits == 1:
             kernel((tiles, 1), (GEMM_THREADS,),
                    (*a_args, b, np.int64(ldb), out, np.int64(ldc), np.int32(m), np.int32(n), np.int32(k),
                     bias_arg, np.int32(bool(relu)), np.int32(k), np.int64(0)), shared_mem=smem)
             return out
-        chunk = -(-k // (splits * GEMM_BK)) * GEMM_BK
+        chunk = -(-k // (splits * bk)) * bk
         splits = -(-k // chunk)
         parts = cp.empty((splits, m, n), dtype=cp.float32)
         kernel((tiles, splits), (GEMM_THREADS,),
@@ -469,10 +476,10 @@ class CupyBackend(Backend):
                 self._cudnn = None
         if cin % GEMM_BK == 0 and cout % 4 == 0 and flat_w.flags.c_contiguous and flat_w.data.ptr % 16 == 0:
             bn = _tile_width(cout)
-            kernel = self._gemm_kernel(f"conv_{self.gemm_passes}x_n{bn}", bn)
+            entry = self._gemm_kernel(f"conv_{self.gemm_passes}x_n{bn}", bn)
             geometry = (x, np.int32(h), np.int32(w), np.int32(cin), np.int32(kw), np.int32(stride), np.int32(ho),
                         np.int32(wo), np.int32(top), np.int32(left))
-            return self._launch_tc(kernel, geometry, flat_w, out.reshape(n * ho * wo, cout), n * ho * wo, k, bn,
+            return self._launch_tc(entry, geometry, flat_w, out.reshape(n * ho * wo, cout), n * ho * wo, k, bn,
                                    bias, relu).reshape(out.shape)
         if cin < GEMM_BK and cout % 4 == 0 and k * cout * 4 <= DIRECT_CONV_WEIGHT_BYTES \
                 and h * w * cin < 2**31 and n < 65536:   # grid (ho, n); 32-bit offsets within an image
