@@ -9,7 +9,7 @@
 //   PASSES = 1: one TF32 product (the "tf32" mode; ~1e-3 relative error per product).
 //
 // Tiling: a block of 256 threads (8 warps) computes a 128 x BN tile of C, stepping through K in
-// slices of XG_BK (16, or 32 where the module is built with -DXG_BK=32: the backend's dense products)
+// slices of XG_BK (16, or 32 where the module is built with -DXG_BK=32: the backend's small products)
 // that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
 // outside the matrix are zero-filled by the copy itself (src-size 0), so M, N and K are arbitrary.
 // VEC = true copies 16 bytes at a time and needs lda, ldb, K and N to be multiples of 4 and A, B

@@ -45,6 +45,25 @@ def test_3xtf32_is_as_accurate_as_float32(cp, gb, m, k, n):
     assert err <= 4 * f32 + 1e-7, (err, f32)
 
 
+@pytest.mark.parametrize("m,n,passes,bk", [(156, 384, 3, 32), (2466, 384, 3, 32), (40000, 384, 3, 16), (156, 384, 1, 16)])
+def test_few_tile_products_take_wider_k_slices(cp, gb, monkeypatch, m, n, passes, bk):
+    """A 3xTF32 product with fewer tiles than two a multiprocessor (stage 1's graph convolutions at
+    small batch in fp32) runs the kernel built for 32-wide K slices; a larger one, or one TF32 pass, the
+    16-wide build; as accurate as float32 in 3xTF32, within TF32's error in one pass (the Hopper kernel
+    kept out, as on other GPUs)."""
+    monkeypatch.setattr(gb, "hopper", None)
+    rng = np.random.default_rng(m)
+    a, b = operands(rng, m, 192, n)
+    launched = []
+    real = gb._gemm_kernel
+    monkeypatch.setattr(gb, "_gemm_kernel", lambda name, bn, k=16: (launched.append((name, k)), real(name, bn, k))[1])
+    out = gb.gemm(cp.asarray(a), cp.asarray(b), passes=passes).get()
+    assert [k for _, k in launched] == [bk] and launched[0][0].startswith(f"gemm_{passes}x_")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    err, f32 = rel_error(out, ref), rel_error(a @ b, ref)
+    assert err <= (4 * f32 + 1e-7 if passes == 3 else 3e-3), (err, f32)
+
+
 @pytest.mark.parametrize("m,k,n", [(2466, 192, 384), (300, 339, 384), (129, 17, 65)])
 def test_one_tf32_pass_has_tf32_error(cp, gb, m, k, n):
     rng = np.random.default_rng(k)
@@ -136,7 +155,7 @@ def test_implicit_gemm_conv_is_as_accurate_as_float32(cp, gb, images, size, cin,
     f32 = rel_error(conv_same(x, w, b, stride, np.float32), ref)
     err = rel_error(got, ref)
     assert err <= 4 * f32 + 1e-7, (err, f32)
-    assert f"conv_3x_n{_tile_width(cout)}" in gb._gemm_kernels   # the implicit kernel ran, not im2col + GEMM
+    assert (f"conv_3x_n{_tile_width(cout)}", 16) in gb._gemm_kernels   # the implicit kernel ran, not im2col + GEMM
 
 
 def test_implicit_gemm_conv_tf32_mode_has_tf32_error(cp):
@@ -148,7 +167,7 @@ def test_implicit_gemm_conv_tf32_mode_has_tf32_error(cp):
     w = (rng.standard_normal((3, 3, 64, 128)) / 24.0).astype(np.float32)
     b = np.zeros(128, np.float32)
     got = tf32.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 1).get()
-    assert "conv_1x_n128" in tf32._gemm_kernels
+    assert ("conv_1x_n128", 16) in tf32._gemm_kernels
     assert 3e-5 < rel_error(got, conv_same(x, w, b, 1, np.float64)) < 3e-3
 
 

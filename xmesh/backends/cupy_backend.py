@@ -70,11 +70,13 @@ DIRECT_CONV_WEIGHT_BYTES = 48 * 1024
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
 #: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of GEMM_BK
-#: (the convolutions, conv_*) or GEMM_DENSE_BK (the dense products, gemm_*) through a 3-stage
-#: shared-memory ring (kernels/tc_gemm.cu, XG_*). Stage 1's graph convolutions at b=1 (K 192, few tiles)
-#: spend their time per slice: with 32-wide slices stage 1 after its CNN took 0.764-0.777 ms against
-#: 0.811-0.832 with 16 (H100, one CUDA graph), while stage 1's CNN went 0.385-0.398 -> 0.413-0.421.
-GEMM_BM, GEMM_BK, GEMM_DENSE_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3, 256
+#: through a 3-stage shared-memory ring (kernels/tc_gemm.cu, XG_*), or of GEMM_FEW_TILES_BK for a dense
+#: 3xTF32 product (gemm_3x_*) with fewer than GEMM_TARGET_BLOCKS tiles. Stage 1's graph convolutions at
+#: b=1 in fp32 (K 192, few tiles) spend their time per slice: with 32-wide slices stage 1 after its CNN
+#: took 0.764-0.777 ms against 0.811-0.832 with 16 (H100, one CUDA graph), while stage 1's CNN went
+#: 0.385-0.398 -> 0.413-0.421 (so the convolutions keep 16). The one-pass modes keep 16 too: no gain
+#: was measured there (fp16 b=64 moved within the 1016-1066 samples/s of two identical trees).
+GEMM_BM, GEMM_BK, GEMM_FEW_TILES_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3, 256
 #: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
 GEMM_TARGET_BLOCKS = 264
 #: ...into parts of at least this many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer
@@ -327,15 +329,14 @@ class CupyBackend(Backend):
         return StreamBranch(self.cupy, self._branch_stream)
 
     # ------------------------------------------------------------------ GEMM
-    def _gemm_kernel(self, name: str, bn: int):
-        """A kernel of tc_gemm.cu (gemm_*: K slices of GEMM_DENSE_BK, or conv_*: of GEMM_BK) and its
-        slice width, with its shared-memory opt-in set once."""
-        entry = self._gemm_kernels.get(name)
+    def _gemm_kernel(self, name: str, bn: int, bk: int = GEMM_BK):
+        """A kernel of tc_gemm.cu (gemm_* or conv_*) built for K slices of ``bk``, and that width (the
+        pair ``_launch_tc`` takes), with its shared-memory opt-in set once."""
+        entry = self._gemm_kernels.get((name, bk))
         if entry is None:
-            bk = GEMM_DENSE_BK if name.startswith("gemm_") else GEMM_BK
             kernel = get_function(GEMM_FILE, name, ("-std=c++17", f"-DXG_BK={bk}"))
             kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn, bk)   # > 48 KB needs the opt-in
-            entry = self._gemm_kernels[name] = (kernel, bk)
+            entry = self._gemm_kernels[(name, bk)] = (kernel, bk)
         return entry
 
     @staticmethod
@@ -389,7 +390,11 @@ class CupyBackend(Backend):
         bn = _tile_width(n)
         while bn > GEMM_NARROWEST and n % (bn // 2) == 0 and -(-m // GEMM_BM) * (n // bn) < self.sm_count:
             bn //= 2   # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
-        entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn)
+        # 3xTF32 with all tiles resident at once (two blocks a multiprocessor fit either build): the time
+        # goes per K slice, and fewer, wider slices take less of it
+        few = -(-m // GEMM_BM) * -(-n // bn) < GEMM_TARGET_BLOCKS
+        bk = GEMM_FEW_TILES_BK if passes == 3 and few else GEMM_BK
+        entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn, bk)
         return self._launch_tc(entry, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 
     def _launch_tc(self, entry: tuple, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
