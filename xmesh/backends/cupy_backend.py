@@ -733,8 +733,8 @@ class CupyBackend(Backend):
         mixes them, adds the bias, takes the softmax and moves the vertices (``drb_score_update``'s
         arithmetic, its float32 products summed in another order). None elsewhere."""
         score = layers[-1]
-        if (not self.fuse_drb_score or len(layers) != hopper_gemm.C_HIDDEN + 2 or score.weight0 is not None
-                or score.cout != 1 or score.weight.shape != (hopper_gemm.Z_COUT, 2) or x.shape[1] != HYPOTHESES):
+        if (not self.fuse_drb_score or len(layers) != hopper_gemm.C_HIDDEN + 2 or not self._fusable_score(score)
+                or x.shape[1] != HYPOTHESES):
             return None
         chain = self._prepared_chain(layers[:-1], x, cheb0)
         if chain is None:
@@ -751,19 +751,29 @@ class CupyBackend(Backend):
         leaves 8 bytes a row), then ``drb_score_finish`` adds the groups' products, mixes them, adds the
         bias, takes the softmax and moves the vertices (``drb_score_update``'s arithmetic, its float32
         products summed in another order). None elsewhere."""
-        cp = self.cupy
-        if (not self.fuse_drb_score or self.hopper is None or LAYER_OPERANDS[self.precision] != "3xtf32"
-                or not self.fp32_halves or cheb0 is not None or layer.weight0 is not None
-                or score.weight0 is not None or score.cout != 1 or score.weight.shape != (hopper_gemm.Z_COUT, 2)
-                or x.dtype != cp.float32 or x.ndim != 4 or x.shape[1] != HYPOTHESES
-                or layer.weight.shape != (x.shape[-1], 2 * hopper_gemm.Z_COUT)):
+        if (not self.fuse_drb_score or self.hopper is None or cheb0 is not None or layer.weight0 is not None
+                or not self._fusable_score(score) or x.ndim != 4 or x.shape[1] != HYPOTHESES
+                or not self._hlayer32_mode(layer, x)):
             return None
-        rows, halves, mixing = hopper_gemm.hypothesis_rows(cp, x), self._halves(layer), self._mixing_source(cheb1)
+        rows, halves, mixing = hopper_gemm.hypothesis_rows(self.cupy, x), self._halves(layer), self._mixing_source(cheb1)
         if not self.hopper.hlayer32_applies(rows, halves, mixing):
             return None
         parts = self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing, score_weight=score.weight)
         return self._move_vertices("drb_score_finish", (parts, np.int32(parts.shape[0]), np.int64(parts[0].size // 2)),
                                    cheb1, score.bias, centers, offsets)
+
+    @staticmethod
+    def _fusable_score(score) -> bool:
+        """Whether a block's score layer can run in its last wide layer's epilogue: one output column,
+        A_0 the identity (one [W0 | W1] of 192 x 2)."""
+        return score.weight0 is None and score.cout == 1 and score.weight.shape == (hopper_gemm.Z_COUT, 2)
+
+    def _hlayer32_mode(self, layer, x) -> bool:
+        """Whether a deformation layer is ``drb_hlayer32``'s to run, its rows' layout aside
+        (``HopperGemm.hlayer32_applies``): the fp32 mode with ``fp32_halves``, float32 X, a [W0 | W1] of
+        X's width and 2 x 192 columns."""
+        return (LAYER_OPERANDS[self.precision] == "3xtf32" and self.fp32_halves and x.dtype == self.cupy.float32
+                and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.Z_COUT))
 
     def _halves(self, layer):
         """A layer's [W0 | W1] prepared for ``drb_hlayer32`` (HopperGemm.prepare_halves), once per weight."""
@@ -792,8 +802,7 @@ class CupyBackend(Backend):
         if out16 and residual is not None and residual.dtype == cp.float32:
             residual = hopper_gemm.narrow16(cp, residual, operands)
         rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
-        if (operands == "3xtf32" and self.fp32_halves and x.dtype == cp.float32
-                and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.Z_COUT)):
+        if self._hlayer32_mode(layer, x):
             halves = self._halves(layer)
             if self.hopper.hlayer32_applies(rows, halves, mixing):
                 return self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing)
