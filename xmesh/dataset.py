@@ -147,6 +147,14 @@ def check_sample(sample: SampleId | str, paths: SamplePaths) -> None:
             raise MissingFileError(f"sample {sample}: {what} file {str(path)!r} {state}")
 
 
+def check_inputs(sample: SampleId | str, paths: SamplePaths) -> None:
+    """As :func:`check_sample` for the network's inputs only (renderings and camera metadata)."""
+    for what, path in paths.files()[:-1]:
+        if not path.is_file():
+            state = "is not a file" if path.exists() else "does not exist"
+            raise MissingFileError(f"sample {sample}: {what} file {str(path)!r} {state}")
+
+
 def load_ground_truth(path: str | os.PathLike) -> np.ndarray:
     """The (N, 3) float32 ground-truth points of an official ``.dat`` (a pickle of ``(image, points)``
     with points (N, 6) = xyz + normal), read with the restricted unpickler. A bare points array is

@@ -1,263 +1,63 @@
-"""Evaluate a reconstructor over a test set in the official layout: Chamfer distance and F-scores.
+"""Evaluate a reconstructor over a test set in the official layout, or reconstruct a whole list.
 
 :func:`evaluate_dataset` writes, in ``out_dir``:
 
 - ``samples.csv``: one row per sample, ``id, category, ms, chamfer, f_5e-05, f_0.0001, f_0.00015,
-  f_0.0002`` (``ms``: reconstruction time of the sample's batch divided by the batch size). Each row
-  is one ``write`` of a whole line followed by ``fsync``, so an interruption loses at most the
-  sample in flight. A later run with the same ``out_dir`` *resumes*: ids already in the file are
-  skipped, and a last line left incomplete by an interrupted write is dropped first.
+  f_0.0002`` (``ms``: the network's time for the sample's batch divided by the batch size). A batch's
+  rows are appended by one ``write`` and one ``fsync``, after its mesh files (if asked for) are on
+  disk. A later run with the same ``out_dir`` *resumes*: ids already in the file are skipped, and a
+  last line left incomplete by an interrupted write is dropped first.
 - ``summary.json`` and ``summary.txt``: per-category means (count, CD, CD x1000, F(tau), F(2tau))
-  computed from the *whole* CSV, so a resumed run's summary covers every sample; written atomically.
+  computed from the *whole* CSV, so a resumed run's summary covers every sample, and in ``run`` this
+  call's figures with its ``timing`` (seconds per stage); written atomically.
+- ``f_score.log`` and ``cd.log``: the original evaluation scripts' per-category lines
+  (:mod:`xmesh.io.p2m_logs`).
+- with ``save_meshes``: ``predict/{id}_predict.xyz`` and ``predict/{id}_predict.obj`` per sample
+  (:mod:`xmesh.pipeline.writing`).
 
-Pipeline: background threads (``workers``) decode the images, cameras and ground truth of the next
-batches (at most ``PREFETCH_DEPTH`` batches ahead) while the current batch computes. On the CuPy
-backend a decoded batch is copied into a pinned host buffer and sent to the GPU asynchronously on a
-separate stream (two buffers, used in turn), so the upload of batch k+1 overlaps the compute of batch
-k; the compute stream waits on the upload's event before reading it.
+:func:`reconstruct_dataset` runs the same pipeline without ground truth and writes only the meshes.
+The pipeline itself is :mod:`xmesh.pipeline`.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
+import sys
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from .dataset import DEFAULT_VIEWS, SampleId, SamplePaths, check_sample, load_ground_truth, read_list, sample_paths
+from .dataset import DEFAULT_VIEWS, SampleId, check_inputs, check_sample, read_list, sample_paths
 from .errors import FileFormatError, InputError, XmeshError
 from .io.atomic import atomic_write
-from .io.cameras import load_cameras
-from .io.images import NETWORK_SHAPE, load_images
+from .io.p2m_logs import write_logs
 from .metrics import BACKENDS as METRIC_BACKENDS
-from .metrics import THRESHOLDS, evaluate, summarize
-from .progress import Progress
+from .metrics import THRESHOLDS, summarize
+from .pipeline.loading import default_workers
+from .pipeline.loop import BatchResult, format_timing, run_batches
+from .pipeline.writing import (FORMATS, BatchFinisher, MeshWriter, prediction_stem, remove_stray_temporaries)
 
 CSV_NAME = "samples.csv"
 SUMMARY_JSON = "summary.json"
 SUMMARY_TXT = "summary.txt"
+PREDICT_FOLDER = "predict"
 F_COLUMNS = tuple(f"f_{tau!r}" for tau in THRESHOLDS)
 CSV_COLUMNS = ("id", "category", "ms", "chamfer", *F_COLUMNS)
-PREFETCH_DEPTH = 2  # batches decoded ahead of the one computing
 TAU, TWO_TAU = 1e-4, 2e-4  # the paper's F-score columns
+GPU_BATCH = 64  # the default batch size on the GPU: within 5% of the best samples/s on an H100
 
 
-# ------------------------------------------------------------------------------- loading
-
-
-@dataclass
-class HostBatch:
-    samples: list[SampleId]
-    images: np.ndarray  # (B, 3, 224, 224, 3) float32
-    cameras: np.ndarray  # (B, 3, 5) float32
-    gts: list[np.ndarray]  # B arrays (N_i, 3) float32
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-
-def load_sample(sample: SampleId, paths: SamplePaths, views: Sequence[int] = DEFAULT_VIEWS):
-    """(images (3,224,224,3), cameras (3,5), gt (N,3)) of one sample; errors name the sample."""
-    try:
-        check_sample(sample, paths)
-        images = load_images(list(paths.images))
-        cameras = load_cameras(paths.cameras, views=list(views))
-        gt = load_ground_truth(paths.gt)
-    except XmeshError as exc:
-        if str(exc).startswith(f"sample {sample}"):
-            raise
-        raise type(exc)(f"sample {sample}: {exc}") from None
-    return images, cameras, gt
-
-
-def _assemble(batch: list[tuple[SampleId, SamplePaths]], loaded: list[tuple]) -> HostBatch:
-    return HostBatch(samples=[s for s, _ in batch], images=np.stack([x[0] for x in loaded]),
-                     cameras=np.stack([x[1] for x in loaded]), gts=[x[2] for x in loaded])
-
-
-class BatchLoader:
-    """Iterate the decoded batches; with ``workers > 0`` a thread pool decodes up to ``depth``
-    batches ahead (one task per sample, so the threads share a batch), else each batch is decoded
-    inline when asked for."""
-
-    def __init__(self, batches: list[list[tuple[SampleId, SamplePaths]]], workers: int = 2,
-                 views: Sequence[int] = DEFAULT_VIEWS, depth: int = PREFETCH_DEPTH):
-        self.batches = batches
-        self.workers = int(workers)
-        self.views = tuple(views)
-        self.depth = max(int(depth), 1)
-
-    def __iter__(self):
-        if self.workers <= 0:
-            for batch in self.batches:
-                yield _assemble(batch, [load_sample(s, p, self.views) for s, p in batch])
-            return
-        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="xmesh-load")
-        pending: deque = deque()
-        upcoming = iter(self.batches)
-
-        def submit() -> None:
-            batch = next(upcoming, None)
-            if batch is not None:
-                pending.append((batch, [pool.submit(load_sample, s, p, self.views) for s, p in batch]))
-
-        try:
-            for _ in range(self.depth):
-                submit()
-            while pending:
-                batch, futures = pending.popleft()
-                loaded = [f.result() for f in futures]
-                submit()  # keep `depth` batches decoding while this one computes
-                yield _assemble(batch, loaded)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-class CupyStager:
-    """Upload host batches to the GPU through pinned buffers on a separate, non-blocking stream.
-
-    Two slots (pinned host buffer + device buffer) are used in turn. Ordering, all by CUDA events:
-    the host refills a slot's pinned buffer only after that slot's previous upload finished
-    (``copied``); the upload into a slot's device buffer waits for the compute that last read it
-    (``consumed``, recorded on the compute stream after :meth:`release`); the compute waits for the
-    upload (:meth:`wait`). Nothing is synchronised with the device otherwise.
-    """
-
-    SLOTS = 2
-
-    def __init__(self, cupy, batch_size: int, sample_shape: tuple = NETWORK_SHAPE):
-        import cupyx
-
-        self.cupy = cupy
-        shape = (int(batch_size), *sample_shape)
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.pinned = [cupyx.empty_pinned(shape, dtype=np.float32) for _ in range(self.SLOTS)]
-        self.device = [cupy.empty(shape, dtype=cupy.float32) for _ in range(self.SLOTS)]
-        self.copied = [None] * self.SLOTS
-        self.consumed = [None] * self.SLOTS
-        self.turn = 0
-
-    def stage(self, images: np.ndarray):
-        """Start uploading ``images`` (B, ...) float32; returns (slot, device view (B, ...))."""
-        slot = self.turn % self.SLOTS
-        self.turn += 1
-        count = images.shape[0]
-        if self.copied[slot] is not None:
-            self.copied[slot].synchronize()  # the pinned buffer's previous upload is done
-        host = self.pinned[slot][:count]
-        np.copyto(host, images, casting="same_kind")
-        if self.consumed[slot] is not None:
-            self.stream.wait_event(self.consumed[slot])  # the device buffer is no longer read
-        target = self.device[slot][:count]
-        target.set(host, stream=self.stream)
-        self.copied[slot] = self.stream.record()
-        return slot, target
-
-    def wait(self, slot: int) -> None:
-        """Make the current (compute) stream wait for the upload into ``slot``."""
-        self.cupy.cuda.get_current_stream().wait_event(self.copied[slot])
-
-    def release(self, slot: int) -> None:
-        """Call after the compute reading ``slot`` has been queued on the current stream."""
-        self.consumed[slot] = self.cupy.cuda.get_current_stream().record()
-
-    def close(self) -> None:
-        self.stream.synchronize()
-
-
-# ------------------------------------------------------------------------------- computing
-
-
-@dataclass
-class SampleResult:
-    sample: SampleId
-    ms: float
-    chamfer: float
-    fscore: dict  # {tau: F in percent}
-
-    @property
-    def category(self) -> str:
-        return self.sample.synset
-
-
-def _metric_inputs(backend, metric_backend: str, refined, refined_host, index: int, gt: np.ndarray):
-    if backend.name == "cupy" and metric_backend in ("auto", "cupy"):
-        return refined[index], backend.cupy.asarray(gt)
-    return refined_host[index], gt
-
-
-def run_pipeline(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]], workers: int = 2,
-                 views: Sequence[int] = DEFAULT_VIEWS, metric_backend: str = "auto",
-                 on_result: Callable[[SampleResult], None] | None = None) -> dict:
-    """Reconstruct and score every batch, calling ``on_result`` per sample in order.
-
-    Returns ``{"samples", "seconds", "samples_per_s"}`` (wall clock over the whole loop: decode,
-    upload, compute, metrics)."""
-    backend = reconstructor.backend
-    device = getattr(backend, "device", None)
-    with device if device is not None else contextlib.nullcontext():
-        return _run_pipeline(reconstructor, backend, batches, workers, views, metric_backend, on_result)
-
-
-def _run_pipeline(reconstructor, backend, batches, workers, views, metric_backend, on_result) -> dict:
-    stager = None
-    if backend.name == "cupy":
-        stager = CupyStager(backend.cupy, max(len(b) for b in batches))
-    loader = iter(BatchLoader(batches, workers=workers, views=views))
-    done = 0
-    start = time.perf_counter()
-
-    def stage(batch: HostBatch | None):
-        if batch is None or stager is None:
-            return batch, None, None if batch is None else batch.images
-        slot, images = stager.stage(batch.images)
-        return batch, slot, images
-
-    try:
-        host, slot, images = stage(next(loader, None))
-        while host is not None:
-            t0 = time.perf_counter()
-            if stager is not None:
-                stager.wait(slot)
-            _, refined = reconstructor.run(images, host.cameras)
-            if stager is not None:
-                stager.release(slot)
-                # decode/upload the next batch while the GPU computes this one
-                upcoming = stage(next(loader, None))
-            refined_host = backend.to_numpy(refined)
-            ms = (time.perf_counter() - t0) * 1000.0 / len(host)
-            if stager is None:
-                upcoming = stage(next(loader, None))
-            for b, sample in enumerate(host.samples):
-                pred, gt = _metric_inputs(backend, metric_backend, refined, refined_host, b, host.gts[b])
-                scores = evaluate(pred, gt, THRESHOLDS, backend=metric_backend)
-                if on_result is not None:
-                    on_result(SampleResult(sample, ms, scores["chamfer"], scores["fscore"]))
-                done += 1
-            host, slot, images = upcoming
-    finally:
-        if stager is not None:
-            stager.close()
-        if hasattr(loader, "close"):
-            loader.close()
-    seconds = time.perf_counter() - start
-    return {"samples": done, "seconds": seconds, "samples_per_s": done / seconds if seconds > 0 else 0.0}
-
-
-# ------------------------------------------------------------------------------- the CSV
-
-
-def _format_row(result: SampleResult) -> str:
-    values = [str(result.sample), result.category, f"{result.ms:.3f}", repr(float(result.chamfer)),
-              *(repr(float(result.fscore[tau])) for tau in THRESHOLDS)]
-    return ",".join(values) + "\n"
+def format_rows(result: BatchResult) -> str:
+    """The CSV lines of a scored batch."""
+    lines = []
+    for b, sample in enumerate(result.samples):
+        values = [str(sample), sample.synset, f"{result.ms:.3f}", repr(float(result.scores["chamfer"][b])),
+                  *(repr(float(f)) for f in result.scores["fscore"][b])]
+        lines.append(",".join(values) + "\n")
+    return "".join(lines)
 
 
 def repair_csv(path: Path) -> bool:
@@ -310,7 +110,7 @@ def read_csv(path: Path) -> list[dict]:
 
 
 class CsvAppender:
-    """Append whole rows to samples.csv: one ``os.write`` per line, then ``fsync``."""
+    """Append whole rows to samples.csv: one ``os.write`` per call (a batch's lines), then ``fsync``."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -319,8 +119,8 @@ class CsvAppender:
         if fresh:
             self.write(",".join(CSV_COLUMNS) + "\n")
 
-    def write(self, line: str) -> None:
-        data = line.encode("utf-8")
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8")
         written = os.write(self.fd, data)
         if written != len(data):  # a regular file takes it all unless the disk is full
             raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes); is the disk full?")
@@ -381,97 +181,174 @@ def _write_summary(out_dir: Path, summary: dict) -> None:
         handle.write(format_table(summary))
 
 
-# ------------------------------------------------------------------------------- the loop
+
+
+# ------------------------------------------------------------------------------- running
 
 
 def _check_options(batch_size, workers, metric_backend, limit) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise InputError(f"batch_size={batch_size!r}: expected a whole number >= 1")
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
-        raise InputError(f"workers={workers!r}: expected a whole number >= 0 (0 decodes inline)")
+    def whole(value, least):
+        return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
+
+    if batch_size is not None and not whole(batch_size, 1):
+        raise InputError(f"batch_size={batch_size!r}: expected a whole number >= 1 (or None: {GPU_BATCH} on the GPU, 1 on the CPU)")
+    if workers is not None and not whole(workers, 0):
+        raise InputError(f"workers={workers!r}: expected a whole number >= 0 (0 decodes inline), or None to choose")
     if metric_backend not in METRIC_BACKENDS:
         raise InputError(f"metric_backend={metric_backend!r}: choose one of {', '.join(METRIC_BACKENDS)}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1):
+    if limit is not None and not whole(limit, 1):
         raise InputError(f"limit={limit!r}: expected a whole number >= 1, or None for the whole list")
+
+
+def choose_settings(reconstructor, batch_size=None, workers=None) -> dict:
+    """The batch size and process counts a run uses: given values, else the GPU's or the CPU's defaults."""
+    gpu = reconstructor.backend.name == "cupy"
+    loaders = default_workers(gpu) if workers is None else int(workers)
+    return {"batch_size": int(batch_size) if batch_size is not None else (GPU_BATCH if gpu else 1),
+            "workers": loaders, "writers": max(1, loaders)}
 
 
 def _batches(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def measure_throughput(reconstructor, items: list[tuple[SampleId, SamplePaths]], batch_size: int = 1,
-                       workers: int = 2, views: Sequence[int] = DEFAULT_VIEWS, metric_backend: str = "auto") -> dict:
-    """samples/s of the pipeline over ``items`` with decoding inline (workers=0) and prefetched
-    (``workers``), after one warm-up batch. Nothing is written."""
-    run_pipeline(reconstructor, _batches(items[:batch_size], batch_size), workers=0, views=views,
-                 metric_backend=metric_backend)
-    inline = run_pipeline(reconstructor, _batches(items, batch_size), workers=0, views=views,
-                          metric_backend=metric_backend)
-    prefetch = run_pipeline(reconstructor, _batches(items, batch_size), workers=max(workers, 1), views=views,
-                            metric_backend=metric_backend)
-    return {
-        "samples": len(items),
-        "batch_size": batch_size,
-        "inline": {"workers": 0, **inline},
-        "prefetch": {"workers": max(workers, 1), **prefetch},
-        "speedup": prefetch["samples_per_s"] / inline["samples_per_s"] if inline["samples_per_s"] else None,
-    }
+def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar on stderr; silent with ``enabled=False`` or when stderr is not a terminal."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=True if not enabled else None,
+                dynamic_ncols=True, smoothing=0.1)
 
 
-def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, batch_size: int = 1, workers: int = 2,
-                     metric_backend: str = "auto", limit: int | None = None, progress: bool = True,
-                     views: Sequence[int] = DEFAULT_VIEWS, measure_overlap: bool | int = False,
-                     meta: dict | None = None) -> dict:
-    """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
-    see the module docstring for the outputs and the resume rule. Returns the summary dict (also
-    written to summary.json): ``samples``, ``categories`` {synset: {name, count, chamfer,
-    chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``, ``mean_over_samples``,
-    ``mean_ms_per_sample``, ``run`` (this call: evaluated, skipped, seconds, samples_per_s) and
-    ``throughput`` when ``measure_overlap`` (True, or the number of samples to time, default 8)
-    asks to time the pipeline with workers=0 against ``workers``.
-    """
-    _check_options(batch_size, workers, metric_backend, limit)
-    samples = read_list(list_file)
-    if limit is not None:
-        samples = samples[: int(limit)]
-    items = [(s, sample_paths(s, images_root, gt_root, views)) for s in samples]
+def _prepare_out(out_dir) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"out_dir {str(out_dir)!r} is a file; expected a folder (made if missing)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None, commit, progress, desc,
+         views, with_gt, metric_backend, formats=("xyz", "obj")) -> dict:
+    """Run the pipeline over ``todo``; ``commit(result, text)`` is called in order from the finisher
+    thread once a batch's meshes are written. Returns this run's figures with its timing."""
+    writer = MeshWriter(predict_dir, reconstructor.faces, settings["writers"], formats) if predict_dir else None
+    finisher = None
+    with _progress(len(todo), desc, progress) as bar:
+        def finish(item) -> None:
+            commit(item)
+            bar.update(len(item.samples))
+
+        finisher = BatchFinisher(finish)
+
+        def on_batch(result: BatchResult) -> None:
+            if result.scores is not None:
+                bad = np.flatnonzero(~result.scores["finite"])
+                if bad.size:
+                    raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
+                                     "coordinates; check the weights (and --precision) used")
+            futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
+            finisher.put(result, futures)
+
+        try:
+            timing = run_batches(reconstructor, _batches(todo, settings["batch_size"]), on_batch,
+                                 workers=settings["workers"], views=views, with_gt=with_gt,
+                                 keep_vertices=writer is not None, metric_backend=metric_backend)
+        finally:
+            try:
+                finisher.close()   # commit every batch that completed, also when the run failed
+            finally:
+                if writer is not None:
+                    writer.close()
+    timing.write = finisher.busy_s + finisher.mesh_s / settings["writers"]
+    return {"evaluated": len(todo), "seconds": timing.wall,
+            "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
+            "timing": timing.as_dict()}
+
+
+def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, batch_size: int | None = None,
+                     workers: int | None = None, metric_backend: str = "auto", limit: int | None = None,
+                     progress: bool = True, views: Sequence[int] = DEFAULT_VIEWS, save_meshes: bool = False,
+                     meta: dict | None = None) -> dict:
+    """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
+    see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
+    (loader processes) default to the GPU's or the CPU's settings (:func:`choose_settings`).
+    Returns the summary dict (also written to summary.json): ``samples``, ``categories`` {synset:
+    {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``,
+    ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
+    seconds, samples_per_s, the settings, and ``timing``: seconds per stage).
+    """
+    _check_options(batch_size, workers, metric_backend, limit)
+    settings = choose_settings(reconstructor, batch_size, workers)
+    samples = read_list(list_file)
+    if limit is not None:
+        samples = samples[: int(limit)]
+    items = [(s, sample_paths(s, images_root, gt_root, views)) for s in samples]
+    out_dir = _prepare_out(out_dir)
     csv_path = out_dir / CSV_NAME
     repaired = repair_csv(csv_path)
     done_ids = {row["id"] for row in read_csv(csv_path)} if csv_path.exists() else set()
     todo = [(s, p) for s, p in items if str(s) not in done_ids]
     for sample, paths in todo:  # fail before any compute when a file is missing
         check_sample(sample, paths)
+    predict_dir = out_dir / PREDICT_FOLDER if save_meshes else None
+    if predict_dir is not None:
+        remove_stray_temporaries(predict_dir)
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": repaired,
-                "seconds": 0.0, "samples_per_s": 0.0, "batch_size": int(batch_size), "workers": int(workers)}
+                "seconds": 0.0, "samples_per_s": 0.0, **settings, "save_meshes": bool(save_meshes)}
     if todo:
         appender = CsvAppender(csv_path)
         try:
-            with Progress(len(todo), desc="xmesh eval", enabled=progress) as bar:
-                def record(result: SampleResult) -> None:
-                    appender.write(_format_row(result))
-                    bar.update(1)
-
-                timing = run_pipeline(reconstructor, _batches(todo, int(batch_size)), workers=int(workers),
-                                      views=views, metric_backend=metric_backend, on_result=record)
+            run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
+                                 lambda result: appender.write(format_rows(result)), progress, "xmesh eval",
+                                 views, True, metric_backend))
         finally:
             appender.close()
-        run_info.update(evaluated=timing["samples"], seconds=timing["seconds"], samples_per_s=timing["samples_per_s"])
 
     rows = read_csv(csv_path) if csv_path.exists() else []
     if not rows:
         raise InputError(f"{csv_path}: no evaluated samples to summarise")
     summary = summary_from_rows(rows)
     summary["run"] = run_info
-    if measure_overlap:
-        count = 8 if measure_overlap is True else int(measure_overlap)
-        summary["throughput"] = measure_throughput(reconstructor, items[:count], int(batch_size), int(workers),
-                                                   views, metric_backend)
     if meta:
         summary["meta"] = dict(meta)
     _write_summary(out_dir, summary)
+    write_logs(out_dir, rows)
     return summary
+
+
+def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path]:
+    stem = prediction_stem(sample)
+    return [Path(out_dir) / f"{stem}{FORMATS[f]}" for f in formats]
+
+
+def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
+                        workers: int | None = None, limit: int | None = None, progress: bool = True,
+                        views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = ("xyz", "obj")) -> dict:
+    """Reconstruct every sample of ``list_file`` (official layout, no ground truth needed) into
+    ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
+    Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``."""
+    _check_options(batch_size, workers, "auto", limit)
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
+    settings = choose_settings(reconstructor, batch_size, workers)
+    samples = read_list(list_file)
+    if limit is not None:
+        samples = samples[: int(limit)]
+    out_dir = _prepare_out(out_dir)
+    remove_stray_temporaries(out_dir)
+    items = [(s, sample_paths(s, images_root, out_dir, views)) for s in samples]
+    todo = [(s, p) for s, p in items if not all(f.is_file() for f in prediction_files(out_dir, s, formats))]
+    for sample, paths in todo:
+        check_inputs(sample, paths)
+    info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}
+    if todo:
+        info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
+                         "xmesh reconstruct", views, False, "auto", tuple(formats)))
+    return info
+
+
+__all__ = ["evaluate_dataset", "reconstruct_dataset", "read_csv", "repair_csv", "summary_from_rows", "format_table",
+           "format_timing", "choose_settings", "CSV_COLUMNS"]

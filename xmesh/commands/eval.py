@@ -17,31 +17,36 @@ def add_parser(sub) -> None:
     p.add_argument("--gt", required=True, metavar="ROOT", help="folder of the ground truth {synset}_{item}_00.dat files")
     p.add_argument("--list", required=True, metavar="FILE", help="test list: one {synset}_{item}_00.dat per line")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (samples.csv, summary.json, summary.txt)")
-    p.add_argument("--batch-size", type=int, default=1, help="samples per forward pass (default: 1)")
-    p.add_argument("--workers", type=int, default=2, help="threads decoding the next batches (0: inline; default: 2)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="samples per forward pass (default: 64 on the GPU, 1 on the CPU)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes decoding the next batches, and as many writing meshes (0: inline; default: "
+                        "up to 8 on the GPU, from the CPU count; 1 on the CPU)")
+    p.add_argument("--save-meshes", action="store_true",
+                   help="also write OUT/predict/{id}_predict.xyz and {id}_predict.obj for every sample")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N samples of the list")
     p.add_argument("--metric-backend", default="auto", choices=("auto", "scipy", "faiss", "cupy"),
                    help="nearest-neighbour backend of the metrics (default: auto = cupy on the GPU, else scipy)")
     p.add_argument("--views", type=int, nargs=3, default=[0, 6, 7], metavar="I",
                    help="renderings used as the 3 input views (default: 0 6 7)")
-    p.add_argument("--measure-overlap", type=int, nargs="?", const=8, default=None, metavar="N",
-                   help="also time N samples (default 8) with inline decoding vs --workers threads; "
-                        "adds a 'throughput' section to summary.json")
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_model_options(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from ..evaluate import evaluate_dataset, format_table
+    from ..evaluate import choose_settings, evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
     model = reconstructor_from_args(args)
-    print(f"xmesh eval: {said}, backend {args.backend} ({args.precision})", file=sys.stderr)
+    chosen = choose_settings(model, args.batch_size, args.workers)
+    print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
+          f"{chosen['workers']} loader and {chosen['writers'] if args.save_meshes else 0} mesh writer process(es)",
+          file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
-        measure_overlap=args.measure_overlap or False,
+        save_meshes=args.save_meshes,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
               "template": args.template or "built-in ellipsoid", "views": list(args.views)},
     )
@@ -53,10 +58,9 @@ def run(args) -> int:
         print("xmesh eval: dropped an incomplete last line of samples.csv (an interrupted write)", file=sys.stderr)
     print(format_table(summary), end="")
     print(f"weights: {said}")
-    if "throughput" in summary:
-        t = summary["throughput"]
-        print(f"throughput over {t['samples']} samples: {t['inline']['samples_per_s']:.3f} samples/s inline, "
-              f"{t['prefetch']['samples_per_s']:.3f} samples/s with {t['prefetch']['workers']} workers")
-    print(f"wrote {args.out}/samples.csv, summary.json, summary.txt ({summary['samples']} samples; "
-          f"{info['evaluated']} evaluated now in {info['seconds']:.1f} s)")
+    print(f"wrote {args.out}/samples.csv, summary.json, summary.txt, f_score.log, cd.log"
+          f"{', predict/' if args.save_meshes else ''} ({summary['samples']} samples; "
+          f"{info['evaluated']} evaluated now in {info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s)")
+    if "timing" in info:
+        print(f"xmesh eval: {format_timing(info['timing'])}")
     return 0

@@ -6,17 +6,29 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import add_model_options, describe_weights, output_errors, resolve_weights
+from .common import add_model_options, describe_weights, output_errors, reconstructor_from_args, resolve_weights
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("reconstruct", help="reconstruct a mesh from 3 images and their cameras")
-    p.add_argument("images", nargs="+", metavar="IMG", help="three images (PNG/JPEG), in the order of the camera rows")
-    p.add_argument("--cameras", required=True, help="cameras.txt (3 rows) or a ShapeNet rendering_metadata.txt")
-    p.add_argument("--views", type=int, nargs=3, default=None, metavar="I", help="rows of the camera file to use")
-    p.add_argument("--out", required=True, help="output mesh: .obj, .ply or .xyz")
+    p = sub.add_parser("reconstruct", help="reconstruct a mesh from 3 images and their cameras, or a whole list",
+                       description="One object: IMG IMG IMG --cameras F --out mesh.obj. A whole list in the official "
+                                   "layout: --list FILE --images ROOT --out DIR writes DIR/{id}_predict.xyz and "
+                                   "{id}_predict.obj per sample, batched, skipping samples whose files exist.")
+    p.add_argument("images", nargs="*", metavar="IMG", help="three images (PNG/JPEG), in the order of the camera rows")
+    p.add_argument("--cameras", default=None, help="cameras.txt (3 rows) or a ShapeNet rendering_metadata.txt")
+    p.add_argument("--views", type=int, nargs=3, default=None, metavar="I",
+                   help="rows of the camera file to use (with --list: renderings, default 0 6 7)")
+    p.add_argument("--out", required=True, help="output mesh: .obj, .ply or .xyz (with --list: a folder)")
+    p.add_argument("--list", default=None, metavar="FILE", help="reconstruct every sample of this list instead")
+    p.add_argument("--images", dest="images_root", default=None, metavar="ROOT",
+                   help="with --list: the ShapeNetRendering folder, or a folder holding it")
+    p.add_argument("--batch-size", type=int, default=None, help="with --list: samples per pass (default: 64 on "
+                                                                "the GPU, 1 on the CPU)")
+    p.add_argument("--workers", type=int, default=None, help="with --list: loader processes (and as many writers)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="with --list: only the first N samples")
+    p.add_argument("--no-progress", action="store_true", help="with --list: do not draw the progress bar")
     p.add_argument("--coarse-out", default=None, help="also write the stage-1 coarse mesh here")
     add_model_options(p)
     p.set_defaults(run=run)
@@ -45,6 +57,12 @@ def run(args) -> int:
     from ..io.template import load_template
     from ..reconstruct import Reconstructor
 
+    if args.list is not None:
+        return run_list(args)
+    if args.images_root is not None:
+        raise InputError("--images ROOT goes with --list FILE; for one object give the three image files")
+    if args.cameras is None:
+        raise InputError("--cameras is required: the camera rows of the three images")
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
     out_writer = writer(args.out)
@@ -64,4 +82,28 @@ def run(args) -> int:
         _write(mesh.coarse(), coarse_writer, "--coarse-out", args.coarse_out)
     print(f"wrote {args.out} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces) in "
           f"{time.perf_counter() - start:.2f} s with {describe_weights(args.weights)} on {args.backend}", file=sys.stderr)
+    return 0
+
+
+def run_list(args) -> int:
+    from ..evaluate import choose_settings, format_timing, reconstruct_dataset
+
+    if args.images:
+        raise InputError(f"--list reconstructs the samples of a list: drop the image arguments {args.images[:3]}")
+    if args.images_root is None:
+        raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
+    if Path(args.out).is_file():
+        raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
+    model = reconstructor_from_args(args)
+    chosen = choose_settings(model, args.batch_size, args.workers)
+    print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
+          f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
+          file=sys.stderr)
+    info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
+                               workers=args.workers, limit=args.limit, progress=not args.no_progress,
+                               views=args.views or (0, 6, 7))
+    print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
+          f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
+    if "timing" in info:
+        print(f"xmesh reconstruct: {format_timing(info['timing'])}", file=sys.stderr)
     return 0

@@ -191,3 +191,52 @@ def load_images(images: Any) -> np.ndarray:
                 f"load_images: image {i} is a {type(item).__name__}; expected a path or an (H, W, 3) array"
             )
     return out
+
+
+# 8-bit fast path: the loader keeps 8-bit images as uint8 after the original's resize (which is done
+# on uint8 data), and the division by 255 happens where the network runs, through this table: entry
+# v is float32(v / 255.0), the same value ``prepare_image`` computes, so both paths give equal bits.
+UINT8_TO_UNIT = (np.arange(256, dtype=np.float64) / 255.0).astype(np.float32)
+
+
+def prepare_image_u8(image: np.ndarray, name: str = "image") -> np.ndarray | None:
+    """One decoded 8-bit image -> (224, 224, 3) uint8 BGR: the original loader's steps before its
+    division by 255 (alpha == 0 pixels set to 255, INTER_LINEAR resize of the uint8 data, first three
+    channels). None for any other dtype, which only :func:`prepare_image` handles. Every step is an
+    OpenCV call, which releases the GIL."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        return None
+    image = _to_bgr_or_bgra(image, name)
+    if image.shape[2] == 4:
+        transparent = cv2.compare(image[:, :, 3], 0, cv2.CMP_EQ)  # 255 where alpha == 0, else 0
+        image = cv2.max(image, cv2.merge([transparent] * 4))
+    if image.shape[:2] != (IMAGE_SIZE, IMAGE_SIZE):
+        image = cv2.resize(image, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_LINEAR)
+    return np.ascontiguousarray(image[:, :, :3])
+
+
+def load_images_u8(paths: Sequence[str | os.PathLike]) -> np.ndarray:
+    """The 3 views of image files as (3, 224, 224, 3) uint8 when every file is 8-bit, else the float32
+    network input of :func:`load_images`. ``images_to_unit`` turns the uint8 form into the float32 one."""
+    if len(paths) != NUM_VIEWS:
+        raise InputError(f"load_images_u8: got {len(paths)} images; {NUM_VIEWS} views are needed (one per camera)")
+    decoded = []
+    for item in paths:
+        path = Path(item)
+        decoded.append((path, _decode_file(path)))
+    out = np.empty(NETWORK_SHAPE, dtype=np.uint8)
+    for i, (path, image) in enumerate(decoded):
+        ready = prepare_image_u8(image, name=f"image file {str(path)!r}")
+        if ready is None:
+            return np.stack([prepare_image(img, name=f"image file {str(p)!r}") for p, img in decoded])
+        out[i] = ready
+    return out
+
+
+def images_to_unit(xp, images):
+    """Network input (float32 in [0, 1]) of a uint8 or float32 image array on the array namespace
+    ``xp`` (NumPy or CuPy): uint8 goes through :data:`UINT8_TO_UNIT`, float32 is returned as it is."""
+    if images.dtype == xp.uint8:
+        return xp.asarray(UINT8_TO_UNIT)[images]
+    return images

@@ -1,0 +1,158 @@
+"""Decode the inputs of whole batches ahead of the compute, in worker processes.
+
+A sample's images stay uint8 (see :func:`xmesh.io.images.load_images_u8`), which is a quarter of the
+float32 bytes to move; its ground truth is read by the restricted unpickler. Python-level parsing
+(camera rows, pickles) holds the GIL, so the work runs in processes: ``workers`` processes, each
+task a chunk of a batch, up to ``depth`` batches ahead of the one the loop is computing. Inside a
+daemon process (a Dask worker) children are not allowed, so threads do the work there.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections import deque
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..dataset import DEFAULT_VIEWS, SampleId, SamplePaths, check_sample, load_ground_truth
+from ..errors import XmeshError
+from ..io.cameras import load_cameras
+from ..io.images import UINT8_TO_UNIT, load_images_u8
+
+PREFETCH_DEPTH = 3   # batches decoded ahead of the one computing
+CHUNK = 8            # samples per worker task
+
+
+@dataclass
+class HostBatch:
+    """One batch on the host: images (B, 3, 224, 224, 3) uint8 (float32 where a file is not 8-bit),
+    cameras (B, 3, 5) float32, ground truth (a list of (N_i, 3) float32, or None without it) and
+    the worker seconds spent decoding images and cameras (``decode_s``) and ground truth (``gt_s``)."""
+
+    samples: list[SampleId]
+    images: np.ndarray
+    cameras: np.ndarray
+    gts: list[np.ndarray] | None
+    decode_s: float = 0.0
+    gt_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def load_sample(sample: SampleId, paths: SamplePaths, views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True):
+    """(images (3,224,224,3) uint8 or float32, cameras (3,5), gt (N,3) or None, decode s, gt s) of one
+    sample; errors name the sample."""
+    try:
+        if with_gt:
+            check_sample(sample, paths)
+        start = time.perf_counter()
+        images = load_images_u8(list(paths.images))
+        cameras = load_cameras(paths.cameras, views=list(views))
+        decoded = time.perf_counter()
+        gt = load_ground_truth(paths.gt) if with_gt else None
+        done = time.perf_counter()
+    except XmeshError as exc:
+        if str(exc).startswith(f"sample {sample}"):
+            raise
+        raise type(exc)(f"sample {sample}: {exc}") from None
+    return images, cameras, gt, decoded - start, done - decoded
+
+
+def load_chunk(chunk: list[tuple[SampleId, SamplePaths]], views: tuple, with_gt: bool) -> list[tuple]:
+    return [load_sample(s, p, views, with_gt) for s, p in chunk]
+
+
+def assemble(batch: list[tuple[SampleId, SamplePaths]], loaded: list[tuple]) -> HostBatch:
+    images = [x[0] for x in loaded]
+    if any(i.dtype != images[0].dtype for i in images):  # a float32 sample (a 16-bit file) among uint8 ones
+        images = [i if i.dtype == np.float32 else UINT8_TO_UNIT[i] for i in images]
+    return HostBatch(samples=[s for s, _ in batch], images=np.stack(images),
+                     cameras=np.stack([x[1] for x in loaded]).astype(np.float32),
+                     gts=None if loaded[0][2] is None else [x[2] for x in loaded],
+                     decode_s=sum(x[3] for x in loaded), gt_s=sum(x[4] for x in loaded))
+
+
+def _init_worker() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)  # the pool is the parallelism; OpenCV's own threads would oversubscribe
+
+
+def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> Executor:
+    """``workers`` processes (forkserver: children of a clean process, not of one holding a CUDA
+    context), or threads inside a daemon process, where children are not allowed."""
+    if multiprocessing.current_process().daemon:
+        if initializer is not _init_worker:
+            initializer(*initargs)  # the threads share this process's state
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xmesh-pool")
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                               initializer=initializer, initargs=initargs)
+
+
+def default_workers(gpu: bool) -> int:
+    """Loader processes: on the GPU enough to decode ~1,000 samples/s (about 2 ms of one core each),
+    leaving cores for the main loop and the mesh writers; on the CPU one, as the network bounds it."""
+    if not gpu:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(2, min(8, (cores - 2) // 2))
+
+
+class BatchLoader:
+    """Iterate the decoded batches in order. ``workers`` > 0: a pool decodes up to ``depth`` batches
+    ahead; 0: each batch is decoded inline when asked for. ``wait_s`` sums the time the consumer
+    spent blocked on the next batch."""
+
+    def __init__(self, batches: list[list[tuple[SampleId, SamplePaths]]], workers: int = 1,
+                 views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True, depth: int = PREFETCH_DEPTH,
+                 pool: Executor | None = None):
+        self.batches = batches
+        self.workers = int(workers)
+        self.views = tuple(views)
+        self.with_gt = bool(with_gt)
+        self.depth = max(int(depth), 1)
+        self.pool = pool
+        self.wait_s = 0.0
+
+    def __iter__(self):
+        if self.workers <= 0 and self.pool is None:
+            for batch in self.batches:
+                start = time.perf_counter()
+                host = assemble(batch, load_chunk(batch, self.views, self.with_gt))
+                self.wait_s += time.perf_counter() - start
+                yield host
+            return
+        own = self.pool is None
+        pool = make_pool(self.workers) if own else self.pool
+        pending: deque = deque()
+        upcoming = iter(self.batches)
+
+        def submit() -> None:
+            batch = next(upcoming, None)
+            if batch is not None:
+                chunks = [batch[i:i + CHUNK] for i in range(0, len(batch), CHUNK)]
+                pending.append((batch, [pool.submit(load_chunk, c, self.views, self.with_gt) for c in chunks]))
+
+        try:
+            for _ in range(self.depth):
+                submit()
+            while pending:
+                batch, futures = pending.popleft()
+                start = time.perf_counter()
+                loaded = [x for f in futures for x in f.result()]
+                self.wait_s += time.perf_counter() - start
+                submit()  # keep `depth` batches decoding while this one computes
+                yield assemble(batch, loaded)
+        finally:
+            for _, futures in pending:
+                for f in futures:
+                    f.cancel()
+            if own:
+                pool.shutdown(wait=True, cancel_futures=True)

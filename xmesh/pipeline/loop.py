@@ -1,0 +1,233 @@
+"""The batch loop shared by ``xmesh eval`` and ``xmesh reconstruct --list`` (see the package docstring).
+
+:func:`run_batches` reconstructs (and, with ground truth, scores) every batch and calls
+``on_batch(BatchResult)`` in order, from the loop's thread, as each batch's results reach the host.
+On the GPU batch k is queued before the loop waits for batch k-1, so the GPU is never left without
+work while the host handles results; :class:`Timing` says where the time went.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..dataset import DEFAULT_VIEWS, SampleId, SamplePaths
+from ..io.images import images_to_unit
+from ..metrics import THRESHOLDS, evaluate
+from ..metrics.batch import evaluate_batch, pad_clouds
+from .loading import BatchLoader, HostBatch
+from .staging import Stager
+
+GT_ROWS_STEP = 1024   # padded ground truth grows in steps of this many points, so buffers are reused
+
+
+@dataclass
+class Timing:
+    """Seconds per stage of one run. ``decode`` and ``ground_truth`` are the loader's busy seconds
+    divided by its workers (the wall time they take when spread evenly); ``upload``, ``network`` and
+    ``metrics`` are GPU time on the GPU (host time on the CPU); ``write``: the writer processes'
+    seconds divided by their number plus the CSV commits; ``input_wait``: the loop blocked on the
+    loader; ``gpu_idle``: the GPU had nothing to do between batches (0 on the CPU)."""
+
+    wall: float = 0.0
+    decode: float = 0.0
+    ground_truth: float = 0.0
+    upload: float = 0.0
+    network: float = 0.0
+    metrics: float = 0.0
+    write: float = 0.0
+    input_wait: float = 0.0
+    gpu_idle: float = 0.0
+
+    STAGES = ("decode", "ground_truth", "upload", "network", "metrics", "write", "input_wait", "gpu_idle")
+
+    def as_dict(self) -> dict:
+        return {"wall": self.wall, **{k: getattr(self, k) for k in self.STAGES}}
+
+    def largest(self) -> str:
+        return max(self.STAGES, key=lambda k: getattr(self, k))
+
+
+def format_timing(timing: dict) -> str:
+    """One line: the wall time and each stage's seconds, largest first."""
+    stages = sorted(((k, v) for k, v in timing.items() if k in Timing.STAGES), key=lambda kv: -kv[1])
+    return f"time {timing['wall']:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in stages)
+
+
+@dataclass
+class BatchResult:
+    """One batch on the host: the samples, predicted vertices (B, N, 3) float32 (None unless asked
+    for), the scores (``chamfer`` (B,), ``fscore`` (B, T), ``finite`` (B,); None without ground
+    truth) and the network's milliseconds per sample."""
+
+    samples: list[SampleId]
+    vertices: np.ndarray | None
+    scores: dict | None
+    ms: float
+    extra: dict = field(default_factory=dict)
+
+
+def _gt_arrays(host: HostBatch) -> tuple[np.ndarray, np.ndarray]:
+    longest = max(len(g) for g in host.gts)
+    size = -(-longest // GT_ROWS_STEP) * GT_ROWS_STEP
+    return pad_clouds(host.gts, size=size)
+
+
+def _host_scores(vertices: np.ndarray, gts: list[np.ndarray], metric_backend: str) -> dict:
+    """Per-sample metrics on the host through :func:`xmesh.metrics.evaluate` ('scipy' or 'faiss')."""
+    rows = [evaluate(v, g, THRESHOLDS, backend=metric_backend) for v, g in zip(vertices, gts)]
+    return {"chamfer": np.array([r["chamfer"] for r in rows]),
+            "fscore": np.array([[r["fscore"][t] for t in THRESHOLDS] for r in rows]),
+            "finite": np.ones(len(rows), dtype=bool)}
+
+
+def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]], on_batch: Callable[[BatchResult], None],
+                workers: int = 1, views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True,
+                keep_vertices: bool = False, metric_backend: str = "auto", loader_pool=None) -> Timing:
+    """Run every batch; see the module docstring. ``metric_backend``: 'auto' scores where the network
+    ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU."""
+    backend = reconstructor.backend
+    loader = BatchLoader(batches, workers=workers, views=views, with_gt=with_gt, pool=loader_pool)
+    device = getattr(backend, "device", None)
+    timing = Timing()
+    start = time.perf_counter()
+    with device if device is not None else contextlib.nullcontext():
+        if backend.name == "cupy":
+            _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend)
+        else:
+            _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend)
+    timing.wall = time.perf_counter() - start
+    timing.input_wait = loader.wait_s
+    return timing
+
+
+def _account_loading(timing: Timing, host: HostBatch, workers: int) -> None:
+    share = max(1, workers)
+    timing.decode += host.decode_s / share
+    timing.ground_truth += host.gt_s / share
+
+
+def _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend) -> None:
+    for host in loader:
+        _account_loading(timing, host, loader.workers)
+        t0 = time.perf_counter()
+        images = images_to_unit(np, host.images)
+        t1 = time.perf_counter()
+        _, refined = reconstructor.run(images, host.cameras)
+        refined = np.asarray(refined)
+        t2 = time.perf_counter()
+        scores = None
+        if with_gt:
+            if metric_backend in ("scipy", "faiss"):
+                scores = _host_scores(refined, host.gts, metric_backend)
+            else:
+                gt, lengths = _gt_arrays(host)
+                scores = evaluate_batch(refined, gt, lengths_gt=lengths)
+        t3 = time.perf_counter()
+        timing.upload += t1 - t0
+        timing.network += t2 - t1
+        timing.metrics += t3 - t2
+        on_batch(BatchResult(host.samples, refined if keep_vertices or not with_gt else None, scores,
+                             (t2 - t1) * 1000.0 / len(host)))
+
+
+@dataclass
+class _InFlight:
+    host: HostBatch
+    slot: int
+    events: list            # start, after network, after metrics, results on the host
+    refined: object         # device (B, N, 3), kept alive until copied
+    packed: object          # device (B, 2 + T) float64 scores, or None
+    host_vertices: np.ndarray | None
+    host_scores: np.ndarray | None
+
+
+def _copy_to_pinned(cupy, device_array, pinned: np.ndarray) -> None:
+    """Queue an asynchronous device-to-host copy on the current stream."""
+    stream = cupy.cuda.get_current_stream()
+    cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, device_array.data.ptr, device_array.nbytes,
+                                  cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+
+
+def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend) -> None:
+    import cupyx
+
+    cupy = reconstructor.backend.cupy
+    stager = Stager(cupy)
+    on_gpu_metrics = with_gt and metric_backend in ("auto", "cupy")
+    need_vertices = keep_vertices or (with_gt and not on_gpu_metrics) or not with_gt
+    last_done = None
+
+    def finish(job: _InFlight) -> None:
+        nonlocal last_done
+        job.events[-1].synchronize()
+        ev = job.events
+        timing.upload += stager.upload_seconds(job.slot)
+        timing.network += cupy.cuda.get_elapsed_time(ev[0], ev[1]) / 1000.0
+        timing.metrics += cupy.cuda.get_elapsed_time(ev[1], ev[2]) / 1000.0
+        if last_done is not None:
+            timing.gpu_idle += max(0.0, cupy.cuda.get_elapsed_time(last_done, ev[0]) / 1000.0)
+        last_done = ev[-1]
+        scores = None
+        if on_gpu_metrics:
+            packed = job.host_scores
+            scores = {"chamfer": packed[:, 0].copy(), "finite": packed[:, 1] > 0.5, "fscore": packed[:, 2:].copy()}
+        elif with_gt:
+            t = time.perf_counter()
+            scores = _host_scores(job.host_vertices, job.host.gts, metric_backend)
+            timing.metrics += time.perf_counter() - t
+        vertices = job.host_vertices.copy() if need_vertices else None
+        ms = cupy.cuda.get_elapsed_time(ev[0], ev[1]) / len(job.host)
+        on_batch(BatchResult(job.host.samples, vertices if keep_vertices or not with_gt else None, scores, ms))
+
+    result_buffers = [{}, {}]
+    pending: _InFlight | None = None
+    try:
+        for number, host in enumerate(loader):
+            _account_loading(timing, host, loader.workers)
+            arrays = {"images": host.images}
+            lengths = None
+            if on_gpu_metrics:
+                arrays["gt"], lengths = _gt_arrays(host)
+            slot, device = stager.stage(arrays)
+            stager.wait(slot)
+            stream = cupy.cuda.get_current_stream()
+            events = [stream.record()]
+            images = images_to_unit(cupy, device["images"])
+            _, refined = reconstructor.run(images, host.cameras)
+            events.append(stream.record())
+            packed = None
+            if on_gpu_metrics:
+                s = evaluate_batch(refined, device["gt"], lengths_gt=lengths)
+                packed = cupy.concatenate([s["chamfer"][:, None], s["finite"][:, None].astype(cupy.float64),
+                                           s["fscore"]], axis=1)
+            events.append(stream.record())
+            stager.release(slot)
+            buffers = result_buffers[number % 2]
+            host_vertices = host_scores = None
+            if need_vertices:
+                host_vertices = _pinned(cupyx, buffers, "vertices", refined.shape, np.float32)
+                _copy_to_pinned(cupy, cupy.ascontiguousarray(refined, dtype=cupy.float32), host_vertices)
+            if packed is not None:
+                host_scores = _pinned(cupyx, buffers, "scores", packed.shape, np.float64)
+                _copy_to_pinned(cupy, packed, host_scores)
+            events.append(stream.record())
+            job = _InFlight(host, slot, events, refined, packed, host_vertices, host_scores)
+            if pending is not None:
+                finish(pending)   # batch k is queued: now wait for batch k-1
+            pending = job
+        if pending is not None:
+            finish(pending)
+    finally:
+        stager.close()
+
+
+def _pinned(cupyx, buffers: dict, name: str, shape: tuple, dtype) -> np.ndarray:
+    size = int(np.prod(shape))
+    have = buffers.get(name)
+    if have is None or have.size < size:
+        buffers[name] = have = cupyx.empty_pinned((size,), dtype=dtype)
+    return have[:size].reshape(shape)

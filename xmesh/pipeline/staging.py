@@ -1,0 +1,79 @@
+"""Upload host batches to the GPU through pinned buffers on a side stream.
+
+A batch's arrays (images, padded ground truth) are copied into the pinned host buffers of one of
+two slots, used in turn, and uploaded on a non-blocking stream, so batch k+1 goes up while batch k
+computes. All ordering is by CUDA events: a slot's pinned buffers are refilled only after its last
+upload finished (``copied``); its device buffers are overwritten only after the compute that read
+them (``consumed``, recorded by :meth:`Stager.release`); the compute waits for the upload
+(:meth:`Stager.wait`). Buffers grow to the largest batch seen and are reused.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class _Slot:
+    def __init__(self):
+        self.pinned: dict[str, np.ndarray] = {}
+        self.device: dict = {}
+        self.started = None
+        self.copied = None
+        self.consumed = None
+
+
+class Stager:
+    SLOTS = 2
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.slots = [_Slot() for _ in range(self.SLOTS)]
+        self.turn = 0
+
+    def _buffers(self, slot: _Slot, name: str, array: np.ndarray):
+        """Pinned and device buffers of at least ``array``'s size and its dtype, as views of its shape."""
+        import cupyx
+
+        have = slot.pinned.get(name)
+        if have is None or have.dtype != array.dtype or have.size < array.size:
+            if have is not None:  # the old buffers may still be read or written: let that finish first
+                self.cupy.cuda.Device().synchronize()
+            slot.pinned[name] = cupyx.empty_pinned((array.size,), dtype=array.dtype)
+            slot.device[name] = self.cupy.empty((array.size,), dtype=array.dtype)
+        return (slot.pinned[name][: array.size].reshape(array.shape),
+                slot.device[name][: array.size].reshape(array.shape))
+
+    def stage(self, arrays: dict[str, np.ndarray]) -> tuple[int, dict]:
+        """Start uploading ``arrays``; returns (slot number, {name: device array of the same shape})."""
+        number = self.turn % self.SLOTS
+        self.turn += 1
+        slot = self.slots[number]
+        if slot.copied is not None:
+            slot.copied.synchronize()  # the pinned buffers' previous upload is done
+        if slot.consumed is not None:
+            self.stream.wait_event(slot.consumed)  # the device buffers are no longer read
+        slot.started = self.stream.record()
+        out = {}
+        for name, array in arrays.items():
+            host, device = self._buffers(slot, name, array)
+            np.copyto(host, array)
+            device.set(host, stream=self.stream)
+            out[name] = device
+        slot.copied = self.stream.record()
+        return number, out
+
+    def wait(self, number: int) -> None:
+        """Make the current (compute) stream wait for the upload into slot ``number``."""
+        self.cupy.cuda.get_current_stream().wait_event(self.slots[number].copied)
+
+    def release(self, number: int) -> None:
+        """Call once the compute reading slot ``number`` has been queued on the current stream."""
+        self.slots[number].consumed = self.cupy.cuda.get_current_stream().record()
+
+    def upload_seconds(self, number: int) -> float:
+        """GPU time of slot ``number``'s last upload (its events must have completed)."""
+        slot = self.slots[number]
+        return self.cupy.cuda.get_elapsed_time(slot.started, slot.copied) / 1000.0
+
+    def close(self) -> None:
+        self.stream.synchronize()
