@@ -24,13 +24,12 @@ import csv
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from .dataset import DEFAULT_VIEWS, SampleId, check_inputs, check_sample, read_list, sample_paths
+from .dataset import DEFAULT_VIEWS, check_inputs, check_sample, read_list, sample_paths
 from .errors import FileFormatError, InputError, XmeshError
 from .io.atomic import atomic_write
 from .io.p2m_logs import write_logs
@@ -200,9 +199,8 @@ def _check_options(batch_size, workers, metric_backend, limit) -> None:
         raise InputError(f"limit={limit!r}: expected a whole number >= 1, or None for the whole list")
 
 
-def choose_settings(reconstructor, batch_size=None, workers=None) -> dict:
+def choose_settings(gpu: bool, batch_size=None, workers=None) -> dict:
     """The batch size and process counts a run uses: given values, else the GPU's or the CPU's defaults."""
-    gpu = reconstructor.backend.name == "cupy"
     loaders = default_workers(gpu) if workers is None else int(workers)
     return {"batch_size": int(batch_size) if batch_size is not None else (GPU_BATCH if gpu else 1),
             "workers": loaders, "writers": max(1, loaders)}
@@ -229,7 +227,7 @@ def _prepare_out(out_dir) -> Path:
 
 
 def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None, commit, progress, desc,
-         views, with_gt, metric_backend, formats=("xyz", "obj")) -> dict:
+         views, with_gt, metric_backend, formats=("xyz", "obj"), loader_pool=None) -> dict:
     """Run the pipeline over ``todo``; ``commit(result, text)`` is called in order from the finisher
     thread once a batch's meshes are written. Returns this run's figures with its timing."""
     writer = MeshWriter(predict_dir, reconstructor.faces, settings["writers"], formats) if predict_dir else None
@@ -248,12 +246,13 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
                     raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
                                      "coordinates; check the weights (and --precision) used")
             futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
-            finisher.put(result, futures)
+            finisher.put(result, futures, predict_dir)
 
         try:
             timing = run_batches(reconstructor, _batches(todo, settings["batch_size"]), on_batch,
                                  workers=settings["workers"], views=views, with_gt=with_gt,
-                                 keep_vertices=writer is not None, metric_backend=metric_backend)
+                                 keep_vertices=writer is not None, metric_backend=metric_backend,
+                                 loader_pool=loader_pool)
         finally:
             try:
                 finisher.close()   # commit every batch that completed, also when the run failed
@@ -269,7 +268,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
 def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, batch_size: int | None = None,
                      workers: int | None = None, metric_backend: str = "auto", limit: int | None = None,
                      progress: bool = True, views: Sequence[int] = DEFAULT_VIEWS, save_meshes: bool = False,
-                     meta: dict | None = None) -> dict:
+                     meta: dict | None = None, loader_pool=None) -> dict:
     """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:func:`choose_settings`).
@@ -279,7 +278,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     seconds, samples_per_s, the settings, and ``timing``: seconds per stage).
     """
     _check_options(batch_size, workers, metric_backend, limit)
-    settings = choose_settings(reconstructor, batch_size, workers)
+    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -302,7 +301,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         try:
             run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
                                  lambda result: appender.write(format_rows(result)), progress, "xmesh eval",
-                                 views, True, metric_backend))
+                                 views, True, metric_backend, loader_pool=loader_pool))
         finally:
             appender.close()
 
@@ -325,7 +324,8 @@ def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path
 
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
                         workers: int | None = None, limit: int | None = None, progress: bool = True,
-                        views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = ("xyz", "obj")) -> dict:
+                        views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = ("xyz", "obj"),
+                        loader_pool=None) -> dict:
     """Reconstruct every sample of ``list_file`` (official layout, no ground truth needed) into
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
     Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``."""
@@ -333,7 +333,7 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
-    settings = choose_settings(reconstructor, batch_size, workers)
+    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -346,7 +346,7 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}
     if todo:
         info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
-                         "xmesh reconstruct", views, False, "auto", tuple(formats)))
+                         "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool))
     return info
 
 

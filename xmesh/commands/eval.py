@@ -35,18 +35,30 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..evaluate import choose_settings, evaluate_dataset, format_table, format_timing
+    from ..evaluate import choose_settings
+    from ..pipeline.loading import start_pool
+
+    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
+    pool = start_pool(chosen["workers"])  # the loader starts while the model is built
+    try:
+        return _run_with_pool(args, chosen, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_with_pool(args, chosen, pool) -> int:
+    from ..evaluate import evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
     model = reconstructor_from_args(args)
-    chosen = choose_settings(model, args.batch_size, args.workers)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
           f"{chosen['workers']} loader and {chosen['writers'] if args.save_meshes else 0} mesh writer process(es)",
           file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
-        save_meshes=args.save_meshes,
+        save_meshes=args.save_meshes, loader_pool=pool,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
               "template": args.template or "built-in ellipsoid", "views": list(args.views)},
     )

@@ -86,7 +86,8 @@ def run(args) -> int:
 
 
 def run_list(args) -> int:
-    from ..evaluate import choose_settings, format_timing, reconstruct_dataset
+    from ..evaluate import choose_settings
+    from ..pipeline.loading import start_pool
 
     if args.images:
         raise InputError(f"--list reconstructs the samples of a list: drop the image arguments {args.images[:3]}")
@@ -94,14 +95,25 @@ def run_list(args) -> int:
         raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
+    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
+    pool = start_pool(chosen["workers"])  # the loader starts while the model is built
+    try:
+        return _run_with_pool(args, chosen, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_with_pool(args, chosen, pool) -> int:
+    from ..evaluate import format_timing, reconstruct_dataset
+
     model = reconstructor_from_args(args)
-    chosen = choose_settings(model, args.batch_size, args.workers)
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
           f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,
-                               views=args.views or (0, 6, 7))
+                               views=args.views or (0, 6, 7), loader_pool=pool)
     print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
     if "timing" in info:

@@ -91,9 +91,28 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
         if initializer is not _init_worker:
             initializer(*initargs)  # the threads share this process's state
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xmesh-pool")
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                               initializer=initializer, initargs=initargs)
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing"])  # imported once
+    else:
+        context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=initializer, initargs=initargs)
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> Executor | None:
+    """A pool whose processes are starting (one trivial task each is queued, so all of them start now),
+    or None for ``workers`` 0: start it before building the model, so that its start-up overlaps the
+    model's."""
+    if workers <= 0:
+        return None
+    pool = make_pool(workers, initializer, initargs)
+    for _ in range(workers):
+        pool.submit(_ready)
+    return pool
 
 
 def default_workers(gpu: bool) -> int:

@@ -20,8 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..io.atomic import atomic_write
-from .loading import make_pool
+from .loading import start_pool
 
 XYZ_SUFFIX = "_predict.xyz"
 OBJ_SUFFIX = "_predict.obj"
@@ -72,17 +71,43 @@ def _init_writer(faces: np.ndarray) -> None:
     _faces_lines = faces_text(faces)
 
 
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to a hidden temporary file beside ``path`` and rename it there: a reader, or a
+    run killed at any point, sees the whole file or none. No fsync here: :func:`sync_folder` makes a
+    whole batch durable with one call before its rows are committed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
 def write_predictions(folder: str, stems: Sequence[str], vertices: np.ndarray, formats: Sequence[str]) -> float:
     """Write each sample's files (in a writer process); returns the seconds it took."""
     start = time.perf_counter()
     for stem, verts in zip(stems, vertices):
         if "xyz" in formats:
-            with atomic_write(Path(folder) / f"{stem}{XYZ_SUFFIX}", "w") as handle:
-                handle.write(xyz_text(verts))
+            _replace_file(Path(folder) / f"{stem}{XYZ_SUFFIX}", xyz_text(verts))
         if "obj" in formats:
-            with atomic_write(Path(folder) / f"{stem}{OBJ_SUFFIX}", "w") as handle:
-                handle.write(obj_text(verts, _faces, _faces_lines))
+            _replace_file(Path(folder) / f"{stem}{OBJ_SUFFIX}", obj_text(verts, _faces, _faces_lines))
     return time.perf_counter() - start
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush the file system holding ``folder`` to disk (Linux ``syncfs``; ``os.sync`` elsewhere), so
+    that every mesh written so far survives a power cut before the rows that name them are committed."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.syncfs(fd) == 0:
+                return
+        except (OSError, AttributeError):
+            pass
+        os.sync()
+    finally:
+        os.close(fd)
 
 
 class MeshWriter:
@@ -92,7 +117,7 @@ class MeshWriter:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.formats = tuple(formats)
-        self.pool = make_pool(max(1, int(workers)), initializer=_init_writer, initargs=(np.asarray(faces),))
+        self.pool = start_pool(max(1, int(workers)), initializer=_init_writer, initargs=(np.asarray(faces),))
 
     def submit(self, stems: Sequence[str], vertices: np.ndarray) -> list[Future]:
         return [self.pool.submit(write_predictions, str(self.folder), list(stems[i:i + _CHUNK]),
@@ -110,7 +135,7 @@ class BatchFinisher:
     the next ``put`` or by ``close``. ``blocked_s``: the caller's time spent blocked in ``put``;
     ``busy_s``: the thread's time committing; ``mesh_s``: the writer processes' seconds."""
 
-    def __init__(self, commit: Callable[[object], None], depth: int = 4):
+    def __init__(self, commit: Callable[[object], None], depth: int = 8):
         self.commit = commit
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self.error: BaseException | None = None
@@ -125,10 +150,12 @@ class BatchFinisher:
                 return
             if self.error is not None:
                 continue
-            batch, futures = item
+            batch, futures, folder = item
             try:
                 self.mesh_s += sum(f.result() for f in futures)
                 start = time.perf_counter()
+                if folder is not None:
+                    sync_folder(folder)
                 self.commit(batch)
                 self.busy_s += time.perf_counter() - start
             except BaseException as exc:  # handed to the main thread
@@ -139,10 +166,11 @@ class BatchFinisher:
             error, self.error = self.error, None
             raise error
 
-    def put(self, batch, futures: list[Future]) -> None:
+    def put(self, batch, futures: list[Future], folder: Path | None = None) -> None:
+        """Queue ``batch``; its commit waits for ``futures`` and, with ``folder``, a sync of its files."""
         self._raise()
         start = time.perf_counter()
-        self.queue.put((batch, futures))
+        self.queue.put((batch, futures, folder))
         self.blocked_s += time.perf_counter() - start
 
     def close(self) -> None:
