@@ -1,7 +1,6 @@
 """xmesh eval: the dataset reader, the progress bar, the evaluation loop (CSV, resume, summary), the CLI."""
 from __future__ import annotations
 
-import io
 import json
 import math
 import pickle
@@ -14,19 +13,11 @@ from conftest import requires_cuda
 from xmesh import cli
 from xmesh.dataset import SampleId, check_sample, load_ground_truth, read_list, sample_paths
 from xmesh.errors import FileFormatError, MissingFileError, UnsafePickleError
-from xmesh.evaluate import (
-    CSV_COLUMNS,
-    BatchLoader,
-    evaluate_dataset,
-    format_table,
-    load_sample,
-    read_csv,
-    repair_csv,
-    summary_from_rows,
-)
+from xmesh.evaluate import CSV_COLUMNS, evaluate_dataset, format_table, read_csv, repair_csv, summary_from_rows
+from xmesh.io.images import images_to_unit
+from xmesh.pipeline.loading import BatchLoader, load_sample
 from xmesh.io.weights import synthetic_weights
 from xmesh.metrics import THRESHOLDS, evaluate
-from xmesh.progress import Progress, format_duration
 from xmesh.reconstruct import Reconstructor
 from xmesh.synthetic.dataset import write_dataset, write_ground_truth
 
@@ -155,8 +146,9 @@ def test_load_ground_truth_returns_xyz_and_validates(tmp_path):
 def test_load_sample_errors_name_the_sample(data, tmp_path):
     sample = SampleId.parse(data["ids"][0])
     paths = sample_paths(sample, data["root"], data["root"] / "gt")
-    images, cameras, gt = load_sample(sample, paths)
-    assert images.shape == (3, 224, 224, 3) and cameras.shape == (3, 5) and gt.shape == (4000, 3)
+    images, cameras, gt, decode_s, gt_s = load_sample(sample, paths)
+    assert images.shape == (3, 224, 224, 3) and images.dtype == np.uint8
+    assert cameras.shape == (3, 5) and gt.shape == (4000, 3) and decode_s > 0 and gt_s > 0
     broken = tmp_path / "broken.dat"
     broken.write_bytes(b"not a pickle")
     with pytest.raises(FileFormatError) as info:
@@ -168,7 +160,7 @@ def test_prefetching_loader_yields_the_inline_batches_in_order(data):
     items = [(SampleId.parse(i), sample_paths(i, data["root"], data["root"] / "gt")) for i in data["ids"]]
     batches = [items[:2], items[2:]]
     inline = list(BatchLoader(batches, workers=0))
-    threaded = list(BatchLoader(batches, workers=2, depth=2))
+    threaded = list(BatchLoader(batches, workers=2, depth=2))  # two worker processes
     assert [len(b) for b in threaded] == [2, 1]
     for a, b in zip(inline, threaded):
         assert [str(s) for s in a.samples] == [str(s) for s in b.samples]
@@ -176,75 +168,6 @@ def test_prefetching_loader_yields_the_inline_batches_in_order(data):
         np.testing.assert_array_equal(a.cameras, b.cameras)
         for x, y in zip(a.gts, b.gts):
             np.testing.assert_array_equal(x, y)
-
-
-# ------------------------------------------------------------------------------------ progress.py
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-class FakeTTY(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_progress_without_a_terminal_writes_whole_lines_every_10_percent_or_5_s():
-    clock, out = FakeClock(), io.StringIO()
-    with Progress(20, desc="eval", stream=out, clock=clock) as bar:
-        for _ in range(4):  # 4 x 5 % in 1 s each: one line at 10 % and one at 20 %
-            clock.now += 1.0
-            bar.update(1)
-        clock.now += 6.0  # 6 s later: a line although only 5 % more is done
-        bar.update(1)
-        clock.now += 1.0
-        bar.update(15)
-    lines = out.getvalue().splitlines()
-    assert "\r" not in out.getvalue()
-    assert lines == [
-        "eval 2/20  10% 1.00 samples/s ETA 0:18 elapsed 0:02",
-        "eval 4/20  20% 1.00 samples/s ETA 0:16 elapsed 0:04",
-        "eval 5/20  25% 0.50 samples/s ETA 0:30 elapsed 0:10",
-        "eval 20/20 100% 1.82 samples/s ETA 0:00 elapsed 0:11",
-    ]
-
-
-def test_progress_close_adds_the_final_line_once_and_disabled_is_silent():
-    clock, out = FakeClock(), io.StringIO()
-    with Progress(3, stream=out, clock=clock, line_percent=50) as bar:
-        clock.now += 2
-        bar.update(1)  # 33 %: no line
-    assert out.getvalue() == "1/3  33% 0.50 samples/s ETA 0:04 elapsed 0:02\n"
-    quiet = io.StringIO()
-    with Progress(3, stream=quiet, enabled=False) as bar:
-        bar.update(3)
-    assert quiet.getvalue() == ""
-
-
-def test_progress_on_a_terminal_redraws_at_most_every_100_ms():
-    clock, out = FakeClock(), FakeTTY()
-    with Progress(100, desc="eval", stream=out, clock=clock) as bar:
-        for _ in range(10):
-            clock.now += 0.005
-            bar.update(1)
-        clock.now += 0.2
-        bar.update(1)
-    text = out.getvalue()
-    draws = text.split("\r")[1:]
-    assert len(draws) == 3  # at entry, none of the 10 updates within 50 ms of it, after 0.2 s, at close
-    assert draws[0].startswith("eval 0/100   0% |....") and "ETA ?" in draws[0]
-    assert draws[-1].startswith("eval 11/100  11% |##.....") and text.endswith("\n")
-    assert "samples/s ETA" in draws[-1] and "elapsed 0:00" in draws[-1]
-
-
-def test_format_duration():
-    assert [format_duration(s) for s in (0, 59.4, 61, 3725, None, float("inf"))] == \
-        ["0:00", "0:59", "1:01", "1:02:05", "?", "?"]
 
 
 # ------------------------------------------------------------------------------------ CSV + summary
@@ -302,8 +225,8 @@ def test_eval_csv_holds_every_sample_once_with_finite_metrics(evaluated, data):
 def test_eval_metrics_equal_a_recomputation(evaluated, data, model):
     row = evaluated["rows"][2]  # evaluated alone (batch 1) by the resumed run
     sample = SampleId.parse(row["id"])
-    images, cameras, gt = load_sample(sample, sample_paths(sample, data["root"], data["root"] / "gt"))
-    mesh = model.reconstruct_batch([images], [cameras])[0]
+    images, cameras, gt, _, _ = load_sample(sample, sample_paths(sample, data["root"], data["root"] / "gt"))
+    mesh = model.reconstruct_batch([images_to_unit(np, images)], [cameras])[0]
     expected = evaluate(mesh.vertices, gt, THRESHOLDS)
     assert row["chamfer"] == pytest.approx(expected["chamfer"], rel=1e-6)
     for tau in THRESHOLDS:

@@ -43,7 +43,8 @@ def f_score_lines(rows: list[dict]) -> str:
     out = []
     for cat, (count, _, fsum) in _totals(rows).items():
         score = fsum / (float(count) + 1e-6)
-        out.append(f"{cat} {ORIGINAL_NAMES.get(cat, cat)} {float(count)} {' '.join(str(v) for v in score)}\n")
+        shown = float(count) if count else 0  # the original counts with += 1.0 from an integer 0
+        out.append(f"{cat} {ORIGINAL_NAMES.get(cat, cat)} {shown} {' '.join(str(v) for v in score)}\n")
     return "".join(out)
 
 
