@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,11 +32,30 @@ class ToyReconstructor:
         return verts, verts
 
 
+@dataclass(frozen=True)
+class ToySpec:
+    """Builds the toy on a cluster worker (the role xmesh.cluster.ModelSpec plays for the network)."""
+
+    delay: float = 0.0
+    backend: str = "numpy"
+
+    def build(self) -> ToyReconstructor:
+        return ToyReconstructor(self.delay)
+
+
 def main(argv: list[str]) -> None:
-    """``python pipeline_toy.py LIST ROOT OUT``: evaluate with the toy network, saving meshes."""
+    """``python pipeline_toy.py LIST ROOT OUT [CLUSTER]``: evaluate with the toy network, saving meshes;
+    with CLUSTER (e.g. local:2) on that Dask cluster, one batch per shard."""
     from xmesh.evaluate import evaluate_dataset
 
-    list_file, root, out = argv
+    list_file, root, out = argv[:3]
+    if len(argv) > 3:
+        from xmesh.cluster import open_client
+
+        with open_client(argv[3]) as client:
+            evaluate_dataset(ToySpec(delay=0.25), list_file, root, f"{root}/gt", out, batch_size=2, workers=1,
+                             progress=False, save_meshes=True, client=client, shard_batches=1)
+        return
     evaluate_dataset(ToyReconstructor(delay=0.25), list_file, root, f"{root}/gt", out, batch_size=2, workers=2,
                      progress=False, save_meshes=True)
 

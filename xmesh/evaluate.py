@@ -16,7 +16,8 @@
   (:mod:`xmesh.pipeline.writing`).
 
 :func:`reconstruct_dataset` runs the same pipeline without ground truth and writes only the meshes.
-The pipeline itself is :mod:`xmesh.pipeline`.
+The pipeline itself is :mod:`xmesh.pipeline`. With ``client`` (a ``distributed.Client``) both run on
+a Dask cluster (:mod:`xmesh.cluster`) and write the same files, by the same rules.
 """
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ def _write_summary(out_dir: Path, summary: dict) -> None:
 # ------------------------------------------------------------------------------- running
 
 
-def _check_options(batch_size, workers, metric_backend, limit) -> None:
+def _check_options(batch_size, workers, metric_backend, limit, shard_batches=None) -> None:
     def whole(value, least):
         return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
 
@@ -197,6 +198,21 @@ def _check_options(batch_size, workers, metric_backend, limit) -> None:
         raise InputError(f"metric_backend={metric_backend!r}: choose one of {', '.join(METRIC_BACKENDS)}")
     if limit is not None and not whole(limit, 1):
         raise InputError(f"limit={limit!r}: expected a whole number >= 1, or None for the whole list")
+    if shard_batches is not None and not whole(shard_batches, 1):
+        raise InputError(f"shard_batches={shard_batches!r}: expected a whole number >= 1, or None to choose")
+
+
+def _model_spec(model):
+    """The ModelSpec a cluster's workers build ``model`` from: a Reconstructor's ``spec``, or a spec."""
+    spec = getattr(model, "spec", model)
+    if not (callable(getattr(spec, "build", None)) and isinstance(getattr(spec, "backend", None), str)):
+        raise InputError(f"{type(model).__name__}: with client=, pass a Reconstructor or an xmesh.cluster.ModelSpec "
+                         "(the workers build their own model from it)")
+    return spec
+
+
+def _on_gpu(model, client) -> bool:
+    return _model_spec(model).backend == "cupy" if client is not None else model.backend.name == "cupy"
 
 
 def choose_settings(gpu: bool, batch_size=None, workers=None) -> dict:
@@ -226,6 +242,15 @@ def _prepare_out(out_dir) -> Path:
     return out_dir
 
 
+def check_finite(result: BatchResult) -> None:
+    """Refuse a scored batch whose prediction holds NaN or infinite coordinates, naming the sample."""
+    if result.scores is not None:
+        bad = np.flatnonzero(~result.scores["finite"])
+        if bad.size:
+            raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
+                             "coordinates; check the weights (and --precision) used")
+
+
 def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None, commit, progress, desc,
          views, with_gt, metric_backend, formats=("xyz", "obj"), loader_pool=None) -> dict:
     """Run the pipeline over ``todo``; ``commit(result, text)`` is called in order from the finisher
@@ -240,11 +265,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
         finisher = BatchFinisher(finish)
 
         def on_batch(result: BatchResult) -> None:
-            if result.scores is not None:
-                bad = np.flatnonzero(~result.scores["finite"])
-                if bad.size:
-                    raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
-                                     "coordinates; check the weights (and --precision) used")
+            check_finite(result)
             futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
             finisher.put(result, futures, predict_dir)
 
@@ -265,10 +286,23 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
             "timing": timing.as_dict()}
 
 
+def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit, progress, desc, views, with_gt,
+                metric_backend, formats=("xyz", "obj"), shard_batches=None) -> dict:
+    """:func:`_run` on a Dask cluster: the workers write the meshes, ``commit(text)`` the CSV lines."""
+    from .cluster.driver import run_on_cluster
+
+    with _progress(len(todo), desc, progress) as bar:
+        info = run_on_cluster(client, _model_spec(model), todo, settings, predict_dir, commit, bar, views, with_gt,
+                              metric_backend, formats, shard_batches)
+    if predict_dir is not None:
+        remove_stray_temporaries(predict_dir)   # left by a worker killed while writing
+    return info
+
+
 def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, batch_size: int | None = None,
                      workers: int | None = None, metric_backend: str = "auto", limit: int | None = None,
                      progress: bool = True, views: Sequence[int] = DEFAULT_VIEWS, save_meshes: bool = False,
-                     meta: dict | None = None, loader_pool=None) -> dict:
+                     meta: dict | None = None, loader_pool=None, client=None, shard_batches: int | None = None) -> dict:
     """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:func:`choose_settings`).
@@ -276,9 +310,13 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``,
     ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
     seconds, samples_per_s, the settings, and ``timing``: seconds per stage).
+
+    ``client``: run on that Dask cluster; ``reconstructor`` may then also be a ModelSpec, from which
+    each worker builds its own model, and ``shard_batches`` caps the batches sent out at once (see
+    :mod:`xmesh.cluster`); ``run`` gains ``cluster``, and stage seconds are per worker.
     """
-    _check_options(batch_size, workers, metric_backend, limit)
-    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers)
+    _check_options(batch_size, workers, metric_backend, limit, shard_batches)
+    settings = choose_settings(_on_gpu(reconstructor, client), batch_size, workers)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -299,9 +337,13 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     if todo:
         appender = CsvAppender(csv_path)
         try:
-            run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
-                                 lambda result: appender.write(format_rows(result)), progress, "xmesh eval",
-                                 views, True, metric_backend, loader_pool=loader_pool))
+            if client is not None:
+                run_info.update(_on_cluster(client, reconstructor, todo, settings, predict_dir, appender.write, progress,
+                                            "xmesh eval", views, True, metric_backend, shard_batches=shard_batches))
+            else:
+                run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
+                                     lambda result: appender.write(format_rows(result)), progress, "xmesh eval",
+                                     views, True, metric_backend, loader_pool=loader_pool))
         finally:
             appender.close()
 
@@ -325,15 +367,16 @@ def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
                         workers: int | None = None, limit: int | None = None, progress: bool = True,
                         views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = ("xyz", "obj"),
-                        loader_pool=None) -> dict:
+                        loader_pool=None, client=None, shard_batches: int | None = None) -> dict:
     """Reconstruct every sample of ``list_file`` (official layout, no ground truth needed) into
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
-    Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``."""
-    _check_options(batch_size, workers, "auto", limit)
+    Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``.
+    ``client`` and ``shard_batches``: as for :func:`evaluate_dataset`."""
+    _check_options(batch_size, workers, "auto", limit, shard_batches)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
-    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers)
+    settings = choose_settings(_on_gpu(reconstructor, client), batch_size, workers)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -344,7 +387,10 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     for sample, paths in todo:
         check_inputs(sample, paths)
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}
-    if todo:
+    if todo and client is not None:
+        info.update(_on_cluster(client, reconstructor, todo, settings, out_dir, lambda text: None, progress,
+                                "xmesh reconstruct", views, False, "auto", tuple(formats), shard_batches))
+    elif todo:
         info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
                          "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool))
     return info

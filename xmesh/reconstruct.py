@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends import get_backend
+from .cluster.spec import ModelSpec
 from .errors import DeviceOutOfMemoryError, InputError
 from .io.cameras import load_cameras
 from .io.images import NUM_VIEWS, load_images
@@ -56,6 +57,8 @@ class Reconstructor:
     (up to ``graph_max_batch``) captures the whole reconstruction as four CUDA Graphs and later
     calls with that size replay them, which removes the launch overhead that dominates small
     batches (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``).
+    ``spec`` records these arguments (:class:`~xmesh.cluster.ModelSpec`), so that the workers of a
+    Dask cluster can each build the same model (``evaluate_dataset(model, ..., client=...)``).
     """
 
     #: Largest batch size replayed from a CUDA Graph: a graph keeps its own intermediates (about
@@ -65,6 +68,9 @@ class Reconstructor:
     def __init__(self, weights: Any, template: Any = None, backend: Any = "numpy", precision: str = "fp32",
                  view_quirk: bool = True, graphs: bool = True):
         self.backend = get_backend(backend, precision=precision) if isinstance(backend, str) else get_backend(backend)
+        # how to build this model again in another process (a cluster worker: xmesh.cluster)
+        self.spec = ModelSpec.of(weights, template, self.backend.name, getattr(self.backend, "precision", precision),
+                                 view_quirk, graphs)
         self.template = _template(template)
         arrays = load_weights(weights)
         self.stage1 = prepare_stage1(self.backend, arrays, self.template)

@@ -22,14 +22,22 @@ def add_model_options(parser, weights_required: bool = True) -> None:
                         help="let each view sample its own stage-1 maps (only for weights trained that way)")
 
 
-def resolve_weights(values):
-    """The --weights values -> something ``load_weights`` takes; 'synthetic:SEED' draws the test recipe."""
-    values = list(values)
+def _synthetic_seed(values) -> int | None:
+    """The SEED of --weights synthetic:SEED (None for other weights); InputError when malformed."""
     if len(values) == 1 and values[0].startswith(SYNTHETIC_PREFIX):
         seed = values[0][len(SYNTHETIC_PREFIX):]
         if not seed.isdigit():
             raise InputError(f"--weights {values[0]!r}: expected {SYNTHETIC_PREFIX}N with a whole number N")
-        return synthetic_weights(int(seed))
+        return int(seed)
+    return None
+
+
+def resolve_weights(values):
+    """The --weights values -> something ``load_weights`` takes; 'synthetic:SEED' draws the test recipe."""
+    values = list(values)
+    seed = _synthetic_seed(values)
+    if seed is not None:
+        return synthetic_weights(seed)
     return values if len(values) > 1 else values[0]
 
 
@@ -38,6 +46,26 @@ def describe_weights(values) -> str:
     if len(values) == 1 and values[0].startswith(SYNTHETIC_PREFIX):
         return f"synthetic weights (recipe seed {values[0][len(SYNTHETIC_PREFIX):]}; random, NOT the trained Pixel2Mesh++ weights)"
     return "weights from " + ", ".join(values)
+
+
+def add_cluster_option(parser) -> None:
+    parser.add_argument("--cluster", default=None, metavar="SPEC",
+                        help="run on a Dask cluster: local:N (N worker processes here), local-cuda (one worker per "
+                             "GPU), or tcp://HOST:PORT (a running scheduler); needs pip install \"xmesh[dask]\"")
+    parser.add_argument("--shard-batches", type=int, default=None, metavar="K",
+                        help="with --cluster: batches per task sent to a worker (default: 4, fewer to use every worker)")
+
+
+def spec_from_args(args):
+    """The ModelSpec of the model options, for the workers of --cluster to build."""
+    from ..cluster.spec import ModelSpec
+
+    _synthetic_seed(list(args.weights))  # a malformed synthetic:SEED fails here, before any cluster starts
+    if args.cluster == "local-cuda" and args.backend != "cupy":
+        raise InputError("--cluster local-cuda starts one worker per GPU: use it with --backend cupy "
+                         "(local:N runs N CPU workers for --backend numpy)")
+    return ModelSpec.of(list(args.weights), template=args.template, backend=args.backend, precision=args.precision,
+                        view_quirk=not args.no_view_quirk)
 
 
 def reconstructor_from_args(args):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_model_options, describe_weights, reconstructor_from_args
+from .common import add_cluster_option, add_model_options, describe_weights, reconstructor_from_args, spec_from_args
 
 
 def add_parser(sub) -> None:
@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
                    help="renderings used as the 3 input views (default: 0 6 7)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_model_options(p)
+    add_cluster_option(p)
     p.set_defaults(run=run)
 
 
@@ -39,6 +40,8 @@ def run(args) -> int:
     from ..pipeline.loading import start_pool
 
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
+    if args.cluster is not None:
+        return _run_on_cluster(args, chosen)
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
         return _run_with_pool(args, chosen, pool)
@@ -47,20 +50,33 @@ def run(args) -> int:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _run_on_cluster(args, chosen) -> int:
+    from ..cluster.connect import describe, open_client
+
+    spec = spec_from_args(args)
+    with open_client(args.cluster) as client:
+        print(f"xmesh eval: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
+        return _evaluate(args, chosen, spec, client=client)
+
+
 def _run_with_pool(args, chosen, pool) -> int:
+    return _evaluate(args, chosen, reconstructor_from_args(args), loader_pool=pool)
+
+
+def _evaluate(args, chosen, model, loader_pool=None, client=None) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
-    model = reconstructor_from_args(args)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
-          f"{chosen['workers']} loader and {chosen['writers'] if args.save_meshes else 0} mesh writer process(es)",
-          file=sys.stderr)
+          f"{chosen['workers']} loader and {chosen['writers'] if args.save_meshes else 0} mesh writer process(es)"
+          f"{' per worker' if client is not None else ''}", file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
-        save_meshes=args.save_meshes, loader_pool=pool,
+        save_meshes=args.save_meshes, loader_pool=loader_pool, client=client, shard_batches=args.shard_batches,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
-              "template": args.template or "built-in ellipsoid", "views": list(args.views)},
+              "template": args.template or "built-in ellipsoid", "views": list(args.views),
+              **({"cluster": args.cluster} if client is not None else {})},
     )
     info = summary["run"]
     if info["skipped"]:

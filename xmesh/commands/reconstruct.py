@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import add_model_options, describe_weights, output_errors, reconstructor_from_args, resolve_weights
+from .common import (add_cluster_option, add_model_options, describe_weights, output_errors, reconstructor_from_args,
+                     resolve_weights, spec_from_args)
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
 
@@ -31,6 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="with --list: do not draw the progress bar")
     p.add_argument("--coarse-out", default=None, help="also write the stage-1 coarse mesh here")
     add_model_options(p)
+    add_cluster_option(p)
     p.set_defaults(run=run)
 
 
@@ -59,6 +61,8 @@ def run(args) -> int:
 
     if args.list is not None:
         return run_list(args)
+    if args.cluster is not None:
+        raise InputError("--cluster goes with --list FILE (a whole list); one object runs here")
     if args.images_root is not None:
         raise InputError("--images ROOT goes with --list FILE; for one object give the three image files")
     if args.cameras is None:
@@ -96,24 +100,31 @@ def run_list(args) -> int:
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
+    if args.cluster is not None:
+        from ..cluster.connect import describe, open_client
+
+        spec = spec_from_args(args)
+        with open_client(args.cluster) as client:
+            print(f"xmesh reconstruct: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
+            return _reconstruct(args, chosen, spec, client=client)
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
-        return _run_with_pool(args, chosen, pool)
+        return _reconstruct(args, chosen, reconstructor_from_args(args), loader_pool=pool)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_with_pool(args, chosen, pool) -> int:
+def _reconstruct(args, chosen, model, loader_pool=None, client=None) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
 
-    model = reconstructor_from_args(args)
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
-          f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
-          file=sys.stderr)
+          f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)"
+          f"{' per worker' if client is not None else ''}", file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,
-                               views=args.views or (0, 6, 7), loader_pool=pool)
+                               views=args.views or (0, 6, 7), loader_pool=loader_pool, client=client,
+                               shard_batches=args.shard_batches)
     print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
     if "timing" in info:

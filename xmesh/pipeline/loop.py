@@ -86,11 +86,14 @@ def _host_scores(vertices: np.ndarray, gts: list[np.ndarray], metric_backend: st
 
 def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]], on_batch: Callable[[BatchResult], None],
                 workers: int = 1, views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True,
-                keep_vertices: bool = False, metric_backend: str = "auto", loader_pool=None) -> Timing:
+                keep_vertices: bool = False, metric_backend: str = "auto", loader_pool=None,
+                loader: BatchLoader | None = None) -> Timing:
     """Run every batch; see the module docstring. ``metric_backend``: 'auto' scores where the network
-    ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU."""
+    ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU. ``loader``: a
+    BatchLoader over ``batches`` set up by the caller (e.g. one already decoding), instead of a new one."""
     backend = reconstructor.backend
-    loader = BatchLoader(batches, workers=workers, views=views, with_gt=with_gt, pool=loader_pool)
+    if loader is None:
+        loader = BatchLoader(batches, workers=workers, views=views, with_gt=with_gt, pool=loader_pool)
     device = getattr(backend, "device", None)
     timing = Timing()
     start = time.perf_counter()

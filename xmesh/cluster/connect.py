@@ -1,0 +1,118 @@
+"""``--cluster SPEC``: which Dask cluster a run uses, and the client that reaches it.
+
+SPEC is one of
+
+- ``local:N``: N worker processes on this machine, one thread each (the NumPy backend);
+- ``local-cuda``: one worker per visible GPU through dask-cuda's ``LocalCUDACluster`` (which sets
+  each worker's ``CUDA_VISIBLE_DEVICES`` and CPU affinity), two threads each so that a worker
+  decodes its next shard while the current one computes; its worker processes are not daemons, so
+  the loader and mesh writers run in processes there as in the single-process run;
+- ``tcp://HOST:PORT`` (or ``tls://``): a running scheduler, e.g. one started by dask-jobqueue on
+  SLURM or by the Dask Kubernetes operator;
+- a ``.json`` file: a scheduler file (``dask scheduler --scheduler-file``).
+
+Dask is an optional extra: without it :func:`open_client` fails at once, naming the extra.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import re
+from pathlib import Path
+
+from ..errors import BackendUnavailableError, InputError
+
+CONNECT_TIMEOUT = "10s"
+_FORMS = "local:N (N worker processes here), local-cuda (one worker per GPU), tcp://HOST:PORT (a running scheduler)"
+
+
+def parse_cluster_spec(spec: str, option: str = "--cluster") -> tuple[str, object]:
+    """('local', N), ('local-cuda', None), ('address', 'tcp://...') or ('file', path); InputError otherwise."""
+    text = str(spec).strip()
+    match = re.fullmatch(r"local:(\d+)", text)
+    if match:
+        count = int(match.group(1))
+        if count < 1:
+            raise InputError(f"{option} {spec}: expected at least 1 worker process (local:N with N >= 1)")
+        return "local", count
+    if text == "local-cuda":
+        return "local-cuda", None
+    if re.fullmatch(r"(tcp|tls)://[^\s/:]+:\d+/?", text):
+        return "address", text.rstrip("/")
+    if text.endswith(".json"):
+        return "file", text
+    raise InputError(f"{option} {spec!r}: not a cluster; expected one of {_FORMS}, or a scheduler file (.json)")
+
+
+def require(module: str, extra: str, what: str):
+    """Import ``module`` or fail with the pip line that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailableError(f"{what} needs {module} ({exc.msg if hasattr(exc, 'msg') else exc}); "
+                                      f'install it with: pip install "xmesh[{extra}]"') from None
+
+
+def _has_dashboard() -> bool:
+    return importlib.util.find_spec("bokeh") is not None   # the dashboard's pages need bokeh
+
+
+@contextlib.contextmanager
+def open_client(spec: str, option: str = "--cluster"):
+    """A ``distributed.Client`` for ``spec``; a local cluster started here is closed on exit."""
+    kind, value = parse_cluster_spec(spec, option)
+    distributed = require("distributed", "dask", f"{option} {spec}")
+    cluster = None
+    restore = None
+    try:
+        if kind == "local":
+            cluster = distributed.LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
+                                               dashboard_address=":0", silence_logs=logging.ERROR)
+        elif kind == "local-cuda":
+            dask_cuda = require("dask_cuda", "dask-cuda", f"{option} {spec}")
+            import dask
+
+            restore = dask.config.get("distributed.worker.daemon", True)
+            dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
+            try:
+                cluster = dask_cuda.LocalCUDACluster(threads_per_worker=2, dashboard_address=":0",
+                                                     silence_logs=logging.ERROR)
+            except Exception as exc:
+                raise BackendUnavailableError(f"{option} {spec}: could not start one worker per GPU "
+                                              f"({type(exc).__name__}: {exc}); is a CUDA GPU visible?") from None
+        if cluster is not None:
+            client = distributed.Client(cluster)
+        else:
+            try:
+                if kind == "file":
+                    if not Path(value).is_file():
+                        raise InputError(f"{option} {spec}: no such scheduler file; expected the JSON file that "
+                                         "`dask scheduler --scheduler-file` writes")
+                    client = distributed.Client(scheduler_file=value, timeout=CONNECT_TIMEOUT)
+                else:
+                    client = distributed.Client(value, timeout=CONNECT_TIMEOUT)
+            except (OSError, TimeoutError) as exc:
+                raise InputError(f"{option} {spec}: no scheduler answered within {CONNECT_TIMEOUT} ({exc}); "
+                                 "start one (dask scheduler, dask-jobqueue, the Dask Kubernetes operator) "
+                                 "and give its address") from None
+        try:
+            yield client
+        finally:
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if restore is not None:
+            import dask
+
+            dask.config.set({"distributed.worker.daemon": restore})
+
+
+def describe(client) -> str:
+    """'N workers (T threads) at ADDRESS' and the dashboard link where there is one."""
+    threads = client.nthreads()
+    text = f"{len(threads)} worker(s), {sum(threads.values())} thread(s), scheduler {client.scheduler.address}"
+    link = getattr(client, "dashboard_link", None) if _has_dashboard() else None
+    return text + (f", dashboard {link}" if link else "")

@@ -1,0 +1,215 @@
+"""What runs on a Dask worker: the model, built once per worker, and shards of whole batches.
+
+:class:`ModelPlugin` carries a :class:`~xmesh.cluster.spec.ModelSpec` to every worker, those that
+join later included. Its :class:`WorkerModel` builds the Reconstructor on first use and keeps it,
+with its captured graphs, its loader pool and its mesh writers, until the plugin is removed.
+
+:func:`run_shard` runs one shard through :func:`xmesh.pipeline.loop.run_batches`, exactly as the
+single-process pipeline does, and returns its CSV lines once the shard's mesh files are on disk.
+The network runs one shard at a time per worker; a worker with two threads decodes the next
+shard's first batch while the current one computes, so the network does not wait at shard edges.
+An :class:`~xmesh.errors.XmeshError` (a bad sample file, a non-finite prediction) comes back as a
+value beside the rows finished before it, so the client commits those and raises it unchanged;
+other exceptions are left to Dask's retries.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distributed import WorkerPlugin, get_worker
+
+from ..errors import XmeshError
+from ..pipeline.loading import BatchLoader, start_pool
+from ..pipeline.loop import BatchResult, run_batches
+from ..pipeline.writing import BatchFinisher, MeshWriter, prediction_stem
+
+PLUGIN_PREFIX = "xmesh-model-"
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """What every shard of a run shares: loader and writer process counts, the views, whether there
+    is ground truth (evaluation) and how it is scored, and where meshes go (None: not written)."""
+
+    workers: int
+    writers: int
+    views: tuple
+    with_gt: bool
+    metric_backend: str
+    predict_dir: str | None
+    formats: tuple = ("xyz", "obj")
+
+
+@dataclass
+class ShardOutcome:
+    """A finished shard: the CSV lines of its scored samples (empty without ground truth), the ids
+    done, its stage timing (seconds), the worker's address, and the error that stopped it, if any."""
+
+    index: int
+    rows: str
+    done: list[str]
+    timing: dict
+    worker: str
+    error: XmeshError | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class PrefetchedLoader(BatchLoader):
+    """A :class:`BatchLoader` that can decode its first batch before the loop asks for it
+    (:meth:`start`); iterating then continues from there."""
+
+    _started = None
+    _first = None
+
+    def start(self) -> None:
+        self._started = BatchLoader.__iter__(self)
+        self._first = next(self._started, None)
+
+    def __iter__(self):
+        if self._started is None:
+            yield from BatchLoader.__iter__(self)
+            return
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        yield from self._started
+
+    def close(self) -> None:
+        if self._started is not None:
+            self._started.close()   # cancels what is still queued
+
+
+class WorkerModel:
+    """One worker's Reconstructor (built on first use) and the pools its shards share."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.model = None
+        self.setup_lock = threading.Lock()
+        self.network_lock = threading.Lock()   # one shard at a time runs the network
+        self.loader_pools: dict[int, object] = {}
+        self.writers: dict[tuple, MeshWriter] = {}
+
+    def reconstructor(self):
+        with self.setup_lock:
+            if self.model is None:
+                self.model = self.spec.build()
+            return self.model
+
+    def loader_pool(self, workers: int):
+        with self.setup_lock:
+            if workers > 0 and workers not in self.loader_pools:
+                self.loader_pools[workers] = start_pool(workers)
+            return self.loader_pools.get(workers)
+
+    def mesh_writer(self, options: ShardOptions) -> MeshWriter | None:
+        if options.predict_dir is None:
+            return None
+        faces = self.reconstructor().faces
+        key = (options.predict_dir, options.formats, options.writers)
+        with self.setup_lock:
+            if key not in self.writers:
+                self.writers[key] = MeshWriter(Path(options.predict_dir), faces, options.writers, options.formats)
+            return self.writers[key]
+
+    def close(self) -> None:
+        with self.setup_lock:
+            for writer in self.writers.values():
+                writer.close()
+            for pool in self.loader_pools.values():
+                pool.shutdown(wait=True, cancel_futures=True)
+            self.writers.clear()
+            self.loader_pools.clear()
+            self.model = None
+
+
+class ModelPlugin(WorkerPlugin):
+    """Delivers a model spec to each worker once; ``name`` is the spec's token, and registering the
+    same spec again (a resumed run) keeps the model a worker has already built."""
+
+    idempotent = True
+
+    def __init__(self, spec, token: str):
+        self.spec = spec
+        self.token = token
+        self.name = PLUGIN_PREFIX + token
+        self.state: WorkerModel | None = None
+
+    def __getstate__(self) -> dict:
+        return {"spec": self.spec, "token": self.token, "name": self.name, "state": None}
+
+    def setup(self, worker) -> None:
+        self.state = WorkerModel(self.spec)
+
+    def teardown(self, worker) -> None:
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+
+
+def _state(plugin_name: str) -> WorkerModel:
+    plugin = get_worker().plugins.get(plugin_name)
+    if plugin is None or plugin.state is None:
+        raise RuntimeError(f"worker {get_worker().address} has no model plugin {plugin_name!r} (registered after "
+                           "this task was sent?)")
+    return plugin.state
+
+
+def prepare(plugin_name: str, options: ShardOptions) -> dict:
+    """Build this worker's model and start its pools before the first shard arrives."""
+    start = time.perf_counter()
+    state = _state(plugin_name)
+    state.reconstructor()
+    state.loader_pool(options.workers)
+    state.mesh_writer(options)
+    return {"worker": get_worker().address, "seconds": time.perf_counter() - start}
+
+
+def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions) -> ShardOutcome:
+    """Reconstruct (and score) ``batches``; the outcome's rows are complete and their mesh files whole
+    and synced when it returns."""
+    from ..evaluate import check_finite, format_rows
+
+    state = _state(plugin_name)
+    model = state.reconstructor()
+    writer = state.mesh_writer(options)
+    rows: list[str] = []
+    done: list[str] = []
+
+    def commit(result: BatchResult) -> None:
+        if options.with_gt:
+            rows.append(format_rows(result))
+        done.extend(str(s) for s in result.samples)
+
+    finisher = BatchFinisher(commit)
+    predict_dir = Path(options.predict_dir) if options.predict_dir else None
+
+    def on_batch(result: BatchResult) -> None:
+        check_finite(result)
+        futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
+        finisher.put(result, futures, predict_dir)
+
+    loader = PrefetchedLoader(batches, workers=options.workers, views=options.views, with_gt=options.with_gt,
+                              pool=state.loader_pool(options.workers))
+    timing: dict = {}
+    error = None
+    try:
+        loader.start()   # decoded while another shard may still hold the network
+        with state.network_lock:
+            timing = run_batches(model, batches, on_batch, workers=options.workers, views=options.views,
+                                 with_gt=options.with_gt, keep_vertices=writer is not None,
+                                 metric_backend=options.metric_backend, loader=loader).as_dict()
+    except XmeshError as exc:
+        error = exc
+    finally:
+        loader.close()
+        try:
+            finisher.close()
+        except XmeshError as exc:
+            error = error or exc
+    if timing:
+        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, options.writers)
+    return ShardOutcome(index, "".join(rows), done, timing, get_worker().address, error)
