@@ -18,7 +18,7 @@ from conftest import requires_cuda
 from pipeline_toy import ToyReconstructor, ToySpec
 from xmesh import cli
 from xmesh.cluster import ModelSpec, open_client, parse_cluster_spec
-from xmesh.errors import BackendUnavailableError, InputError, XmeshError
+from xmesh.errors import BackendUnavailableError, InputError, MissingFileError, XmeshError
 from xmesh.evaluate import evaluate_dataset, read_csv, reconstruct_dataset
 from xmesh.synthetic.dataset import write_dataset
 
@@ -153,6 +153,15 @@ def test_a_bad_sample_file_fails_as_in_one_process_and_leaves_only_whole_rows(da
                      batch_size=2, workers=0, progress=False)
     expected = _rows(tmp_path / "good")
     assert all(expected[k] == v for k, v in rows.items())
+
+
+def test_weights_the_workers_cannot_read_fail_once_before_any_row(data, client, tmp_path):
+    with pytest.raises(MissingFileError, match="nowhere.npz: weights file not found"):
+        evaluate_dataset(ModelSpec.of(tmp_path / "nowhere.npz"), data["test_list"], data["root"], data["root"] / "gt",
+                         tmp_path / "out", progress=False, client=client)
+    assert read_csv(tmp_path / "out" / "samples.csv") == []
+    left = client.run(lambda dask_worker: [name for name in dask_worker.plugins if name.startswith("xmesh-model-")])
+    assert len(left) == 2 and all(names == [] for names in left.values())   # the model plugin was removed
 
 
 def _toy_client_run(data, out: Path) -> subprocess.Popen:

@@ -21,11 +21,13 @@ from ..errors import XmeshError
 from ..pipeline.loop import Timing
 from .worker import ModelPlugin, ShardOptions, prepare, run_shard
 
-SHARD_BATCHES = 4   # batches per shard at most: small enough to spread and to rerun, long enough to amortise
+# batches per shard at most (GPU, CPU): small enough to spread and to rerun, long enough that the
+# network's pause between two shards (the last batch's results, the next one's upload) stays ~1%
+SHARD_BATCHES = {True: 8, False: 4}
 RETRIES = 2         # reruns of a shard that raised something other than an XmeshError (e.g. a full disk)
 
 
-def shard_size(batches: int, threads: int, most: int = SHARD_BATCHES) -> int:
+def shard_size(batches: int, threads: int, most: int) -> int:
     """Batches per shard: ``most``, or fewer so that every worker thread gets a shard."""
     return max(1, min(int(most), math.ceil(batches / max(1, threads))))
 
@@ -55,13 +57,13 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
     pending: set = set()
     try:
         setup_start = time.perf_counter()
-        ready = [client.submit(prepare, plugin.name, options, workers=[address], allow_other_workers=False, pure=False)
+        ready = [client.submit(prepare, plugin.name, options, workers=[address], allow_other_workers=True, pure=False)
                  for address in client.nthreads()]
         ready = client.gather(ready)   # a model that cannot be built fails here, once
         setup_s = time.perf_counter() - setup_start
 
         batches = _batches(todo, settings["batch_size"])
-        per = shard_size(len(batches), _threads(client), shard_batches or SHARD_BATCHES)
+        per = shard_size(len(batches), _threads(client), shard_batches or SHARD_BATCHES[spec.backend == "cupy"])
         shards = [batches[i:i + per] for i in range(0, len(batches), per)]
         waiting = iter(enumerate(shards))
         running = as_completed()
