@@ -21,7 +21,7 @@ for precision in fp32 fp16 fp32; do
     python3 "$here/trace_compiles.py" --json "$out/call${run}_${precision}.json" -- reconstruct \
         "$demo/plane1.png" "$demo/plane2.png" "$demo/plane3.png" --cameras "$demo/cameras.txt" \
         --weights synthetic:1 --backend cupy --precision "$precision" --out "$out/mesh${run}.obj" \
-        2> "$out/call${run}_${precision}.log" >/dev/null
+        2> "$out/call${run}_${precision}.log" >/dev/null || echo "call $run ($precision) FAILED: see $out/call${run}_${precision}.log"
     end=$(date +%s.%N)
     wall=$(python3 -c "print(f'{$end - $start:.2f}')")
     summary=$(grep "NVRTC compilations" "$out/call${run}_${precision}.log" || true)

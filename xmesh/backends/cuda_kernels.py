@@ -295,11 +295,39 @@ def _module(build: KernelBuild):
     return module
 
 
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class Kernel:
+    """A kernel loaded from a binary, called as a ``cupy.RawKernel`` is: ``kernel(grid, block, args,
+    shared_mem=...)``, with RawKernel's ``max_dynamic_shared_size_bytes`` (the opt-in above 48 KB)."""
+
+    def __init__(self, function, module):
+        self.function, self.module, self.ptr = function, module, function.ptr
+
+    def __call__(self, grid, block, args, *, shared_mem: int = 0, stream=None):
+        self.function(grid, block, args, shared_mem=shared_mem, stream=stream)
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        from cupy_backends.cuda.api import driver
+
+        return driver.funcGetAttribute(_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.ptr)
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        from cupy_backends.cuda.api import driver
+
+        driver.funcSetAttribute(self.ptr, _MAX_DYNAMIC_SHARED_SIZE_BYTES, int(value))
+
+
 def _function(build: KernelBuild):
     cupy = require_cupy()
     module = _module(build)
     try:
-        return module.get_function(build.name)
+        function = module.get_function(build.name)
+        return function if isinstance(module, cupy.RawModule) else Kernel(function, module)
     except cupy.cuda.driver.CUDADriverError as exc:
         raise KernelCompileError(f"the CUDA kernel {build.name} is not in {build.file} "
                                  f"(options {list(build.options)}, {build.arch or 'device target'}): {exc}") from exc
