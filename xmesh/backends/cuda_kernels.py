@@ -126,7 +126,9 @@ class _NeedsCudaHeaders(Exception):
 _lock = threading.RLock()
 _loaded: dict = {}              # (KernelBuild, device id) -> a module that holds the kernel
 _requested: set = set()         # every KernelBuild a get_*function call asked for in this process
-_built_on_demand: set = set()   # those no prepare() had built before they were asked for
+_built_on_demand: set = set()   # those no prepare() had been given before they were asked for
+_planned: set = set()           # every KernelBuild given to prepare()
+_pending: dict = {}             # (KernelBuild, compute capability) -> Future of its binary
 
 
 def _nvrtc():
@@ -231,13 +233,14 @@ def _is_cached(build: KernelBuild, compute_capability: str) -> bool:
                                                            arch, key), warn=False) is not None
 
 
-def _announce(count: int, target: str):
-    """The one line said before kernels are compiled, and a progress bar (tqdm, where installed and
-    stderr is a terminal) to update once per kernel."""
+def _announce(count: int, target: str, say: bool = True):
+    """The one line said before a process first compiles kernels (``say``), and a progress bar (tqdm,
+    where installed and stderr is a terminal) to update once per kernel."""
     folder = kernel_cache.cache_folder()
     where = f"cached in {folder}" if folder is not None else "not cached: XMESH_KERNEL_CACHE_DIR is empty"
-    print(f"xmesh: compiling {count} GPU kernel{'s' if count != 1 else ''} for {target} "
-          f"(first use on this machine; {where})", file=sys.stderr, flush=True)
+    if say:
+        print(f"xmesh: compiling {count} GPU kernel{'s' if count != 1 else ''} for {target} "
+              f"(first use on this machine; {where})", file=sys.stderr, flush=True)
     try:
         from tqdm import tqdm
     except ImportError:
@@ -245,54 +248,86 @@ def _announce(count: int, target: str):
     return tqdm(total=count, unit="kernel", file=sys.stderr, disable=None, leave=False)
 
 
-def prepare(builds, workers: int | None = None) -> int:
-    """Build and load every kernel of ``builds`` (KernelBuild) not yet loaded on the current device,
-    compiling the ones the disk cache lacks in ``workers`` threads (default: one per CPU core).
-    Returns how many were compiled."""
+_executor = None
+_announced = False
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 4, thread_name_prefix="xmesh-nvrtc")
+        return _executor
+
+
+def prepare(builds, wait: bool = True) -> int:
+    """Build every kernel of ``builds`` (KernelBuild) for the current device: the ones the disk cache
+    lacks are compiled in threads (one per CPU core). With ``wait`` they are all loaded before this
+    returns; without, the compilations go on in the background and each kernel waits for its own
+    where it is first used (so the caller's other work, e.g. CuPy's own first-use compilations,
+    overlaps them). Returns how many are compiled."""
+    global _announced
     cupy = require_cupy()
     device = cupy.cuda.Device()
     cc = str(device.compute_capability)
     with _lock:
-        todo = list(dict.fromkeys(b for b in builds if (b, device.id) not in _loaded))
+        todo = [b for b in dict.fromkeys(builds) if (b, device.id) not in _loaded and (b, cc) not in _pending]
+        _planned.update(todo)
     if not todo:
         return 0
     missing = [b for b in todo if not _is_cached(b, cc)]
-    bar = _announce(len(missing), ", ".join(sorted({_build_options(b, cc)[0] for b in missing}))) if missing else None
-    binaries: dict = {}
+    bar = None
+    if missing:
+        with _lock:
+            first, _announced = not _announced, True
+        bar = _announce(len(missing), ", ".join(sorted({_build_options(b, cc)[0] for b in missing})), say=first)
+    left = [len(missing)]
 
     def build_one(build):
-        binary, _ = _binary(build, cc)
-        if bar is not None:
-            bar.update(1)
-        return binary
+        try:
+            return _binary(build, cc)[0]
+        finally:
+            if bar is not None:
+                with _lock:
+                    bar.update(1)
+                    left[0] -= 1
+                    if not left[0]:
+                        bar.close()
 
-    try:
-        if missing:
-            with ThreadPoolExecutor(max_workers=min(len(missing), workers or os.cpu_count() or 4)) as pool:
-                binaries.update(zip(missing, pool.map(build_one, missing)))
+    pool = _pool()
+    with _lock:
+        for build in missing:
+            _pending[(build, cc)] = pool.submit(build_one, build)
+    if wait:
         for build in todo:
-            binary = binaries[build] if build in binaries else _binary(build, cc)[0]
-            module = _load(build, binary)
-            with _lock:
-                _loaded[(build, device.id)] = module
-    finally:
-        if bar is not None:
-            bar.close()
+            _load_on(build, device.id, cc)
     return len(missing)
+
+
+def _load_on(build: KernelBuild, device_id: int, cc: str):
+    """``build``'s module on the current device: loaded before, or from its background compilation,
+    the disk cache or a compilation now."""
+    with _lock:
+        module = _loaded.get((build, device_id))
+        future = _pending.get((build, cc))
+    if module is not None:
+        return module
+    binary = future.result() if future is not None else _binary(build, cc)[0]
+    module = _load(build, binary)
+    with _lock:
+        module = _loaded.setdefault((build, device_id), module)
+        _pending.pop((build, cc), None)
+    return module
 
 
 def _module(build: KernelBuild):
     cupy = require_cupy()
-    key = (build, cupy.cuda.Device().id)
+    device = cupy.cuda.Device()
     with _lock:
         _requested.add(build)
-        module = _loaded.get(key)
-    if module is None:
-        with _lock:
+        if build not in _planned:
             _built_on_demand.add(build)
-        prepare([build])
-        module = _loaded[key]
-    return module
+    return _load_on(build, device.id, str(device.compute_capability))
 
 
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -351,14 +386,18 @@ def requested_builds() -> set:
 
 
 def builds_made_on_demand() -> set:
-    """The builds asked for before any :func:`prepare` had built them (each then built alone)."""
+    """The builds asked for that no :func:`prepare` had been given (each then built alone, on demand)."""
     with _lock:
         return set(_built_on_demand)
 
 
 def forget_loaded() -> None:
     """Drop the modules loaded in this process and the request records (tests: a fresh process's view)."""
+    for future in list(_pending.values()):
+        future.exception()
     with _lock:
+        _pending.clear()
+        _planned.clear()
         _loaded.clear()
         _requested.clear()
         _built_on_demand.clear()

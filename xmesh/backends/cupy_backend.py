@@ -244,12 +244,12 @@ class CupyBackend(Backend):
                              f"capability 9.0 (H100, H200), and {why}: use precision='fp16' or 'tf32' here")
 
     def _prepare_kernels(self):
-        """Build the kernels this mode's reconstructions run on this GPU at once, in threads (kernel_manifest);
-        a build that fails here is tried again where the kernel is first used, which reports it (or falls
-        back, as the Hopper kernels do)."""
+        """Start building the kernels this mode's reconstructions run on this GPU, all at once in background
+        threads (kernel_manifest); each kernel waits for its build where it is first used, and a build that
+        failed raises there (where the Hopper kernels fall back)."""
         hopper = os.environ.get("XMESH_HOPPER_GEMM", "1") != "0" and hopper_gemm.supported(self.device)
         try:
-            cuda_kernels.prepare(kernel_manifest.planned_builds(self.precision, hopper))
+            cuda_kernels.prepare(kernel_manifest.planned_builds(self.precision, hopper), wait=False)
         except KernelCompileError:
             pass
 
@@ -878,11 +878,12 @@ class CupyBackend(Backend):
         return self._derived.get((cheb1,), "mixing", lambda: self._prepare_mixing(hopper_gemm.mixing_source(self.to_numpy(cheb1))))
 
     def _prepare_mixing(self, mixing: str) -> str:
-        """Build this mode's Hopper deformation kernels for a support's ``mixing`` source at once (kernel_manifest)."""
+        """Start building this mode's Hopper deformation kernels for a support's ``mixing`` source, all at
+        once in background threads (kernel_manifest)."""
         if self.hopper is None:
             return mixing
         try:
-            cuda_kernels.prepare(kernel_manifest.planned_mixing_builds(self.precision, mixing))
+            cuda_kernels.prepare(kernel_manifest.planned_mixing_builds(self.precision, mixing), wait=False)
         except KernelCompileError:
             pass   # tried again, and reported, where a kernel is first used
         return mixing

@@ -37,8 +37,8 @@ def _tc_gemm(passes: int) -> list:
     convolutions in K slices of 16, the 3xTF32 dense products in slices of 32 too (few tiles), and the
     split-K reduction."""
     widths = (16, 32, 64, 128)
-    builds = [KernelBuild(GEMM, f"gemm_{passes}x_n{n}_{c}", _tc(16)) for n in widths for c in "vs"]
-    builds += [KernelBuild(GEMM, f"conv_{passes}x_n{n}", _tc(16)) for n in widths]
+    builds = [KernelBuild(GEMM, f"conv_{passes}x_n{n}", _tc(16)) for n in widths]   # the CNN's, needed first
+    builds += [KernelBuild(GEMM, f"gemm_{passes}x_n{n}_{c}", _tc(16)) for n in widths for c in "vs"]
     if passes == 3:
         builds += [KernelBuild(GEMM, f"gemm_3x_n{n}_{c}", _tc(32)) for n in widths for c in "vs"]
     return builds + [KernelBuild(GEMM, "gemm_splitk_reduce", STD)]
@@ -51,13 +51,14 @@ def planned_builds(precision: str, hopper: bool) -> list:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(MODES)}")
     passes = 3 if precision == "fp32" else 1
     sixteen = precision in ("fp16", "bf16")
-    builds = _ops("im2col_nhwc", "conv_direct_c3_k3_n16", "conv_direct_x4", "graph_projection_tiled",
+    # in the order a reconstruction first needs them: they are compiled in that order
+    builds = [KernelBuild(HOPPER, name, STD, ARCH) for name in ("wg_split_weight", "wg_pack_weight16") if hopper]
+    builds += _ops("im2col_nhwc", "conv_direct_c3_k3_n16", "conv_direct_x4", "graph_projection_tiled",
                   "graph_projection", "local_projection", "csr_gconv", "csr_gconv_x4", "unpool_midpoints",
                   "drb_score_update", "hypothesis_softmax_update")
     builds += _ops("local_projection_tiled_o16" if sixteen and hopper else "local_projection_tiled")
     builds += _tc_gemm(passes)
     if hopper:
-        builds += [KernelBuild(HOPPER, name, STD, ARCH) for name in ("wg_split_weight", "wg_pack_weight16")]
         builds += [KernelBuild(HOPPER, f"wg_gemm_{passes}x_{c}", STD, ARCH) for c in "vs"]
         builds += _ops("drb_score_finish")
     else:
