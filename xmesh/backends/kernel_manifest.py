@@ -63,8 +63,8 @@ def planned_builds(precision: str, hopper: bool) -> list:
         builds += _ops("drb_score_finish")
     else:
         builds += _ops("drb_mix_epilogue")
-        if sixteen:
-            builds += _ops("skinny_gemm16")
+        if sixteen:   # fp16 away from Hopper: the deformation layers' products in cuBLAS, then their epilogue
+            builds += _ops("skinny_gemm16", "gconv_epilogue_f16")
     return builds
 
 
