@@ -3,7 +3,12 @@
 // The camera arithmetic uses __fmul_rn/__fadd_rn/__fdiv_rn so the compiler cannot contract it into
 // fused multiply-adds: the pixel a point lands in must match the CPU's float32 computation bit for
 // bit (xmesh/model/projection.py, _mat3 and _view_pixels).
-#ifndef XM_NO_FP16
+#include "kernel_select.cuh"
+// cuda_fp16.h (a CUDA header NVRTC finds through CuPy's include folders) only for the kernels that take
+// __half; a build without them needs no CUDA headers.
+#if !defined(XM_NO_FP16) && (!defined(XM_SELECT) || defined(XM_WANT_gconv_epilogue_f16) || \
+                             defined(XM_WANT_gconv_epilogue_f16_f32))
+#define XM_FP16_KERNELS 1
 #include <cuda_fp16.h>
 #endif
 #include "bits16.cuh"
@@ -127,7 +132,7 @@ __device__ __forceinline__ long long xm_stage1_pixel(float h, float w, int s, in
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
 // coords (B,N,3); tf (B, 12+12V); maps m_i (B*MV, s_i, s_i, C_i): the first MV views of each sample
 // (all V, or with the quirk only view 0, the one it reads); out (B, N, 3 + 3*CT), rows ldo apart.
-extern "C" __global__ void graph_projection(
+XM_KERNEL(graph_projection) void graph_projection(
     const float* __restrict__ coords, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1,
     const float* __restrict__ m2, const float* __restrict__ m3,
@@ -167,7 +172,7 @@ extern "C" __global__ void graph_projection(
 // that every map holds fewer than 2^31 elements).
 #define XM_GP_POINTS 8
 #define XM_GP_THREADS 256
-extern "C" __global__ void __launch_bounds__(XM_GP_THREADS) graph_projection_tiled(
+XM_KERNEL(graph_projection_tiled) void __launch_bounds__(XM_GP_THREADS) graph_projection_tiled(
     const float* __restrict__ coords, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1,
     const float* __restrict__ m2, const float* __restrict__ m3,
@@ -290,7 +295,7 @@ __device__ __forceinline__ void xm_lerp_taps(const float* __restrict__ m, long l
 
 // Stage 2, any channel counts: one thread per (sample b, point n, channel c of the 3 concatenated maps).
 // points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart.
-extern "C" __global__ void local_projection(
+XM_KERNEL(local_projection) void local_projection(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
     int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* __restrict__ out, long long ldo) {
@@ -548,7 +553,7 @@ __device__ __forceinline__ void xm_local_projection_tiled(
     else                                                                                                   \
         xm_local_projection_tiled<OUT, 0>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
 
-extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
+XM_KERNEL(local_projection_tiled) void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled(const float* points, const float* tf, const float* m0, const float* m1, const float* m2, int s0,
                        int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* out, long long ldo) {
     XM_LP_BODY(XM_OUT_F32)
@@ -557,7 +562,7 @@ local_projection_tiled(const float* points, const float* tf, const float* m0, co
 // The 16-bit modes' projection: out in the mode's activation type (float16, or bfloat16 bits when bf16
 // != 0), each value xm_pool16's, rounded once to nearest even: what the deformation layer's 16-bit
 // operands round its X to.
-extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
+XM_KERNEL(local_projection_tiled_o16) void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled_o16(const float* points, const float* tf, const float* m0, const float* m1, const float* m2,
                            int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, unsigned short* out,
                            long long ldo, int bf16) {
@@ -582,23 +587,23 @@ __device__ __forceinline__ void xm_gconv_epilogue(const TI* __restrict__ y0, con
     }
 }
 
-extern "C" __global__ void gconv_epilogue_f32(const float* y0, const float* mixed, const float* bias,
+XM_KERNEL(gconv_epilogue_f32) void gconv_epilogue_f32(const float* y0, const float* mixed, const float* bias,
                                               const float* res, float* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<float, float>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
-#ifndef XM_NO_FP16
-extern "C" __global__ void gconv_epilogue_f16(const __half* y0, const __half* mixed, const float* bias,
+#ifdef XM_FP16_KERNELS
+XM_KERNEL(gconv_epilogue_f16) void gconv_epilogue_f16(const __half* y0, const __half* mixed, const float* bias,
                                               const __half* res, __half* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<__half, __half>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
-extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half* mixed, const float* bias,
+XM_KERNEL(gconv_epilogue_f16_f32) void gconv_epilogue_f16_f32(const __half* y0, const __half* mixed, const float* bias,
                                                   const __half* res, float* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<__half, float>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
-#endif  // XM_NO_FP16
+#endif  // XM_FP16_KERNELS
 
 // 'SAME' convolution of NHWC float32 x with few input channels (the CNNs' first layer, 3 -> 16, whose
 // 27-wide K leaves the tensor-core kernels idle): direct float32 sums. A block per output row (blockIdx.x
@@ -606,7 +611,7 @@ extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half
 // take (output pixel, 4 output channels) along the row, so consecutive threads store consecutive
 // 16-byte pieces. The sum runs over (ky, kx, c) in order from 0 (taps in the zero padding skipped),
 // then + bias and the ReLU. cout a multiple of 4, out 16-byte aligned.
-extern "C" __global__ void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ weights,
+XM_KERNEL(conv_direct_x4) void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ weights,
                                           const float* __restrict__ bias, float* __restrict__ out, int H, int W,
                                           int C, int kh, int kw, int stride, int Wo, int pad_top, int pad_left,
                                           int cout, int relu) {
@@ -707,7 +712,7 @@ __device__ __forceinline__ void xm_conv_direct_fixed(const float* __restrict__ x
     }
 }
 
-extern "C" __global__ void conv_direct_c3_k3_n16(const float* __restrict__ x, const float* __restrict__ weights,
+XM_KERNEL(conv_direct_c3_k3_n16) void conv_direct_c3_k3_n16(const float* __restrict__ x, const float* __restrict__ weights,
                                                  const float* __restrict__ bias, float* __restrict__ out, int H,
                                                  int W, int Wo, int pad_top, int pad_left, int relu) {
     xm_conv_direct_fixed<3, 3, 16>(x, weights, bias, out, H, W, Wo, pad_top, pad_left, relu);
@@ -715,7 +720,7 @@ extern "C" __global__ void conv_direct_c3_k3_n16(const float* __restrict__ x, co
 
 // im2col for NHWC input with TensorFlow 'SAME' zero padding: cols (N*Ho*Wo, kh*kw*C), rows in NHW
 // order, columns in (ky, kx, c) order (matching a [kh,kw,cin,cout] kernel reshaped to (kh*kw*cin, cout)).
-extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,
+XM_KERNEL(im2col_nhwc) void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,
                                        int N, int H, int W, int C, int kh, int kw, int stride,
                                        int Ho, int Wo, int pad_top, int pad_left) {
     const long long K = (long long)kh * kw * C;
@@ -744,7 +749,7 @@ extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __res
 // Stage-1 unpooling in one pass: out (B, N + E, C) = x (B, N, C) followed by the midpoints
 // (x[u] + x[v]) * 0.5 of the E edges (u, v) (int64 pairs), the array-API code's arithmetic. One
 // block per output row, its threads over the channels.
-extern "C" __global__ void unpool_midpoints(const float* __restrict__ x, const long long* __restrict__ edges,
+XM_KERNEL(unpool_midpoints) void unpool_midpoints(const float* __restrict__ x, const long long* __restrict__ edges,
                                             float* __restrict__ out, int N, int E, int C) {
     const long long row = blockIdx.x;               // b * (N + E) + i
     const int i = (int)(row % (N + E));
@@ -764,7 +769,7 @@ extern "C" __global__ void unpool_midpoints(const float* __restrict__ x, const l
 // Stage-1 graph convolution with support 0 the identity, after y = x [W0 | W1] (rows of width ldy):
 // out[b,i,c] = act((y[b,i,c] + sum_k S1[i,k] y[b,k,off1+c]) + bias[c]), S1 in CSR (int32 indices);
 // with res, then the original's residual step out = (out + res[b,i,c]) * 0.5.
-extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,
+XM_KERNEL(csr_gconv) void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,
                                      const float* __restrict__ data, const float* __restrict__ y,
                                      int ldy, int off1, const float* __restrict__ bias,
                                      const float* __restrict__ res, float* __restrict__ out,
@@ -794,7 +799,7 @@ __device__ __forceinline__ float xm_gconv_end(float y0, float acc, float b, cons
     return res != nullptr ? __fmul_rn(__fadd_rn(v, res[e]), 0.5f) : v;
 }
 
-extern "C" __global__ void csr_gconv_x4(const int* __restrict__ indptr, const int* __restrict__ indices,
+XM_KERNEL(csr_gconv_x4) void csr_gconv_x4(const int* __restrict__ indptr, const int* __restrict__ indices,
                                         const float* __restrict__ data, const float* __restrict__ y,
                                         int ldy, int off1, const float* __restrict__ bias,
                                         const float* __restrict__ res, float* __restrict__ out,
@@ -831,7 +836,7 @@ extern "C" __global__ void csr_gconv_x4(const int* __restrict__ indptr, const in
 // The 43 x 43 mixing and the epilogue in one pass: each thread owns one (b, n, c) column, holds its
 // 43 y1 values in registers and writes the 43 outputs; A1 sits in shared memory (warp-wide broadcast).
 #define XM_HYP 43
-extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const float* __restrict__ a1,
+XM_KERNEL(drb_mix_epilogue) void drb_mix_epilogue(const float* __restrict__ y, const float* __restrict__ a1,
                                             const float* __restrict__ bias, const float* __restrict__ res,
                                             float* __restrict__ out, int B, int N, int cout) {
     __shared__ float a[XM_HYP * XM_HYP];
@@ -910,7 +915,7 @@ __device__ __forceinline__ void xm_row_times(const void* row, int K, int x16, co
 // W (float32, rows of NW) in shared memory.
 #define XM_SKINNY_COLS 8
 #define XM_SKINNY_K 512
-extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, long long ldx, const float* __restrict__ w,
+XM_KERNEL(skinny_gemm16) void skinny_gemm16(const unsigned short* __restrict__ x, long long ldx, const float* __restrict__ w,
                                          float* __restrict__ y, long long M, int K, int NW, int bf16) {
     __shared__ float ws[XM_SKINNY_K * XM_SKINNY_COLS];
     for (int i = threadIdx.x; i < K * NW; i += blockDim.x) ws[i] = w[i];
@@ -954,7 +959,7 @@ __device__ __forceinline__ void xm_softmax_move(const float* s, long long stride
 
 // End of a deformation reasoning block: w = softmax over the K hypotheses of score[b,:,n];
 // new[b,n,:] = centers[b,n,:] + sum_k w_k offsets[k,:]. One thread per (b, n).
-extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,
+XM_KERNEL(hypothesis_softmax_update) void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,
                                                      const float* __restrict__ centers, float* __restrict__ out,
                                                      int B, int K, int N) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1017,7 +1022,7 @@ __device__ __forceinline__ void xm_score_move(float y0, int v, int k, bool activ
     __syncthreads();
     if (active && k == 0) xm_weighted_move([&](int j) { return score[v][j]; }, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
 }
-extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
+XM_KERNEL(drb_score_update) void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     const void* __restrict__ x, long long ldx, int cin, int x16, const float* __restrict__ w,
     const float* __restrict__ a1, const float* __restrict__ bias, const float* __restrict__ offsets,
     const float* __restrict__ centers, float* __restrict__ out, int B, int N) {
@@ -1049,7 +1054,7 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
 // hypothesis row's two products (y0, y1) of x5 with the score layer's W in `parts` planes of rows
 // (B, 43, N) float2, part_stride float2s apart (the sums over column groups of x5, added here in order):
 // the scores, the softmax and the moved vertices as drb_score_update makes them from there.
-extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
+XM_KERNEL(drb_score_finish) void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
     const float2* __restrict__ rows, int parts, long long part_stride, const float* __restrict__ a1,
     const float* __restrict__ bias, const float* __restrict__ offsets, const float* __restrict__ centers,
     float* __restrict__ out, int B, int N) {

@@ -17,6 +17,7 @@
 //
 // The block index runs over N tiles fastest, so the blocks that share a slice of A run together
 // and read it from L2.
+#include "kernel_select.cuh"
 
 #define XG_BM 128
 #ifndef XG_BK
@@ -289,7 +290,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
     const int k_begin = (int)blockIdx.y * k_chunk, k_len = min(K - k_begin, k_chunk);
 
 #define XG_KERNEL(NAME, BN, WARPS_M, PASSES, VEC)                                                         \
-    extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
+    XM_KERNEL(NAME) void __launch_bounds__(XG_THREADS) NAME(                                               \
         const float* A, long lda, const float* B, long ldb, float* C, long ldc, int M, int N, int K,     \
         const float* bias, int relu, int k_chunk, long split_stride) {                                   \
         XG_TILE_ORIGIN(BN)                                                                                \
@@ -301,7 +302,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
 // Implicit-GEMM 'SAME' convolution: out (M = images * Ho * Wo rows, N = Cout) = act(im2col(x) W + bias)
 // with W the (kh * kw * C, Cout) weight; C must be a multiple of XG_BK, W's rows 16-byte aligned.
 #define XG_CONV_KERNEL(NAME, BN, WARPS_M, PASSES)                                                         \
-    extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
+    XM_KERNEL(NAME) void __launch_bounds__(XG_THREADS) NAME(                                               \
         const float* x, int H, int W, int C, int kw, int stride, int Ho, int Wo, int pad_top, int pad_left,  \
         const float* B, long ldb, float* out, long ldc, int M, int N, int K, const float* bias, int relu,    \
         int k_chunk, long split_stride) {                                                                 \
@@ -312,7 +313,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
                                            ldc, M, N, k_len, m0, n0, bias, relu);                         \
     }
 
-extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, int splits, long split_stride,
+XM_KERNEL(gemm_splitk_reduce) void gemm_splitk_reduce(const float* __restrict__ parts, int splits, long split_stride,
                                               int M, int N, float* __restrict__ C, long ldc,
                                               const float* __restrict__ bias, int relu) {
     const long long total = (long long)M * N;
@@ -328,19 +329,27 @@ extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, i
 }
 
 // Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>, conv_<passes>x_n<BN>
-#define XG_VARIANTS(PASSES)                                        \
-    XG_KERNEL(gemm_##PASSES##x_n128_v, 128, 2, PASSES, true)       \
-    XG_KERNEL(gemm_##PASSES##x_n128_s, 128, 2, PASSES, false)      \
-    XG_KERNEL(gemm_##PASSES##x_n64_v, 64, 4, PASSES, true)         \
-    XG_KERNEL(gemm_##PASSES##x_n64_s, 64, 4, PASSES, false)        \
-    XG_KERNEL(gemm_##PASSES##x_n32_v, 32, 8, PASSES, true)         \
-    XG_KERNEL(gemm_##PASSES##x_n32_s, 32, 8, PASSES, false)        \
-    XG_KERNEL(gemm_##PASSES##x_n16_v, 16, 8, PASSES, true)         \
-    XG_KERNEL(gemm_##PASSES##x_n16_s, 16, 8, PASSES, false)        \
-    XG_CONV_KERNEL(conv_##PASSES##x_n128, 128, 2, PASSES)          \
-    XG_CONV_KERNEL(conv_##PASSES##x_n64, 64, 4, PASSES)            \
-    XG_CONV_KERNEL(conv_##PASSES##x_n32, 32, 8, PASSES)            \
-    XG_CONV_KERNEL(conv_##PASSES##x_n16, 16, 8, PASSES)
-
-XG_VARIANTS(3)
-XG_VARIANTS(1)
+XG_KERNEL(gemm_3x_n128_v, 128, 2, 3, true)
+XG_KERNEL(gemm_3x_n128_s, 128, 2, 3, false)
+XG_KERNEL(gemm_3x_n64_v, 64, 4, 3, true)
+XG_KERNEL(gemm_3x_n64_s, 64, 4, 3, false)
+XG_KERNEL(gemm_3x_n32_v, 32, 8, 3, true)
+XG_KERNEL(gemm_3x_n32_s, 32, 8, 3, false)
+XG_KERNEL(gemm_3x_n16_v, 16, 8, 3, true)
+XG_KERNEL(gemm_3x_n16_s, 16, 8, 3, false)
+XG_CONV_KERNEL(conv_3x_n128, 128, 2, 3)
+XG_CONV_KERNEL(conv_3x_n64, 64, 4, 3)
+XG_CONV_KERNEL(conv_3x_n32, 32, 8, 3)
+XG_CONV_KERNEL(conv_3x_n16, 16, 8, 3)
+XG_KERNEL(gemm_1x_n128_v, 128, 2, 1, true)
+XG_KERNEL(gemm_1x_n128_s, 128, 2, 1, false)
+XG_KERNEL(gemm_1x_n64_v, 64, 4, 1, true)
+XG_KERNEL(gemm_1x_n64_s, 64, 4, 1, false)
+XG_KERNEL(gemm_1x_n32_v, 32, 8, 1, true)
+XG_KERNEL(gemm_1x_n32_s, 32, 8, 1, false)
+XG_KERNEL(gemm_1x_n16_v, 16, 8, 1, true)
+XG_KERNEL(gemm_1x_n16_s, 16, 8, 1, false)
+XG_CONV_KERNEL(conv_1x_n128, 128, 2, 1)
+XG_CONV_KERNEL(conv_1x_n64, 64, 4, 1)
+XG_CONV_KERNEL(conv_1x_n32, 32, 8, 1)
+XG_CONV_KERNEL(conv_1x_n16, 16, 8, 1)

@@ -33,6 +33,7 @@
 // Shared memory (128-byte swizzled rows of 64 16-bit elements, as wgmma_gemm.cu's B): W0 and W1 as
 // (CT columns x 64 K) buffers, 192 x 192 / CT K of each; the X ring (two 192-row buffers, each holding
 // two 32-column slices side by side) and the Z ring (one buffer, two slices).
+#include "kernel_select.cuh"
 #include "drb16_tile.cuh"
 
 #define ZL_W_ROWS 576                     // CT x (K rows held): 192 x 192, or 96 x 384 (W0 and W1 each)
@@ -223,7 +224,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
 }
 
 #define ZL_KERNEL(NAME, OPS, CT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                      \
+    XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                            \
         const unsigned short* X, long ldx, int cin, const unsigned short* B, long ldbt, const float* bias,  \
         const unsigned short* res, unsigned short* out, int N, int tiles) {                             \
         zl_layer<OPS, CT>(X, ldx, cin, B, ldbt, bias, res, out, N, tiles);                               \

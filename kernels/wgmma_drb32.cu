@@ -40,6 +40,7 @@
 // PERFORMANCE.md, session 13, has the figures): every column group's block makes the whole Z of its
 // vertex tile again (4x the mixing for CT = 48, 8x for 24), and the producers' instructions per slice
 // (Z, copies) take longer than the slice's MMAs, which wait at Y_READY most of the time.
+#include "kernel_select.cuh"
 #include "wgmma_common.cuh"
 
 #ifndef WG_MIX_SPARSE
@@ -356,7 +357,7 @@ __device__ __forceinline__ void y_layer(const float* __restrict__ X, long ldx, i
 }
 
 #define Y_KERNEL(NAME, OPS, CT)                                                                          \
-    extern "C" __global__ void __launch_bounds__(Y_THREADS, 1) NAME(                                       \
+    XM_KERNEL(NAME) void __launch_bounds__(Y_THREADS, 1) NAME(                                             \
         const float* X, long ldx, int cin, const float* Wbig, const float* Wsmall, long ldbt,               \
         const float* bias, const float* res, float* out, int N, int tiles) {                             \
         y_layer<OPS, CT>(X, ldx, cin, Wbig, Wsmall, ldbt, bias, res, out, N, tiles);                     \

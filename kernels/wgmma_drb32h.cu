@@ -47,6 +47,7 @@
 // Shared memory: three X and two Z slots of 192 rows x 128 bytes (rows 172-191 are read by the third
 // warpgroup's MMAs, whose results there are never stored), four W slots of 4 x 6 KB, the transaction
 // barriers (X slots, W slots).
+#include "kernel_select.cuh"
 #include "drb16_tile.cuh"
 
 #define H_BK 32                                   // X columns per K slice
@@ -322,7 +323,7 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
 
 // xmap: the tensor map of the layer's float32 input X (hopper_gemm.drb_hlayer32); W: the stream of
 // prepare_halves; scale (192,): 2^-s of each output column's power-of-two scale.
-extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
+XM_KERNEL(wg_drb_hlayer32) void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
     const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W,
     const float* scale, const float* bias, const float* res, float* out, int N, int tiles) {
     h_layer<false>(xmap, cin, W, scale, bias, res, out, nullptr, nullptr, 0, N, tiles);
@@ -333,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
 // columns (score_w: the score layer's float32 W, 192 x 2, rows [w0 w1]) go to rows_out[g * part_stride +
 // (b, i, n)] as a float2, float32 sums (each thread's 24 columns in order by fmaf, then the quad's four
 // partial sums); drb_score_finish adds the two groups' in order.
-extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32_score(
+XM_KERNEL(wg_drb_hlayer32_score) void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32_score(
     const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W, const float* scale,
     const float* bias, const float* res, const float* score_w, float2* rows_out, long part_stride, int N, int tiles) {
     h_layer<true>(xmap, cin, W, scale, bias, res, nullptr, score_w, rows_out, part_stride, N, tiles);

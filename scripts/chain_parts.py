@@ -58,6 +58,6 @@ x1 = hg.narrow16(cp, cp.maximum(cp.asarray(rng.standard_normal((b, 43, 2466, 192
 for rnd in range(2):
     line = []
     for v in variants:
-        cur["v"] = v; h._kernels.clear(); ck._arch_module.cache_clear()
+        cur["v"] = v; h._kernels.clear(); ck.forget_loaded()
         line.append(f"{v} {median_us(lambda: h.drb_chain16(x1, chain, mixing)) / b:.1f}")
     print(f"round {rnd} (us/sample, b={b}): " + ", ".join(line), flush=True)

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, InputError, KernelCompileError, XmeshError
 from .base import Backend, Branch
-from . import hopper_gemm
+from . import cuda_kernels, hopper_gemm, kernel_manifest
 from .cuda_kernels import get_function, require_cupy
 from .cudnn_conv import CudnnConv, CudnnError
 from .derived_cache import DerivedCache
@@ -232,6 +232,7 @@ class CupyBackend(Backend):
         self.tiled_graph_projection = True
         self._options = ("-std=c++17",)
         with self.device:
+            self._prepare_kernels()
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
             self.hopper = self._hopper_gemm()
             self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)   # its handle on this device
@@ -241,6 +242,16 @@ class CupyBackend(Backend):
                 f"this GPU has compute capability {cc[:-1]}.{cc[-1]}"
             raise InputError(f"precision='bf16' runs in xmesh's Hopper kernel, which needs a GPU of compute "
                              f"capability 9.0 (H100, H200), and {why}: use precision='fp16' or 'tf32' here")
+
+    def _prepare_kernels(self):
+        """Start building the kernels this mode's reconstructions run on this GPU, all at once in background
+        threads (kernel_manifest); each kernel waits for its build where it is first used, and a build that
+        failed raises there (where the Hopper kernels fall back)."""
+        hopper = os.environ.get("XMESH_HOPPER_GEMM", "1") != "0" and hopper_gemm.supported(self.device)
+        try:
+            cuda_kernels.prepare(kernel_manifest.planned_builds(self.precision, hopper), wait=False)
+        except KernelCompileError:
+            pass
 
     def _hopper_gemm(self):
         """The wgmma GEMM on compute capability 9.0 (unless XMESH_HOPPER_GEMM=0), else None."""
@@ -864,7 +875,18 @@ class CupyBackend(Backend):
     def _mixing_source(self, cheb1) -> str:
         """hopper_gemm.mixing_source of a support (read to the host once per array: the template's
         supports live as long as the model, so this happens in the first, eager call)."""
-        return self._derived.get((cheb1,), "mixing", lambda: hopper_gemm.mixing_source(self.to_numpy(cheb1)))
+        return self._derived.get((cheb1,), "mixing", lambda: self._prepare_mixing(hopper_gemm.mixing_source(self.to_numpy(cheb1))))
+
+    def _prepare_mixing(self, mixing: str) -> str:
+        """Start building this mode's Hopper deformation kernels for a support's ``mixing`` source, all at
+        once in background threads (kernel_manifest)."""
+        if self.hopper is None:
+            return mixing
+        try:
+            cuda_kernels.prepare(kernel_manifest.planned_mixing_builds(self.precision, mixing), wait=False)
+        except KernelCompileError:
+            pass   # tried again, and reported, where a kernel is first used
+        return mixing
 
     def op_score_update(self, layer, x, cheb1, cheb0, centers, offsets):
         """A deformation block's narrow last layer (cin -> 1), the softmax over hypotheses and the moved

@@ -514,9 +514,11 @@ class HopperGemm:
         if w.ndim != 2 or w.shape[1] != 2 * Z_COUT or not 0 < w.shape[0]:
             raise ValueError(f"prepare_halves: needs a (k, {2 * Z_COUT}) [W0 | W1], got {w.shape}")
         k = w.shape[0]
-        if not bool(cp.isfinite(w).all()):
-            raise ValueError("prepare_halves: the weight has non-finite entries")
         largest = cp.maximum(cp.abs(w[:, :Z_COUT]).max(axis=0), cp.abs(w[:, Z_COUT:]).max(axis=0))
+        # a NaN or infinity anywhere in w makes its column's largest magnitude one (192 values read back
+        # here, instead of a whole-array reduction, whose CUB kernels cost seconds to compile on first use)
+        if not np.isfinite(cp.asnumpy(largest)).all():
+            raise ValueError("prepare_halves: the weight has non-finite entries")
         _, exponent = cp.frexp(largest)   # largest = m 2^exponent, m in [0.5, 1)
         shift = cp.where(largest > 0, H_W_EXPONENT + 1 - exponent, 0).astype(cp.int32)
         scaled = cp.ldexp(w, cp.concatenate([shift, shift])[None, :])
