@@ -215,3 +215,19 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_result(data, t
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
     assert _outputs(out) == expected
     assert not list((out / "predict").glob(".*"))  # no temporary file left behind
+
+
+def test_resume_rewrites_missing_or_empty_mesh_files_without_repeating_rows(data, tmp_path):
+    out = tmp_path / "out"
+    toy = ToyReconstructor()
+    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4, workers=1,
+                     progress=False, save_meshes=True)
+    rows, files = _outputs(out)
+    stems = [i[: -len(".dat")] for i in data["ids"]]
+    (out / "predict" / f"{stems[1]}_predict.obj").unlink()
+    (out / "predict" / f"{stems[7]}_predict.xyz").write_text("")  # renamed into place, data lost
+    (out / "predict" / f".{stems[2]}_predict.xyz.123.tmp").write_text("half")  # a killed writer's temporary
+    summary = evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4,
+                               workers=1, progress=False, save_meshes=True)
+    assert summary["run"]["evaluated"] == 2 and summary["run"]["skipped"] == 10
+    assert _outputs(out) == (rows, files)

@@ -49,10 +49,12 @@ TAU, TWO_TAU = 1e-4, 2e-4  # the paper's F-score columns
 GPU_BATCH = 64  # the default batch size on the GPU: within 5% of the best samples/s on an H100
 
 
-def format_rows(result: BatchResult) -> str:
-    """The CSV lines of a scored batch."""
+def format_rows(result: BatchResult, skip: set | frozenset = frozenset()) -> str:
+    """The CSV lines of a scored batch, less those of samples in ``skip`` (already in the CSV)."""
     lines = []
     for b, sample in enumerate(result.samples):
+        if str(sample) in skip:
+            continue
         values = [str(sample), sample.synset, f"{result.ms:.3f}", repr(float(result.scores["chamfer"][b])),
                   *(repr(float(f)) for f in result.scores["fscore"][b])]
         lines.append(",".join(values) + "\n")
@@ -199,11 +201,12 @@ def _check_options(batch_size, workers, metric_backend, limit) -> None:
         raise InputError(f"limit={limit!r}: expected a whole number >= 1, or None for the whole list")
 
 
-def choose_settings(gpu: bool, batch_size=None, workers=None) -> dict:
-    """The batch size and process counts a run uses: given values, else the GPU's or the CPU's defaults."""
-    loaders = default_workers(gpu) if workers is None else int(workers)
+def choose_settings(gpu: bool, batch_size=None, workers=None, save_meshes: bool = False) -> dict:
+    """The batch size and process counts a run uses: given values, else the GPU's or the CPU's
+    defaults. ``writers`` (mesh writer processes) is as many as the loaders, 0 without meshes."""
+    loaders = default_workers(gpu, save_meshes) if workers is None else int(workers)
     return {"batch_size": int(batch_size) if batch_size is not None else (GPU_BATCH if gpu else 1),
-            "workers": loaders, "writers": max(1, loaders)}
+            "workers": loaders, "writers": max(1, loaders) if save_meshes else 0}
 
 
 def _batches(items: list, size: int) -> list[list]:
@@ -246,7 +249,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
                     raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
                                      "coordinates; check the weights (and --precision) used")
             futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
-            finisher.put(result, futures, predict_dir)
+            finisher.put(result, futures)
 
         try:
             timing = run_batches(reconstructor, _batches(todo, settings["batch_size"]), on_batch,
@@ -259,7 +262,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
             finally:
                 if writer is not None:
                     writer.close()
-    timing.write = finisher.busy_s + finisher.mesh_s / settings["writers"]
+    timing.write = finisher.busy_s + finisher.mesh_s / max(1, settings["writers"])
     return {"evaluated": len(todo), "seconds": timing.wall,
             "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
             "timing": timing.as_dict()}
@@ -278,7 +281,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     seconds, samples_per_s, the settings, and ``timing``: seconds per stage).
     """
     _check_options(batch_size, workers, metric_backend, limit)
-    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers)
+    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers, save_meshes)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -287,12 +290,14 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     csv_path = out_dir / CSV_NAME
     repaired = repair_csv(csv_path)
     done_ids = {row["id"] for row in read_csv(csv_path)} if csv_path.exists() else set()
-    todo = [(s, p) for s, p in items if str(s) not in done_ids]
-    for sample, paths in todo:  # fail before any compute when a file is missing
-        check_sample(sample, paths)
     predict_dir = out_dir / PREDICT_FOLDER if save_meshes else None
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)
+    # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
+    todo = [(s, p) for s, p in items if str(s) not in done_ids
+            or (predict_dir is not None and not _have_files(predict_dir, s, ("xyz", "obj")))]
+    for sample, paths in todo:  # fail before any compute when a file is missing
+        check_sample(sample, paths)
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": repaired,
                 "seconds": 0.0, "samples_per_s": 0.0, **settings, "save_meshes": bool(save_meshes)}
@@ -300,7 +305,8 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         appender = CsvAppender(csv_path)
         try:
             run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
-                                 lambda result: appender.write(format_rows(result)), progress, "xmesh eval",
+                                 lambda result: appender.write(format_rows(result, skip=done_ids)), progress,
+                                 "xmesh eval",
                                  views, True, metric_backend, loader_pool=loader_pool))
         finally:
             appender.close()
@@ -322,6 +328,18 @@ def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path
     return [Path(out_dir) / f"{stem}{FORMATS[f]}" for f in formats]
 
 
+def _have_files(folder: Path, sample, formats) -> bool:
+    """Whether every mesh file of ``sample`` is there and not empty (a power cut can leave a renamed
+    file whose data never reached the disk; a killed process cannot)."""
+    for path in prediction_files(folder, sample, formats):
+        try:
+            if path.stat().st_size == 0:
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
                         workers: int | None = None, limit: int | None = None, progress: bool = True,
                         views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = ("xyz", "obj"),
@@ -333,14 +351,14 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
-    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers)
+    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers, save_meshes=True)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
     out_dir = _prepare_out(out_dir)
     remove_stray_temporaries(out_dir)
     items = [(s, sample_paths(s, images_root, out_dir, views)) for s in samples]
-    todo = [(s, p) for s, p in items if not all(f.is_file() for f in prediction_files(out_dir, s, formats))]
+    todo = [(s, p) for s, p in items if not _have_files(out_dir, s, formats)]
     for sample, paths in todo:
         check_inputs(sample, paths)
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}

@@ -38,7 +38,7 @@ def run(args) -> int:
     from ..evaluate import choose_settings
     from ..pipeline.loading import start_pool
 
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
+    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
         return _run_with_pool(args, chosen, pool)
@@ -53,7 +53,7 @@ def _run_with_pool(args, chosen, pool) -> int:
     said = describe_weights(args.weights)
     model = reconstructor_from_args(args)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
-          f"{chosen['workers']} loader and {chosen['writers'] if args.save_meshes else 0} mesh writer process(es)",
+          f"{chosen['workers']} loader and {chosen['writers']} mesh writer process(es)",
           file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,

@@ -95,7 +95,7 @@ def run_list(args) -> int:
         raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
+    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
         return _run_with_pool(args, chosen, pool)

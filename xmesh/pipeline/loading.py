@@ -115,13 +115,19 @@ def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> 
     return pool
 
 
-def default_workers(gpu: bool) -> int:
-    """Loader processes: on the GPU enough to decode ~1,000 samples/s (about 2 ms of one core each),
-    leaving cores for the main loop and the mesh writers; on the CPU one, as the network bounds it."""
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+
+
+def default_workers(gpu: bool, writers: bool = False) -> int:
+    """Loader processes. On the GPU: all cores but three (the loop, its helper threads, the GPU's
+    driver thread), at most 12, as a sample costs 4-6 ms of a core to decode and the network takes
+    one in about 1 ms; half of that when mesh writers need the other half. On the CPU one: the
+    network bounds the run there."""
     if not gpu:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(2, min(8, (cores - 2) // 2))
+    spare = usable_cores() - 3
+    return max(2, min(6 if writers else 12, spare // 2 if writers else spare))
 
 
 class BatchLoader:
