@@ -203,10 +203,13 @@ def _check_options(batch_size, workers, metric_backend, limit) -> None:
 
 def choose_settings(gpu: bool, batch_size=None, workers=None, save_meshes: bool = False) -> dict:
     """The batch size and process counts a run uses: given values, else the GPU's or the CPU's
-    defaults. ``writers`` (mesh writer processes) is as many as the loaders, 0 without meshes."""
-    loaders = default_workers(gpu, save_meshes) if workers is None else int(workers)
+    defaults (:func:`xmesh.pipeline.loading.default_workers`). ``workers`` given sets the loaders and,
+    with meshes, as many writers."""
+    loaders, writers = default_workers(gpu, save_meshes)
+    if workers is not None:
+        loaders, writers = int(workers), (max(1, int(workers)) if save_meshes else 0)
     return {"batch_size": int(batch_size) if batch_size is not None else (GPU_BATCH if gpu else 1),
-            "workers": loaders, "writers": max(1, loaders) if save_meshes else 0}
+            "workers": loaders, "writers": writers}
 
 
 def _batches(items: list, size: int) -> list[list]:
