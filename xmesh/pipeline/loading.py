@@ -121,15 +121,15 @@ def usable_cores() -> int:
 
 def default_workers(gpu: bool, writers: bool = False) -> tuple[int, int]:
     """(loader, mesh writer) processes. On the GPU the cores but three (the loop, its helper threads,
-    the driver's), at most 12 loaders: a sample costs 4-5 ms of a core to decode and 8-10 ms to
-    write as text, while the network takes one in about 1 ms, so with meshes a third of them load
-    and the rest write. On the CPU one of each: the network bounds the run there."""
+    the driver's), at most 12 loaders: on an H100 machine's cores a sample costs 4-6 ms to decode
+    and about as much to write as text, while the network takes one in about 1 ms, so with meshes
+    half of them load and the rest write. On the CPU one of each: the network bounds the run there."""
     if not gpu:
         return 1, 1 if writers else 0
     spare = max(3, usable_cores() - 3)
     if not writers:
         return min(12, spare), 0
-    loaders = max(2, spare // 3)
+    loaders = max(2, spare // 2)
     return loaders, max(1, spare - loaders)
 
 

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..io.exact_text import savetxt_text
 from .loading import start_pool
 
 XYZ_SUFFIX = "_predict.xyz"
@@ -35,8 +36,9 @@ def prediction_stem(sample) -> str:
 
 
 def xyz_text(vertices: np.ndarray) -> str:
-    """The vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a line)."""
-    return ("%.18e %.18e %.18e\n" * len(vertices)) % tuple(np.asarray(vertices).ravel().tolist())
+    """The float32 vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a
+    line), formatted by compiled code (:mod:`xmesh.io.exact_text`)."""
+    return savetxt_text(vertices)
 
 
 def faces_text(faces: np.ndarray) -> str:
@@ -69,6 +71,7 @@ def _init_writer(faces: np.ndarray) -> None:
     global _faces, _faces_lines
     _faces = faces
     _faces_lines = faces_text(faces)
+    savetxt_text(np.zeros((1, 3), dtype=np.float32))  # compile (or load from numba's cache) once, now
 
 
 def _replace_file(path: Path, text: str) -> None:
