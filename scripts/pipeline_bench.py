@@ -108,18 +108,16 @@ def main() -> None:
     common = ["--images", str(work), "--gt", str(work / "gt"), "--list", str(lst), "--weights", "synthetic:1",
               "--backend", args.backend, "--no-progress"]
     table = []
-    for precision in args.precisions:  # first use compiles the pipeline's kernels: keep that out of the figures
+    for precision in args.precisions:  # first use compiles (GPU kernels, numba): keep that out of the figures
         run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(work / "warmup"),
-             "--limit", str(2 * args.batch_size)], out / f"warmup_{precision}.txt")
+             "--limit", str(2 * args.batch_size), "--save-meshes"], out / f"warmup_{precision}.txt")
         shutil.rmtree(work / "warmup", ignore_errors=True)
     for k, precision in enumerate(args.precisions):
         text = run([py, "-m", "xmesh", "bench", "--backend", args.backend, "--precision", precision, "--batch-sizes",
                     str(args.batch_size), "--repeat", "5", "--stages", "total", "--json"], out / f"bench_{precision}.txt")
         bench = bench_rate(text)
         table.append((f"xmesh bench {precision} b={args.batch_size}", bench, None, ""))
-        runs = [("eval", [])]
-        if k == 0:
-            runs.append(("eval --save-meshes", ["--save-meshes"]))
+        runs = [("eval", []), ("eval --save-meshes", ["--save-meshes"])]
         for name, extra in runs:
             res = work / f"res_{precision}_{len(extra)}"
             shutil.rmtree(res, ignore_errors=True)
