@@ -281,7 +281,9 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     Returns the summary dict (also written to summary.json): ``samples``, ``categories`` {synset:
     {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``,
     ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
-    seconds, samples_per_s, the settings, and ``timing``: seconds per stage).
+    seconds, samples_per_s, the settings, and ``timing``: seconds per stage). ``loader_pool``: an
+    executor from :func:`xmesh.pipeline.loading.start_pool`, started before the model was built so
+    that its start-up overlaps the model's (the command line does this).
     """
     _check_options(batch_size, workers, metric_backend, limit)
     settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers, save_meshes)
