@@ -22,9 +22,7 @@
 #ifndef XG_BK
 #define XG_BK 16
 #endif
-#ifndef XG_STAGES
 #define XG_STAGES 3
-#endif
 #define XG_THREADS 256
 #define XG_A_STRIDE (XG_BK + 4)   // 20 or 36 floats: fragment loads hit 32 distinct banks
 
@@ -47,25 +45,14 @@ __device__ __forceinline__ void xg_wait_stages() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(XG_STAGES - 2));
 }
 
-__device__ __forceinline__ unsigned xg_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
 // big = x rounded to TF32 (10 mantissa bits, to nearest by adding half a unit of the 13 dropped
 // bits); small = x - big, exact in float32, whose low bits the tensor core ignores (a truncation of
 // ~2^-11 of small, i.e. ~2^-22 of x). Integer arithmetic instead of cvt.rna.tf32 keeps it to two
 // instructions for big and one for small.
 template <int PASSES>
 __device__ __forceinline__ void xg_split(float x, unsigned& big, unsigned& small) {
-#ifdef XG_CVT_SPLIT
-    big = xg_tf32(x);
-    if (PASSES == 3) small = xg_tf32(x - __uint_as_float(big));
-#else
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     if (PASSES == 3) small = __float_as_uint(x - __uint_as_float(big));
-#endif
 }
 
 __device__ __forceinline__ void xg_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {

@@ -1,3 +1,7 @@
+// REFERENCE KERNEL: no precision mode runs it. It is the 16-bit chain's (wgmma_drb16_chain.cu)
+// bit-exact one-layer reference, launched by tests/drb16_reference.py: five of its layers must give
+// the chain's x5 bit for bit. It stays a compiled kernel so that the comparison is exact.
+//
 // A layer of a deformation reasoning block in the 16-bit modes ("fp16", "bf16") on Hopper
 // (sm_90a), with X, the residual and the output in the mode's 16 bits, and the 43 x 43 mixing moved
 // from the product's output to its input:

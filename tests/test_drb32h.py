@@ -13,9 +13,71 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
-from test_drb32_zlayer import assert_float32_accurate, layer_case, padded_rows, run_on_poisoned_memory
+from test_tc_gemm import drb_reference, rel_error, template_support_mask
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
+
+
+def padded_rows(cp, x):
+    """x (B, 43, N, cin) as a view of rows padded to a multiple of 4 floats (16 bytes), the padding NaN:
+    as the local projection hands a block's first layer its 339 features in rows of 340."""
+    cin = x.shape[-1]
+    full = cp.full(x.shape[:-1] + (-(-cin // 4) * 4,), np.nan, dtype=cp.float32)
+    full[..., :cin] = cp.asarray(x)
+    return full[..., :cin]
+
+
+def layer_case(rng, b, n, cin, with_residual):
+    a1 = ((rng.standard_normal((43, 43)) / 3) * template_support_mask()).astype(np.float32)
+    x = rng.standard_normal((b, 43, n, cin)).astype(np.float32)
+    w = (rng.standard_normal((cin, 384)) / np.sqrt(2 * cin)).astype(np.float32)
+    bias = (rng.standard_normal(192) * 0.1).astype(np.float32)
+    res = rng.standard_normal((b, 43, n, 192)).astype(np.float32) if with_residual else None
+    return a1, x, w, bias, res
+
+
+def float32_layer(x, w, a1, bias, res):
+    """The layer in float32 arithmetic (NumPy, output-side mixing), for the accuracy float32 itself has."""
+    y = x @ w
+    out = np.maximum(y[..., :192] + np.einsum("ij,bjnc->binc", a1, y[..., 192:]) + bias, 0)
+    return out if res is None else out + res
+
+
+def magnitudes(x, w, a1, bias):
+    """sum |terms| of each output element: |X| |W0| + (|A1| |X|) |W1| + |b| (float64)."""
+    ax = np.abs(x.astype(np.float64))
+    mixed = np.einsum("ij,bjnc->binc", np.abs(a1.astype(np.float64)), ax)
+    aw = np.abs(w.astype(np.float64))
+    return ax @ aw[:, :192] + mixed @ aw[:, 192:] + np.abs(bias)
+
+
+def run_on_poisoned_memory(cp, layer, a1, x, bias, res):
+    """``layer(X, bias, residual, mixing_source(a1))`` with X on the device (rows padded to 16 bytes
+    where cin % 4) and the output's memory poisoned (NaN) first; checks that the output is float32
+    (B, 43, N, 192), finite (every element written) and mostly nonzero; returns it on the host."""
+    from xmesh.backends.hopper_gemm import mixing_source
+
+    b, _, n, cin = x.shape
+    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    del poison
+    x_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x)
+    out = layer(x_dev, cp.asarray(bias), None if res is None else cp.asarray(res), mixing_source(a1))
+    assert out.dtype == cp.float32 and out.shape == (b, 43, n, 192)
+    got = out.get()
+    assert np.isfinite(got).all() and (got != 0).mean() > 0.4
+    return got
+
+
+def assert_float32_accurate(got, x, w, a1, bias, res):
+    """A float32-accurate layer: within 4x float32 arithmetic's error against float64 over the whole
+    output, and every element within a float32 accumulation bound of its terms' magnitudes (which a
+    misplaced row or column breaks)."""
+    ref = drb_reference(x, w, a1, bias, res)
+    err, f32 = rel_error(got, ref), rel_error(float32_layer(x, w, a1, bias, res), ref)
+    assert err <= 4 * f32 + 1e-7, (err, f32)
+    bound = (2 * x.shape[-1] + 64) * 2.0 ** -23 * (magnitudes(x, w, a1, bias) + (0 if res is None else np.abs(res)))
+    excess = np.abs(got - ref) / bound
+    assert excess.max() <= 1.0, (excess.max(), np.unravel_index(excess.argmax(), excess.shape))
 
 
 @pytest.mark.parametrize("b,n,cin,with_residual", [

@@ -21,7 +21,6 @@ def definitions(source: str, name: str) -> int:
     ("wgmma_gemm.cu", ["wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
-    ("wgmma_drb32.cu", ["wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("p2m_ops.cu", ["bits16.cuh"]),
 ])
@@ -51,23 +50,6 @@ def test_a_missing_header_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_kernels, "kernel_path", lambda name: tmp_path / name)
     with pytest.raises(MissingFileError, match="gone.cuh"):
         kernel_source("main.cu")
-
-
-def test_tf32_input_side_layer_fits_shared_memory():
-    """The TF32 modes' input-side layer (wgmma_drb32.cu): the column groups hopper_gemm picks keep W0 and
-    W1 (both TF32 parts in 3xTF32) within Y_W_BYTES, the kernels exist for them, and a block's shared
-    memory stays within an H100/H200 block's opt-in limit (227 KB)."""
-    from xmesh.backends import hopper_gemm as hg
-
-    source = kernel_source(hg.Y_SOURCE)
-    assert hg.Y_SMEM <= 227 * 1024
-    for operands, parts, part in (("3xtf32", 2, "3x"), ("tf32", 1, "1x")):
-        widths = [hg.HopperGemm.zlayer32_columns(cin, operands) for cin in (64, 192, 193, 339, 384)]
-        assert widths == ([48, 48, 24, 24, 24] if parts == 2 else [96, 96, 48, 48, 48])
-        for cin, ct in zip((64, 192, 193, 339, 384), widths):
-            assert 2 * parts * -(-cin // 32) * ct * 128 <= hg.Y_W_BYTES and 192 % ct == 0
-            assert f"wg_drb_zlayer32_{part}_n{ct}," in source
-        assert hg.HopperGemm.zlayer32_columns(385, operands) is None
 
 
 def macro(source: str, name: str) -> int:

@@ -211,9 +211,6 @@ class CupyBackend(Backend):
         self._derived = DerivedCache()
         self._branch_stream = None
         self.uploader = PinnedUploader(cupy)
-        #: the 16-bit modes run a deformation block's five wide layers as one kernel on compute
-        #: capability 9.0 (op_drb_block_layers); False runs them one by one (for comparisons)
-        self.chain_drb_layers = True
         #: the block's score layer's products run in the last wide layer's epilogue where that layer is
         #: the chain's (op_drb_block_tail) or drb_hlayer32 (op_drb_last_layer_score); False writes x5 and
         #: runs the score layer on its own (for comparisons)
@@ -225,9 +222,6 @@ class CupyBackend(Backend):
         # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
         # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
         self.gemm_passes = 3 if precision == "fp32" else 1
-        #: in those speed modes the large stride-1 convolutions run in cuDNN where it is installed
-        #: (cudnn_conv.py: TF32 products, as the backend's own kernels there); False keeps them in ours
-        self.cudnn_convs = True
         #: stage 1's projection a block per few points (graph_projection_tiled); False: a thread per channel
         self.tiled_graph_projection = True
         self._options = ("-std=c++17",)
@@ -470,7 +464,7 @@ class CupyBackend(Backend):
         k = kh * kw * cin
         flat_w = weight.reshape(k, cout)
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
-        if self._cudnn is not None and self.cudnn_convs and relu and bias is not None \
+        if self._cudnn is not None and relu and bias is not None \
                 and CudnnConv.applies(x.shape, weight.shape, stride):
             try:
                 self._cudnn.conv2d_same_relu(x, weight, bias, out)
@@ -703,7 +697,7 @@ class CupyBackend(Backend):
         with a non-identity first support, other widths, or an X it does not take."""
         operands = LAYER_OPERANDS[self.precision]
         z = hopper_gemm.Z_COUT
-        if (self.hopper is None or not self.chain_drb_layers or hopper_gemm.OPERANDS[operands][2]
+        if (self.hopper is None or hopper_gemm.OPERANDS[operands][2]
                 or cheb0 is not None or len(layers) != hopper_gemm.C_HIDDEN + 1
                 or any(layer.weight0 is not None for layer in layers)
                 or layers[0].weight.shape != (x.shape[-1], 2 * z) or not 0 < x.shape[-1] <= hopper_gemm.Z_KMAX_HALF
@@ -718,9 +712,9 @@ class CupyBackend(Backend):
         return self._derived.get(tuple(layer.weight for layer in layers), ("chain", operands), make)
 
     def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
-        """A deformation block's five wide layers (the projected features X -> x5, the model's
-        ``block_layers``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
-        activations stay in shared memory, each layer computed as ``drb_zlayer`` computes it); None
+        """A deformation block's five wide layers (the projected features X -> x5, in the model's
+        ``block_tail``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
+        activations stay in shared memory); None
         elsewhere, and the model runs the layers one by one."""
         chain = self._prepared_chain(layers, x, cheb0)
         return None if chain is None else self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1))
@@ -789,11 +783,10 @@ class CupyBackend(Backend):
 
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
         """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
-        16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
-        as the next layer's X and residual); every layer with 16-bit X (the 192-wide layers, and a
-        block's first, whose X the local projection writes in 16 bits) runs ``drb_zlayer`` (the mixing
-        on the input side; 96 columns per tile for the first layer's 339 inputs), and the narrow last
-        layer reads them through ``_skinny16``. The fp32 mode's layers run ``drb_hlayer32`` (three
+16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
+        as the next layer's X and residual), and the narrow last layer reads them through
+        ``_skinny16`` (a block's wide layers run chained, ``op_drb_block_tail``, where the chain takes
+        them). The fp32 mode's layers run ``drb_hlayer32`` (three
         float16 products of 22-bit operand parts, the mixing on the input side, each K slice summed on
         its own and added in float32) where it takes X; the tf32 mode's, ``drb_layer``."""
         cp = self.cupy
@@ -806,10 +799,6 @@ class CupyBackend(Backend):
             halves = self._halves(layer)
             if self.hopper.hlayer32_applies(rows, halves, mixing):
                 return self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing)
-        if out16 and x.dtype != cp.float32:   # 16-bit X (the local projection's or a layer's): mixing on the input side
-            stacked = self._hopper_weight(layer.weight, operands, layer.weight)
-            if self.hopper.zlayer_applies(rows, stacked, mixing):
-                return self.hopper.drb_zlayer(rows, stacked, layer.bias, residual, mixing)
         weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
         return self.hopper.drb_layer(rows, weight, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias,
                                      residual, mixing=mixing, out16=out16)

@@ -32,19 +32,9 @@ DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32,
 #: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
 #: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
 DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
-#: The 16-bit layer with the mixing on its input side (kernels/wgmma_drb16.cu): output columns, the
-#: largest cin whose W0 and W1 stay in shared memory with all 192 columns in one tile, the largest
-#: with 96 (the _n96 kernels: a block's first layer, cin 339), shared memory (W0 and W1 (CT columns x
-#: up to 192 x 192 / CT K rows each), two X buffers and one Z buffer of 192 rows x 128 bytes, the bias,
-#: alignment slack).
-Z_SOURCE, Z_COUT, Z_KMAX, Z_KMAX_HALF = "wgmma_drb16.cu", 192, 192, 384
-Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
-#: The TF32 modes' layer with the mixing on the input side (kernels/wgmma_drb32.cu): the output-column
-#: groups each kernel exists for (3xTF32: 48 up to cin 192, 24 beyond; one TF32 pass: twice these), the
-#: shared memory W0 and W1 (big and small parts) may take, threads (3 MMA and 2 producer warpgroups), and a
-#: block's shared memory (W, four X and two Z slots of 172 rows x 20 floats, the biases, alignment slack).
-Y_SOURCE, Y_COLUMNS, Y_W_BYTES, Y_THREADS = "wgmma_drb32.cu", {"3xtf32": (48, 24), "tf32": (96, 48)}, 147456, 640
-Y_SMEM = Y_W_BYTES + 6 * HYPOTHESES * DRB_VERTS * 20 * 4 + 96 * 4 + 1024
+#: The deformation blocks' wide layers: output columns, and the most inputs the 16-bit chain's first
+#: layer takes (a block's first layer has 339).
+Z_COUT, Z_KMAX_HALF = 192, 384
 #: A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit modes):
 #: the 192-wide layers after the first, their 32-column K slices, and a block's shared memory (two
 #: activation buffers and the Z slots of 176 rows x 128 bytes per 64 columns, six W pieces of 192 rows
@@ -362,23 +352,6 @@ class HopperGemm:
             shared_mem=smem)
         return out
 
-    @staticmethod
-    def zlayer_applies(x, weight: PreparedWeight, mixing: str) -> bool:
-        """Whether :meth:`drb_zlayer` runs this layer: 16-bit X with 16-byte aligned rows (see
-        :func:`hypothesis_rows`), an unpaired 16-bit [W0 | W1] of cin <= 384 rows and 2 x 192 columns,
-        and the A1 built into ``mixing``."""
-        half = x.dtype.itemsize == 2
-        cin = x.shape[-1]
-        return (bool(mixing) and half and weight.passes == 0 and not weight.paired and x.ndim == 4
-                and weight.n == 2 * Z_COUT and weight.k == cin and 0 < cin <= Z_KMAX_HALF
-                and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
-
-    @staticmethod
-    def zlayer_columns(cin: int) -> int:
-        """Output columns per tile of :meth:`drb_zlayer` for ``cin`` inputs: all 192 up to cin 192 (W0
-        and W1 whole in shared memory), else 96 (each block holds one half of their columns)."""
-        return Z_COUT if cin <= Z_KMAX else Z_COUT // 2
-
     def _column_group_grid(self, b: int, n: int, columns: int) -> tuple:
         """Tiles and persistent blocks of an input-side layer whose tiles are 4 vertices by ``columns`` of
         the 192 output columns: a block's column group is blockIdx.x % (192 / columns), so the grid is
@@ -403,37 +376,6 @@ class HopperGemm:
         if bias.shape != (Z_COUT,):
             raise ValueError(f"{name}: bias must be ({Z_COUT},), got {bias.shape}")
         return residual, bias
-
-    def drb_zlayer(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
-        """The 16-bit modes' deformation layer with X and the output in 16 bits and the mixing on the
-        input side: relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X rounded to the mode's 16 bits
-        (kernels/wgmma_drb16.cu). X (B, 43, N, cin <= 384) in :func:`activation_dtype` (beyond cin 192
-        a tile covers 96 output columns: :meth:`zlayer_columns`), ``weight`` the
-        *unpaired* 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43, N, 192) in
-        the same type or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192)."""
-        cp = self.cupy
-        if not self.zlayer_applies(x, weight, mixing):
-            raise ValueError(f"drb_zlayer: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
-                             f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
-                             f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
-                             f"elements apart, cin up to {Z_KMAX_HALF}, an unpaired 16-bit (cin, {2 * Z_COUT}) "
-                             f"weight and mixing_source(A1)")
-        act = activation_dtype(cp, weight.operands)
-        if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
-            raise ValueError(f"drb_zlayer: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
-                             f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}")
-        b, _, n, cin = x.shape
-        residual, bias = self._zlayer_epilogue_operands("drb_zlayer", residual, bias, (b, HYPOTHESES, n, Z_COUT), act, 16)
-        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
-        columns = self.zlayer_columns(cin)
-        tiles, blocks = self._column_group_grid(b, n, columns)
-        name = f"wg_drb_zlayer_{OPERANDS[weight.operands][1]}" + ("_n96" if columns < Z_COUT else "")
-        self._kernel(name, Z_SMEM, mixing, Z_SOURCE)(
-            (blocks,), (DRB_THREADS,),
-            (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
-             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
-            shared_mem=Z_SMEM)
-        return out
 
     def prepare_chain16(self, first: PreparedWeight, weights, biases) -> PreparedChain:
         """The W stream and biases of :meth:`drb_chain16` from a block's five wide layers: ``first`` the
@@ -473,7 +415,8 @@ class HopperGemm:
     def drb_chain16(self, x, chain: PreparedChain, mixing: str, score_weight=None):
         """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
         16-bit mode: x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3,
-        each layer as :meth:`drb_zlayer` computes it (so x5 equals five drb_zlayer calls bit for bit),
+        each layer as the one-layer reference computes it (x5 equals five calls of tests/drb16_reference.py's
+        reference_layer16 bit for bit),
         with the activations kept in shared memory. X (B, 43, N, cin) in :func:`activation_dtype` (see
         :meth:`chain_applies`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
         :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type.
@@ -576,51 +519,4 @@ class HopperGemm:
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out, np.int64(b * HYPOTHESES * n))
         self._kernel(name, H_SMEM, mixing, H_SOURCE)((blocks,), (DRB_THREADS,), args + (np.int32(n), np.int32(tiles)),
                                                     shared_mem=H_SMEM)
-        return out
-
-    @staticmethod
-    def zlayer32_columns(cin: int, operands: str):
-        """Output columns per tile of :meth:`drb_zlayer32` for ``cin`` inputs in ``operands`` ("3xtf32" or
-        "tf32"): the widest group whose W0 and W1 parts (2 x cin x columns, 4 bytes each, K rounded up
-        to 32) fit in :data:`Y_W_BYTES`; None where none does (cin above 384)."""
-        parts = 2 if operands == "3xtf32" else 1
-        kbufs = -(-cin // 32)
-        return next((ct for ct in Y_COLUMNS.get(operands, ()) if 2 * parts * kbufs * ct * 128 <= Y_W_BYTES), None)
-
-    def zlayer32_applies(self, x, weight: PreparedWeight, mixing: str) -> bool:
-        """Whether :meth:`drb_zlayer32` runs this layer: float32 X (B, 43, N, cin) with rows a multiple of
-        4 floats apart (see :func:`hypothesis_rows`) and 16-byte aligned, an unpaired TF32 [W0 | W1] of
-        cin rows and 2 x 192 columns, cin <= 384, and the A1 built into ``mixing``."""
-        return (bool(mixing) and aligned_float32_rows(self.cupy, x)
-                and weight.passes in (1, 3) and not weight.paired and weight.n == 2 * Z_COUT
-                and weight.k == x.shape[-1] and self.zlayer32_columns(x.shape[-1], weight.operands) is not None)
-
-    def drb_zlayer32(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
-        """The TF32 modes' deformation layer with the mixing on the input side, float32 in and out:
-        relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32 (kernels/wgmma_drb32.cu), the
-        products 3xTF32 or one TF32 pass as ``weight`` was prepared. X (B, 43, N, cin <= 384) float32,
-        ``weight`` the *unpaired* [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43,
-        N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192).
-
-        Measured slower than :meth:`drb_layer` on an H100 (docs/PERFORMANCE.md, session 13), so
-        :class:`~xmesh.backends.cupy_backend.CupyBackend` does not send the model's layers here yet."""
-        cp = self.cupy
-        if not self.zlayer32_applies(x, weight, mixing):
-            raise ValueError(f"drb_zlayer32: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
-                             f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
-                             f"{'a' if mixing else 'no'} mixing source: needs float32 X (B, {HYPOTHESES}, N, cin) "
-                             f"with 16-byte aligned rows a multiple of 4 floats apart, cin up to 384, an unpaired "
-                             f"3xtf32 or tf32 (cin, {2 * Z_COUT}) weight and mixing_source(A1)")
-        b, _, n, cin = x.shape
-        residual, bias = self._zlayer_epilogue_operands("drb_zlayer32", residual, bias, (b, HYPOTHESES, n, Z_COUT),
-                                                        cp.dtype(cp.float32), 8)
-        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
-        columns = self.zlayer32_columns(cin, weight.operands)
-        tiles, blocks = self._column_group_grid(b, n, columns)
-        name = f"wg_drb_zlayer32_{OPERANDS[weight.operands][1]}_n{columns}"
-        self._kernel(name, Y_SMEM, mixing, Y_SOURCE)(
-            (blocks,), (Y_THREADS,),
-            (x, np.int64(x.strides[2] // 4), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]),
-             bias, np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
-            shared_mem=Y_SMEM)
         return out

@@ -65,18 +65,6 @@ def block_tail(backend, layers, x, params, centers):
     return score_update(backend, layers[5], x5, params, centers)
 
 
-def block_layers(backend, layers, x, params):
-    """The block's five wide layers, the projected features x -> x5: the first (339 -> 192), then
-    four 192-wide ones with two residuals (a backend may run them as one kernel, keeping the
-    activations on chip)."""
-    cheb1, cheb0 = params.sample_cheb1, params.sample_cheb0
-    fast = backend.try_fast_path("drb_block_layers", layers, x, cheb1, cheb0)
-    if fast is not None:
-        return fast
-    x3, x4 = first_wide_layers(backend, layers[:4], x, params)
-    return local_gconv(backend, layers[4], x4, cheb1, cheb0, x3)
-
-
 def first_wide_layers(backend, layers, x, params):
     """The block's first four wide layers: x1 = lc1(x), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3);
     returns (x3, x4), what the last wide layer x5 = lc5(x4) + x3 reads."""
