@@ -9,7 +9,7 @@
 //   PASSES = 1: one TF32 product (the "tf32" mode; ~1e-3 relative error per product).
 //
 // Tiling: a block of 256 threads (8 warps) computes a 128 x BN tile of C, stepping through K in
-// slices of XG_BK (16, or 32 where the module is built with -DXG_BK=32: the backend's small products)
+// slices of XG_BK (16, or 32 for the few-tile 3xTF32 products: a second build)
 // that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
 // outside the matrix are zero-filled by the copy itself (src-size 0), so M, N and K are arbitrary.
 // VEC = true copies 16 bytes at a time and needs lda, ldb, K and N to be multiples of 4 and A, B
@@ -18,12 +18,11 @@
 // The block index runs over N tiles fastest, so the blocks that share a slice of A run together
 // and read it from L2.
 
-#define XG_BM 128
-#ifndef XG_BK
-#define XG_BK 16
+// The tile's constants: one Python definition each (xmesh/backends/kernel_constants.py, GEMM_DEFINES and
+// the K slice), passed with -D by the backend.
+#if !defined(XG_BM) || !defined(XG_BK) || !defined(XG_STAGES) || !defined(XG_THREADS)
+#error "tc_gemm.cu is built with the backend's -D constants (xmesh/backends/kernel_constants.py)"
 #endif
-#define XG_STAGES 3
-#define XG_THREADS 256
 #define XG_A_STRIDE (XG_BK + 4)   // 20 or 36 floats: fragment loads hit 32 distinct banks
 
 __device__ __forceinline__ unsigned xg_smem(const void* p) {

@@ -21,8 +21,7 @@
 // toward zero, so each K slice's products (12 wgmmas) are summed on their own and added to the thread's
 // float32 sum with an FADD, as wgmma_gemm.cu's TF32 kernels do: float32's accuracy. That takes two
 // accumulators a thread, so a tile covers 96 of the 192 output columns (48 + 48 registers; the whole K
-// summed in the tensor cores for all 192 columns measured 5x float32's error: docs/PERFORMANCE.md,
-// session 22). The two column groups of a vertex tile run on neighbouring blocks (blockIdx.x % 2), each
+// summed in the tensor cores for all 192 columns measured 5x float32's error). The two column groups of a vertex tile run on neighbouring blocks (blockIdx.x % 2), each
 // making the tile's Z and reading its X (the second read mostly from L2).
 //
 // A tile is 4 vertices (172 of its 192 rows, drb16_tile.cuh's rows 4 i + v) by 96 output columns; W
@@ -42,7 +41,7 @@
 //     swizzle, in zl_column's order) with one bulk copy into W slot q % 4, three slices ahead.
 //   After a tile's last slice the MMA warpgroups scale, add the bias, apply the ReLU, add the residual
 //   and store float32 rows, a quad's 32 columns in 128 contiguous bytes (or, for a block's last wide
-//   layer, sum each row's products with the score layer's W instead: wg_drb_hlayer32_score).
+//   layer, sum each row's products with the score layer's W instead: wg_drb_layer_3xf16_score).
 //
 // Shared memory: three X and two Z slots of 192 rows x 128 bytes (rows 172-191 are read by the third
 // warpgroup's MMAs, whose results there are never stored), four W slots of 4 x 6 KB, the transaction
@@ -122,9 +121,9 @@ __device__ __forceinline__ void h_fragments(const unsigned char* slot, int r, in
     h_split(*reinterpret_cast<const float2*>(slot + (r + 8) * 128 + hi), big[3], small[3]);
 }
 
-// SCORE: the layer is a block's last wide layer and the score layer follows (wg_drb_hlayer32_score):
+// SCORE: the layer is a block's last wide layer and the score layer follows (wg_drb_layer_3xf16_score):
 // its output rows are never stored; each row's products with the score layer's float32 W over this
-// block's 96 columns go to rows_out instead (see wg_drb_hlayer32_score).
+// block's 96 columns go to rows_out instead (see wg_drb_layer_3xf16_score).
 template <bool SCORE>
 __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                                         const unsigned short* __restrict__ W, const float* __restrict__ scale,
@@ -320,9 +319,9 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
     }
 }
 
-// xmap: the tensor map of the layer's float32 input X (hopper_gemm.drb_hlayer32); W: the stream of
+// xmap: the tensor map of the layer's float32 input X (hopper_gemm.drb_layer_3xf16); W: the stream of
 // prepare_halves; scale (192,): 2^-s of each output column's power-of-two scale.
-extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
+extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_layer_3xf16(
     const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W,
     const float* scale, const float* bias, const float* res, float* out, int N, int tiles) {
     h_layer<false>(xmap, cin, W, scale, bias, res, out, nullptr, nullptr, 0, N, tiles);
@@ -333,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32(
 // columns (score_w: the score layer's float32 W, 192 x 2, rows [w0 w1]) go to rows_out[g * part_stride +
 // (b, i, n)] as a float2, float32 sums (each thread's 24 columns in order by fmaf, then the quad's four
 // partial sums); drb_score_finish adds the two groups' in order.
-extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_hlayer32_score(
+extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) wg_drb_layer_3xf16_score(
     const __grid_constant__ WgTensorMap xmap, int cin, const unsigned short* W, const float* scale,
     const float* bias, const float* res, const float* score_w, float2* rows_out, long part_stride, int N, int tiles) {
     h_layer<true>(xmap, cin, W, scale, bias, res, nullptr, score_w, rows_out, part_stride, N, tiles);

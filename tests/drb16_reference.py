@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from xmesh.backends.hopper_gemm import (DRB_ROWS, DRB_THREADS, HYPOTHESES, OPERANDS, Z_COUT, Z_KMAX_HALF,
+from xmesh.backends.hopper_gemm import (CHAIN_MAX_CIN, DRB_ROWS, DRB_THREADS, HYPOTHESES, OPERANDS, WIDE_COLS,
                                         activation_dtype, hypothesis_rows)
 
 SOURCE = "wgmma_drb16.cu"
 #: the largest cin whose W0 and W1 stay in shared memory with all 192 output columns in one tile;
-#: up to Z_KMAX_HALF a tile takes 96 of them (the _n96 kernels: a block's first layer, cin 339)
+#: up to CHAIN_MAX_CIN a tile takes 96 of them (the _n96 kernels: a block's first layer, cin 339)
 WHOLE_TILE_MAX_CIN = 192
 #: shared memory: W0 and W1 (up to 192 x 192 each), two X buffers and one Z buffer of 192 rows x 128
 #: bytes, the bias, alignment slack
-SMEM = (2 * (WHOLE_TILE_MAX_CIN // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
+SMEM = (2 * (WHOLE_TILE_MAX_CIN // 64) + 2 + 1) * DRB_ROWS * 128 + WIDE_COLS * 4 + 1024
 
 
 def tile_columns(cin: int) -> int:
     """Output columns per tile for ``cin`` inputs: all 192 up to cin 192 (W0 and W1 whole in shared
     memory), else 96 (each block holds one half of their columns)."""
-    return Z_COUT if cin <= WHOLE_TILE_MAX_CIN else Z_COUT // 2
+    return WIDE_COLS if cin <= WHOLE_TILE_MAX_CIN else WIDE_COLS // 2
 
 
 def takes(x, weight, mixing: str) -> bool:
@@ -35,7 +35,7 @@ def takes(x, weight, mixing: str) -> bool:
     [W0 | W1] of cin <= 384 rows and 2 x 192 columns, and the A1 built into ``mixing``."""
     cin = x.shape[-1]
     return (bool(mixing) and x.dtype.itemsize == 2 and weight.passes == 0 and not weight.paired and x.ndim == 4
-            and weight.n == 2 * Z_COUT and weight.k == cin and 0 < cin <= Z_KMAX_HALF
+            and weight.n == 2 * WIDE_COLS and weight.k == cin and 0 < cin <= CHAIN_MAX_CIN
             and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
 
 
@@ -49,19 +49,19 @@ def reference_layer16(hopper, x, weight, bias, residual=None, mixing: str = ""):
         raise ValueError(f"reference_layer16: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
                          f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
                          f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
-                         f"elements apart, cin up to {Z_KMAX_HALF}, an unpaired 16-bit (cin, {2 * Z_COUT}) "
+                         f"elements apart, cin up to {CHAIN_MAX_CIN}, an unpaired 16-bit (cin, {2 * WIDE_COLS}) "
                          f"weight and mixing_source(A1)")
     act = activation_dtype(cp, weight.operands)
     if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
         raise ValueError(f"reference_layer16: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
                          f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}")
     b, _, n, cin = x.shape
-    residual, bias = hopper._zlayer_epilogue_operands("reference_layer16", residual, bias,
-                                                         (b, HYPOTHESES, n, Z_COUT), act, 16)
-    out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
+    residual, bias = hopper.input_side_epilogue_operands("reference_layer16", residual, bias,
+                                                         (b, HYPOTHESES, n, WIDE_COLS), act, 16)
+    out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=act)
     columns = tile_columns(cin)
-    tiles, blocks = hopper._column_group_grid(b, n, columns)
-    name = f"wg_drb_zlayer_{OPERANDS[weight.operands][1]}" + ("_n96" if columns < Z_COUT else "")
+    tiles, blocks = hopper.column_group_grid(b, n, columns)
+    name = f"wg_drb_reference16_{OPERANDS[weight.operands].kernel_part}" + ("_n96" if columns < WIDE_COLS else "")
     hopper._kernel(name, SMEM, mixing, SOURCE)(
         (blocks,), (DRB_THREADS,),
         (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,

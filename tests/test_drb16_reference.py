@@ -40,7 +40,7 @@ def mixed_as_the_kernel_sums(a1, x):
     return out
 
 
-def zlayer_reference(x16, w, a1, bias, res16, operands):
+def float64_layer16(x16, w, a1, bias, res16, operands):
     """The layer in float64 from the kernel's own operands (X and the residual as given, W rounded to
     16 bits, Z = A1 X rounded to 16 bits), and a bound on what float32 accumulation of its 2 cin
     products may add (K u sum |terms|, u = 2^-24)."""
@@ -109,7 +109,7 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
 
     x = widen16(cp, x16, operands).get()
     res = None if res16 is None else widen16(cp, res16, operands).get()
-    ref, bound = zlayer_reference(x, w, a1, bias, res, operands)
+    ref, bound = float64_layer16(x, w, a1, bias, res, operands)
     excess = np.abs(got - ref) / (unit_in_last_place(ref, operands) + bound)
     assert excess.max() <= 1.0, (excess.max(), np.unravel_index(excess.argmax(), excess.shape))
 

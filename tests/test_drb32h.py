@@ -1,5 +1,5 @@
 """The fp32 mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu,
-HopperGemm.drb_hlayer32) against float64 (GPU, compute capability 9.0; skipped elsewhere), and its
+HopperGemm.drb_layer_3xf16) against float64 (GPU, compute capability 9.0; skipped elsewhere), and its
 weight preparation (HopperGemm.prepare_halves).
 
     out = relu(X W0 + Z W1 + b) (+ res),   Z = A1 X in float32,
@@ -96,7 +96,7 @@ def test_three_half_products_layer_against_float64(cp, hopper, b, n, cin, with_r
     rng = np.random.default_rng(n + cin + 11)
     a1, x, w, bias, res = layer_case(rng, b, n, cin, with_residual)
     halves = hopper.prepare_halves(cp.asarray(w))
-    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_hlayer32(xd, halves, bd, rd, mixing),
+    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_layer_3xf16(xd, halves, bd, rd, mixing),
                                  a1, x, bias, res)
     assert_float32_accurate(got, x, w, a1, bias, res)
 
@@ -112,7 +112,7 @@ def test_three_half_products_keep_float32_accuracy_across_magnitudes(cp, hopper,
     a1, x, w, bias, res = layer_case(rng, 1, 50, 192, True)
     x, w = (x * x_scale).astype(np.float32), (w * w_scale).astype(np.float32)
     bias, res = (bias * x_scale * w_scale).astype(np.float32), (res * x_scale * w_scale).astype(np.float32)
-    out = hopper.drb_hlayer32(cp.asarray(x), hopper.prepare_halves(cp.asarray(w)), cp.asarray(bias),
+    out = hopper.drb_layer_3xf16(cp.asarray(x), hopper.prepare_halves(cp.asarray(w)), cp.asarray(bias),
                               cp.asarray(res), mixing_source(a1)).get()
     assert_float32_accurate(out, x, w, a1, bias, res)
 
@@ -145,7 +145,7 @@ def test_prepare_halves_parts_and_scales(cp, hopper):
 
 
 def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
-    """drb_hlayer32 and prepare_halves name what is wrong: no mixing source, 16-bit X, X of another
+    """drb_layer_3xf16 and prepare_halves name what is wrong: no mixing source, 16-bit X, X of another
     width than the weight, rows not 16-byte aligned, a residual of the wrong type, a weight of the
     wrong shape or with non-finite entries."""
     from xmesh.backends.hopper_gemm import mixing_source
@@ -155,16 +155,16 @@ def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
     x, res, bias, mixing = cp.asarray(x), cp.asarray(res), cp.asarray(bias), mixing_source(a1)
     halves = hopper.prepare_halves(cp.asarray(w))
     with pytest.raises(ValueError, match="no mixing source"):
-        hopper.drb_hlayer32(x, halves, bias, res, "")
+        hopper.drb_layer_3xf16(x, halves, bias, res, "")
     with pytest.raises(ValueError, match="float32"):
-        hopper.drb_hlayer32(x.astype(cp.float16), halves, bias, res, mixing)
+        hopper.drb_layer_3xf16(x.astype(cp.float16), halves, bias, res, mixing)
     with pytest.raises(ValueError, match="192"):
-        hopper.drb_hlayer32(x[..., :128], halves, bias, res, mixing)
+        hopper.drb_layer_3xf16(x[..., :128], halves, bias, res, mixing)
     odd = cp.zeros(x.shape[:-1] + (194,), dtype=cp.float32)[..., 1:193]   # rows start 4 bytes in
     with pytest.raises(ValueError, match="16-byte aligned"):
-        hopper.drb_hlayer32(odd, halves, bias, res, mixing)
+        hopper.drb_layer_3xf16(odd, halves, bias, res, mixing)
     with pytest.raises(ValueError, match="residual must be"):
-        hopper.drb_hlayer32(x, halves, bias, res.astype(cp.float16), mixing)
+        hopper.drb_layer_3xf16(x, halves, bias, res.astype(cp.float16), mixing)
     with pytest.raises(ValueError, match=r"\(k, 384\)"):
         hopper.prepare_halves(cp.asarray(w[:, :192]))
     bad = w.copy()
@@ -176,7 +176,7 @@ def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
 @pytest.mark.parametrize("cin,with_residual", [(192, True), (339, False)])
 def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, hopper, monkeypatch, cin, with_residual):
     """The fp32 backend sends a deformation layer whose X rows are 16-byte aligned (the model's: the
-    local projection pads its 339 features to rows of 340) to drb_hlayer32, and its result is as
+    local projection pads its 339 features to rows of 340) to drb_layer_3xf16, and its result is as
     accurate as the 3xTF32 layer it replaces (fp32_halves = False) against float64."""
     from xmesh.model.deformation import local_gconv
     from xmesh.model.params import GraphConv
@@ -186,8 +186,8 @@ def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, ho
     layer = GraphConv(cp.asarray(w), cp.asarray(bias), 192, True)
     x_dev, res_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x), None if res is None else cp.asarray(res)
     calls = []
-    real = hopper.drb_hlayer32
-    monkeypatch.setattr(hopper, "drb_hlayer32", lambda *a, **k: (calls.append(a[0].shape), real(*a, **k))[1])
+    real = hopper.drb_layer_3xf16
+    monkeypatch.setattr(hopper, "drb_layer_3xf16", lambda *a, **k: (calls.append(a[0].shape), real(*a, **k))[1])
     got = local_gconv(gb, layer, x_dev, cp.asarray(a1), None, res_dev).get()
     assert calls == [x.shape]
     monkeypatch.setattr(gb, "fp32_halves", False)
@@ -199,7 +199,7 @@ def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, ho
 
 @pytest.mark.parametrize("b,n,cin", [(2, 10, 192), (1, 2466, 192), (3, 37, 128)])
 def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
-    """drb_hlayer32 with a score layer's weight: x5 is not written; each 96-column group's products of
+    """drb_layer_3xf16 with a score layer's weight: x5 is not written; each 96-column group's products of
     x5 (the same layer's float32 output, computed without the score weight) with W come back, each
     within a float32 accumulation bound of float64's, every valid row's written (poisoned memory first)."""
     from xmesh.backends.hopper_gemm import mixing_source
@@ -209,10 +209,10 @@ def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
     score_w = (rng.standard_normal((192, 2)) / 8).astype(np.float32)
     halves, mixing = hopper.prepare_halves(cp.asarray(w)), mixing_source(a1)
     x_dev, bias_dev, res_dev = cp.asarray(x), cp.asarray(bias), cp.asarray(res)
-    x5 = hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing).get().astype(np.float64)
+    x5 = hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing).get().astype(np.float64)
     poison = cp.full(2 * b * 43 * n * 2, np.nan, dtype=cp.float32)
     del poison
-    parts = hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w))
+    parts = hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w))
     assert parts.dtype == cp.float32 and parts.shape == (2, b, 43, n, 2)
     got = parts.get()
     assert np.isfinite(got).all()
@@ -222,7 +222,7 @@ def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
         bound = 100 * 2.0 ** -24 * (np.abs(x5[..., cols]) @ np.abs(score_w[cols].astype(np.float64)))
         assert (np.abs(got[g] - want) <= bound).all(), np.abs(got[g] - want).max()
     with pytest.raises(ValueError, match=r"\(192, 2\)"):
-        hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w[:, :1]))
+        hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w[:, :1]))
 
 
 def test_block_tail_with_the_score_in_the_last_layer(cp, gb, hopper, monkeypatch):
