@@ -55,7 +55,6 @@ from .kernel_constants import (GEMM_BK, GEMM_BM, GEMM_DEFINES, GEMM_FEW_TILES_BK
                                SCORE_VERTICES, SKINNY_MAX_COLS, SKINNY_MAX_K, defines)
 from .numpy_backend import same_padding
 from .pinned_upload import PinnedUploader
-from ..model.projection import stage1_map_views
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 #: The Hopper deformation layer kernel's operands (hopper_gemm.OPERANDS) in each precision mode.
@@ -552,10 +551,12 @@ class CupyBackend(Backend):
             out[..., width - extra_cols:width] = carried
         return out if row == width else out[..., :width]
 
-    def op_graph_projection(self, coords, maps, tf, view_quirk=True, carried=None):
+    def op_graph_projection(self, coords, maps, tf, view_quirk=True, carried=None, map_views=None):
         """The stage-1 projection in one kernel; ``carried``'s columns are written after it into the same
-        rows, padded to 16 bytes (op_graph_conv reads them in place: no concatenation, no padded copy)."""
-        map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
+        rows, padded to 16 bytes (op_graph_conv reads them in place: no concatenation, no padded copy).
+        ``map_views``: views per sample in ``maps`` (the model's check); None: every view."""
+        if map_views is None:
+            map_views = tf.num_views
         if carried is not None:
             carried = self.cupy.asarray(carried, dtype=self.cupy.float32)
             if carried.shape[:2] != coords.shape[:2]:
