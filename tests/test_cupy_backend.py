@@ -582,7 +582,7 @@ def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
     installed): bias and ReLU applied, TF32 products (error above float32's, within TF32's against
     float64), whatever the output buffer held before (NaN here); smaller or strided ones stay in
     xmesh's kernels, and fp32 mode never uses it."""
-    from xmesh.backends.cudnn_conv import CONV_MIN_FLOP
+    from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP
     from xmesh.backends.cupy_backend import CupyBackend
 
     be = CupyBackend(precision="tf32")

@@ -3,7 +3,7 @@
 Only what the CNN's stride-1 'SAME' layers need: NHWC float32 in and out, bias and ReLU fused
 (``cudnnConvolutionBiasActivationForward``), the implicit-GEMM algorithm with tensor-op math, so the
 products run as TF32 (the backend's speed modes; its fp32 mode keeps xmesh's 3xTF32 kernels). Only
-large convolutions come here (``CONV_MIN_FLOP``): at one to three images xmesh's own kernel is as fast
+large convolutions come here (``plan.conv_on_cudnn``): at one to three images xmesh's own kernel is as fast
 or faster (docs/ARCHITECTURE.md, design decisions).
 
 The library is looked for where CUDA's Python wheels put it (``nvidia.cudnn``), then by the loader's
@@ -18,8 +18,6 @@ import os
 
 from .derived_cache import DerivedCache
 
-#: a convolution goes to cuDNN from this many floating-point operations up (2 * outputs * taps * cin)
-CONV_MIN_FLOP = 6.0e9
 
 # cudnn.h's enumerations (cuDNN 8 and 9)
 _NHWC, _FLOAT = 1, 0
@@ -114,14 +112,6 @@ class CudnnConv:
         handle = ctypes.c_void_p()
         self._call(f"cudnnCreate{kind}", ctypes.byref(handle))
         return handle
-
-    @staticmethod
-    def applies(x_shape, weight_shape, stride: int) -> bool:
-        """Whether ``conv2d_same_relu`` takes this layer: stride 1, an odd square kernel, and at least
-        CONV_MIN_FLOP of work (smaller ones ran as fast or faster in xmesh's kernels)."""
-        n, h, w, cin = x_shape
-        kh, kw, _, cout = weight_shape
-        return stride == 1 and kh == kw and kh % 2 == 1 and 2.0 * n * h * w * cout * kh * kw * cin >= CONV_MIN_FLOP
 
     def _filter(self, weight):
         """weight (kh, kw, cin, cout) as cuDNN's NHWC filter (cout, kh, kw, cin), made once per array."""

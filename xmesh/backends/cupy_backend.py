@@ -45,11 +45,11 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, InputError, KernelCompileError, XmeshError
 from .base import Backend, Branch
-from . import hopper_gemm
+from . import hopper_gemm, plan
 from .cuda_kernels import get_function, require_cupy
 from .cudnn_conv import CudnnConv, CudnnError
 from .derived_cache import DerivedCache
-from .kernel_constants import (GEMM_BK, GEMM_BM, GEMM_DEFINES, GEMM_FEW_TILES_BK, GEMM_FILE, GEMM_STAGES, GEMM_THREADS,
+from .kernel_constants import (GEMM_BK, GEMM_BM, GEMM_DEFINES, GEMM_FILE, GEMM_STAGES, GEMM_THREADS,
                                GRAPH_POINTS, GRAPH_THREADS, HYPOTHESES, LOCAL_POINTS, LOCAL_TAP_BYTES, LOCAL_THREADS,
                                MAX_VIEWS, P2M_DEFINES, P2M_FILE, ROWS_BF16, ROWS_F16, ROWS_F32, SCORE_THREADS,
                                SCORE_VERTICES, SKINNY_MAX_COLS, SKINNY_MAX_K, defines)
@@ -64,10 +64,9 @@ THREADS = 256
 DIRECT_CONV_WEIGHT_BYTES = 48 * 1024
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
-#: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
-GEMM_TARGET_BLOCKS = 264
-#: ...into parts of at least this many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer
-#: than GEMM_FEW_TILES tiles (stage 1's 156- and 618-vertex graph convolutions).
+#: A product with fewer output tiles than plan.GEMM_TARGET_BLOCKS splits K into parts of at least this
+#: many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer than GEMM_FEW_TILES tiles (stage
+#: 1's 156- and 618-vertex graph convolutions).
 GEMM_SPLIT_MIN_K = 256
 GEMM_SPLIT_MIN_K_FEW, GEMM_FEW_TILES = 32, 24
 #: A product with fewer output tiles than multiprocessors takes tiles half as wide, down to this many
@@ -356,8 +355,7 @@ class CupyBackend(Backend):
             out[...] = 0.0 if bias is None else cp.maximum(bias, 0.0) if relu else bias
             return out
         passes = self.gemm_passes if passes is None else passes
-        if self.hopper is not None and n >= hopper_gemm.BN and \
-                -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS:
+        if self.hopper is not None and plan.gemm_on_hopper(m, n):
             return self.hopper(a, self._hopper_weight(b, "3xtf32" if passes == 3 else "tf32", cache_key), out, bias, relu)
         lda, ldb = a.strides[0] // 4, b.strides[0] // 4
         # 16-byte copies: rows 16-byte aligned; K may end inside one (the copy zero-fills past K)
@@ -365,10 +363,7 @@ class CupyBackend(Backend):
         bn = _tile_width(n)
         while bn > GEMM_NARROWEST and n % (bn // 2) == 0 and -(-m // GEMM_BM) * (n // bn) < self.sm_count:
             bn //= 2   # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
-        # 3xTF32 with all tiles resident at once (two blocks a multiprocessor fit either build): the time
-        # goes per K slice, and fewer, wider slices take less of it
-        few = -(-m // GEMM_BM) * -(-n // bn) < GEMM_TARGET_BLOCKS
-        bk = GEMM_FEW_TILES_BK if passes == 3 and few else GEMM_BK
+        bk = plan.gemm_k_slice(passes, m, n, bn)
         entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn, bk)
         return self._launch_tc(entry, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 
@@ -383,7 +378,7 @@ class CupyBackend(Backend):
         tiles = -(-m // GEMM_BM) * -(-n // bn)
         # few output tiles and a long K: split K so more multiprocessors get work
         min_k = GEMM_SPLIT_MIN_K_FEW if tiles < GEMM_FEW_TILES else GEMM_SPLIT_MIN_K
-        splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // min_k))
+        splits = max(1, min(-(-plan.GEMM_TARGET_BLOCKS // tiles), k // min_k))
         bias_arg = np.uint64(0) if bias is None else bias
         smem = self._gemm_smem(bn, bk)
         if splits == 1:
@@ -446,7 +441,7 @@ class CupyBackend(Backend):
         flat_w = weight.reshape(k, cout)
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
         if self._cudnn is not None and relu and bias is not None \
-                and CudnnConv.applies(x.shape, weight.shape, stride):
+                and plan.conv_on_cudnn(x.shape, weight.shape, stride):
             try:
                 self._cudnn.conv2d_same_relu(x, weight, bias, out)
                 return out
@@ -686,7 +681,7 @@ class CupyBackend(Backend):
                 or layers[0].weight.shape != (x.shape[-1], 2 * z) or not 0 < x.shape[-1] <= hopper_gemm.CHAIN_MAX_CIN
                 or any(layer.weight.shape != (z, 2 * z) for layer in layers[1:])
                 or x.dtype != hopper_gemm.activation_dtype(self.cupy, operands)
-                or not self.hopper.chain_applies(x, x.shape[-1])):
+                or not plan.chain_takes(x, x.shape[-1])):
             return None
         def make():
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
@@ -710,7 +705,7 @@ class CupyBackend(Backend):
         mixes them, adds the bias, takes the softmax and moves the vertices (``drb_score_update``'s
         arithmetic, its float32 products summed in another order). None elsewhere."""
         score = layers[-1]
-        if (not self.fuse_drb_score or len(layers) != hopper_gemm.CHAIN.hidden_layers + 2 or not self._fusable_score(score)
+        if (not self.fuse_drb_score or len(layers) != hopper_gemm.CHAIN.hidden_layers + 2 or not plan.fusable_score(score)
                 or x.shape[1] != HYPOTHESES):
             return None
         chain = self._prepared_chain(layers[:-1], x, cheb0)
@@ -729,25 +724,19 @@ class CupyBackend(Backend):
         bias, takes the softmax and moves the vertices (``drb_score_update``'s arithmetic, its float32
         products summed in another order). None elsewhere."""
         if (not self.fuse_drb_score or self.hopper is None or cheb0 is not None or layer.weight0 is not None
-                or not self._fusable_score(score) or x.ndim != 4 or x.shape[1] != HYPOTHESES
+                or not plan.fusable_score(score) or x.ndim != 4 or x.shape[1] != HYPOTHESES
                 or not self._runs_layer_3xf16(layer, x)):
             return None
         rows, halves, mixing = hopper_gemm.hypothesis_rows(self.cupy, x), self._halves(layer), self._mixing_source(cheb1)
-        if not self.hopper.layer_3xf16_applies(rows, halves, mixing):
+        if not plan.layer_3xf16_takes(rows, halves.k, mixing):
             return None
         parts = self.hopper.drb_layer_3xf16(rows, halves, layer.bias, residual, mixing, score_weight=score.weight)
         return self._move_vertices("drb_score_finish", (parts, np.int32(parts.shape[0]), np.int64(parts[0].size // 2)),
                                    cheb1, score.bias, centers, offsets)
 
-    @staticmethod
-    def _fusable_score(score) -> bool:
-        """Whether a block's score layer can run in its last wide layer's epilogue: one output column,
-        A_0 the identity (one [W0 | W1] of 192 x 2)."""
-        return score.weight0 is None and score.cout == 1 and score.weight.shape == (hopper_gemm.WIDE_COLS, 2)
-
     def _runs_layer_3xf16(self, layer, x) -> bool:
         """Whether a deformation layer is ``drb_layer_3xf16``'s to run, its rows' layout aside
-        (``HopperGemm.layer_3xf16_applies``): the fp32 mode with ``fp32_halves``, float32 X, a [W0 | W1] of
+        (``plan.layer_3xf16_takes``): the fp32 mode with ``fp32_halves``, float32 X, a [W0 | W1] of
         X's width and 2 x 192 columns."""
         return (LAYER_OPERANDS[self.precision] == "3xtf32" and self.fp32_halves and x.dtype == self.cupy.float32
                 and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.WIDE_COLS))
@@ -780,7 +769,7 @@ class CupyBackend(Backend):
         rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
         if self._runs_layer_3xf16(layer, x):
             halves = self._halves(layer)
-            if self.hopper.layer_3xf16_applies(rows, halves, mixing):
+            if plan.layer_3xf16_takes(rows, halves.k, mixing):
                 return self.hopper.drb_layer_3xf16(rows, halves, layer.bias, residual, mixing)
         weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
         return self.hopper.drb_layer(rows, weight, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias,

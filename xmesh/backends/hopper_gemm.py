@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import tensor_map
+from . import plan, tensor_map
 from .cuda_kernels import get_arch_function
 
 SOURCE = "wgmma_gemm.cu"
@@ -256,13 +256,9 @@ def hypothesis_rows(cupy, x):
     unit stride) are evenly spaced ldx >= C elements apart through the whole array (e.g. the local
     projection's rows padded to 340 floats), else a contiguous copy. float32, or 16-bit activations
     (float16, uint16 holding bfloat16) kept in their type; any other type becomes float32."""
+    if plan.evenly_spaced_rows(x):
+        return x
     half = x.dtype in (cupy.float16, cupy.uint16)
-    size = 2 if half else 4
-    if x.ndim == 4 and (half or x.dtype == cupy.float32):
-        b, k, n, c = x.shape
-        s0, s1, s2, s3 = x.strides
-        if s3 == size and s2 % size == 0 and s2 >= size * c and s1 == n * s2 and s0 == k * s1:
-            return x
     return cupy.ascontiguousarray(x, dtype=x.dtype if half else cupy.float32)
 
 
@@ -273,13 +269,6 @@ def vertex_tile_map(x, columns: int):
     b, _, n, cin = x.shape
     return tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
                             (columns, DRB_VERTS, HYPOTHESES), element_bytes=x.itemsize)
-
-
-def aligned_float32_rows(cupy, x) -> bool:
-    """Whether x is a float32 (B, 43, N, C) array whose rows (unit stride) are evenly spaced a multiple of
-    4 floats apart, starting 16-byte aligned: what the TF32 modes' input-side layers take as it is."""
-    return (x.ndim == 4 and x.dtype == cupy.float32 and x.shape[1] == HYPOTHESES and hypothesis_rows(cupy, x) is x
-            and (x.strides[2] // 4) % 4 == 0 and x.data.ptr % 16 == 0)
 
 
 class HopperGemm:
@@ -441,22 +430,13 @@ class HopperGemm:
             raise ValueError(f"prepare_chain16: needs {CHAIN.hidden_layers + 1} biases of ({WIDE_COLS},), got {bias.shape}")
         return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), first.k, first.operands)
 
-    def chain_applies(self, x, cin: int) -> bool:
-        """Whether :meth:`drb_chain16` takes this X: a (B, 43, N, cin) 16-bit array whose rows (unit
-        stride) are evenly spaced a multiple of 8 elements apart, starting 16-byte aligned (the local
-        projection's 16-bit output, rows of 344 for cin 339)."""
-        cp = self.cupy
-        return (x.ndim == 4 and x.dtype in (cp.float16, cp.uint16) and x.shape[1] == HYPOTHESES
-                and x.shape[3] == cin and hypothesis_rows(cp, x) is x and (x.strides[2] // 2) % 8 == 0
-                and x.data.ptr % 16 == 0)
-
     def drb_chain16(self, x, chain: PreparedChain, mixing: str, score_weight=None):
         """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
         16-bit mode: x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3,
         each layer as the one-layer reference computes it (x5 equals five calls of tests/drb16_reference.py's
         reference_layer16 bit for bit),
         with the activations kept in shared memory. X (B, 43, N, cin) in :func:`activation_dtype` (see
-        :meth:`chain_applies`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
+        :func:`plan.chain_takes`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
         :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type.
 
         With ``score_weight`` (the block's score layer's float32 W, (192, 2): columns W0, W1), x5 is
@@ -464,7 +444,7 @@ class HopperGemm:
         float32 from x5's 16-bit values (the products the score layer mixes and adds)."""
         cp = self.cupy
         act = activation_dtype(cp, chain.operands)
-        if not mixing or not self.chain_applies(x, chain.cin) or x.dtype != act:
+        if not mixing or not plan.chain_takes(x, chain.cin) or x.dtype != act:
             raise ValueError(f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}) with "
                              f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned (B, {HYPOTHESES}, N, "
                              f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
@@ -515,18 +495,13 @@ class HopperGemm:
         scale = cp.ldexp(cp.ones(WIDE_COLS, dtype=cp.float32), -shift).astype(cp.float32)
         return PreparedHalves(cp.ascontiguousarray(stream.reshape(-1)), scale, k)
 
-    def layer_3xf16_applies(self, x, halves: PreparedHalves, mixing: str) -> bool:
-        """Whether :meth:`drb_layer_3xf16` takes this X: float32 (B, 43, N, k) with rows (unit stride) evenly
-        spaced a multiple of 4 floats apart, starting 16-byte aligned, and the A1 built into ``mixing``."""
-        return bool(mixing) and aligned_float32_rows(self.cupy, x) and x.shape[3] == halves.k
-
     def drb_layer_3xf16(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = "", score_weight=None):
         """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu):
         relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32, each product of float32 operands
         taken as big big + big small + small big of their float16 parts (W's columns scaled by powers
         of two, undone in the epilogue), each 32-column K slice's products summed in the tensor cores
         and added in float32; tiles of 96 output columns.
-        X float32 (B, 43, N, k) (see :meth:`layer_3xf16_applies`), ``halves`` from :meth:`prepare_halves`,
+        X float32 (B, 43, N, k) (see :func:`plan.layer_3xf16_takes`), ``halves`` from :meth:`prepare_halves`,
         residual (B, 43, N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns
         (B, 43, N, 192) float32.
 
@@ -535,7 +510,7 @@ class HopperGemm:
         groups, (2, B, 43, N, 2) float32 (float32 sums of the output's float32 values; the two groups
         added in order give x W)."""
         cp = self.cupy
-        if not self.layer_3xf16_applies(x, halves, mixing):
+        if not plan.layer_3xf16_takes(x, halves.k, mixing):
             raise ValueError(f"drb_layer_3xf16: X {x.shape} ({x.dtype}, strides {x.strides}) with "
                              f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned float32 "
                              f"(B, {HYPOTHESES}, N, {halves.k}) array with rows a multiple of 4 floats apart, "
