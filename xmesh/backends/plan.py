@@ -91,8 +91,8 @@ PLAN = (
           "the whole layer (product, 43 x 43 mixing, epilogue) in one kernel"),
     Route("local_gconv", ALL_MODES, "any", "A_0 the identity, not fp16 off sm90 (16-bit X: skinny_gemm16)",
           "gemm or skinny_gemm16 + drb_mix_epilogue", "p2m_ops.cu", "one product, then the mixing and epilogue"),
-    Route("local_gconv", ("fp16",), "any", "off sm90, or A_0 not the identity", "cuBLAS + gconv_epilogue_*",
-          "p2m_ops.cu", "float16 products through cuBLAS (no CUDA graph capture)"),
+    Route("local_gconv", ALL_MODES, "any", "A_0 not the identity, or fp16 off sm90", "cuBLAS + gconv_epilogue_*",
+          "p2m_ops.cu", "separate products through cuBLAS (float16 in fp16; no CUDA graph capture)"),
     Route("local_gconv", ("fp32",), "cpu", "A_0 the identity", "NumPy GEMMs", "numpy_backend.py",
           "one product and one mixing product per sample instead of the reference's three"),
     Route("score_update", ALL_MODES, "any", "one output column, cin <= 512 in whole 16-byte loads, not fp16 "
