@@ -9,7 +9,7 @@
 //   PASSES = 1: one TF32 product (the "tf32" mode; ~1e-3 relative error per product).
 //
 // Tiling: a block of 256 threads (8 warps) computes a 128 x BN tile of C, stepping through K in
-// slices of XG_BK (16, or 32 where the module is built with -DXG_BK=32: the backend's small products)
+// slices of XG_BK (16, or 32 for the few-tile 3xTF32 products: a second build)
 // that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
 // outside the matrix are zero-filled by the copy itself (src-size 0), so M, N and K are arbitrary.
 // VEC = true copies 16 bytes at a time and needs lda, ldb, K and N to be multiples of 4 and A, B
@@ -19,14 +19,11 @@
 // and read it from L2.
 #include "kernel_select.cuh"
 
-#define XG_BM 128
-#ifndef XG_BK
-#define XG_BK 16
+// The tile's constants: one Python definition each (xmesh/backends/kernel_constants.py, GEMM_DEFINES and
+// the K slice), passed with -D by the backend.
+#if !defined(XG_BM) || !defined(XG_BK) || !defined(XG_STAGES) || !defined(XG_THREADS)
+#error "tc_gemm.cu is built with the backend's -D constants (xmesh/backends/kernel_constants.py)"
 #endif
-#ifndef XG_STAGES
-#define XG_STAGES 3
-#endif
-#define XG_THREADS 256
 #define XG_A_STRIDE (XG_BK + 4)   // 20 or 36 floats: fragment loads hit 32 distinct banks
 
 __device__ __forceinline__ unsigned xg_smem(const void* p) {
@@ -48,25 +45,14 @@ __device__ __forceinline__ void xg_wait_stages() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(XG_STAGES - 2));
 }
 
-__device__ __forceinline__ unsigned xg_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
 // big = x rounded to TF32 (10 mantissa bits, to nearest by adding half a unit of the 13 dropped
 // bits); small = x - big, exact in float32, whose low bits the tensor core ignores (a truncation of
 // ~2^-11 of small, i.e. ~2^-22 of x). Integer arithmetic instead of cvt.rna.tf32 keeps it to two
 // instructions for big and one for small.
 template <int PASSES>
 __device__ __forceinline__ void xg_split(float x, unsigned& big, unsigned& small) {
-#ifdef XG_CVT_SPLIT
-    big = xg_tf32(x);
-    if (PASSES == 3) small = xg_tf32(x - __uint_as_float(big));
-#else
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     if (PASSES == 3) small = __float_as_uint(x - __uint_as_float(big));
-#endif
 }
 
 __device__ __forceinline__ void xg_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {

@@ -5,7 +5,7 @@
 //     lcN(h) = relu(h W0 + Z W1 + b),  Z = A1 h rounded to the mode's 16 bits,
 //
 // each layer computed as wgmma_drb16.cu computes it (the same Z, the same wgmmas in the same order,
-// the same epilogue), so x5 is that of five wg_drb_zlayer launches bit for bit. There, every layer
+// the same epilogue), so x5 is that of five wg_drb_reference16 launches bit for bit. There, every layer
 // reads its X and residual from global memory and writes its output back (about 120 MB a sample a
 // layer at 16 bits), and the first layer (W too large for shared memory beside X) takes tiles of 96
 // output columns and reads X twice; here a tile's activations stay in shared memory from x1 to x5,

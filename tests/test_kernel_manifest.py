@@ -14,7 +14,7 @@ from xmesh.backends.cuda_kernels import KernelBuild, defined_kernels, kernel_pat
 from xmesh.backends.kernel_manifest import MODES, all_builds, planned_builds, planned_mixing_builds
 
 SOURCES = ["p2m_ops.cu", "tc_gemm.cu", "nn_bruteforce.cu", "wgmma_gemm.cu", "wgmma_drb16.cu",
-           "wgmma_drb16_chain.cu", "wgmma_drb32.cu", "wgmma_drb32h.cu"]
+           "wgmma_drb16_chain.cu", "wgmma_drb32h.cu"]
 
 
 def a_mixing_source() -> str:

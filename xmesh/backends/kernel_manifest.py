@@ -14,9 +14,12 @@ whole set a build step makes for one generation.
 from __future__ import annotations
 
 from .cuda_kernels import KernelBuild
+from .kernel_constants import GEMM_DEFINES, GEMM_FILE, P2M_DEFINES, P2M_FILE, defines
 
-OPS, GEMM, HOPPER = "p2m_ops.cu", "tc_gemm.cu", "wgmma_gemm.cu"
+OPS, GEMM, HOPPER = P2M_FILE, GEMM_FILE, "wgmma_gemm.cu"
 STD = ("-std=c++17",)
+#: the options the backend builds p2m_ops.cu with (its launch constants by -D)
+OPS_OPTIONS = STD + defines(P2M_DEFINES)
 ARCH = "sm_90a"
 MODES = ("fp32", "tf32", "fp16", "bf16")
 #: the Hopper layer kernels' part of a name per mode (hopper_gemm.OPERANDS) and WG_DRB_OPS code
@@ -24,11 +27,11 @@ _PART = {"fp32": ("3x", 3), "tf32": ("1x", 1), "fp16": ("f16", 16), "bf16": ("bf
 
 
 def _tc(bk: int) -> tuple:
-    return ("-std=c++17", f"-DXG_BK={bk}")
+    return STD + defines(GEMM_DEFINES, XG_BK=bk)
 
 
 def _ops(*names) -> list:
-    return [KernelBuild(OPS, name, STD) for name in names]
+    return [KernelBuild(OPS, name, OPS_OPTIONS) for name in names]
 
 
 def _tc_gemm(passes: int) -> list:
@@ -41,7 +44,7 @@ def _tc_gemm(passes: int) -> list:
     builds += [KernelBuild(GEMM, f"gemm_{passes}x_n{n}_{c}", _tc(16)) for n in widths for c in "vs"]
     if passes == 3:
         builds += [KernelBuild(GEMM, f"gemm_3x_n{n}_{c}", _tc(32)) for n in widths for c in "vs"]
-    return builds + [KernelBuild(GEMM, "gemm_splitk_reduce", STD)]
+    return builds + [KernelBuild(GEMM, "gemm_splitk_reduce", _tc(16))]
 
 
 def planned_builds(precision: str, hopper: bool) -> list:
@@ -75,14 +78,13 @@ def planned_mixing_builds(precision: str, mixing: str) -> list:
 
     part, code = _PART[precision]
     if precision == "fp32":
-        builds = [KernelBuild(hg.H_SOURCE, name, STD, ARCH, mixing) for name in ("wg_drb_hlayer32", "wg_drb_hlayer32_score")]
+        builds = [KernelBuild(hg.LAYER_3XF16.source, name, STD, ARCH, mixing)
+                  for name in ("wg_drb_layer_3xf16", "wg_drb_layer_3xf16_score")]
     elif precision == "tf32":
         builds = []
     else:
-        builds = [KernelBuild(hg.C_SOURCE, f"wg_drb_chain_{part}", STD, ARCH, mixing),
-                  KernelBuild(hg.C_SOURCE, f"wg_drb_chain_score_{part}", STD, ARCH, mixing),
-                  KernelBuild(hg.Z_SOURCE, f"wg_drb_zlayer_{part}", STD, ARCH, mixing),
-                  KernelBuild(hg.Z_SOURCE, f"wg_drb_zlayer_{part}_n96", STD, ARCH, mixing)]
+        builds = [KernelBuild(hg.CHAIN.source, f"wg_drb_chain_{part}", STD, ARCH, mixing),
+                  KernelBuild(hg.CHAIN.source, f"wg_drb_chain_score_{part}", STD, ARCH, mixing)]
     layer = mixing + f"#define WG_DRB_OPS {code}\n"
     ios = ("v", "s") if precision in ("fp32", "tf32") else ("v_o16", "h16")
     builds += [KernelBuild(HOPPER, f"wg_drb_layer_{part}_{io}", STD, ARCH, layer) for io in ios]
