@@ -122,14 +122,14 @@ def usable_cores() -> int:
 def default_workers(gpu: bool, writers: bool = False) -> tuple[int, int]:
     """(loader, mesh writer) processes. On the GPU the cores but three (the loop, its helper threads,
     the driver's), at most 12 loaders: on an H100 machine's cores a sample costs 4-6 ms to decode
-    and about as much to write as text, while the network takes one in about 1 ms, so with meshes
-    half of them load and the rest write. On the CPU one of each: the network bounds the run there."""
+    and about half that to write as text, while the network takes one in about 1 ms, so with meshes
+    two thirds of them load and the rest write. On the CPU one of each: the network bounds it there."""
     if not gpu:
         return 1, 1 if writers else 0
     spare = max(3, usable_cores() - 3)
     if not writers:
         return min(12, spare), 0
-    loaders = max(2, spare // 2)
+    loaders = max(2, (2 * spare) // 3)
     return loaders, max(1, spare - loaders)
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..io.exact_text import savetxt_text
+from ..io.exact_text import obj_vertex_text, savetxt_text
 from .loading import start_pool
 
 XYZ_SUFFIX = "_predict.xyz"
@@ -47,10 +47,10 @@ def faces_text(faces: np.ndarray) -> str:
 
 
 def obj_text(vertices: np.ndarray, faces: np.ndarray, faces_lines: str | None = None) -> str:
-    """An OBJ exactly as :meth:`xmesh.mesh.Mesh.to_obj` writes it ('%.9g' vertices, then faces)."""
+    """An OBJ exactly as :meth:`xmesh.mesh.Mesh.to_obj` writes it ('%.9g' vertices, then faces), the
+    vertex lines formatted by compiled code."""
     head = f"# xmesh: {len(vertices)} vertices, {len(faces)} faces\n"
-    rows = ("v %.9g %.9g %.9g\n" * len(vertices)) % tuple(np.asarray(vertices).ravel().tolist())
-    return head + rows + (faces_text(faces) if faces_lines is None else faces_lines)
+    return head + obj_vertex_text(vertices) + (faces_text(faces) if faces_lines is None else faces_lines)
 
 
 def remove_stray_temporaries(folder: Path) -> int:
@@ -72,6 +72,7 @@ def _init_writer(faces: np.ndarray) -> None:
     _faces = faces
     _faces_lines = faces_text(faces)
     savetxt_text(np.zeros((1, 3), dtype=np.float32))  # compile (or load from numba's cache) once, now
+    obj_vertex_text(np.zeros((1, 3), dtype=np.float32))
 
 
 def _replace_file(path: Path, text: str) -> None:
