@@ -42,3 +42,10 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+class SlowToy(ToyReconstructor):
+    """The toy taking 0.3 s a batch, so that a run lasts long enough to be interrupted."""
+
+    def __init__(self):
+        super().__init__(delay=0.3)

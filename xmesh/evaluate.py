@@ -224,6 +224,25 @@ def _progress(total: int, desc: str, enabled: bool):
                 dynamic_ncols=True, smoothing=0.1)
 
 
+def _on_gpu(model) -> bool:
+    """Whether ``model`` (a Reconstructor, or a distributed.ModelSpec) runs on the GPU."""
+    backend = getattr(model, "backend", None)
+    return (backend if isinstance(backend, str) else getattr(backend, "name", "numpy")) == "cupy"
+
+
+def _cluster_spec(model):
+    """The ModelSpec a cluster's workers build ``model`` from."""
+    from .distributed import ModelSpec
+
+    if isinstance(model, ModelSpec):
+        return model
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise InputError("a cluster run builds the model on each worker: pass an xmesh.distributed.ModelSpec "
+                         "(weights as paths or 'synthetic:SEED'), or a Reconstructor made from weight paths")
+    return spec
+
+
 def _prepare_out(out_dir) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -274,7 +293,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
 def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, batch_size: int | None = None,
                      workers: int | None = None, metric_backend: str = "auto", limit: int | None = None,
                      progress: bool = True, views: Sequence[int] = DEFAULT_VIEWS, save_meshes: bool = False,
-                     meta: dict | None = None, loader_pool=None) -> dict:
+                     meta: dict | None = None, loader_pool=None, client=None) -> dict:
     """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:func:`choose_settings`).
@@ -283,10 +302,12 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
     seconds, samples_per_s, the settings, and ``timing``: seconds per stage). ``loader_pool``: an
     executor from :func:`xmesh.pipeline.loading.start_pool`, started before the model was built so
-    that its start-up overlaps the model's (the command line does this).
+    that its start-up overlaps the model's (the command line does this). ``client``: a
+    ``distributed.Client``; the samples then run on its workers (:mod:`xmesh.distributed`), and
+    ``reconstructor`` may be an :class:`xmesh.distributed.ModelSpec`.
     """
     _check_options(batch_size, workers, metric_backend, limit)
-    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers, save_meshes)
+    settings = choose_settings(_on_gpu(reconstructor), batch_size, workers, save_meshes)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -306,7 +327,18 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": repaired,
                 "seconds": 0.0, "samples_per_s": 0.0, **settings, "save_meshes": bool(save_meshes)}
-    if todo:
+    if todo and client is not None:
+        from .distributed import run_on_cluster
+
+        spec = _cluster_spec(reconstructor)
+        appender = CsvAppender(csv_path)
+        try:
+            with _progress(len(todo), "xmesh eval", progress) as bar:
+                run_info.update(run_on_cluster(client, spec, todo, settings, views, True, metric_backend, predict_dir,
+                                               ("xyz", "obj"), lambda text: _append_new(appender, text, done_ids), bar))
+        finally:
+            appender.close()
+    elif todo:
         appender = CsvAppender(csv_path)
         try:
             run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
@@ -326,6 +358,13 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     _write_summary(out_dir, summary)
     write_logs(out_dir, rows)
     return summary
+
+
+def _append_new(appender: CsvAppender, text: str, skip: set) -> None:
+    """Append a shard's CSV lines, less those of samples already in the CSV."""
+    lines = [line for line in text.splitlines(keepends=True) if line.split(",", 1)[0] not in skip]
+    if lines:
+        appender.write("".join(lines))
 
 
 def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path]:
@@ -348,7 +387,7 @@ def _have_files(folder: Path, sample, formats) -> bool:
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
                         workers: int | None = None, limit: int | None = None, progress: bool = True,
                         views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = ("xyz", "obj"),
-                        loader_pool=None) -> dict:
+                        loader_pool=None, client=None) -> dict:
     """Reconstruct every sample of ``list_file`` (official layout, no ground truth needed) into
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
     Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``."""
@@ -356,7 +395,7 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
-    settings = choose_settings(reconstructor.backend.name == "cupy", batch_size, workers, save_meshes=True)
+    settings = choose_settings(_on_gpu(reconstructor), batch_size, workers, save_meshes=True)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -367,7 +406,13 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     for sample, paths in todo:
         check_inputs(sample, paths)
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}
-    if todo:
+    if todo and client is not None:
+        from .distributed import run_on_cluster
+
+        with _progress(len(todo), "xmesh reconstruct", progress) as bar:
+            info.update(run_on_cluster(client, _cluster_spec(reconstructor), todo, settings, views, False, "auto",
+                                       out_dir, tuple(formats), lambda text: None, bar))
+    elif todo:
         info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
                          "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool))
     return info

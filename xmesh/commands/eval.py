@@ -1,6 +1,7 @@
 """xmesh eval --images ROOT --gt ROOT --list FILE --weights W --out DIR"""
 from __future__ import annotations
 
+import os
 import sys
 
 from .common import add_model_options, describe_weights, reconstructor_from_args
@@ -30,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--views", type=int, nargs=3, default=[0, 6, 7], metavar="I",
                    help="renderings used as the 3 input views (default: 0 6 7)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    p.add_argument("--cluster", default=None, metavar="SPEC",
+                   help="run on Dask: local:N (N worker processes), local-cuda (one worker per GPU) or a "
+                        "scheduler address tcp://HOST:PORT (needs pip install \"xmesh[dask]\")")
     add_model_options(p)
     p.set_defaults(run=run)
 
@@ -39,6 +43,16 @@ def run(args) -> int:
     from ..pipeline.loading import start_pool
 
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
+    if args.cluster:
+        from ..distributed import client_for
+
+        client = client_for(args.cluster)   # fails at once, naming the extra, without Dask
+        # the workers may run elsewhere: every path they read or write is absolute
+        args.images, args.gt, args.out = (os.path.abspath(x) for x in (args.images, args.gt, args.out))
+        try:
+            return _run_with_pool(args, chosen, None, client)
+        finally:
+            client.close()
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
         return _run_with_pool(args, chosen, pool)
@@ -47,18 +61,29 @@ def run(args) -> int:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_with_pool(args, chosen, pool) -> int:
+def _model(args, client):
+    """The model, or on a cluster the spec its workers build it from."""
+    if client is None:
+        return reconstructor_from_args(args)
+    from ..distributed import ModelSpec
+
+    weights = tuple(w if w.startswith("synthetic:") else os.path.abspath(w) for w in args.weights)
+    template = os.path.abspath(args.template) if args.template else None
+    return ModelSpec(weights, template, args.backend, args.precision, not args.no_view_quirk)
+
+
+def _run_with_pool(args, chosen, pool, client=None) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
-    model = reconstructor_from_args(args)
+    model = _model(args, client)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
           f"{chosen['workers']} loader and {chosen['writers']} mesh writer process(es)",
           file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
-        save_meshes=args.save_meshes, loader_pool=pool,
+        save_meshes=args.save_meshes, loader_pool=pool, client=client,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
               "template": args.template or "built-in ellipsoid", "views": list(args.views)},
     )

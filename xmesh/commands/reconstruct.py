@@ -1,6 +1,7 @@
 """xmesh reconstruct IMG IMG IMG --cameras F --weights W --out mesh.obj"""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=None, help="with --list: loader processes (and as many writers)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="with --list: only the first N samples")
     p.add_argument("--no-progress", action="store_true", help="with --list: do not draw the progress bar")
+    p.add_argument("--cluster", default=None, metavar="SPEC",
+                   help="with --list, run on Dask: local:N, local-cuda or tcp://HOST:PORT (pip install \"xmesh[dask]\")")
     p.add_argument("--coarse-out", default=None, help="also write the stage-1 coarse mesh here")
     add_model_options(p)
     p.set_defaults(run=run)
@@ -96,6 +99,16 @@ def run_list(args) -> int:
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
+    if args.cluster:
+        from ..distributed import client_for
+
+        client = client_for(args.cluster)   # fails at once, naming the extra, without Dask
+        # the workers may run elsewhere: every path they read or write is absolute
+        args.images_root, args.out = os.path.abspath(args.images_root), os.path.abspath(args.out)
+        try:
+            return _run_with_pool(args, chosen, None, client)
+        finally:
+            client.close()
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
         return _run_with_pool(args, chosen, pool)
@@ -104,16 +117,27 @@ def run_list(args) -> int:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_with_pool(args, chosen, pool) -> int:
+def _model(args, client):
+    """The model, or on a cluster the spec its workers build it from."""
+    if client is None:
+        return reconstructor_from_args(args)
+    from ..distributed import ModelSpec
+
+    weights = tuple(w if w.startswith("synthetic:") else os.path.abspath(w) for w in args.weights)
+    template = os.path.abspath(args.template) if args.template else None
+    return ModelSpec(weights, template, args.backend, args.precision, not args.no_view_quirk)
+
+
+def _run_with_pool(args, chosen, pool, client=None) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
 
-    model = reconstructor_from_args(args)
+    model = _model(args, client)
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
           f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,
-                               views=args.views or (0, 6, 7), loader_pool=pool)
+                               views=args.views or (0, 6, 7), loader_pool=pool, client=client)
     print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
     if "timing" in info:
