@@ -14,7 +14,8 @@ from xmesh.errors import InputError
 from xmesh.synthetic.shapes import DEFAULT_RADIUS
 
 TARGET_RADIUS = DEFAULT_RADIUS
-OUTLIER_FRACTION = 0.02        # the farthest points dropped before the sphere is fitted
+STRAY_DISTANCE = 4.0           # points beyond this many median distances from the centre are strays
+SPHERE_PASSES = 3              # strays far off pull the first mean, not the later ones
 DEGENERATE_UP = 1e-3           # second-smallest eigenvalue share below which the right axes fix no up
 OPENCV_FROM_NETWORK = np.diag([1.0, -1.0, -1.0])   # network camera axes (y up, z back) -> OpenCV (y down, z forward)
 
@@ -25,17 +26,19 @@ def _unit(v) -> np.ndarray:
 
 
 def object_sphere(points, centre=None) -> tuple[np.ndarray, float]:
-    """(centre, radius) of an object's 3D points: the farthest :data:`OUTLIER_FRACTION` of them from
-    their mean (or from ``centre``, when given) are dropped as strays; the centre is the mean of the
-    rest (or ``centre``) and the radius their largest distance from it."""
+    """(centre, radius) of an object's 3D points. Points farther from the centre than
+    :data:`STRAY_DISTANCE` times the median distance are strays; the centre is the mean of the
+    others, found in :data:`SPHERE_PASSES` passes from the mean of all (or kept at ``centre``, when
+    given), and the radius their largest distance from it."""
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) < 4:
         raise InputError(f"object points: shape {points.shape}; at least 4 points (N, 3) are needed to place the object")
-    first = points.mean(axis=0) if centre is None else np.asarray(centre, dtype=np.float64)
-    distance = np.linalg.norm(points - first, axis=1)
-    keep = max(4, int(np.ceil(len(points) * (1.0 - OUTLIER_FRACTION))))
-    kept = points[np.argsort(distance, kind="stable")[:keep]]
-    middle = kept.mean(axis=0) if centre is None else first
+    middle = points.mean(axis=0) if centre is None else np.asarray(centre, dtype=np.float64)
+    for _ in range(SPHERE_PASSES if centre is None else 1):
+        distance = np.linalg.norm(points - middle, axis=1)
+        kept = points[distance <= STRAY_DISTANCE * np.median(distance)]
+        if centre is None:
+            middle = kept.mean(axis=0)
     return middle, float(np.linalg.norm(kept - middle, axis=1).max())
 
 

@@ -105,7 +105,8 @@ def from_colmap(sparse_dir: str | os.PathLike, images: Sequence[str] | None = No
     ``images``: the three photos' names as in ``images.txt``, or paths whose file names match them
     (default: the model's photos, when it holds exactly three). ``masks``: one per photo (path or
     array, or None), used to pick the object's 3D points and later to put the photos on white.
-    ``up``: the world's up direction (default: estimated from the cameras); ``first_azimuth``: view
+    ``up``: the world's up direction (default: estimated from every registered camera, the direction
+    most nearly perpendicular to all the photos' horizontals); ``first_azimuth``: view
     0's azimuth in degrees. See the module docstring for ``center`` and ``radius``.
     """
     model = colmap.read_text_model(sparse_dir)
@@ -117,9 +118,10 @@ def from_colmap(sparse_dir: str | os.PathLike, images: Sequence[str] | None = No
         chosen = [colmap.find_image(model, name, f"view {i}") for i, name in enumerate(names)]
     views = [PhotoView(im.name if names is None else names[i], im.intrinsics, im.rotation, im.center)
              for i, im in enumerate(chosen)]
+    everyone = [PhotoView(im.name, im.intrinsics, im.rotation, im.center) for im in model.images]
     masks = _masks(masks)
     middle, size = place_object(views, model.points, masks, center, radius)
-    return convert(views, middle, size, up=up, first_azimuth=first_azimuth, masks=masks)
+    return convert(views, middle, size, up=up, first_azimuth=first_azimuth, masks=masks, up_from=everyone)
 
 
 def _masks(masks):
@@ -244,7 +246,8 @@ def from_poses(poses: Any, images: Sequence[str] | None = None, masks=None, cent
     entries = data.get("views")
     if not isinstance(entries, list):
         raise InputError("poses: expected a 'views' list of camera entries")
-    views = _order([pose_view(e, i, convention) for i, e in enumerate(entries)], _names(images))
+    everyone = [pose_view(e, i, convention) for i, e in enumerate(entries)]
+    views = _order(everyone, _names(images))
     points = data.get("points") if points is None else points
     if points is not None:
         points = np.asarray(points, dtype=np.float64)
@@ -256,4 +259,4 @@ def from_poses(poses: Any, images: Sequence[str] | None = None, masks=None, cent
     first_azimuth = float(data.get("first_azimuth", 0.0)) if first_azimuth is None else first_azimuth
     masks = _masks(masks)
     middle, size = place_object(views, points, masks, center, radius)
-    return convert(views, middle, size, up=up, first_azimuth=first_azimuth, masks=masks)
+    return convert(views, middle, size, up=up, first_azimuth=first_azimuth, masks=masks, up_from=everyone)

@@ -5,8 +5,9 @@ in OpenCV axes, camera centre) and an object centre and radius, and returns :cla
 the (3, 5) rows (azimuth, elevation, 0, distance, 25), the map between the input world and the
 network's, and the per-view image preparation (:mod:`xmesh.photo.prepare`).
 
-Assumptions. Up is given, or estimated as the direction most nearly perpendicular to every photo's
-horizontal (exact when the photos have no roll, the usual hand-held or tripod capture). Azimuth 0
+Assumptions. Up is given, or estimated from every camera of the capture (all registered photos) as
+the direction most nearly perpendicular to every photo's horizontal: exact when no photo is rolled,
+and a few degrees of hand-held roll average out over a capture around the object. Azimuth 0
 is view 0's (``first_azimuth`` moves it; the network's output does not depend on it). Each network
 camera sits where the real camera was and looks at the object centre with roll 0: a real camera
 that points elsewhere or is rolled differs from it by a rotation about its own centre, which a
@@ -29,6 +30,7 @@ from xmesh.photo.intrinsics import Intrinsics
 FIELD_OF_VIEW = 25.0                 # the fifth column of ShapeNet's rows (unused by the network)
 TRAINED_DISTANCES = (0.62, 0.88)     # ShapeNet rendering distances the network was trained on
 DISTANCE_WARNING = (0.45, 1.3)       # beyond these the object is much larger / smaller than in training
+WEAK_UP = 0.1                        # second-smallest share of the x axes' spread below which up is weakly fixed
 MAX_ELEVATION = 89.0                 # the network's camera frame is undefined straight above the object
 
 
@@ -109,9 +111,13 @@ class PhotoCameras:
         return frame.network_rotation(azimuth, elevation) @ self.rotation
 
     def roll_degrees(self) -> np.ndarray:
-        """Per view, how far the photo's horizontal tilts from the world's (0 for the network's cameras)."""
-        up = self.rotation[1]
-        return np.degrees(np.arcsin(np.clip([v.rotation[0] @ up for v in self.views], -1.0, 1.0)))
+        """Per view, the angle (degrees) by which the photo is turned about its optical axis from the
+        network's upright camera at the same place (the photo's x axis, seen in that camera)."""
+        out = []
+        for i, view in enumerate(self.views):
+            x = self.virtual_rotation(i) @ view.rotation[0]
+            out.append(np.degrees(np.arctan2(x[1], x[0])))
+        return np.asarray(out)
 
     def off_axis_degrees(self) -> np.ndarray:
         """Per view, the angle between the optical axis and the direction to the object centre."""
@@ -163,12 +169,20 @@ def check_facing(views, centre) -> None:
 
 
 def estimate_up(views) -> np.ndarray:
-    """World up from the cameras' axes (see :func:`frame.estimate_up`)."""
-    return frame.estimate_up([v.rotation[0] for v in views], [-v.rotation[1] for v in views])
+    """World up from the cameras' axes (see :func:`frame.estimate_up`); warns where the cameras fix it
+    poorly (x axes all within a narrow fan, where a few degrees of roll tilt the estimate a lot)."""
+    right = np.asarray([v.rotation[0] for v in views])
+    spread = np.linalg.eigvalsh(right.T @ right)
+    if spread[1] < WEAK_UP * spread.sum():
+        warnings.warn(f"the up direction is estimated from {len(views)} cameras whose horizontals nearly agree, so a "
+                      "little roll tilts it much: pass up= (--up), or cameras from all around the object", stacklevel=4)
+    return frame.estimate_up(right, [-v.rotation[1] for v in views])
 
 
-def convert(views, centre, radius: float, up=None, first_azimuth: float = 0.0, masks=None) -> PhotoCameras:
-    """Three posed photos, the object's centre and radius (input units) -> :class:`PhotoCameras`."""
+def convert(views, centre, radius: float, up=None, first_azimuth: float = 0.0, masks=None, up_from=None) -> PhotoCameras:
+    """Three posed photos, the object's centre and radius (input units) -> :class:`PhotoCameras`.
+    ``up_from``: the cameras that estimate up when ``up`` is None (default the three; every
+    registered photo of a capture fixes it far better)."""
     views = tuple(views)
     check_count(len(views), "cameras")
     centre = np.asarray(centre, dtype=np.float64)
@@ -177,7 +191,7 @@ def convert(views, centre, radius: float, up=None, first_azimuth: float = 0.0, m
     if not (np.isfinite(radius) and radius > 0):
         raise InputError(f"radius={radius}: expected the object's radius, a number > 0, in the input's units")
     check_facing(views, centre)
-    up = estimate_up(views) if up is None else np.asarray(up, dtype=np.float64)
+    up = estimate_up(views if up_from is None else up_from) if up is None else np.asarray(up, dtype=np.float64)
     if up.shape != (3,) or not np.all(np.isfinite(up)) or np.linalg.norm(up) == 0:
         raise InputError(f"up={up.tolist()}: expected a nonzero 3D direction")
     rotation = frame.normalising_rotation(up, views[0].centre - centre, float(first_azimuth))
