@@ -71,6 +71,8 @@ def test_a_mask_acts_as_the_alpha_channel(demo_dir):
         assert np.array_equal(with_alpha, with_mask)
         # the mask wins over an alpha channel, and paths work like arrays
         assert np.array_equal(prepare_photo(cams, 0, demo_dir / "plane1.png", mask=mask), with_alpha)
+        with pytest.warns(UserWarning, match="view 0 .v0.: photo: no mask and no alpha channel"):
+            prepare_photo(cams, 0, np.ascontiguousarray(rgba[:, :, :3]))
         assert not np.array_equal(prepare_photo(cams, 0, rgba, mask=np.ascontiguousarray(mask[:, ::-1])), with_alpha)
     # the background really turns white: corner pixels of the demo are transparent
     assert np.all(with_alpha[0, 0] == 1.0)
@@ -79,7 +81,8 @@ def test_a_mask_acts_as_the_alpha_channel(demo_dir):
 def _coverage(cams, index, photo):
     """The photo's alpha resampled like its colours: 1 on the object, 0 elsewhere (and off the photo)."""
     inverted = np.repeat(255 - photo[:, :, 3:4], 3, axis=2)
-    return 1.0 - prepare_photo(cams, index, inverted)[:, :, 0]
+    everywhere = np.full(photo.shape[:2], 255, np.uint8)     # no white-out: the image is the coverage
+    return 1.0 - prepare_photo(cams, index, inverted, mask=everywhere)[:, :, 0]
 
 
 def _compare(cams, index, photo, reference):

@@ -17,6 +17,7 @@ Object pixels: the photo's alpha channel (alpha 0 is background, as in the origi
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import cv2
@@ -113,6 +114,9 @@ def prepare_photo(cameras: PhotoCameras, index: int, image, mask=None) -> np.nda
     elif image.shape[2] == 4 and not image[:, :, 3].any():
         raise InputError(f"{what}: the alpha channel is 0 everywhere, an empty mask; expected the object's "
                          "pixels to have alpha > 0")
+    elif image.shape[2] == 3:
+        warnings.warn(f"{what}: no mask and no alpha channel, so the photo is used with its background; the "
+                      "network was trained on objects on white: give a mask (--masks) or an RGBA photo", stacklevel=3)
     if image.shape[2] == 4:
         image = image.copy()
         image[image[:, :, 3] == 0] = scale   # the original loader's compositing on white
