@@ -11,7 +11,7 @@ from scipy.spatial.transform import Rotation
 from xmesh.photo import colmap, frame
 from xmesh.photo.intrinsics import Intrinsics
 from xmesh.synthetic import render_mesh, shapenet_cameras
-from xmesh.synthetic.raster import downsample, rasterize, shade
+from xmesh.synthetic import capture
 from xmesh.synthetic.shapes import make_shape, sample_surface
 
 
@@ -75,20 +75,9 @@ def network_photos(scene: Scene, size: int = 137) -> list[np.ndarray]:
     return [bgra(render_mesh(scene.vertices, scene.faces, row, size=size)) for row in scene.rows]
 
 
-def face_colours(faces, seed: int = 7) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(0.1, 0.9, size=(len(faces), 3))
-
-
 def render_pinhole(scene: Scene, rotation, centre, k: Intrinsics, supersample: int = 3) -> np.ndarray:
-    """BGRA uint8 photo of the object (input world) through any pinhole camera, each face its own flat
-    colour (no lighting, so every camera sees the same colours)."""
-    world = scene.to_input(scene.vertices)
-    cam = (world - centre) @ np.asarray(rotation).T
-    big = Intrinsics(k.fx * supersample, k.fy * supersample, k.cx * supersample, k.cy * supersample)
-    uv, _ = big.project(cam)
-    index, _ = rasterize(uv, cam[:, 2], scene.faces, k.height * supersample, k.width * supersample)
-    rgba = shade(index, np.zeros((len(scene.faces), 3)), face_colours(scene.faces), ambient=1.0)
-    return bgra(downsample(rgba, supersample))
+    """BGRA uint8 photo of the object (input world) through any pinhole camera, flat face colours."""
+    return capture.render_pinhole(scene.to_input(scene.vertices), scene.faces, rotation, centre, k, supersample=supersample)
 
 
 def write_colmap(scene: Scene, folder, names, intrinsics=None, turns=None, other_rolls=None) -> None:
