@@ -150,3 +150,15 @@ def test_photo_errors_name_the_view(demo_dir):
         prepare_photo(cams, 0, rgba[:100])
     with pytest.raises(InputError, match="got 2 photos"):
         cams.prepare_images([rgba, rgba])
+
+
+def test_a_photo_larger_than_its_calibration_is_scaled_alike(demo_dir):
+    """COLMAP run on 137 px copies, the photo given at 274 px: the intrinsics scale with it."""
+    rows = load_cameras(demo_dir / "cameras.txt").astype(np.float64)
+    cams = _network_cameras(rows, [network_intrinsics(137)] * 3)
+    rgba = cv2.imread(str(demo_dir / "plane3.png"), cv2.IMREAD_UNCHANGED)
+    small = prepare_photo(cams, 2, rgba)
+    large = prepare_photo(cams, 2, cv2.resize(rgba, (274, 274), interpolation=cv2.INTER_NEAREST))
+    assert np.abs(large - small).mean() < 0.01
+    shifted = prepare_photo(cams, 2, cv2.resize(rgba, (274, 274), interpolation=cv2.INTER_NEAREST)[::-1].copy())
+    assert np.abs(shifted - small).mean() > 0.02
