@@ -1,4 +1,4 @@
-"""xmesh reconstruct IMG IMG IMG --cameras F --weights W --out mesh.obj"""
+"""xmesh reconstruct IMG IMG IMG --cameras F | --colmap DIR | --poses JSON --weights W --out mesh.obj"""
 from __future__ import annotations
 
 import os
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .common import add_model_options, describe_weights, output_errors, reconstructor_from_args, resolve_weights
+from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
 
@@ -19,6 +20,7 @@ def add_parser(sub) -> None:
                                    "{id}_predict.obj per sample, batched, skipping samples whose files exist.")
     p.add_argument("images", nargs="*", metavar="IMG", help="three images (PNG/JPEG), in the order of the camera rows")
     p.add_argument("--cameras", default=None, help="cameras.txt (3 rows) or a ShapeNet rendering_metadata.txt")
+    add_photo_options(p)
     p.add_argument("--views", type=int, nargs=3, default=None, metavar="I",
                    help="rows of the camera file to use (with --list: renderings, default 0 6 7)")
     p.add_argument("--out", required=True, help="output mesh: .obj, .ply or .xyz (with --list: a folder)")
@@ -55,8 +57,6 @@ def _write(mesh, method: str, option: str, path: str) -> None:
 
 
 def run(args) -> int:
-    from ..io.cameras import load_cameras
-    from ..io.images import load_images
     from ..io.template import load_template
     from ..reconstruct import Reconstructor
 
@@ -64,8 +64,7 @@ def run(args) -> int:
         return run_list(args)
     if args.images_root is not None:
         raise InputError("--images ROOT goes with --list FILE; for one object give the three image files")
-    if args.cameras is None:
-        raise InputError("--cameras is required: the camera rows of the three images")
+    camera_source(args)
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
     out_writer = writer(args.out)
@@ -74,12 +73,11 @@ def run(args) -> int:
     _check_output("--coarse-out", args.coarse_out)
     start = time.perf_counter()
     # validate every input before the (costly) model is built: images, cameras, template, then weights
-    images = load_images(args.images)
-    cameras = load_cameras(args.cameras, views=args.views)
+    images, cameras, place = inputs_from_args(args)
     template = load_template(args.template) if args.template else None
     model = Reconstructor(resolve_weights(args.weights), template=template, backend=args.backend,
                           precision=args.precision, view_quirk=not args.no_view_quirk)
-    mesh = model(images, cameras)
+    mesh = place(model(images, cameras))
     _write(mesh, out_writer, "--out", args.out)
     if coarse_writer:
         _write(mesh.coarse(), coarse_writer, "--coarse-out", args.coarse_out)
@@ -92,6 +90,7 @@ def run_list(args) -> int:
     from ..evaluate import choose_settings
     from ..pipeline.loading import start_pool
 
+    reject_photo_options(args)
     if args.images:
         raise InputError(f"--list reconstructs the samples of a list: drop the image arguments {args.images[:3]}")
     if args.images_root is None:
