@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--views", type=int, nargs=3, default=[0, 6, 7], metavar="I",
                    help="renderings used as the 3 input views (default: 0 6 7)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    p.add_argument("--report", action="store_true",
+                   help="also write OUT/report.html (charts, timing, a gallery) and its pictures in OUT/report/; "
+                        'needs the report extra: pip install "xmesh[report]"')
     add_model_options(p)
     p.set_defaults(run=run)
 
@@ -38,6 +41,9 @@ def run(args) -> int:
     from ..evaluate import choose_settings
     from ..pipeline.loading import start_pool
 
+    if args.report:  # fail at once, before any work, where matplotlib is missing
+        from ..report import require_matplotlib
+        require_matplotlib()
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
     pool = start_pool(chosen["workers"])  # the loader starts while the model is built
     try:
@@ -60,7 +66,8 @@ def _run_with_pool(args, chosen, pool) -> int:
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
         save_meshes=args.save_meshes, loader_pool=pool,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
-              "template": args.template or "built-in ellipsoid", "views": list(args.views)},
+              "template": args.template or "built-in ellipsoid", "views": list(args.views),
+              "synthetic_weights": said.startswith("synthetic")},
     )
     info = summary["run"]
     if info["skipped"]:
@@ -75,4 +82,7 @@ def _run_with_pool(args, chosen, pool) -> int:
           f"{info['evaluated']} evaluated now in {info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s)")
     if "timing" in info:
         print(f"xmesh eval: {format_timing(info['timing'])}")
+    if args.report:
+        from ..report import write_report
+        print(f"wrote {write_report(args.out, args.images, args.gt, model, args.views)} and its pictures")
     return 0

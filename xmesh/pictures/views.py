@@ -24,7 +24,8 @@ def _title(title: str, note: str) -> str:
 
 
 def mesh_panel(vertices, faces, camera_row, size: int = PANEL_SIZE, *, points=None, frame: str = "camera0",
-               camera0_row=None, camera_view: bool = False, title: str = "", color=DEFAULT_COLOR):
+               camera0_row=None, camera_view: bool = False, title: str = "", color=DEFAULT_COLOR,
+               point_radius: float | None = None):
     """(RGB (size, size, 3) panel, its Framing or None): the mesh framed from ``camera_row``'s direction,
     or with ``camera_view`` seen by that camera as the network saw its input. ``frame="camera0"`` (the
     network's output frame) needs ``camera0_row``; ``points`` (ground truth) are overlaid in red."""
@@ -37,7 +38,7 @@ def mesh_panel(vertices, faces, camera_row, size: int = PANEL_SIZE, *, points=No
             bounds = np.concatenate([bounds, to_world(np.asarray(points, dtype=np.float32)[:, :3], frame, camera0_row)])
         framing = fit_framing(bounds, camera_row)
     rgba = render_mesh(vertices, faces, camera_row, size=size, points=points, color=color, frame=frame,
-                       camera0_row=camera0_row, framing=framing)
+                       camera0_row=camera0_row, framing=framing, point_radius=point_radius)
     note = "camera view" if framing is None else framing.label
     return put_label(on_white(rgba), _title(title, note)), framing
 
