@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--cluster", default=None, metavar="SPEC",
                    help="run on Dask: local:N (N worker processes), local-cuda (one worker per GPU) or a "
                         "scheduler address tcp://HOST:PORT (needs pip install \"xmesh[dask]\")")
+    p.add_argument("--report", action="store_true",
+                   help="also write OUT/report.html (charts, timing, a gallery) and its pictures in OUT/report/; "
+                        'needs the report extra: pip install "xmesh[report]"')
     add_model_options(p)
     p.set_defaults(run=run)
 
@@ -42,6 +45,9 @@ def run(args) -> int:
     from ..evaluate import choose_settings
     from ..pipeline.loading import start_pool
 
+    if args.report:  # fail at once, before any work, where matplotlib is missing
+        from ..report import require_matplotlib
+        require_matplotlib()
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
     if args.cluster:
         from ..distributed import client_for
@@ -85,7 +91,8 @@ def _run_with_pool(args, chosen, pool, client=None) -> int:
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
         save_meshes=args.save_meshes, loader_pool=pool, client=client,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
-              "template": args.template or "built-in ellipsoid", "views": list(args.views)},
+              "template": args.template or "built-in ellipsoid", "views": list(args.views),
+              "synthetic_weights": said.startswith("synthetic")},
     )
     info = summary["run"]
     if info["skipped"]:
@@ -100,4 +107,9 @@ def _run_with_pool(args, chosen, pool, client=None) -> int:
           f"{info['evaluated']} evaluated now in {info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s)")
     if "timing" in info:
         print(f"xmesh eval: {format_timing(info['timing'])}")
+    if args.report:
+        from ..report import write_report
+        # on a cluster the gallery's predictions come from predict/, or a model built here for them
+        painter = model if client is None else (None if args.save_meshes else model.build())
+        print(f"wrote {write_report(args.out, args.images, args.gt, painter, args.views)} and its pictures")
     return 0
