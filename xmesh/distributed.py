@@ -88,7 +88,6 @@ class ModelSpec:
 
 
 _MODELS: dict[ModelSpec, Any] = {}  # this worker process's models, built once each
-_POOLS: dict[tuple, Any] = {}        # and its loader and mesh-writer pools, started once each
 
 
 def worker_model(spec: ModelSpec):
@@ -96,27 +95,6 @@ def worker_model(spec: ModelSpec):
     if model is None:
         model = _MODELS[spec] = spec.build()
     return model
-
-
-def _worker_pool(kind: str, count: int, *init):
-    from .pipeline.loading import start_pool
-
-    key = (kind, count)
-    if key not in _POOLS:
-        _POOLS[key] = start_pool(count, *init) if init else start_pool(count)
-    return _POOLS[key]
-
-
-def prepare_worker(spec: ModelSpec, loaders: int, writers: int) -> str:
-    """Build the model and start the pools on this worker before the first shard (as a single
-    process builds its model before its first batch)."""
-    from .pipeline.writing import _init_writer
-
-    model = worker_model(spec)
-    _worker_pool("load", loaders)
-    if writers:
-        _worker_pool("write", writers, _init_writer, (model.faces,))
-    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
 
 @dataclass
@@ -133,30 +111,27 @@ def run_shard(spec: ModelSpec, items: list, batch_size: int, views: Sequence[int
     return their CSV lines (empty without ground truth)."""
     from .evaluate import format_rows
     from .pipeline.loop import run_batches
-    from .pipeline.writing import _init_writer, prediction_stem, write_predictions
+    from .pipeline.writing import write_predictions, _init_writer, prediction_stem
 
-    writers = max(1, workers) if predict_dir is not None else 0
-    prepare_worker(spec, workers, writers)
     model = worker_model(spec)
-    writer_pool = _worker_pool("write", writers, _init_writer, (model.faces,)) if writers else None
     if predict_dir is not None:
+        _init_writer(model.faces)
         Path(predict_dir).mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    pending = []
+    write_s = 0.0
 
     def on_batch(result) -> None:
+        nonlocal write_s
         if predict_dir is not None:
-            stems = [prediction_stem(s) for s in result.samples]
-            pending.extend(writer_pool.submit(write_predictions, predict_dir, stems[i:i + 8], result.vertices[i:i + 8],
-                                              tuple(formats)) for i in range(0, len(stems), 8))
+            write_s += write_predictions(predict_dir, [prediction_stem(s) for s in result.samples], result.vertices,
+                                         formats)
         if result.scores is not None:
             lines.append(format_rows(result))
 
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
     timing = run_batches(model, batches, on_batch, workers=workers, views=views, with_gt=with_gt,
-                         keep_vertices=predict_dir is not None, metric_backend=metric_backend,
-                         loader_pool=_worker_pool("load", workers))
-    timing.write += sum(f.result() for f in pending) / max(1, writers)   # the shard's files are all written
+                         keep_vertices=predict_dir is not None, metric_backend=metric_backend)
+    timing.write += write_s
     return ShardResult(len(items), "".join(lines), timing.as_dict(), os.environ.get("DASK_WORKER_NAME", ""))
 
 
@@ -175,13 +150,8 @@ def run_on_cluster(client, spec: ModelSpec, todo: list, settings: dict, views, w
     from .pipeline.loop import Timing
     from .pipeline.writing import remove_stray_temporaries
 
-    addresses = list(client.scheduler_info().get("workers", {}))
-    workers = max(1, len(addresses))
+    workers = max(1, len(client.scheduler_info().get("workers", {})) or 1)
     shards = shard_items(todo, settings["batch_size"], workers)
-    writers = max(1, settings["workers"]) if predict_dir is not None else 0
-    # each worker builds its model and starts its pools first, as one process does before its loop
-    client.gather([client.submit(prepare_worker, spec, settings["workers"], writers, workers=[a], pure=False,
-                                 allow_other_workers=False) for a in addresses])
     start = time.perf_counter()
     futures = [client.submit(run_shard, spec, shard, settings["batch_size"], tuple(views), with_gt, metric_backend,
                              str(predict_dir) if predict_dir is not None else None, tuple(formats),
