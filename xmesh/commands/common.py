@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 from ..errors import InputError, XmeshError
 from ..io.atomic import os_error_reason
@@ -58,3 +59,39 @@ def output_errors(what: str):
             raise
         raise InputError(f"{what} failed ({os_error_reason(exc)}); the previous file, if any, is unchanged; "
                          "expected a writable path with free space") from None
+
+
+def run_dataset_command(args, chosen: dict, path_options: tuple, body) -> int:
+    """Run ``body(args, model, pool, client)`` for a dataset command: on a Dask cluster with
+    ``--cluster`` (the client made first, so a missing extra fails at once; the ``path_options`` of
+    ``args`` made absolute, as the workers may run elsewhere), else in this process with its loader
+    pool started before the model is built, so that their start-ups overlap."""
+    if getattr(args, "cluster", None):
+        from ..distributed import client_for
+
+        client = client_for(args.cluster)
+        for name in path_options:
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+        try:
+            return body(args, model_for(args, client), None, client)
+        finally:
+            client.close()
+    from ..pipeline.loading import start_pool
+
+    pool = start_pool(chosen["workers"])
+    try:
+        return body(args, model_for(args, None), pool, None)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def model_for(args, client):
+    """The Reconstructor, or on a cluster the ModelSpec its workers build it from."""
+    if client is None:
+        return reconstructor_from_args(args)
+    from ..distributed import ModelSpec
+
+    weights = tuple(w if w.startswith(SYNTHETIC_PREFIX) else os.path.abspath(w) for w in args.weights)
+    template = os.path.abspath(args.template) if args.template else None
+    return ModelSpec(weights, template, args.backend, args.precision, not args.no_view_quirk)

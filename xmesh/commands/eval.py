@@ -1,10 +1,9 @@
 """xmesh eval --images ROOT --gt ROOT --list FILE --weights W --out DIR"""
 from __future__ import annotations
 
-import os
 import sys
 
-from .common import add_model_options, describe_weights, reconstructor_from_args
+from .common import add_model_options, describe_weights, run_dataset_command
 
 
 def add_parser(sub) -> None:
@@ -43,46 +42,19 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..evaluate import choose_settings
-    from ..pipeline.loading import start_pool
 
     if args.report:  # fail at once, before any work, where matplotlib is missing
         from ..report import require_matplotlib
         require_matplotlib()
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
-    if args.cluster:
-        from ..distributed import client_for
-
-        client = client_for(args.cluster)   # fails at once, naming the extra, without Dask
-        # the workers may run elsewhere: every path they read or write is absolute
-        args.images, args.gt, args.out = (os.path.abspath(x) for x in (args.images, args.gt, args.out))
-        try:
-            return _run_with_pool(args, chosen, None, client)
-        finally:
-            client.close()
-    pool = start_pool(chosen["workers"])  # the loader starts while the model is built
-    try:
-        return _run_with_pool(args, chosen, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    return run_dataset_command(args, chosen, ("images", "gt", "out"), 
+                               lambda a, model, pool, client: _run(a, chosen, model, pool, client))
 
 
-def _model(args, client):
-    """The model, or on a cluster the spec its workers build it from."""
-    if client is None:
-        return reconstructor_from_args(args)
-    from ..distributed import ModelSpec
-
-    weights = tuple(w if w.startswith("synthetic:") else os.path.abspath(w) for w in args.weights)
-    template = os.path.abspath(args.template) if args.template else None
-    return ModelSpec(weights, template, args.backend, args.precision, not args.no_view_quirk)
-
-
-def _run_with_pool(args, chosen, pool, client=None) -> int:
+def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
-    model = _model(args, client)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
           f"{chosen['workers']} loader and {chosen['writers']} mesh writer process(es)",
           file=sys.stderr)

@@ -1,13 +1,12 @@
 """xmesh reconstruct IMG IMG IMG --cameras F | --colmap DIR | --poses JSON --weights W --out mesh.obj"""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import add_model_options, describe_weights, output_errors, reconstructor_from_args, resolve_weights
+from .common import add_model_options, describe_weights, output_errors, resolve_weights, run_dataset_command
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
@@ -88,7 +87,6 @@ def run(args) -> int:
 
 def run_list(args) -> int:
     from ..evaluate import choose_settings
-    from ..pipeline.loading import start_pool
 
     reject_photo_options(args)
     if args.images:
@@ -98,39 +96,13 @@ def run_list(args) -> int:
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
-    if args.cluster:
-        from ..distributed import client_for
-
-        client = client_for(args.cluster)   # fails at once, naming the extra, without Dask
-        # the workers may run elsewhere: every path they read or write is absolute
-        args.images_root, args.out = os.path.abspath(args.images_root), os.path.abspath(args.out)
-        try:
-            return _run_with_pool(args, chosen, None, client)
-        finally:
-            client.close()
-    pool = start_pool(chosen["workers"])  # the loader starts while the model is built
-    try:
-        return _run_with_pool(args, chosen, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    return run_dataset_command(args, chosen, ("images_root", "out"),
+                               lambda a, model, pool, client: _run(a, chosen, model, pool, client))
 
 
-def _model(args, client):
-    """The model, or on a cluster the spec its workers build it from."""
-    if client is None:
-        return reconstructor_from_args(args)
-    from ..distributed import ModelSpec
-
-    weights = tuple(w if w.startswith("synthetic:") else os.path.abspath(w) for w in args.weights)
-    template = os.path.abspath(args.template) if args.template else None
-    return ModelSpec(weights, template, args.backend, args.precision, not args.no_view_quirk)
-
-
-def _run_with_pool(args, chosen, pool, client=None) -> int:
+def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
 
-    model = _model(args, client)
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
           f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
           file=sys.stderr)
