@@ -12,8 +12,9 @@
 // a: (batch, n_max, 3) float32, b: (batch, m_max, 3) float32, both C-contiguous.
 // len_a, len_b: (batch,) int64 with 1 <= len_a <= n_max and 1 <= len_b <= m_max.
 // out_dist: (batch, n_max) float32; out_index: (batch, n_max) int32.
+#include "kernel_select.cuh"
 
-extern "C" __global__ void nn_bruteforce(const float* __restrict__ a,
+XM_KERNEL(nn_bruteforce) void nn_bruteforce(const float* __restrict__ a,
                                          const float* __restrict__ b,
                                          const long long* __restrict__ len_a,
                                          const long long* __restrict__ len_b,

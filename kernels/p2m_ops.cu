@@ -3,12 +3,34 @@
 // The camera arithmetic uses __fmul_rn/__fadd_rn/__fdiv_rn so the compiler cannot contract it into
 // fused multiply-adds: the pixel a point lands in must match the CPU's float32 computation bit for
 // bit (xmesh/model/projection.py, _mat3 and _view_pixels).
-#ifndef XM_NO_FP16
+#include "kernel_select.cuh"
+// cuda_fp16.h (a CUDA header NVRTC finds through CuPy's include folders) only for the kernels that take
+// __half; a build without them needs no CUDA headers.
+#if !defined(XM_NO_FP16) && (!defined(XM_SELECT) || defined(XM_WANT_gconv_epilogue_f16) || \
+                             defined(XM_WANT_gconv_epilogue_f16_f32))
+#define XM_FP16_KERNELS 1
 #include <cuda_fp16.h>
 #endif
 #include "bits16.cuh"
 
-#define XM_MAX_VIEWS 8
+// Launch constants and row formats: one Python definition each (xmesh/backends/kernel_constants.py,
+// P2M_DEFINES), passed with -D by the backend.
+#if !defined(XM_HYP) \
+    || !defined(XM_MAX_VIEWS) \
+    || !defined(XM_ROWS_F32) \
+    || !defined(XM_ROWS_F16) \
+    || !defined(XM_ROWS_BF16) \
+    || !defined(XM_GP_POINTS) \
+    || !defined(XM_GP_THREADS) \
+    || !defined(XM_LP_POINTS) \
+    || !defined(XM_LP_THREADS) \
+    || !defined(XM_SU_VERTS) \
+    || !defined(XM_SU_THREADS) \
+    || !defined(XM_SKINNY_K) \
+    || !defined(XM_SKINNY_COLS)
+#error "p2m_ops.cu is built with the backend's -D constants (xmesh/backends/kernel_constants.py)"
+#endif
+
 #define XM_FOCAL 248.0f
 #define XM_CENTER 112.0f
 #define XM_MAX_PIXEL 223.0f
@@ -127,7 +149,7 @@ __device__ __forceinline__ long long xm_stage1_pixel(float h, float w, int s, in
 // Stage 1: one thread per (sample b, point n, channel c of the 4 concatenated maps).
 // coords (B,N,3); tf (B, 12+12V); maps m_i (B*MV, s_i, s_i, C_i): the first MV views of each sample
 // (all V, or with the quirk only view 0, the one it reads); out (B, N, 3 + 3*CT), rows ldo apart.
-extern "C" __global__ void graph_projection(
+XM_KERNEL(graph_projection) void graph_projection(
     const float* __restrict__ coords, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1,
     const float* __restrict__ m2, const float* __restrict__ m3,
@@ -165,9 +187,7 @@ extern "C" __global__ void graph_projection(
 // memory, then a thread per (point, 4 channels) gathers 16 bytes per view and pools them. The same
 // pixel arithmetic and pooling as graph_projection, so the same bits; 32-bit offsets (the host checks
 // that every map holds fewer than 2^31 elements).
-#define XM_GP_POINTS 8
-#define XM_GP_THREADS 256
-extern "C" __global__ void __launch_bounds__(XM_GP_THREADS) graph_projection_tiled(
+XM_KERNEL(graph_projection_tiled) void __launch_bounds__(XM_GP_THREADS) graph_projection_tiled(
     const float* __restrict__ coords, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1,
     const float* __restrict__ m2, const float* __restrict__ m3,
@@ -290,7 +310,7 @@ __device__ __forceinline__ void xm_lerp_taps(const float* __restrict__ m, long l
 
 // Stage 2, any channel counts: one thread per (sample b, point n, channel c of the 3 concatenated maps).
 // points (B,n,3); maps m_i zero-padded (B*V, s_i+1, s_i+1, C_i); out (B, n, 3 + 3*CT), rows ldo apart.
-extern "C" __global__ void local_projection(
+XM_KERNEL(local_projection) void local_projection(
     const float* __restrict__ points, const float* __restrict__ tf,
     const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2,
     int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* __restrict__ out, long long ldo) {
@@ -318,7 +338,7 @@ extern "C" __global__ void local_projection(
 }
 
 // Stage 2 for channel counts that are multiples of 4 (maps 16-byte aligned, rows of ldo elements a
-// multiple of 16 bytes); its float32 rows (XM_OUT_F32) are bit-identical to the one above. A block takes XM_LP_POINTS consecutive points:
+// multiple of 16 bytes); its float32 rows (XM_ROWS_F32) are bit-identical to the one above. A block takes XM_LP_POINTS consecutive points:
 // it works out each point's pixel once per view and its bilinear corners once per (view, map) in
 // shared memory (as 32-bit offsets within the sample's views of that map, so a sample's views of one
 // map must stay below 2^31 floats), then each thread keeps one group of 4 channels (so one map: its
@@ -327,19 +347,14 @@ extern "C" __global__ void local_projection(
 // rows, contiguous in `out` as in shared memory, go out in coalesced 16-byte stores (zeros in the padding past 3 + 3*CT).
 // NV: the views at compile time (3, the model's), or 0 for V at run time (up to XM_MAX_VIEWS), whose
 // loops then run over XM_MAX_VIEWS with the views past V predicated off.
-// OUT: XM_OUT_F32 (float rows, the rule above to the bit) or, in the 16-bit modes, XM_OUT_F16 /
-// XM_OUT_BF16 (16-bit rows, xm_lerp4_fma and xm_pool16's arithmetic).
+// OUT: XM_ROWS_F32 (float rows, the rule above to the bit) or, in the 16-bit modes, XM_ROWS_F16 /
+// XM_ROWS_BF16 (16-bit rows, xm_lerp4_fma and xm_pool16's arithmetic).
 // Dynamic shared memory: XM_LP_POINTS * (ldo * sizeof(OT) + 3 * V * sizeof(XmBilinear)).
 // Launched with XM_LP_THREADS threads (7 warps: 8 points x 28 four-channel groups a round, 4 rounds
 // for the model's 112 channels).
-#define XM_LP_POINTS 32
-#define XM_LP_THREADS 224
-#define XM_OUT_F32 0
-#define XM_OUT_F16 1
-#define XM_OUT_BF16 2
 
 template <int OUT> struct XmOutType { typedef unsigned short type; };
-template <> struct XmOutType<XM_OUT_F32> { typedef float type; };
+template <> struct XmOutType<XM_ROWS_F32> { typedef float type; };
 
 // The 16-bit modes compute the rule above in plain float32 arithmetic: the corners' products summed
 // by fused multiply-adds, the mean and the variance as sums times 1/V, an approximate square root
@@ -424,7 +439,7 @@ __device__ __forceinline__ void xm_pool16(const float (&vals)[4][NV ? NV : XM_MA
         }
         sd[j] = xm_sqrt_approx(fmaf(ss, inv_v, 1e-6f));
     }
-    constexpr bool bf16 = OUT == XM_OUT_BF16;
+    constexpr bool bf16 = OUT == XM_ROWS_BF16;
     xm_put4_16<bf16>(o + 3, mx);
     xm_put4_16<bf16>(o + 3 + CT, mean);
     xm_put4_16<bf16>(o + 3 + 2 * CT, sd);
@@ -438,7 +453,7 @@ __device__ __forceinline__ void xm_local_projection_tiled(
     typename XmOutType<OUT>::type* __restrict__ out, long long ldo) {
     typedef typename XmOutType<OUT>::type OT;
     constexpr int MAXV = NV ? NV : XM_MAX_VIEWS;
-    constexpr int bf16 = OUT == XM_OUT_BF16;
+    constexpr int bf16 = OUT == XM_ROWS_BF16;
     const int nv = NV ? NV : V;
     extern __shared__ __align__(16) unsigned char xm_lp_smem[];
     OT* rows = reinterpret_cast<OT*>(xm_lp_smem);                                   // [point][ldo]
@@ -471,7 +486,7 @@ __device__ __forceinline__ void xm_local_projection_tiled(
             const int C = chans[level], view0 = v * (sizes[level] + 1) * (sizes[level] + 1) * C;
             XmBilinear o = r[level];
             o.i11 = view0 + o.i11 * C, o.i21 = view0 + o.i21 * C, o.i12 = view0 + o.i12 * C, o.i22 = view0 + o.i22 * C;
-            if constexpr (OUT != XM_OUT_F32) {   // in 16-byte units (C is a multiple of 4)
+            if constexpr (OUT != XM_ROWS_F32) {   // in 16-byte units (C is a multiple of 4)
                 o.i11 >>= 2, o.i21 >>= 2, o.i12 >>= 2, o.i22 >>= 2;
             }
             taps[3 * t + level] = o;
@@ -502,7 +517,7 @@ __device__ __forceinline__ void xm_local_projection_tiled(
                     float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     if (NV || v < V) {
                         const XmBilinear r = taps[(i * nv + v) * 3 + level];
-                        if constexpr (OUT == XM_OUT_F32) {
+                        if constexpr (OUT == XM_ROWS_F32) {
                             const float* const q[4] = {ms + r.i11, ms + r.i21, ms + r.i12, ms + r.i22};
                             xm_lerp_corners<4>(q, r, f);
                         } else {   // offsets in 16-byte units from the point's float4 base
@@ -517,7 +532,7 @@ __device__ __forceinline__ void xm_local_projection_tiled(
                     for (int j = 0; j < 4; ++j) vals[j][v] = f[j];
                 }
                 OT* o = rows + i * ldo;
-                if constexpr (OUT == XM_OUT_F32) {
+                if constexpr (OUT == XM_ROWS_F32) {
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         float mx, mean, sd;
@@ -548,23 +563,23 @@ __device__ __forceinline__ void xm_local_projection_tiled(
     else                                                                                                   \
         xm_local_projection_tiled<OUT, 0>(points, tf, m0, m1, m2, s0, s1, s2, c0, c1, c2, B, N, V, out, ldo);
 
-extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
+XM_KERNEL(local_projection_tiled) void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled(const float* points, const float* tf, const float* m0, const float* m1, const float* m2, int s0,
                        int s1, int s2, int c0, int c1, int c2, int B, int N, int V, float* out, long long ldo) {
-    XM_LP_BODY(XM_OUT_F32)
+    XM_LP_BODY(XM_ROWS_F32)
 }
 
 // The 16-bit modes' projection: out in the mode's activation type (float16, or bfloat16 bits when bf16
 // != 0), each value xm_pool16's, rounded once to nearest even: what the deformation layer's 16-bit
 // operands round its X to.
-extern "C" __global__ void __launch_bounds__(XM_LP_THREADS, 4)
+XM_KERNEL(local_projection_tiled_o16) void __launch_bounds__(XM_LP_THREADS, 4)
 local_projection_tiled_o16(const float* points, const float* tf, const float* m0, const float* m1, const float* m2,
                            int s0, int s1, int s2, int c0, int c1, int c2, int B, int N, int V, unsigned short* out,
                            long long ldo, int bf16) {
     if (bf16) {
-        XM_LP_BODY(XM_OUT_BF16)
+        XM_LP_BODY(XM_ROWS_BF16)
     } else {
-        XM_LP_BODY(XM_OUT_F16)
+        XM_LP_BODY(XM_ROWS_F16)
     }
 }
 
@@ -582,23 +597,23 @@ __device__ __forceinline__ void xm_gconv_epilogue(const TI* __restrict__ y0, con
     }
 }
 
-extern "C" __global__ void gconv_epilogue_f32(const float* y0, const float* mixed, const float* bias,
+XM_KERNEL(gconv_epilogue_f32) void gconv_epilogue_f32(const float* y0, const float* mixed, const float* bias,
                                               const float* res, float* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<float, float>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
-#ifndef XM_NO_FP16
-extern "C" __global__ void gconv_epilogue_f16(const __half* y0, const __half* mixed, const float* bias,
+#ifdef XM_FP16_KERNELS
+XM_KERNEL(gconv_epilogue_f16) void gconv_epilogue_f16(const __half* y0, const __half* mixed, const float* bias,
                                               const __half* res, __half* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<__half, __half>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
-extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half* mixed, const float* bias,
+XM_KERNEL(gconv_epilogue_f16_f32) void gconv_epilogue_f16_f32(const __half* y0, const __half* mixed, const float* bias,
                                                   const __half* res, float* out, long long total, int cout, int relu) {
     xm_gconv_epilogue<__half, float>(y0, mixed, bias, res, out, total, cout, relu);
 }
 
-#endif  // XM_NO_FP16
+#endif  // XM_FP16_KERNELS
 
 // 'SAME' convolution of NHWC float32 x with few input channels (the CNNs' first layer, 3 -> 16, whose
 // 27-wide K leaves the tensor-core kernels idle): direct float32 sums. A block per output row (blockIdx.x
@@ -606,7 +621,7 @@ extern "C" __global__ void gconv_epilogue_f16_f32(const __half* y0, const __half
 // take (output pixel, 4 output channels) along the row, so consecutive threads store consecutive
 // 16-byte pieces. The sum runs over (ky, kx, c) in order from 0 (taps in the zero padding skipped),
 // then + bias and the ReLU. cout a multiple of 4, out 16-byte aligned.
-extern "C" __global__ void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ weights,
+XM_KERNEL(conv_direct_x4) void conv_direct_x4(const float* __restrict__ x, const float* __restrict__ weights,
                                           const float* __restrict__ bias, float* __restrict__ out, int H, int W,
                                           int C, int kh, int kw, int stride, int Wo, int pad_top, int pad_left,
                                           int cout, int relu) {
@@ -707,7 +722,7 @@ __device__ __forceinline__ void xm_conv_direct_fixed(const float* __restrict__ x
     }
 }
 
-extern "C" __global__ void conv_direct_c3_k3_n16(const float* __restrict__ x, const float* __restrict__ weights,
+XM_KERNEL(conv_direct_c3_k3_n16) void conv_direct_c3_k3_n16(const float* __restrict__ x, const float* __restrict__ weights,
                                                  const float* __restrict__ bias, float* __restrict__ out, int H,
                                                  int W, int Wo, int pad_top, int pad_left, int relu) {
     xm_conv_direct_fixed<3, 3, 16>(x, weights, bias, out, H, W, Wo, pad_top, pad_left, relu);
@@ -715,7 +730,7 @@ extern "C" __global__ void conv_direct_c3_k3_n16(const float* __restrict__ x, co
 
 // im2col for NHWC input with TensorFlow 'SAME' zero padding: cols (N*Ho*Wo, kh*kw*C), rows in NHW
 // order, columns in (ky, kx, c) order (matching a [kh,kw,cin,cout] kernel reshaped to (kh*kw*cin, cout)).
-extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,
+XM_KERNEL(im2col_nhwc) void im2col_nhwc(const float* __restrict__ x, float* __restrict__ cols,
                                        int N, int H, int W, int C, int kh, int kw, int stride,
                                        int Ho, int Wo, int pad_top, int pad_left) {
     const long long K = (long long)kh * kw * C;
@@ -744,7 +759,7 @@ extern "C" __global__ void im2col_nhwc(const float* __restrict__ x, float* __res
 // Stage-1 unpooling in one pass: out (B, N + E, C) = x (B, N, C) followed by the midpoints
 // (x[u] + x[v]) * 0.5 of the E edges (u, v) (int64 pairs), the array-API code's arithmetic. One
 // block per output row, its threads over the channels.
-extern "C" __global__ void unpool_midpoints(const float* __restrict__ x, const long long* __restrict__ edges,
+XM_KERNEL(unpool_midpoints) void unpool_midpoints(const float* __restrict__ x, const long long* __restrict__ edges,
                                             float* __restrict__ out, int N, int E, int C) {
     const long long row = blockIdx.x;               // b * (N + E) + i
     const int i = (int)(row % (N + E));
@@ -764,7 +779,7 @@ extern "C" __global__ void unpool_midpoints(const float* __restrict__ x, const l
 // Stage-1 graph convolution with support 0 the identity, after y = x [W0 | W1] (rows of width ldy):
 // out[b,i,c] = act((y[b,i,c] + sum_k S1[i,k] y[b,k,off1+c]) + bias[c]), S1 in CSR (int32 indices);
 // with res, then the original's residual step out = (out + res[b,i,c]) * 0.5.
-extern "C" __global__ void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,
+XM_KERNEL(csr_gconv) void csr_gconv(const int* __restrict__ indptr, const int* __restrict__ indices,
                                      const float* __restrict__ data, const float* __restrict__ y,
                                      int ldy, int off1, const float* __restrict__ bias,
                                      const float* __restrict__ res, float* __restrict__ out,
@@ -794,7 +809,7 @@ __device__ __forceinline__ float xm_gconv_end(float y0, float acc, float b, cons
     return res != nullptr ? __fmul_rn(__fadd_rn(v, res[e]), 0.5f) : v;
 }
 
-extern "C" __global__ void csr_gconv_x4(const int* __restrict__ indptr, const int* __restrict__ indices,
+XM_KERNEL(csr_gconv_x4) void csr_gconv_x4(const int* __restrict__ indptr, const int* __restrict__ indices,
                                         const float* __restrict__ data, const float* __restrict__ y,
                                         int ldy, int off1, const float* __restrict__ bias,
                                         const float* __restrict__ res, float* __restrict__ out,
@@ -830,8 +845,7 @@ extern "C" __global__ void csr_gconv_x4(const int* __restrict__ indptr, const in
 // out[b,k,n,c] = relu((y0[b,k,n,c] + sum_j A1[k,j] y1[b,j,n,c]) + bias[c]) (+ res[b,k,n,c]).
 // The 43 x 43 mixing and the epilogue in one pass: each thread owns one (b, n, c) column, holds its
 // 43 y1 values in registers and writes the 43 outputs; A1 sits in shared memory (warp-wide broadcast).
-#define XM_HYP 43
-extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const float* __restrict__ a1,
+XM_KERNEL(drb_mix_epilogue) void drb_mix_epilogue(const float* __restrict__ y, const float* __restrict__ a1,
                                             const float* __restrict__ bias, const float* __restrict__ res,
                                             float* __restrict__ out, int B, int N, int cout) {
     __shared__ float a[XM_HYP * XM_HYP];
@@ -867,11 +881,11 @@ extern "C" __global__ void drb_mix_epilogue(const float* __restrict__ y, const f
 }
 
 // acc[c] (c < nw <= NC) += sum over k = 0 .. K-1, in order (fmaf), of row[k] * w[k * nw + c]: the row
-// float32 (x16 = 0) or a 16-bit mode's values (1: float16, 2: bfloat16 bits), 16-byte aligned and read
+// float32 (row_format XM_ROWS_F32) or a 16-bit mode's values (XM_ROWS_F16, XM_ROWS_BF16: bfloat16 bits), 16-byte aligned and read
 // in 16-byte loads (values of the last load past K are skipped).
 template <int NC>
-__device__ __forceinline__ void xm_row_times(const void* row, int K, int x16, const float* w, int nw, float* acc) {
-    if (x16 == 0) {
+__device__ __forceinline__ void xm_row_times(const void* row, int K, int row_format, const float* w, int nw, float* acc) {
+    if (row_format == XM_ROWS_F32) {
         const float4* r4 = reinterpret_cast<const float4*>(row);
         for (int k4 = 0; k4 < K; k4 += 4) {
             const float4 q = r4[k4 / 4];
@@ -895,7 +909,7 @@ __device__ __forceinline__ void xm_row_times(const void* row, int K, int x16, co
         for (int e = 0; e < 8; ++e) {
             const int k = k8 + e;
             if (k >= K) break;
-            const float v = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), x16 == 2);
+            const float v = xm_widen16((unsigned short)(pairs[e / 2] >> (16 * (e % 2))), row_format == XM_ROWS_BF16);
 #pragma unroll
             for (int c = 0; c < NC; ++c)
                 if (c < nw) acc[c] = fmaf(v, w[k * nw + c], acc[c]);
@@ -908,9 +922,7 @@ __device__ __forceinline__ void xm_row_times(const void* row, int K, int x16, co
 // ldx % 8 == 0): the narrow last layer of a deformation block in the fp16 / bf16 modes, which reads
 // the 16-bit output of the layer before it. One thread per row, float32 sums over k in order (fmaf),
 // W (float32, rows of NW) in shared memory.
-#define XM_SKINNY_COLS 8
-#define XM_SKINNY_K 512
-extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, long long ldx, const float* __restrict__ w,
+XM_KERNEL(skinny_gemm16) void skinny_gemm16(const unsigned short* __restrict__ x, long long ldx, const float* __restrict__ w,
                                          float* __restrict__ y, long long M, int K, int NW, int bf16) {
     __shared__ float ws[XM_SKINNY_K * XM_SKINNY_COLS];
     for (int i = threadIdx.x; i < K * NW; i += blockDim.x) ws[i] = w[i];
@@ -919,7 +931,7 @@ extern "C" __global__ void skinny_gemm16(const unsigned short* __restrict__ x, l
         float acc[XM_SKINNY_COLS];
 #pragma unroll
         for (int c = 0; c < XM_SKINNY_COLS; ++c) acc[c] = 0.0f;
-        xm_row_times<XM_SKINNY_COLS>(x + r * ldx, K, bf16 ? 2 : 1, ws, NW, acc);
+        xm_row_times<XM_SKINNY_COLS>(x + r * ldx, K, bf16 ? XM_ROWS_BF16 : XM_ROWS_F16, ws, NW, acc);
         for (int c = 0; c < NW; ++c) y[r * NW + c] = acc[c];
     }
 }
@@ -954,7 +966,7 @@ __device__ __forceinline__ void xm_softmax_move(const float* s, long long stride
 
 // End of a deformation reasoning block: w = softmax over the K hypotheses of score[b,:,n];
 // new[b,n,:] = centers[b,n,:] + sum_k w_k offsets[k,:]. One thread per (b, n).
-extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,
+XM_KERNEL(hypothesis_softmax_update) void hypothesis_softmax_update(const float* __restrict__ score, const float* __restrict__ offsets,
                                                      const float* __restrict__ centers, float* __restrict__ out,
                                                      int B, int K, int N) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -968,11 +980,9 @@ extern "C" __global__ void hypothesis_softmax_update(const float* __restrict__ s
 // one pass, per vertex (b, n) and hypothesis k: y0 = X[b,k,n,:] W[:,0], y1 = X[b,k,n,:] W[:,1]
 // (float32 fmaf sums over the input columns in order, as skinny_gemm16), the score
 // s_k = relu((y0 + sum_j A1[k,j] y1_j) + bias) (drb_mix_epilogue's order), then the softmax over k
-// and the moved vertex (xm_softmax_move). X: float32 (x16 = 0), float16 (1) or bfloat16 bits (2),
+// and the moved vertex (xm_softmax_move). X: float32, float16 or bfloat16 bits (row_format: XM_ROWS_*),
 // rows ldx elements apart, 16-byte aligned, cin and ldx whole 16-byte loads (cin <= XM_SKINNY_K). A block takes
 // XM_SU_VERTS vertices, a thread per (vertex, hypothesis): the vertex's 43 rows are read once.
-#define XM_SU_VERTS 4
-#define XM_SU_THREADS 192   // >= XM_SU_VERTS * XM_HYP
 
 // Every thread of the block, once y1s[v][k] holds vertex v's y1 of hypothesis k (and this thread's y0):
 // the score s_k = relu((y0 + sum_j A1[k,j] y1_j) + bias), then vertex v's softmax over k and its move,
@@ -1017,8 +1027,8 @@ __device__ __forceinline__ void xm_score_move(float y0, int v, int k, bool activ
     __syncthreads();
     if (active && k == 0) xm_weighted_move([&](int j) { return score[v][j]; }, XM_HYP, offsets, centers + 3 * g, out + 3 * g);
 }
-extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
-    const void* __restrict__ x, long long ldx, int cin, int x16, const float* __restrict__ w,
+XM_KERNEL(drb_score_update) void __launch_bounds__(XM_SU_THREADS) drb_score_update(
+    const void* __restrict__ x, long long ldx, int cin, int row_format, const float* __restrict__ w,
     const float* __restrict__ a1, const float* __restrict__ bias, const float* __restrict__ offsets,
     const float* __restrict__ centers, float* __restrict__ out, int B, int N) {
     __shared__ float ws[XM_SKINNY_K * 2];
@@ -1034,10 +1044,10 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
     float y0 = 0.0f;
     if (active) {
         const long long r = ((g / N) * XM_HYP + k) * N + g % N;    // row (b, k, n)
-        const void* row = x16 == 0 ? (const void*)(static_cast<const float*>(x) + r * ldx)
+        const void* row = row_format == XM_ROWS_F32 ? (const void*)(static_cast<const float*>(x) + r * ldx)
                                    : (const void*)(static_cast<const unsigned short*>(x) + r * ldx);
         float acc[2] = {0.0f, 0.0f};
-        xm_row_times<2>(row, cin, x16, ws, 2, acc);
+        xm_row_times<2>(row, cin, row_format, ws, 2, acc);
         y0 = acc[0];
         y1s[v][k] = acc[1];
     }
@@ -1049,7 +1059,7 @@ extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_update(
 // hypothesis row's two products (y0, y1) of x5 with the score layer's W in `parts` planes of rows
 // (B, 43, N) float2, part_stride float2s apart (the sums over column groups of x5, added here in order):
 // the scores, the softmax and the moved vertices as drb_score_update makes them from there.
-extern "C" __global__ void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
+XM_KERNEL(drb_score_finish) void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
     const float2* __restrict__ rows, int parts, long long part_stride, const float* __restrict__ a1,
     const float* __restrict__ bias, const float* __restrict__ offsets, const float* __restrict__ centers,
     float* __restrict__ out, int B, int N) {

@@ -9,7 +9,7 @@
 //   PASSES = 1: one TF32 product (the "tf32" mode; ~1e-3 relative error per product).
 //
 // Tiling: a block of 256 threads (8 warps) computes a 128 x BN tile of C, stepping through K in
-// slices of XG_BK (16, or 32 where the module is built with -DXG_BK=32: the backend's small products)
+// slices of XG_BK (16, or 32 for the few-tile 3xTF32 products: a second build)
 // that cp.async streams into a 3-stage shared-memory ring. Rows of A and B that fall
 // outside the matrix are zero-filled by the copy itself (src-size 0), so M, N and K are arbitrary.
 // VEC = true copies 16 bytes at a time and needs lda, ldb, K and N to be multiples of 4 and A, B
@@ -17,15 +17,13 @@
 //
 // The block index runs over N tiles fastest, so the blocks that share a slice of A run together
 // and read it from L2.
+#include "kernel_select.cuh"
 
-#define XG_BM 128
-#ifndef XG_BK
-#define XG_BK 16
+// The tile's constants: one Python definition each (xmesh/backends/kernel_constants.py, GEMM_DEFINES and
+// the K slice), passed with -D by the backend.
+#if !defined(XG_BM) || !defined(XG_BK) || !defined(XG_STAGES) || !defined(XG_THREADS)
+#error "tc_gemm.cu is built with the backend's -D constants (xmesh/backends/kernel_constants.py)"
 #endif
-#ifndef XG_STAGES
-#define XG_STAGES 3
-#endif
-#define XG_THREADS 256
 #define XG_A_STRIDE (XG_BK + 4)   // 20 or 36 floats: fragment loads hit 32 distinct banks
 
 __device__ __forceinline__ unsigned xg_smem(const void* p) {
@@ -47,25 +45,14 @@ __device__ __forceinline__ void xg_wait_stages() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(XG_STAGES - 2));
 }
 
-__device__ __forceinline__ unsigned xg_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
 // big = x rounded to TF32 (10 mantissa bits, to nearest by adding half a unit of the 13 dropped
 // bits); small = x - big, exact in float32, whose low bits the tensor core ignores (a truncation of
 // ~2^-11 of small, i.e. ~2^-22 of x). Integer arithmetic instead of cvt.rna.tf32 keeps it to two
 // instructions for big and one for small.
 template <int PASSES>
 __device__ __forceinline__ void xg_split(float x, unsigned& big, unsigned& small) {
-#ifdef XG_CVT_SPLIT
-    big = xg_tf32(x);
-    if (PASSES == 3) small = xg_tf32(x - __uint_as_float(big));
-#else
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     if (PASSES == 3) small = __float_as_uint(x - __uint_as_float(big));
-#endif
 }
 
 __device__ __forceinline__ void xg_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -289,7 +276,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
     const int k_begin = (int)blockIdx.y * k_chunk, k_len = min(K - k_begin, k_chunk);
 
 #define XG_KERNEL(NAME, BN, WARPS_M, PASSES, VEC)                                                         \
-    extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
+    XM_KERNEL(NAME) void __launch_bounds__(XG_THREADS) NAME(                                               \
         const float* A, long lda, const float* B, long ldb, float* C, long ldc, int M, int N, int K,     \
         const float* bias, int relu, int k_chunk, long split_stride) {                                   \
         XG_TILE_ORIGIN(BN)                                                                                \
@@ -301,7 +288,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
 // Implicit-GEMM 'SAME' convolution: out (M = images * Ho * Wo rows, N = Cout) = act(im2col(x) W + bias)
 // with W the (kh * kw * C, Cout) weight; C must be a multiple of XG_BK, W's rows 16-byte aligned.
 #define XG_CONV_KERNEL(NAME, BN, WARPS_M, PASSES)                                                         \
-    extern "C" __global__ void __launch_bounds__(XG_THREADS) NAME(                                         \
+    XM_KERNEL(NAME) void __launch_bounds__(XG_THREADS) NAME(                                               \
         const float* x, int H, int W, int C, int kw, int stride, int Ho, int Wo, int pad_top, int pad_left,  \
         const float* B, long ldb, float* out, long ldc, int M, int N, int K, const float* bias, int relu,    \
         int k_chunk, long split_stride) {                                                                 \
@@ -312,7 +299,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
                                            ldc, M, N, k_len, m0, n0, bias, relu);                         \
     }
 
-extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, int splits, long split_stride,
+XM_KERNEL(gemm_splitk_reduce) void gemm_splitk_reduce(const float* __restrict__ parts, int splits, long split_stride,
                                               int M, int N, float* __restrict__ C, long ldc,
                                               const float* __restrict__ bias, int relu) {
     const long long total = (long long)M * N;
@@ -328,19 +315,27 @@ extern "C" __global__ void gemm_splitk_reduce(const float* __restrict__ parts, i
 }
 
 // Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>, conv_<passes>x_n<BN>
-#define XG_VARIANTS(PASSES)                                        \
-    XG_KERNEL(gemm_##PASSES##x_n128_v, 128, 2, PASSES, true)       \
-    XG_KERNEL(gemm_##PASSES##x_n128_s, 128, 2, PASSES, false)      \
-    XG_KERNEL(gemm_##PASSES##x_n64_v, 64, 4, PASSES, true)         \
-    XG_KERNEL(gemm_##PASSES##x_n64_s, 64, 4, PASSES, false)        \
-    XG_KERNEL(gemm_##PASSES##x_n32_v, 32, 8, PASSES, true)         \
-    XG_KERNEL(gemm_##PASSES##x_n32_s, 32, 8, PASSES, false)        \
-    XG_KERNEL(gemm_##PASSES##x_n16_v, 16, 8, PASSES, true)         \
-    XG_KERNEL(gemm_##PASSES##x_n16_s, 16, 8, PASSES, false)        \
-    XG_CONV_KERNEL(conv_##PASSES##x_n128, 128, 2, PASSES)          \
-    XG_CONV_KERNEL(conv_##PASSES##x_n64, 64, 4, PASSES)            \
-    XG_CONV_KERNEL(conv_##PASSES##x_n32, 32, 8, PASSES)            \
-    XG_CONV_KERNEL(conv_##PASSES##x_n16, 16, 8, PASSES)
-
-XG_VARIANTS(3)
-XG_VARIANTS(1)
+XG_KERNEL(gemm_3x_n128_v, 128, 2, 3, true)
+XG_KERNEL(gemm_3x_n128_s, 128, 2, 3, false)
+XG_KERNEL(gemm_3x_n64_v, 64, 4, 3, true)
+XG_KERNEL(gemm_3x_n64_s, 64, 4, 3, false)
+XG_KERNEL(gemm_3x_n32_v, 32, 8, 3, true)
+XG_KERNEL(gemm_3x_n32_s, 32, 8, 3, false)
+XG_KERNEL(gemm_3x_n16_v, 16, 8, 3, true)
+XG_KERNEL(gemm_3x_n16_s, 16, 8, 3, false)
+XG_CONV_KERNEL(conv_3x_n128, 128, 2, 3)
+XG_CONV_KERNEL(conv_3x_n64, 64, 4, 3)
+XG_CONV_KERNEL(conv_3x_n32, 32, 8, 3)
+XG_CONV_KERNEL(conv_3x_n16, 16, 8, 3)
+XG_KERNEL(gemm_1x_n128_v, 128, 2, 1, true)
+XG_KERNEL(gemm_1x_n128_s, 128, 2, 1, false)
+XG_KERNEL(gemm_1x_n64_v, 64, 4, 1, true)
+XG_KERNEL(gemm_1x_n64_s, 64, 4, 1, false)
+XG_KERNEL(gemm_1x_n32_v, 32, 8, 1, true)
+XG_KERNEL(gemm_1x_n32_s, 32, 8, 1, false)
+XG_KERNEL(gemm_1x_n16_v, 16, 8, 1, true)
+XG_KERNEL(gemm_1x_n16_s, 16, 8, 1, false)
+XG_CONV_KERNEL(conv_1x_n128, 128, 2, 1)
+XG_CONV_KERNEL(conv_1x_n64, 64, 4, 1)
+XG_CONV_KERNEL(conv_1x_n32, 32, 8, 1)
+XG_CONV_KERNEL(conv_1x_n16, 16, 8, 1)

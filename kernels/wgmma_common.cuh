@@ -1,7 +1,7 @@
 // Hopper warpgroup-MMA primitives shared by the wgmma kernels (sm_90a): operand-mode codes,
 // cp.async copies, transaction barriers with bulk and tensor-map copies, TF32 splitting and 16-bit
 // packing, shared-memory matrix descriptors, the wgmma instructions, the input-side layers' vertex
-// tiles, named barriers. Included by wgmma_gemm.cu, wgmma_drb16.cu and wgmma_drb32.cu
+// tiles, named barriers. Included by every wgmma_*.cu
 // (xmesh/backends/cuda_kernels.py expands the include).
 #include "bits16.cuh"
 
@@ -167,7 +167,7 @@ __device__ __forceinline__ float wg_widen16(unsigned short h) {
 }
 
 // Vertex tile -> sample b, first vertex n0, for tiles of VERTS vertices running over each sample's N
-// vertices in turn (the input-side deformation layers, wgmma_drb16.cu and wgmma_drb32.cu).
+// vertices in turn (the input-side deformation layers).
 template <int VERTS>
 __device__ __forceinline__ void wg_vertex_origin(int vertex_tile, int N, long& b, int& n0) {
     const int vert_tiles = (N + VERTS - 1) / VERTS;

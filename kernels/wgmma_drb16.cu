@@ -1,3 +1,7 @@
+// REFERENCE KERNEL: no precision mode runs it. It is the 16-bit chain's (wgmma_drb16_chain.cu)
+// bit-exact one-layer reference, launched by tests/drb16_reference.py: five of its layers must give
+// the chain's x5 bit for bit. It stays a compiled kernel so that the comparison is exact.
+//
 // A layer of a deformation reasoning block in the 16-bit modes ("fp16", "bf16") on Hopper
 // (sm_90a), with X, the residual and the output in the mode's 16 bits, and the 43 x 43 mixing moved
 // from the product's output to its input:
@@ -28,11 +32,12 @@
 //     the residual and store the tile in 16 bits, a quad's residual and output in 64 contiguous bytes
 //     of a row (W's columns sit in shared memory in zl_column's order for this).
 // They hand slices over through named barriers, one per ring slot and direction. The copies, Z, the
-// MMAs and the epilogue overlap little (docs/PERFORMANCE.md, session 12, has the measured parts).
+// MMAs and the epilogue overlap little.
 //
 // Shared memory (128-byte swizzled rows of 64 16-bit elements, as wgmma_gemm.cu's B): W0 and W1 as
 // (CT columns x 64 K) buffers, 192 x 192 / CT K of each; the X ring (two 192-row buffers, each holding
 // two 32-column slices side by side) and the Z ring (one buffer, two slices).
+#include "kernel_select.cuh"
 #include "drb16_tile.cuh"
 
 #define ZL_W_ROWS 576                     // CT x (K rows held): 192 x 192, or 96 x 384 (W0 and W1 each)
@@ -223,12 +228,12 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
 }
 
 #define ZL_KERNEL(NAME, OPS, CT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                      \
+    XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                            \
         const unsigned short* X, long ldx, int cin, const unsigned short* B, long ldbt, const float* bias,  \
         const unsigned short* res, unsigned short* out, int N, int tiles) {                             \
         zl_layer<OPS, CT>(X, ldx, cin, B, ldbt, bias, res, out, N, tiles);                               \
     }
-ZL_KERNEL(wg_drb_zlayer_f16, WG_F16, 192)
-ZL_KERNEL(wg_drb_zlayer_bf16, WG_BF16, 192)
-ZL_KERNEL(wg_drb_zlayer_f16_n96, WG_F16, 96)    // cin up to 384: a block's first layer
-ZL_KERNEL(wg_drb_zlayer_bf16_n96, WG_BF16, 96)
+ZL_KERNEL(wg_drb_reference16_f16, WG_F16, 192)
+ZL_KERNEL(wg_drb_reference16_bf16, WG_BF16, 192)
+ZL_KERNEL(wg_drb_reference16_f16_n96, WG_F16, 96)    // cin up to 384: a block's first layer
+ZL_KERNEL(wg_drb_reference16_bf16_n96, WG_BF16, 96)

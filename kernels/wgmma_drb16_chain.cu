@@ -5,7 +5,7 @@
 //     lcN(h) = relu(h W0 + Z W1 + b),  Z = A1 h rounded to the mode's 16 bits,
 //
 // each layer computed as wgmma_drb16.cu computes it (the same Z, the same wgmmas in the same order,
-// the same epilogue), so x5 is that of five wg_drb_zlayer launches bit for bit. There, every layer
+// the same epilogue), so x5 is that of five wg_drb_reference16 launches bit for bit. There, every layer
 // reads its X and residual from global memory and writes its output back (about 120 MB a sample a
 // layer at 16 bits), and the first layer (W too large for shared memory beside X) takes tiles of 96
 // output columns and reads X twice; here a tile's activations stay in shared memory from x1 to x5,
@@ -43,6 +43,7 @@
 // buffers as lc1's X), and the W ring (six pieces of 192 rows of 64 bytes with the 64-byte swizzle,
 // prepared so by HopperGemm.prepare_chain16 and copied as they are). W and X went in by cp.async before (1536 copies of 16 bytes a slice for W, 768 a slice
 // of lc1 for X, through the load/store pipe that the producer's Z also uses).
+#include "kernel_select.cuh"
 #include "drb16_tile.cuh"
 
 #define ZC_LAYERS 5                                   // lc1 (cin inputs) and the four 192-wide layers
@@ -342,7 +343,7 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
 }
 
 #define ZC_KERNEL(NAME, OPS)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
+    XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                                 \
         const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const unsigned short* W, \
         const float* bias, unsigned short* out, int N, int tiles) {                                             \
         zc_chain<OPS, false>(xmap, X, ldx, cin, W, bias, out, nullptr, nullptr, N, tiles);                    \
@@ -352,7 +353,7 @@ ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
 
 // The same with the block's score layer's two products in lc5's epilogue: rows_out (B, 43, N) float2.
 #define ZC_SCORE_KERNEL(NAME, OPS)                                                                            \
-    extern "C" __global__ void __launch_bounds__(ZL_THREADS, 1) NAME(                                           \
+    XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                                 \
         const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const unsigned short* W, \
         const float* bias, const float* score_w, float2* rows_out, int N, int tiles) {                          \
         zc_chain<OPS, true>(xmap, X, ldx, cin, W, bias, nullptr, score_w, rows_out, N, tiles);                \

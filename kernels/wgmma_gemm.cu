@@ -23,6 +23,7 @@
 // sits at chunk c ^ (r % 8). The tensor cores add into their float32 accumulator with truncation,
 // so in the TF32 modes each slice is summed on its own (the first wgmma of a slice starts from zero)
 // and added to the thread's accumulator with rounded FADDs, as in tc_gemm.cu.
+#include "kernel_select.cuh"
 
 #define WG_BK 32
 #define WG_GEMM_STAGES 4   // ring depths (measured best on an H100)
@@ -361,7 +362,7 @@ __device__ __forceinline__ void wg_gemm(const float* __restrict__ A, long lda, c
 }
 
 #define WG_GEMM_KERNEL(NAME, OPS, VEC)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) NAME(                                                \
+    XM_KERNEL(NAME) void __launch_bounds__(256) NAME(                                                      \
         const float* A, long lda, const float* Bbig, const float* Bsmall, long ldbt, float* C, long ldc,  \
         int M, int N, int K, const float* bias, int relu) {                                              \
         wg_gemm<OPS, VEC>(A, lda, Bbig, Bsmall, ldbt, C, ldc, M, N, K, bias, relu);                    \
@@ -561,7 +562,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 }
 
 #define WG_DRB_KERNEL(NAME, OPS, VEC, IO)                                                              \
-    extern "C" __global__ void __launch_bounds__(WG_DRB_THREADS, 1) NAME(                                  \
+    XM_KERNEL(NAME) void __launch_bounds__(WG_DRB_THREADS, 1) NAME(                                        \
         const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt,              \
         const float* a1,                                                                                  \
         const float* bias, const float* res, float* out, int N, int cout, int tiles) {                   \
@@ -571,25 +572,27 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 // Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>, and in the
 // 16-bit modes ..._<v | s>_o16 (WG_IO_TO16) and ..._h16 (WG_IO_16: ldx % 8 == 0, X 16-byte aligned).
 // A module built with WG_DRB_OPS defined (hopper_gemm puts it in the prelude) holds that mode's alone.
-#define WG_DRB_KERNELS(PART, OPS)                                                                         \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_v, OPS, true, WG_IO_F32)                                          \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_s, OPS, false, WG_IO_F32)
-#define WG_DRB_KERNELS16(PART, OPS)                                                                       \
-    WG_DRB_KERNELS(PART, OPS)                                                                             \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_v_o16, OPS, true, WG_IO_TO16)                                     \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_s_o16, OPS, false, WG_IO_TO16)                                    \
-    WG_DRB_KERNEL(wg_drb_layer_##PART##_h16, OPS, true, WG_IO_16)
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
-WG_DRB_KERNELS(3x, WG_3XTF32)
+WG_DRB_KERNEL(wg_drb_layer_3x_v, WG_3XTF32, true, WG_IO_F32)
+WG_DRB_KERNEL(wg_drb_layer_3x_s, WG_3XTF32, false, WG_IO_F32)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_TF32
-WG_DRB_KERNELS(1x, WG_TF32)
+WG_DRB_KERNEL(wg_drb_layer_1x_v, WG_TF32, true, WG_IO_F32)
+WG_DRB_KERNEL(wg_drb_layer_1x_s, WG_TF32, false, WG_IO_F32)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_F16
-WG_DRB_KERNELS16(f16, WG_F16)
+WG_DRB_KERNEL(wg_drb_layer_f16_v, WG_F16, true, WG_IO_F32)
+WG_DRB_KERNEL(wg_drb_layer_f16_s, WG_F16, false, WG_IO_F32)
+WG_DRB_KERNEL(wg_drb_layer_f16_v_o16, WG_F16, true, WG_IO_TO16)
+WG_DRB_KERNEL(wg_drb_layer_f16_s_o16, WG_F16, false, WG_IO_TO16)
+WG_DRB_KERNEL(wg_drb_layer_f16_h16, WG_F16, true, WG_IO_16)
 #endif
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_BF16
-WG_DRB_KERNELS16(bf16, WG_BF16)
+WG_DRB_KERNEL(wg_drb_layer_bf16_v, WG_BF16, true, WG_IO_F32)
+WG_DRB_KERNEL(wg_drb_layer_bf16_s, WG_BF16, false, WG_IO_F32)
+WG_DRB_KERNEL(wg_drb_layer_bf16_v_o16, WG_BF16, true, WG_IO_TO16)
+WG_DRB_KERNEL(wg_drb_layer_bf16_s_o16, WG_BF16, false, WG_IO_TO16)
+WG_DRB_KERNEL(wg_drb_layer_bf16_h16, WG_BF16, true, WG_IO_16)
 #endif
 
 // Prepared B's row j holds column wg_weight_column(j) of B (K x N): j itself, or with pair > 0
@@ -603,7 +606,7 @@ __device__ __forceinline__ int wg_weight_column(int j, int N, int pair) {
 
 // Prepare B (K x N, row stride ldb) for the TF32 modes: big[j][k] = tf32(B[k][col(j)]) and (passes 3)
 // small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
-extern "C" __global__ void wg_split_weight(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
+XM_KERNEL(wg_split_weight) void wg_split_weight(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
                                            int passes, int pair, float* __restrict__ big,
                                            float* __restrict__ small) {
     const long long total = (long long)Np * Kp;
@@ -620,7 +623,7 @@ extern "C" __global__ void wg_split_weight(const float* __restrict__ B, long ldb
 
 // The same for the 16-bit modes: out[j][k] = B[k][col(j)] rounded to nearest even float16 (bf16 = 0)
 // or bfloat16 (bf16 = 1), as (Np x Kp) 16-bit elements.
-extern "C" __global__ void wg_pack_weight16(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
+XM_KERNEL(wg_pack_weight16) void wg_pack_weight16(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
                                             int bf16, int pair, unsigned short* __restrict__ out) {
     const long long total = (long long)Np * Kp;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;

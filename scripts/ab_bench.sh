@@ -4,8 +4,8 @@
 #   bash scripts/ab_bench.sh OLD [xmesh bench arguments...]
 # OLD is a commit, checked out with `git archive` into /tmp/xmesh-old, or a folder holding an old
 # tree (e.g. one made here with `git archive C | tar -x -C .devout/old` and carried along); "new"
-# is the working tree. The device tool's copy of .git can lag the working tree (it held the
-# session's first commit), so the script prints the commit it archived: name an old commit by the
+# is the working tree. A copy of .git made earlier can lag the working tree (it may hold an older
+# commit), so the script prints the commit it archived: name an old commit by the
 # hash that copy has, or carry the old tree as a folder.
 # Prints the `total` (or first) stage's figures of each run; full tables go to $OUT/ab_*.txt.
 set -u

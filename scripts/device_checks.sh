@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU checks on a borrowed device, in parts that each fit one device call:
 #   bash scripts/device_checks.sh tests      # GPU tests (golden agreement on CuPy included)
-#   bash scripts/device_checks.sh tests16    # the 16-bit modes' Hopper layer kernels (one layer, five chained)
+#   bash scripts/device_checks.sh tests16    # the 16-bit modes' chained layers and their one-layer reference
 #   bash scripts/device_checks.sh precision  # each precision mode's error against the golden data
 #   bash scripts/device_checks.sh bench      # `xmesh bench` (CuPy b=1/16/64 and NumPy b=1 in one run)
-# Expects: .whl/asv (array-api-compat, asv wheels) and .devdata/shared (golden + demo copies).
+# Expects: .whl/base (the array-api-compat wheel) and .devdata/shared (golden + demo copies).
 set -u
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/asv/*.whl >/dev/null 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/base/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
 export XMESH_SHARED=$PWD/.devdata/shared
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,11 +16,12 @@ case "${1:-tests}" in
 tests)
   XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_tc_gemm.py \
     tests/test_golden.py tests/test_cupy_backend.py tests/test_metrics_gpu.py tests/test_out_of_memory.py \
-    tests/test_model.py tests/test_drb32_zlayer.py tests/test_drb32h.py tests/test_kernel_sources.py tests/test_kernel_cache.py \
-    tests/test_branches.py tests/test_pinned_upload.py --durations=30 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+    tests/test_model.py tests/test_drb32h.py tests/test_kernel_sources.py tests/test_kernel_cache.py \
+    tests/test_branches.py tests/test_pinned_upload.py tests/test_kernel_manifest.py tests/test_kernel_constants.py \
+    tests/test_plan.py tests/test_pipeline.py tests/test_eval.py --durations=30 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   ;;
 tests16)
-  XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_drb16_zlayer.py \
+  XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_drb16_reference.py \
     tests/test_drb16_chain.py --durations=10 2>&1 | tee "$OUT/gpu_tests16.log" | tail -4
   ;;
 precision)

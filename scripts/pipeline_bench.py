@@ -5,8 +5,8 @@
 1. writes a synthetic dataset in the official layout: 128 distinct objects (``write_dataset``, in
    parallel), repeated under new item ids (symbolic links) up to ``--samples``;
 2. for each precision: ``xmesh bench`` (the network alone, ``total`` stage, samples/s), then
-   ``xmesh eval`` over the whole list with the default settings, then again with ``--save-meshes``,
-   then ``xmesh reconstruct --list`` (the last two only for the first precision);
+   ``xmesh eval`` over the whole list with the default settings, again with ``--save-meshes``, with
+   ``--cluster SPEC`` if given (Dask), then ``xmesh reconstruct --list`` (first precision only);
 3. with ``--old DIR`` (an older tree of xmesh), its ``xmesh eval`` on the same data, for a before/after;
 4. prints one table: samples/s of each run, its ratio to the bench figure, and each run's timing line.
 Full outputs go to ``$OUT`` (or /tmp/pipeline_bench).
@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--backend", default="cupy")
     parser.add_argument("--old", default=None, help="an older xmesh tree to run `xmesh eval` from, for a before figure")
     parser.add_argument("--data", default=None, help="dataset folder (made if missing)")
+    parser.add_argument("--cluster", default=None, metavar="SPEC",
+                        help="also run `xmesh eval --cluster SPEC` (e.g. local-cuda) beside the plain run")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "/tmp/pipeline_bench")
     out.mkdir(parents=True, exist_ok=True)
@@ -108,25 +110,28 @@ def main() -> None:
     common = ["--images", str(work), "--gt", str(work / "gt"), "--list", str(lst), "--weights", "synthetic:1",
               "--backend", args.backend, "--no-progress"]
     table = []
-    for precision in args.precisions:  # first use compiles the pipeline's kernels: keep that out of the figures
+    for precision in args.precisions:  # first use compiles (GPU kernels, numba): keep that out of the figures
         run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(work / "warmup"),
-             "--limit", str(2 * args.batch_size)], out / f"warmup_{precision}.txt")
+             "--limit", str(2 * args.batch_size), "--save-meshes"], out / f"warmup_{precision}.txt")
         shutil.rmtree(work / "warmup", ignore_errors=True)
     for k, precision in enumerate(args.precisions):
         text = run([py, "-m", "xmesh", "bench", "--backend", args.backend, "--precision", precision, "--batch-sizes",
                     str(args.batch_size), "--repeat", "5", "--stages", "total", "--json"], out / f"bench_{precision}.txt")
         bench = bench_rate(text)
         table.append((f"xmesh bench {precision} b={args.batch_size}", bench, None, ""))
-        runs = [("eval", [])]
-        if k == 0:
-            runs.append(("eval --save-meshes", ["--save-meshes"]))
+        runs = [("eval", []), ("eval --save-meshes", ["--save-meshes"])]
+        if args.cluster:
+            runs.append((f"eval --cluster {args.cluster}", ["--cluster", args.cluster]))
         for name, extra in runs:
-            res = work / f"res_{precision}_{len(extra)}"
+            res = work / f"res_{precision}_{name.replace(' ', '_').replace('-', '').replace(':', '')}"
             shutil.rmtree(res, ignore_errors=True)
             text = run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), *extra],
-                       out / f"{name.replace(' ', '').replace('-', '_')}_{precision}.txt")
+                       out / f"{name.replace(' ', '').replace('-', '_').replace(':', '')}_{precision}.txt")
             rate, timing = eval_rate(res)
             line = next((ln for ln in text.splitlines() if ln.startswith("xmesh eval: time")), "")
+            if extra[:1] == ["--cluster"] and rate:
+                plain = next((r for n, r, _, _ in table if n == f"xmesh eval {precision}"), None)
+                line = f"{line} (Dask over the plain run: {100 * rate / plain:.0f}%)" if plain else line
             table.append((f"xmesh {name} {precision}", rate, rate / bench if rate and bench else None, line))
         if k == 0:
             res = work / f"rec_{precision}"

@@ -30,15 +30,22 @@ def test_copy_views_into_writes_those_views_only_numpy(views):
             assert np.isnan(per_sample[:, v]).all()
 
 
-def test_a_cpu_branch_runs_in_place():
+def test_a_cpu_branch_runs_its_blocks_in_place_and_lets_errors_through():
+    """On the CPU a branch's blocks run where they stand: what a block writes is there as the block
+    ends (before any join), later blocks see it, and an error inside a block reaches the caller."""
     be = get_backend("numpy")
-    order = []
+    x = np.zeros(4, dtype=np.float32)
     branch = be.branch()
-    order.append("main")
     with branch:
-        order.append("branch")
+        x += 1.0
+    assert x.tolist() == [1.0] * 4            # done before the join
+    with branch:
+        y = x * 3.0
     branch.join()
-    assert order == ["main", "branch"]
+    assert y.tolist() == [3.0] * 4
+    with pytest.raises(ZeroDivisionError):   # __exit__ must not swallow it
+        with be.branch():
+            1 / 0
 
 
 @requires_cuda

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from xmesh.backends import cudnn_conv
-from xmesh.backends.cudnn_conv import CONV_MIN_FLOP, CudnnConv
+from xmesh.backends.cudnn_conv import CudnnConv
+from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP, conv_on_cudnn
 
 
 def test_xmesh_cudnn_0_turns_it_off(monkeypatch):
@@ -36,6 +37,6 @@ def _flop(x_shape, w_shape):
     ((16, 224, 224, 16), (3, 3, 16, 16), 1, False),     # stage 1 at 16 samples, 3.7 GFLOP
 ])
 def test_only_large_stride_1_odd_square_convolutions_go_to_cudnn(x_shape, w_shape, stride, taken):
-    assert CudnnConv.applies(x_shape, w_shape, stride) is taken
+    assert conv_on_cudnn(x_shape, w_shape, stride) is taken
     if stride == 1 and w_shape[0] % 2:
         assert (_flop(x_shape, w_shape) >= CONV_MIN_FLOP) is taken

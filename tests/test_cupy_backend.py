@@ -44,10 +44,9 @@ def test_unknown_precision_is_rejected():
 def ref_gb():
     """A second CuPy backend whose fast paths are switched off: the model's array-API code on the GPU."""
     from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.ops import ReferenceOnly
 
-    be = CupyBackend()
-    be.try_fast_path = lambda *args, **kwargs: None
-    return be
+    return ReferenceOnly(CupyBackend())
 
 
 def random_cameras(rng, batch, views=3):
@@ -583,7 +582,7 @@ def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
     installed): bias and ReLU applied, TF32 products (error above float32's, within TF32's against
     float64), whatever the output buffer held before (NaN here); smaller or strided ones stay in
     xmesh's kernels, and fp32 mode never uses it."""
-    from xmesh.backends.cudnn_conv import CONV_MIN_FLOP
+    from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP
     from xmesh.backends.cupy_backend import CupyBackend
 
     be = CupyBackend(precision="tf32")

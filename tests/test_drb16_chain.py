@@ -3,8 +3,9 @@
 
     x1 = lc1(X),  x2 = lc2(x1),  x3 = lc3(x2) + x1,  x4 = lc4(x3),  x5 = lc5(x4) + x3,
 
-each layer computed as the one-layer kernel drb_zlayer computes it, so x5 must equal five drb_zlayer
-calls bit for bit (test_drb16_zlayer.py checks that kernel against float64). The W stream's layout is
+each layer computed as the one-layer reference kernel computes it, so x5 must equal five
+reference_layer16 calls bit for bit (tests/drb16_reference.py; test_drb16_reference.py checks that
+kernel against float64). The W stream's layout is
 checked on the CPU; the rest needs a GPU of compute capability 9.0.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
+from drb16_reference import reference_block16
 from test_cupy_backend import END_TO_END_MAX_FRACTION, differing_fraction, random_cameras
 from test_tc_gemm import template_support_mask, to16
 
@@ -88,11 +90,7 @@ def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n,
     mixing = mixing_source(a1)
     weights = [hopper.prepare(cp.asarray(w), operands) for w in ws]
     bias = [cp.asarray(v) for v in biases]
-    x1 = hopper.drb_zlayer(x, weights[0], bias[0], None, mixing)
-    x2 = hopper.drb_zlayer(x1, weights[1], bias[1], None, mixing)
-    x3 = hopper.drb_zlayer(x2, weights[2], bias[2], x1, mixing)
-    x4 = hopper.drb_zlayer(x3, weights[3], bias[3], None, mixing)
-    want = hopper.drb_zlayer(x4, weights[4], bias[4], x3, mixing)
+    want = reference_block16(hopper, x, weights, bias, mixing)
 
     chain = hopper.prepare_chain16(weights[0], weights[1:], bias)
     poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
@@ -200,13 +198,15 @@ def test_chain_refuses_what_it_cannot_run(cp, hopper):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
-    """A whole reconstruction in a 16-bit mode with the five layers chained equals the one that runs
-    them one by one, bit for bit, at batch 2. With the score layer's products in the chain as well
-    (the default on compute capability 9.0) the first block's vertices move by float32 summation
-    order (test_block_tail_with_the_score_in_the_chain), which may move the second block's samples
-    to neighbouring pixels: the end-to-end allowance of test_cupy_backend.py."""
+    """A whole reconstruction in a 16-bit mode with the five layers chained equals the one whose blocks
+    run them one by one through the reference layer (tests/drb16_reference.py), bit for bit, at
+    batch 2. With the score layer's products in the chain as well (the default on compute capability
+    9.0) the first block's vertices move by float32 summation order
+    (test_block_tail_with_the_score_in_the_chain), which may move the second block's samples to
+    neighbouring pixels: the end-to-end allowance of test_cupy_backend.py."""
     from xmesh import Reconstructor
     from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.backends.hopper_gemm import mixing_source
     from xmesh.io.weights import synthetic_weights
     from xmesh.template_gen import generate_template
 
@@ -224,7 +224,13 @@ def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
     backend.fuse_drb_score = False
     chained = [a.get() for a in model.run(images, cameras)]
     assert calls[2:] == [False, False]
-    backend.chain_drb_layers = False
+
+    def one_by_one(layers, x, cheb1, cheb0=None):
+        prepared = [backend.hopper.prepare(layer.weight, precision) for layer in layers]
+        return reference_block16(backend.hopper, x, prepared, [layer.bias for layer in layers],
+                                 mixing_source(cheb1.get()))
+
+    backend.op_drb_block_layers = one_by_one
     single = [a.get() for a in model.run(images, cameras)]
     assert len(calls) == 4
     for c, s in zip(chained, single):

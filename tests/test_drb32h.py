@@ -1,5 +1,5 @@
 """The fp32 mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu,
-HopperGemm.drb_hlayer32) against float64 (GPU, compute capability 9.0; skipped elsewhere), and its
+HopperGemm.drb_layer_3xf16) against float64 (GPU, compute capability 9.0; skipped elsewhere), and its
 weight preparation (HopperGemm.prepare_halves).
 
     out = relu(X W0 + Z W1 + b) (+ res),   Z = A1 X in float32,
@@ -13,9 +13,71 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
-from test_drb32_zlayer import assert_float32_accurate, layer_case, padded_rows, run_on_poisoned_memory
+from test_tc_gemm import drb_reference, rel_error, template_support_mask
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
+
+
+def padded_rows(cp, x):
+    """x (B, 43, N, cin) as a view of rows padded to a multiple of 4 floats (16 bytes), the padding NaN:
+    as the local projection hands a block's first layer its 339 features in rows of 340."""
+    cin = x.shape[-1]
+    full = cp.full(x.shape[:-1] + (-(-cin // 4) * 4,), np.nan, dtype=cp.float32)
+    full[..., :cin] = cp.asarray(x)
+    return full[..., :cin]
+
+
+def layer_case(rng, b, n, cin, with_residual):
+    a1 = ((rng.standard_normal((43, 43)) / 3) * template_support_mask()).astype(np.float32)
+    x = rng.standard_normal((b, 43, n, cin)).astype(np.float32)
+    w = (rng.standard_normal((cin, 384)) / np.sqrt(2 * cin)).astype(np.float32)
+    bias = (rng.standard_normal(192) * 0.1).astype(np.float32)
+    res = rng.standard_normal((b, 43, n, 192)).astype(np.float32) if with_residual else None
+    return a1, x, w, bias, res
+
+
+def float32_layer(x, w, a1, bias, res):
+    """The layer in float32 arithmetic (NumPy, output-side mixing), for the accuracy float32 itself has."""
+    y = x @ w
+    out = np.maximum(y[..., :192] + np.einsum("ij,bjnc->binc", a1, y[..., 192:]) + bias, 0)
+    return out if res is None else out + res
+
+
+def magnitudes(x, w, a1, bias):
+    """sum |terms| of each output element: |X| |W0| + (|A1| |X|) |W1| + |b| (float64)."""
+    ax = np.abs(x.astype(np.float64))
+    mixed = np.einsum("ij,bjnc->binc", np.abs(a1.astype(np.float64)), ax)
+    aw = np.abs(w.astype(np.float64))
+    return ax @ aw[:, :192] + mixed @ aw[:, 192:] + np.abs(bias)
+
+
+def run_on_poisoned_memory(cp, layer, a1, x, bias, res):
+    """``layer(X, bias, residual, mixing_source(a1))`` with X on the device (rows padded to 16 bytes
+    where cin % 4) and the output's memory poisoned (NaN) first; checks that the output is float32
+    (B, 43, N, 192), finite (every element written) and mostly nonzero; returns it on the host."""
+    from xmesh.backends.hopper_gemm import mixing_source
+
+    b, _, n, cin = x.shape
+    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    del poison
+    x_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x)
+    out = layer(x_dev, cp.asarray(bias), None if res is None else cp.asarray(res), mixing_source(a1))
+    assert out.dtype == cp.float32 and out.shape == (b, 43, n, 192)
+    got = out.get()
+    assert np.isfinite(got).all() and (got != 0).mean() > 0.4
+    return got
+
+
+def assert_float32_accurate(got, x, w, a1, bias, res):
+    """A float32-accurate layer: within 4x float32 arithmetic's error against float64 over the whole
+    output, and every element within a float32 accumulation bound of its terms' magnitudes (which a
+    misplaced row or column breaks)."""
+    ref = drb_reference(x, w, a1, bias, res)
+    err, f32 = rel_error(got, ref), rel_error(float32_layer(x, w, a1, bias, res), ref)
+    assert err <= 4 * f32 + 1e-7, (err, f32)
+    bound = (2 * x.shape[-1] + 64) * 2.0 ** -23 * (magnitudes(x, w, a1, bias) + (0 if res is None else np.abs(res)))
+    excess = np.abs(got - ref) / bound
+    assert excess.max() <= 1.0, (excess.max(), np.unravel_index(excess.argmax(), excess.shape))
 
 
 @pytest.mark.parametrize("b,n,cin,with_residual", [
@@ -34,7 +96,7 @@ def test_three_half_products_layer_against_float64(cp, hopper, b, n, cin, with_r
     rng = np.random.default_rng(n + cin + 11)
     a1, x, w, bias, res = layer_case(rng, b, n, cin, with_residual)
     halves = hopper.prepare_halves(cp.asarray(w))
-    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_hlayer32(xd, halves, bd, rd, mixing),
+    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_layer_3xf16(xd, halves, bd, rd, mixing),
                                  a1, x, bias, res)
     assert_float32_accurate(got, x, w, a1, bias, res)
 
@@ -50,7 +112,7 @@ def test_three_half_products_keep_float32_accuracy_across_magnitudes(cp, hopper,
     a1, x, w, bias, res = layer_case(rng, 1, 50, 192, True)
     x, w = (x * x_scale).astype(np.float32), (w * w_scale).astype(np.float32)
     bias, res = (bias * x_scale * w_scale).astype(np.float32), (res * x_scale * w_scale).astype(np.float32)
-    out = hopper.drb_hlayer32(cp.asarray(x), hopper.prepare_halves(cp.asarray(w)), cp.asarray(bias),
+    out = hopper.drb_layer_3xf16(cp.asarray(x), hopper.prepare_halves(cp.asarray(w)), cp.asarray(bias),
                               cp.asarray(res), mixing_source(a1)).get()
     assert_float32_accurate(out, x, w, a1, bias, res)
 
@@ -83,7 +145,7 @@ def test_prepare_halves_parts_and_scales(cp, hopper):
 
 
 def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
-    """drb_hlayer32 and prepare_halves name what is wrong: no mixing source, 16-bit X, X of another
+    """drb_layer_3xf16 and prepare_halves name what is wrong: no mixing source, 16-bit X, X of another
     width than the weight, rows not 16-byte aligned, a residual of the wrong type, a weight of the
     wrong shape or with non-finite entries."""
     from xmesh.backends.hopper_gemm import mixing_source
@@ -93,16 +155,16 @@ def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
     x, res, bias, mixing = cp.asarray(x), cp.asarray(res), cp.asarray(bias), mixing_source(a1)
     halves = hopper.prepare_halves(cp.asarray(w))
     with pytest.raises(ValueError, match="no mixing source"):
-        hopper.drb_hlayer32(x, halves, bias, res, "")
+        hopper.drb_layer_3xf16(x, halves, bias, res, "")
     with pytest.raises(ValueError, match="float32"):
-        hopper.drb_hlayer32(x.astype(cp.float16), halves, bias, res, mixing)
+        hopper.drb_layer_3xf16(x.astype(cp.float16), halves, bias, res, mixing)
     with pytest.raises(ValueError, match="192"):
-        hopper.drb_hlayer32(x[..., :128], halves, bias, res, mixing)
+        hopper.drb_layer_3xf16(x[..., :128], halves, bias, res, mixing)
     odd = cp.zeros(x.shape[:-1] + (194,), dtype=cp.float32)[..., 1:193]   # rows start 4 bytes in
     with pytest.raises(ValueError, match="16-byte aligned"):
-        hopper.drb_hlayer32(odd, halves, bias, res, mixing)
+        hopper.drb_layer_3xf16(odd, halves, bias, res, mixing)
     with pytest.raises(ValueError, match="residual must be"):
-        hopper.drb_hlayer32(x, halves, bias, res.astype(cp.float16), mixing)
+        hopper.drb_layer_3xf16(x, halves, bias, res.astype(cp.float16), mixing)
     with pytest.raises(ValueError, match=r"\(k, 384\)"):
         hopper.prepare_halves(cp.asarray(w[:, :192]))
     bad = w.copy()
@@ -114,7 +176,7 @@ def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
 @pytest.mark.parametrize("cin,with_residual", [(192, True), (339, False)])
 def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, hopper, monkeypatch, cin, with_residual):
     """The fp32 backend sends a deformation layer whose X rows are 16-byte aligned (the model's: the
-    local projection pads its 339 features to rows of 340) to drb_hlayer32, and its result is as
+    local projection pads its 339 features to rows of 340) to drb_layer_3xf16, and its result is as
     accurate as the 3xTF32 layer it replaces (fp32_halves = False) against float64."""
     from xmesh.model.deformation import local_gconv
     from xmesh.model.params import GraphConv
@@ -124,8 +186,8 @@ def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, ho
     layer = GraphConv(cp.asarray(w), cp.asarray(bias), 192, True)
     x_dev, res_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x), None if res is None else cp.asarray(res)
     calls = []
-    real = hopper.drb_hlayer32
-    monkeypatch.setattr(hopper, "drb_hlayer32", lambda *a, **k: (calls.append(a[0].shape), real(*a, **k))[1])
+    real = hopper.drb_layer_3xf16
+    monkeypatch.setattr(hopper, "drb_layer_3xf16", lambda *a, **k: (calls.append(a[0].shape), real(*a, **k))[1])
     got = local_gconv(gb, layer, x_dev, cp.asarray(a1), None, res_dev).get()
     assert calls == [x.shape]
     monkeypatch.setattr(gb, "fp32_halves", False)
@@ -137,7 +199,7 @@ def test_fp32_mode_runs_its_deformation_layers_as_three_half_products(cp, gb, ho
 
 @pytest.mark.parametrize("b,n,cin", [(2, 10, 192), (1, 2466, 192), (3, 37, 128)])
 def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
-    """drb_hlayer32 with a score layer's weight: x5 is not written; each 96-column group's products of
+    """drb_layer_3xf16 with a score layer's weight: x5 is not written; each 96-column group's products of
     x5 (the same layer's float32 output, computed without the score weight) with W come back, each
     within a float32 accumulation bound of float64's, every valid row's written (poisoned memory first)."""
     from xmesh.backends.hopper_gemm import mixing_source
@@ -147,10 +209,10 @@ def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
     score_w = (rng.standard_normal((192, 2)) / 8).astype(np.float32)
     halves, mixing = hopper.prepare_halves(cp.asarray(w)), mixing_source(a1)
     x_dev, bias_dev, res_dev = cp.asarray(x), cp.asarray(bias), cp.asarray(res)
-    x5 = hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing).get().astype(np.float64)
+    x5 = hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing).get().astype(np.float64)
     poison = cp.full(2 * b * 43 * n * 2, np.nan, dtype=cp.float32)
     del poison
-    parts = hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w))
+    parts = hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w))
     assert parts.dtype == cp.float32 and parts.shape == (2, b, 43, n, 2)
     got = parts.get()
     assert np.isfinite(got).all()
@@ -160,7 +222,7 @@ def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
         bound = 100 * 2.0 ** -24 * (np.abs(x5[..., cols]) @ np.abs(score_w[cols].astype(np.float64)))
         assert (np.abs(got[g] - want) <= bound).all(), np.abs(got[g] - want).max()
     with pytest.raises(ValueError, match=r"\(192, 2\)"):
-        hopper.drb_hlayer32(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w[:, :1]))
+        hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w[:, :1]))
 
 
 def test_block_tail_with_the_score_in_the_last_layer(cp, gb, hopper, monkeypatch):

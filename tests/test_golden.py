@@ -161,7 +161,7 @@ def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
         # a backend's fused projection kernel would bypass the hook: use the array-API path for the search
         had_kernel = "op_graph_projection" in vars(type(model.backend))
         if had_kernel:
-            model.backend.op_graph_projection = None
+            model.backend.op_graph_projection = lambda *args: None
         try:
             return [host(b) for b in network.run_stage1(model.backend, model.stage1, flat, tf)]
         finally:

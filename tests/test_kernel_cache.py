@@ -70,8 +70,9 @@ def test_a_damaged_file_is_compiled_again_and_replaced(folder, damage):
     broken = {"truncate": data[:-7], "flip": data[:-1] + bytes([data[-1] ^ 1]),
               "garbage": b"not a cubin at all", "empty": b""}[damage]
     path.write_bytes(broken)
-    assert read_cubin(path) is None
-    again, calls = build()
+    assert read_cubin(path, warn=False) is None
+    with pytest.warns(RuntimeWarning, match="damaged"):
+        again, calls = build()
     assert calls == 1 and again == good
     assert read_cubin(path) == good
 
@@ -114,12 +115,50 @@ def test_an_unwritable_folder_warns_once_and_still_builds(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def _write_concurrently(folder: str, worker: int, start_at: float) -> bytes:
+    """One of several processes building the same kernel into one cache folder at the same moment."""
+    import os
+    import time
+
+    os.environ["XMESH_KERNEL_CACHE_DIR"] = folder
+    time.sleep(max(0.0, start_at - time.time()))
+    source = "__global__ void shared_kernel() {}" + " " * 100_000   # a large file: the writes overlap
+    return cached_cubin("k.cu", source, "sm_90a", ("-std=c++17",), (13, 0), Compiler(source))
+
+
+def test_processes_that_build_the_same_kernel_at_once_all_succeed(folder):
+    """Four processes write the same cache file at once: each gets the whole binary, the file ends whole
+    and no temporary file is left."""
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        start_at = time.time() + 1.0
+        results = pool.starmap(_write_concurrently, [(str(folder), i, start_at) for i in range(4)])
+    expected = Compiler("__global__ void shared_kernel() {}" + " " * 100_000)()
+    assert results == [expected] * 4
+    (path,) = folder.iterdir()
+    assert read_cubin(path) == expected
+
+
+def test_threads_that_build_different_kernels_at_once_all_succeed(folder):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sources = [f"__global__ void k{i}() {{}}" for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda s: build(source=s), sources))
+    assert [calls for _, calls in results] == [1] * 16
+    assert len(list(folder.iterdir())) == 16
+    assert [build(source=s) for s in sources] == [(cubin, 0) for cubin, _ in results]
+
+
 @requires_cuda
 @pytest.mark.usefixtures("hopper")
 def test_a_cached_hopper_kernel_is_loaded_without_compiling(tmp_path, monkeypatch):
-    """On an H100/H200: a fresh module cache builds the weight-preparing kernels (wgmma_gemm.cu) and
-    stores the cubin; a second fresh one must find it on disk without calling NVRTC, and its kernels
-    prepare a weight to the same bits."""
+    """On an H100/H200: a fresh process view builds the weight-preparing kernels (wgmma_gemm.cu) and
+    stores their cubins; a second fresh one must find them on disk without calling NVRTC, and its
+    kernels prepare a weight to the same bits."""
     import cupy
 
     from xmesh.backends import cuda_kernels
@@ -132,18 +171,19 @@ def test_a_cached_hopper_kernel_is_loaded_without_compiling(tmp_path, monkeypatc
         weight = HopperGemm(cupy).prepare(w, operands)
         return [part.get() for part in (weight.big, weight.small) if part is not None]
 
-    cuda_kernels._arch_module.cache_clear()
+    cuda_kernels.forget_loaded()
     try:
         compiled = prepared("3xtf32") + prepared("fp16")
-        assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["wgmma_gemm"]
+        assert sorted(p.name.split("-sm_90a-")[0] for p in tmp_path.iterdir()) == \
+            ["wgmma_gemm-wg_pack_weight16", "wgmma_gemm-wg_split_weight"]
 
         def no_compiler(*_):
             raise AssertionError("NVRTC was called although the cubin is on disk")
 
-        monkeypatch.setattr(cuda_kernels, "_nvrtc_cubin", no_compiler)
-        cuda_kernels._arch_module.cache_clear()
+        monkeypatch.setattr(cuda_kernels, "_nvrtc_compile", no_compiler)
+        cuda_kernels.forget_loaded()
         loaded = prepared("3xtf32") + prepared("fp16")
         assert len(loaded) == len(compiled) == 3
         assert all(np.array_equal(a, b) for a, b in zip(loaded, compiled))
     finally:
-        cuda_kernels._arch_module.cache_clear()
+        cuda_kernels.forget_loaded()

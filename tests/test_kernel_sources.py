@@ -21,7 +21,6 @@ def definitions(source: str, name: str) -> int:
     ("wgmma_gemm.cu", ["wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
-    ("wgmma_drb32.cu", ["wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("p2m_ops.cu", ["bits16.cuh"]),
 ])
@@ -53,23 +52,6 @@ def test_a_missing_header_names_the_file(tmp_path, monkeypatch):
         kernel_source("main.cu")
 
 
-def test_tf32_input_side_layer_fits_shared_memory():
-    """The TF32 modes' input-side layer (wgmma_drb32.cu): the column groups hopper_gemm picks keep W0 and
-    W1 (both TF32 parts in 3xTF32) within Y_W_BYTES, the kernels exist for them, and a block's shared
-    memory stays within an H100/H200 block's opt-in limit (227 KB)."""
-    from xmesh.backends import hopper_gemm as hg
-
-    source = kernel_source(hg.Y_SOURCE)
-    assert hg.Y_SMEM <= 227 * 1024
-    for operands, parts, part in (("3xtf32", 2, "3x"), ("tf32", 1, "1x")):
-        widths = [hg.HopperGemm.zlayer32_columns(cin, operands) for cin in (64, 192, 193, 339, 384)]
-        assert widths == ([48, 48, 24, 24, 24] if parts == 2 else [96, 96, 48, 48, 48])
-        for cin, ct in zip((64, 192, 193, 339, 384), widths):
-            assert 2 * parts * -(-cin // 32) * ct * 128 <= hg.Y_W_BYTES and 192 % ct == 0
-            assert f"wg_drb_zlayer32_{part}_n{ct}," in source
-        assert hg.HopperGemm.zlayer32_columns(385, operands) is None
-
-
 def macro(source: str, name: str) -> int:
     """The integer value of ``#define name EXPR`` in a kernel source, EXPR evaluated with the source's
     other macros (integer arithmetic only)."""
@@ -91,8 +73,8 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     16-bit kernels exist; the header shares the vertex tile with the one-layer kernel."""
     from xmesh.backends import hopper_gemm as hg
 
-    source = kernel_source(hg.C_SOURCE)
-    assert macro(source, "ZC_SMEM_BYTES") == hg.C_SMEM <= 227 * 1024
+    source = kernel_source(hg.CHAIN.source)
+    assert macro(source, "ZC_SMEM_BYTES") == hg.CHAIN.smem <= 227 * 1024
     assert macro(source, "ZC_KBUF_BYTES") % 1024 == 0 and macro(source, "ZC_PIECE_BYTES") % 1024 == 0
     assert macro(source, "ZC_KBUF_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
     # the transaction barriers (8 bytes each) of the W ring's slots (two pieces a slot) and of Q's three K
@@ -101,8 +83,8 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     assert macro(source, "ZL_TILE_ROWS") * 128 + 8 * barriers <= macro(source, "ZC_KBUF_BYTES")
     assert "w_full = z_smem + ZL_TILE_ROWS * 128" in source and "x_full = w_full + 8 * ZC_PIECES / 2" in source
     assert macro(source, "ZC_ACT_BYTES") == 3 * macro(source, "ZC_KBUF_BYTES")   # three K buffers: six halves
-    assert macro(source, "ZC_HIDDEN") == hg.C_HIDDEN and macro(source, "ZC_LAYERS") == hg.C_HIDDEN + 1
-    assert macro(source, "ZC_SLICES") * 32 == hg.Z_COUT
+    assert macro(source, "ZC_HIDDEN") == hg.CHAIN.hidden_layers and macro(source, "ZC_LAYERS") == hg.CHAIN.hidden_layers + 1
+    assert macro(source, "ZC_SLICES") * 32 == hg.WIDE_COLS
     assert 3 * macro(source, "ZC_MMA_REGS") + macro(source, "ZC_PRODUCER_REGS") == 4 * 128
     for part in ("f16", "bf16"):
         assert f"wg_drb_chain_{part}," in source
@@ -117,10 +99,10 @@ def test_three_half_products_layer_fits_shared_memory_as_the_host_reckons():
     block's."""
     from xmesh.backends import hopper_gemm as hg
 
-    source = kernel_source(hg.H_SOURCE)
-    assert macro(source, "H_SMEM_BYTES") == hg.H_SMEM <= 227 * 1024
+    source = kernel_source(hg.LAYER_3XF16.source)
+    assert macro(source, "H_SMEM_BYTES") == hg.LAYER_3XF16.smem <= 227 * 1024
     assert macro(source, "H_SLOT_BYTES") % 1024 == 0 and macro(source, "H_SLOT_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
-    assert macro(source, "H_SLICE_BYTES") % 1024 == 0 and macro(source, "H_SLICE_BYTES") == 4 * hg.H_COLUMNS * 64
-    assert macro(source, "H_BK") == hg.H_BK == 32 and macro(source, "H_CT") == hg.H_COLUMNS
-    assert "wg_drb_hlayer32(" in source
+    assert macro(source, "H_SLICE_BYTES") % 1024 == 0 and macro(source, "H_SLICE_BYTES") == 4 * hg.LAYER_3XF16.tile_columns * 64
+    assert macro(source, "H_BK") == hg.LAYER_3XF16.k_slice == 32 and macro(source, "H_CT") == hg.LAYER_3XF16.tile_columns
+    assert "wg_drb_layer_3xf16(" in source
     assert 3 * macro(source, "H_MMA_REGS") + macro(source, "H_PRODUCER_REGS") == 4 * 128

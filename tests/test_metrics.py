@@ -339,11 +339,12 @@ def test_kernel_source_ships_with_the_package(tmp_path):
 
     probe = "import importlib.resources as r; print(r.files('xmesh.kernels').joinpath('nn_bruteforce.cu').read_text())"
     installed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
-    assert 'extern "C" __global__ void nn_bruteforce(' in installed
+    assert "XM_KERNEL(nn_bruteforce) void nn_bruteforce(" in installed
     from xmesh.backends.cuda_kernels import kernel_source
 
-    assert 'extern "C" __global__ void nn_bruteforce(' in kernel_source("nn_bruteforce.cu")
-    assert "extern \"C\" __global__ void local_projection(" in kernel_source("p2m_ops.cu")
+    assert "XM_KERNEL(nn_bruteforce) void nn_bruteforce(" in kernel_source("nn_bruteforce.cu")
+    assert "XM_KERNEL(local_projection) void local_projection(" in kernel_source("p2m_ops.cu")
+    assert "#define XM_KERNEL(NAME)" in kernel_source("p2m_ops.cu")   # kernels/kernel_select.cuh, put in place
 
 
 def test_cupy_backend_without_cupy_is_a_clear_error(monkeypatch):

@@ -10,6 +10,7 @@ from xmesh.backends.numpy_backend import same_padding
 from xmesh.model import deformation, graph, projection
 from xmesh.model.params import GraphConv
 from xmesh.model.projection import DeviceTransforms
+from xmesh.ops import ReferenceOnly
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_local_projection_generic_fast_path_and_reference_agree(be):
     points[:, 3] = [5.0, 5.0, -0.8]            # far off-image: clamped to 223 / 0
     maps = [rng.random((batch * 3, s, s, c), dtype=np.float32) for s, c in ((224, 4), (112, 3), (56, 2))]
     padded = projection.pad_maps(be, maps)
-    fast = be.try_fast_path("local_projection", points, padded, tf)
+    fast = be.op_local_projection(points, padded, tf)
     assert fast is not None
     # the array-API version, forced
     generic = projection.local_projection(get_backend("numpy", conv_chunk=1), points, padded, tf)
@@ -194,16 +195,8 @@ def test_local_gconv_fast_path_equals_array_api_version(be):
     bias = rng.standard_normal(cout).astype(np.float32)
     cheb = rng.standard_normal((k, k)).astype(np.float32)
     layer = GraphConv(w, bias, cout, relu=True)
-    fast = be.try_fast_path("local_gconv", layer, x, cheb, None)
-
-    class Plain:
-        xp = be.xp
-
-        @staticmethod
-        def try_fast_path(*_):
-            return None
-
-    generic = deformation.local_gconv(Plain, layer, x, cheb)
+    fast = be.op_local_gconv(layer, x, cheb, None)
+    generic = deformation.local_gconv(ReferenceOnly(be), layer, x, cheb)
     np.testing.assert_allclose(fast, generic, rtol=1e-5, atol=5e-5)   # values up to ~50: float32 rounding
     ref = np.maximum(x @ w[:, :cout].astype(np.float64) + np.einsum("ij,bjnc->binc", cheb, x @ w[:, cout:].astype(np.float64)) + bias, 0)
     np.testing.assert_allclose(fast, ref, rtol=1e-4, atol=1e-4)

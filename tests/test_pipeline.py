@@ -215,3 +215,36 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_result(data, t
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
     assert _outputs(out) == expected
     assert not list((out / "predict").glob(".*"))  # no temporary file left behind
+
+
+def test_resume_rewrites_missing_or_empty_mesh_files_without_repeating_rows(data, tmp_path):
+    out = tmp_path / "out"
+    toy = ToyReconstructor()
+    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4, workers=1,
+                     progress=False, save_meshes=True)
+    rows, files = _outputs(out)
+    stems = [i[: -len(".dat")] for i in data["ids"]]
+    (out / "predict" / f"{stems[1]}_predict.obj").unlink()
+    (out / "predict" / f"{stems[7]}_predict.xyz").write_text("")  # renamed into place, data lost
+    (out / "predict" / f".{stems[2]}_predict.xyz.123.tmp").write_text("half")  # a killed writer's temporary
+    summary = evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4,
+                               workers=1, progress=False, save_meshes=True)
+    assert summary["run"]["evaluated"] == 2 and summary["run"]["skipped"] == 10
+    assert _outputs(out) == (rows, files)
+
+
+def test_compiled_mesh_text_is_pythons_exact_format_for_any_float32():
+    from xmesh.io.exact_text import obj_vertex_text, savetxt_text
+
+    rng = np.random.default_rng(6)
+    words = rng.integers(0, 2 ** 32, size=300_000, dtype=np.uint64).astype(np.uint32)
+    values = words.view(np.float32).reshape(-1, 3)
+    values = values[np.isfinite(values).all(axis=1)]  # every magnitude, subnormals included
+    scaled = [(rng.normal(size=(3000, 3)) * s).astype(np.float32) for s in (1e-9, 1e-4, 0.3, 50.0, 1e7)]
+    edges = np.array([[0.0, -0.0, 1.0], [0.1, 0.5, 0.25], [9.999999e-5, 1e-4, 1e-5], [2.0 ** -20, 2.0 ** -126, 3.0],
+                      [1e-12, 1e-13, 8388607.0], [123456789.0, 0.000123456, 1e8], [np.nan, np.inf, -np.inf]],
+                     dtype=np.float32)
+    for block in (values, *scaled, edges):
+        numbers = tuple(block.astype(np.float64).ravel().tolist())
+        assert savetxt_text(block) == ("%.18e %.18e %.18e\n" * len(block)) % numbers
+        assert obj_vertex_text(block) == ("v %.9g %.9g %.9g\n" * len(block)) % numbers

@@ -483,7 +483,7 @@ def template_support_mask():
 
 def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper, monkeypatch):
     """CupyBackend.op_local_gconv on a 192-wide layer runs a fused Hopper kernel built for its A1 (the
-    fp32 mode's three-float16-products layer, drb_hlayer32, or with fp32_halves off the 3xTF32
+    fp32 mode's three-float16-products layer, drb_layer_3xf16, or with fp32_halves off the 3xTF32
     output-side one, drb_layer), each agreeing with the GEMM + mixing-kernel path of other GPUs to
     float32 rounding."""
     from types import SimpleNamespace
@@ -497,8 +497,8 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper, monkeyp
                             weight0=None, relu=True)
     a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
     calls = []
-    halves_layer, tf32_layer = hopper.drb_hlayer32, hopper.drb_layer
-    monkeypatch.setattr(hopper, "drb_hlayer32", lambda *args: calls.append(("halves", args[4])) or halves_layer(*args))
+    halves_layer, tf32_layer = hopper.drb_layer_3xf16, hopper.drb_layer
+    monkeypatch.setattr(hopper, "drb_layer_3xf16", lambda *args: calls.append(("halves", args[4])) or halves_layer(*args))
     monkeypatch.setattr(hopper, "drb_layer", lambda *args, **kw: calls.append(("3xtf32", kw["mixing"])) or tf32_layer(*args, **kw))
     fused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
     monkeypatch.setattr(gb, "fp32_halves", False)

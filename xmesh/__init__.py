@@ -6,9 +6,10 @@
 """
 from __future__ import annotations
 
+from . import cameras
 from .errors import XmeshError
 from .mesh import Mesh
 from .reconstruct import Reconstructor, reconstruct
 
 __version__ = "0.1.0"
-__all__ = ["reconstruct", "Reconstructor", "Mesh", "XmeshError", "__version__"]
+__all__ = ["cameras", "reconstruct", "Reconstructor", "Mesh", "XmeshError", "__version__"]

@@ -45,3 +45,7 @@ class KernelCompileError(XmeshError, RuntimeError):
 
 class DeviceOutOfMemoryError(XmeshError, MemoryError):
     """Even the smallest batch does not fit in GPU memory."""
+
+
+class MissingExtraError(XmeshError, ImportError):
+    """An optional feature needs a package of one of xmesh's extras that is not installed."""

@@ -50,10 +50,12 @@ TAU, TWO_TAU = 1e-4, 2e-4  # the paper's F-score columns
 GPU_BATCH = 64  # the default batch size on the GPU: within 5% of the best samples/s on an H100
 
 
-def format_rows(result: BatchResult) -> str:
-    """The CSV lines of a scored batch."""
+def format_rows(result: BatchResult, skip: set | frozenset = frozenset()) -> str:
+    """The CSV lines of a scored batch, less those of samples in ``skip`` (already in the CSV)."""
     lines = []
     for b, sample in enumerate(result.samples):
+        if str(sample) in skip:
+            continue
         values = [str(sample), sample.synset, f"{result.ms:.3f}", repr(float(result.scores["chamfer"][b])),
                   *(repr(float(f)) for f in result.scores["fscore"][b])]
         lines.append(",".join(values) + "\n")
@@ -202,24 +204,15 @@ def _check_options(batch_size, workers, metric_backend, limit, shard_batches=Non
         raise InputError(f"shard_batches={shard_batches!r}: expected a whole number >= 1, or None to choose")
 
 
-def _model_spec(model):
-    """The ModelSpec a cluster's workers build ``model`` from: a Reconstructor's ``spec``, or a spec."""
-    spec = getattr(model, "spec", model)
-    if not (callable(getattr(spec, "build", None)) and isinstance(getattr(spec, "backend", None), str)):
-        raise InputError(f"{type(model).__name__}: with client=, pass a Reconstructor or an xmesh.cluster.ModelSpec "
-                         "(the workers build their own model from it)")
-    return spec
-
-
-def _on_gpu(model, client) -> bool:
-    return _model_spec(model).backend == "cupy" if client is not None else model.backend.name == "cupy"
-
-
-def choose_settings(gpu: bool, batch_size=None, workers=None) -> dict:
-    """The batch size and process counts a run uses: given values, else the GPU's or the CPU's defaults."""
-    loaders = default_workers(gpu) if workers is None else int(workers)
+def choose_settings(gpu: bool, batch_size=None, workers=None, save_meshes: bool = False) -> dict:
+    """The batch size and process counts a run uses: given values, else the GPU's or the CPU's
+    defaults (:func:`xmesh.pipeline.loading.default_workers`). ``workers`` given sets the loaders and,
+    with meshes, as many writers."""
+    loaders, writers = default_workers(gpu, save_meshes)
+    if workers is not None:
+        loaders, writers = int(workers), (max(1, int(workers)) if save_meshes else 0)
     return {"batch_size": int(batch_size) if batch_size is not None else (GPU_BATCH if gpu else 1),
-            "workers": loaders, "writers": max(1, loaders)}
+            "workers": loaders, "writers": writers}
 
 
 def _batches(items: list, size: int) -> list[list]:
@@ -232,6 +225,22 @@ def _progress(total: int, desc: str, enabled: bool):
 
     return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=True if not enabled else None,
                 dynamic_ncols=True, smoothing=0.1)
+
+
+def _on_gpu(model) -> bool:
+    """Whether ``model`` (a Reconstructor, or a cluster.ModelSpec) runs on the GPU."""
+    backend = getattr(model, "backend", None)
+    return (backend if isinstance(backend, str) else getattr(backend, "name", "numpy")) == "cupy"
+
+
+def _cluster_spec(model):
+    """The ModelSpec a cluster's workers build ``model`` from: a Reconstructor's ``spec``, or a spec
+    (anything with ``backend`` and ``build()``, such as :class:`xmesh.cluster.ModelSpec`)."""
+    spec = getattr(model, "spec", model)
+    if not (callable(getattr(spec, "build", None)) and isinstance(getattr(spec, "backend", None), str)):
+        raise InputError(f"{type(model).__name__}: a cluster run builds the model on each worker; pass a Reconstructor "
+                         "or an xmesh.cluster.ModelSpec (weights as paths, a dict of arrays or 'synthetic:SEED')")
+    return spec
 
 
 def _prepare_out(out_dir) -> Path:
@@ -267,7 +276,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
         def on_batch(result: BatchResult) -> None:
             check_finite(result)
             futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
-            finisher.put(result, futures, predict_dir)
+            finisher.put(result, futures)
 
         try:
             timing = run_batches(reconstructor, _batches(todo, settings["batch_size"]), on_batch,
@@ -280,7 +289,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
             finally:
                 if writer is not None:
                     writer.close()
-    timing.write = finisher.busy_s + finisher.mesh_s / settings["writers"]
+    timing.write = finisher.busy_s + finisher.mesh_s / max(1, settings["writers"])
     return {"evaluated": len(todo), "seconds": timing.wall,
             "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
             "timing": timing.as_dict()}
@@ -292,7 +301,7 @@ def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit,
     from .cluster.driver import run_on_cluster
 
     with _progress(len(todo), desc, progress) as bar:
-        info = run_on_cluster(client, _model_spec(model), todo, settings, predict_dir, commit, bar, views, with_gt,
+        info = run_on_cluster(client, _cluster_spec(model), todo, settings, predict_dir, commit, bar, views, with_gt,
                               metric_backend, formats, shard_batches)
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)   # left by a worker killed while writing
@@ -309,14 +318,17 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     Returns the summary dict (also written to summary.json): ``samples``, ``categories`` {synset:
     {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``,
     ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
-    seconds, samples_per_s, the settings, and ``timing``: seconds per stage).
+    seconds, samples_per_s, the settings, and ``timing``: seconds per stage). ``loader_pool``: an
+    executor from :func:`xmesh.pipeline.loading.start_pool`, started before the model was built so
+    that its start-up overlaps the model's (the command line does this).
 
-    ``client``: run on that Dask cluster; ``reconstructor`` may then also be a ModelSpec, from which
-    each worker builds its own model, and ``shard_batches`` caps the batches sent out at once (see
-    :mod:`xmesh.cluster`); ``run`` gains ``cluster``, and stage seconds are per worker.
+    ``client``: a ``distributed.Client``; the samples then run on its workers (:mod:`xmesh.cluster`),
+    ``reconstructor`` may be an :class:`xmesh.cluster.ModelSpec` from which each worker builds its
+    own model, and ``shard_batches`` caps the batches sent to a worker at once; ``run`` gains
+    ``cluster``, and its stage seconds are per worker.
     """
     _check_options(batch_size, workers, metric_backend, limit, shard_batches)
-    settings = choose_settings(_on_gpu(reconstructor, client), batch_size, workers)
+    settings = choose_settings(_on_gpu(reconstructor), batch_size, workers, save_meshes)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
@@ -325,25 +337,32 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     csv_path = out_dir / CSV_NAME
     repaired = repair_csv(csv_path)
     done_ids = {row["id"] for row in read_csv(csv_path)} if csv_path.exists() else set()
-    todo = [(s, p) for s, p in items if str(s) not in done_ids]
-    for sample, paths in todo:  # fail before any compute when a file is missing
-        check_sample(sample, paths)
     predict_dir = out_dir / PREDICT_FOLDER if save_meshes else None
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)
+    # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
+    todo = [(s, p) for s, p in items if str(s) not in done_ids
+            or (predict_dir is not None and not _have_files(predict_dir, s, ("xyz", "obj")))]
+    for sample, paths in todo:  # fail before any compute when a file is missing
+        check_sample(sample, paths)
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": repaired,
                 "seconds": 0.0, "samples_per_s": 0.0, **settings, "save_meshes": bool(save_meshes)}
-    if todo:
+    if todo and client is not None:
         appender = CsvAppender(csv_path)
         try:
-            if client is not None:
-                run_info.update(_on_cluster(client, reconstructor, todo, settings, predict_dir, appender.write, progress,
-                                            "xmesh eval", views, True, metric_backend, shard_batches=shard_batches))
-            else:
-                run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
-                                     lambda result: appender.write(format_rows(result)), progress, "xmesh eval",
-                                     views, True, metric_backend, loader_pool=loader_pool))
+            run_info.update(_on_cluster(client, reconstructor, todo, settings, predict_dir,
+                                        lambda text: _append_new(appender, text, done_ids), progress, "xmesh eval",
+                                        views, True, metric_backend, shard_batches=shard_batches))
+        finally:
+            appender.close()
+    elif todo:
+        appender = CsvAppender(csv_path)
+        try:
+            run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
+                                 lambda result: appender.write(format_rows(result, skip=done_ids)), progress,
+                                 "xmesh eval",
+                                 views, True, metric_backend, loader_pool=loader_pool))
         finally:
             appender.close()
 
@@ -359,9 +378,28 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     return summary
 
 
+def _append_new(appender: CsvAppender, text: str, skip: set) -> None:
+    """Append a shard's CSV lines, less those of samples already in the CSV."""
+    lines = [line for line in text.splitlines(keepends=True) if line.split(",", 1)[0] not in skip]
+    if lines:
+        appender.write("".join(lines))
+
+
 def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path]:
     stem = prediction_stem(sample)
     return [Path(out_dir) / f"{stem}{FORMATS[f]}" for f in formats]
+
+
+def _have_files(folder: Path, sample, formats) -> bool:
+    """Whether every mesh file of ``sample`` is there and not empty (a power cut can leave a renamed
+    file whose data never reached the disk; a killed process cannot)."""
+    for path in prediction_files(folder, sample, formats):
+        try:
+            if path.stat().st_size == 0:
+                return False
+        except FileNotFoundError:
+            return False
+    return True
 
 
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
@@ -376,14 +414,14 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
-    settings = choose_settings(_on_gpu(reconstructor, client), batch_size, workers)
+    settings = choose_settings(_on_gpu(reconstructor), batch_size, workers, save_meshes=True)
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
     out_dir = _prepare_out(out_dir)
     remove_stray_temporaries(out_dir)
     items = [(s, sample_paths(s, images_root, out_dir, views)) for s in samples]
-    todo = [(s, p) for s, p in items if not all(f.is_file() for f in prediction_files(out_dir, s, formats))]
+    todo = [(s, p) for s, p in items if not _have_files(out_dir, s, formats)]
     for sample, paths in todo:
         check_inputs(sample, paths)
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}

@@ -10,8 +10,7 @@ import numpy as np
 from .backends import get_backend
 from .cluster.spec import ModelSpec
 from .errors import DeviceOutOfMemoryError, InputError
-from .io.cameras import load_cameras
-from .io.images import NUM_VIEWS, load_images
+from .io.images import NUM_VIEWS
 from .io.template import Template, load_template
 from .io.weights import load_weights
 from .mesh import Mesh
@@ -20,6 +19,7 @@ from .model import network
 from .model.params import prepare_stage1, prepare_stage2
 from .model.camera import packed_transforms
 from .model.projection import DeviceTransforms
+from .photo.inputs import network_inputs, place
 from .template_gen import generate_template
 
 
@@ -185,7 +185,8 @@ class Reconstructor:
 
     # -- user level -------------------------------------------------------------------------
     def __call__(self, images: Any, cameras: Any, views: Sequence[int] | None = None) -> Mesh:
-        """Reconstruct one object from 3 images (paths or arrays) and their 3 camera rows (array or file)."""
+        """Reconstruct one object from 3 images (paths or arrays) and their 3 camera rows (array or file),
+        or 3 photos and their :class:`xmesh.cameras.PhotoCameras` (the mesh then in the photos' world)."""
         return self.reconstruct_batch([images], [cameras], views=views)[0]
 
     def reconstruct_batch(self, images: Sequence[Any], cameras: Sequence[Any], views: Sequence[int] | None = None) -> list[Mesh]:
@@ -194,17 +195,22 @@ class Reconstructor:
             raise InputError(f"got {len(images)} image sets but {len(cameras)} camera sets: give one camera set per sample")
         if len(images) == 0:
             raise InputError("reconstruct_batch needs at least one sample")
-        host_images = np.stack([load_images(i) for i in images])
-        host_cameras = np.stack([load_cameras(c, views=views) for c in cameras])
+        inputs = [network_inputs(i, c, views) for i, c in zip(images, cameras)]
+        host_images = np.stack([i for i, _ in inputs])
+        host_cameras = np.stack([c for _, c in inputs])
         coarse, refined = self.run(host_images, host_cameras)
         coarse, refined = self.backend.to_numpy(coarse), self.backend.to_numpy(refined)
-        return [Mesh(vertices=refined[b], faces=self.faces, coarse_vertices=coarse[b]) for b in range(len(images))]
+        return [place(Mesh(vertices=refined[b], faces=self.faces, coarse_vertices=coarse[b]), cameras[b])
+                for b in range(len(images))]
 
 
 def reconstruct(images: Any, cameras: Any, weights: Any, template: Any = None, backend: str = "numpy",
                 precision: str = "fp32", view_quirk: bool = True, views: Sequence[int] | None = None) -> Mesh:
-    """One-shot reconstruction: 3 images + 3 camera rows -> ``Mesh`` (see :class:`Reconstructor`)."""
+    """One-shot reconstruction: 3 images + 3 camera rows -> ``Mesh`` (see :class:`Reconstructor`).
+
+    ``cameras`` may also be :class:`xmesh.cameras.PhotoCameras` (``xmesh.cameras.from_colmap`` or
+    ``from_poses``): the images are then photos, resampled into the network's views, and the mesh is
+    returned in the photos' world instead of camera 0's frame."""
     # validate the inputs before the weights are loaded and the model is built
-    host_images = load_images(images)
-    host_cameras = load_cameras(cameras, views=views)
-    return Reconstructor(weights, template, backend, precision, view_quirk)(host_images, host_cameras)
+    host_images, host_cameras = network_inputs(images, cameras, views)
+    return place(Reconstructor(weights, template, backend, precision, view_quirk)(host_images, host_cameras), cameras)

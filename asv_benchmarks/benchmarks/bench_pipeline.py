@@ -46,7 +46,8 @@ class Pipeline:
         self._run(self.out / "warmup", self.batch)  # compiles and allocates outside the figure
 
     def teardown(self, root, backend):
-        shutil.rmtree(self.out, ignore_errors=True)
+        if hasattr(self, "out"):  # setup ran (not skipped)
+            shutil.rmtree(self.out, ignore_errors=True)
 
     def _run(self, out: Path, limit: int) -> dict:
         return self.evaluate(self.model, self.root / "test_list.txt", self.root, self.root / "gt", out,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..ops import FastPaths
+
 
 class Branch:
     """A second queue of work that starts after everything queued when it was made: work queued
@@ -20,13 +22,13 @@ class Branch:
         """Make the work queued from now on wait for the branch's work."""
 
 
-class Backend:
+class Backend(FastPaths):
     """An array namespace plus the operations the network needs beyond the array API.
 
     Required: ``xp``, ``asarray``, ``to_numpy``, ``sparse``, ``spmm``, ``conv2d_same``,
-    ``synchronize``. Optional fast paths (``graph_projection``, ``local_projection``,
-    ``local_gconv``, methods named ``op_<name>``) replace the model's own array-API code where a backend has a better kernel;
-    a backend that lacks one runs the model's version.
+    ``synchronize``. The fast paths (:class:`xmesh.ops.FastPaths`, methods ``op_<name>``) return None
+    here; a backend overrides those it has a better kernel for, and the model runs its own array-API
+    code where one returns None.
     """
 
     name = "abstract"
@@ -75,14 +77,6 @@ class Backend:
     def copy_into(self, dst, src) -> None:
         """dst[...] = src (host or device data), src reshaped to dst's shape."""
         dst[...] = self.xp.reshape(self.asarray(src), dst.shape)
-
-    def try_fast_path(self, op: str, *args):
-        """Run the backend's own kernel for ``op`` if it has one for these arguments, else return None.
-
-        The model then runs its array-API code; a fast path must compute the same function.
-        """
-        kernel = getattr(self, f"op_{op}", None)
-        return None if kernel is None else kernel(*args)
 
     def __repr__(self) -> str:  # pragma: no cover - cosmetic
         return f"<xmesh backend {self.name} ({self.precision})>"

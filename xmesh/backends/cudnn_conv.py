@@ -2,12 +2,9 @@
 
 Only what the CNN's stride-1 'SAME' layers need: NHWC float32 in and out, bias and ReLU fused
 (``cudnnConvolutionBiasActivationForward``), the implicit-GEMM algorithm with tensor-op math, so the
-products run as TF32 (the backend's speed modes; its fp32 mode keeps xmesh's 3xTF32 kernels). On the
-device tool's H100, stage 2's layers at 192 images took 0.42 ms against 1.04 ms of xmesh's kernel
-(112x112, 32 -> 32) and 0.23 against 0.71 ms (56x56, 64 -> 64), stage 1's at 64 images 0.11 against
-0.27 ms (7x7, 512 -> 512); at one to three images xmesh's kernel was as fast or faster, and stage 1's
-CNN at 16 images (3.7 GFLOP a layer) went from 1.61 to 1.75-1.89 ms, so the backend sends only large
-convolutions here (``CONV_MIN_FLOP``; stage 2 at 16 samples, 11 GFLOP a layer, went 1.85 -> 1.40 ms).
+products run as TF32 (the backend's speed modes; its fp32 mode keeps xmesh's 3xTF32 kernels). Only
+large convolutions come here (``plan.conv_on_cudnn``): at one to three images xmesh's own kernel is as fast
+or faster (docs/ARCHITECTURE.md, design decisions).
 
 The library is looked for where CUDA's Python wheels put it (``nvidia.cudnn``), then by the loader's
 search (``libcudnn.so.9``); ``XMESH_CUDNN`` names a file, or ``0`` turns cuDNN off. Without it the
@@ -21,8 +18,6 @@ import os
 
 from .derived_cache import DerivedCache
 
-#: a convolution goes to cuDNN from this many floating-point operations up (2 * outputs * taps * cin)
-CONV_MIN_FLOP = 6.0e9
 
 # cudnn.h's enumerations (cuDNN 8 and 9)
 _NHWC, _FLOAT = 1, 0
@@ -117,14 +112,6 @@ class CudnnConv:
         handle = ctypes.c_void_p()
         self._call(f"cudnnCreate{kind}", ctypes.byref(handle))
         return handle
-
-    @staticmethod
-    def applies(x_shape, weight_shape, stride: int) -> bool:
-        """Whether ``conv2d_same_relu`` takes this layer: stride 1, an odd square kernel, and at least
-        CONV_MIN_FLOP of work (smaller ones ran as fast or faster in xmesh's kernels)."""
-        n, h, w, cin = x_shape
-        kh, kw, _, cout = weight_shape
-        return stride == 1 and kh == kw and kh % 2 == 1 and 2.0 * n * h * w * cout * kh * kw * cin >= CONV_MIN_FLOP
 
     def _filter(self, weight):
         """weight (kh, kw, cin, cout) as cuDNN's NHWC filter (cout, kh, kw, cin), made once per array."""

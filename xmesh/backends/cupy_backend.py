@@ -45,55 +45,35 @@ import numpy as np
 
 from ..errors import BackendUnavailableError, InputError, KernelCompileError, XmeshError
 from .base import Backend, Branch
-from . import hopper_gemm
+from . import cuda_kernels, hopper_gemm, kernel_manifest, plan
 from .cuda_kernels import get_function, require_cupy
 from .cudnn_conv import CudnnConv, CudnnError
 from .derived_cache import DerivedCache
+from .kernel_constants import (GEMM_BK, GEMM_BM, GEMM_DEFINES, GEMM_FILE, GEMM_STAGES, GEMM_THREADS,
+                               GRAPH_POINTS, GRAPH_THREADS, HYPOTHESES, LOCAL_POINTS, LOCAL_TAP_BYTES, LOCAL_THREADS,
+                               MAX_VIEWS, P2M_DEFINES, P2M_FILE, ROWS_BF16, ROWS_F16, ROWS_F32, SCORE_THREADS,
+                               SCORE_VERTICES, SKINNY_MAX_COLS, SKINNY_MAX_K, defines)
 from .numpy_backend import same_padding
 from .pinned_upload import PinnedUploader
-from ..model.projection import stage1_map_views
 
-KERNEL_FILE = "p2m_ops.cu"
-GEMM_FILE = "tc_gemm.cu"
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 #: The Hopper deformation layer kernel's operands (hopper_gemm.OPERANDS) in each precision mode.
 LAYER_OPERANDS = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16"}
 THREADS = 256
-# the tiled local projection kernel (p2m_ops.cu): points per block (XM_LP_POINTS), threads per block
-# (XM_LP_THREADS, its launch bound), bytes of one point's bilinear corners at one (view, map)
-# (sizeof(XmBilinear))
-LOCAL_POINTS, LOCAL_THREADS, LOCAL_TAP_BYTES = 32, 224, 32
-#: the tiled graph projection (p2m_ops.cu): points per block (XM_GP_POINTS), threads (XM_GP_THREADS)
-GRAPH_POINTS, GRAPH_THREADS = 8, 256
 #: conv_direct_x4 (few input channels): the largest kernel it holds in shared memory
 DIRECT_CONV_WEIGHT_BYTES = 48 * 1024
 #: Largest im2col buffer (elements) built at once; larger convolutions run in image chunks.
 IM2COL_LIMIT = 1 << 28
-#: The GEMM kernel's tile: 128 rows of C per block; BN columns (128, 64, 32 or 16); K in slices of GEMM_BK
-#: through a 3-stage shared-memory ring (kernels/tc_gemm.cu, XG_*), or of GEMM_FEW_TILES_BK for a dense
-#: 3xTF32 product (gemm_3x_*) with fewer than GEMM_TARGET_BLOCKS tiles. Stage 1's graph convolutions at
-#: b=1 in fp32 (K 192, few tiles) spend their time per slice: with 32-wide slices stage 1 after its CNN
-#: took 0.764-0.777 ms against 0.811-0.832 with 16 (H100, one CUDA graph), while stage 1's CNN went
-#: 0.385-0.398 -> 0.413-0.421 (so the convolutions keep 16). The one-pass modes keep 16 too: no gain
-#: was measured there (fp16 b=64 moved within the 1016-1066 samples/s of two identical trees).
-GEMM_BM, GEMM_BK, GEMM_FEW_TILES_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3, 256
-#: Split K when a product has fewer output tiles than this (two blocks per H100/H200 multiprocessor)...
-GEMM_TARGET_BLOCKS = 264
-#: ...into parts of at least this many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer
-#: than GEMM_FEW_TILES tiles (stage 1's 156- and 618-vertex graph convolutions: 22 -> 13 us per
-#: 156x192x384 product, 43 -> 17 us at K = 963, H100 ncu; with 60 tiles splitting no longer pays).
+#: A product with fewer output tiles than plan.GEMM_TARGET_BLOCKS splits K into parts of at least this
+#: many columns of K, or of GEMM_SPLIT_MIN_K_FEW when there are fewer than GEMM_FEW_TILES tiles (stage
+#: 1's 156- and 618-vertex graph convolutions).
 GEMM_SPLIT_MIN_K = 256
-#: A product with fewer output tiles than multiprocessors takes tiles half as wide, down to this many
-#: columns, before K is split (stage 1's graph convolutions at b=1: 156 and 618 rows in 16-wide
-#: tiles, 2466 in 32-wide ones; stage 1 after its CNN as one CUDA graph, H100: 0.850-0.865 ms with 64
-#: at the narrowest, 0.820-0.834 with 16)
-GEMM_NARROWEST = 16
 GEMM_SPLIT_MIN_K_FEW, GEMM_FEW_TILES = 32, 24
-#: drb_score_update (p2m_ops.cu): vertices per block (XM_SU_VERTS), threads per block (XM_SU_THREADS), and
-#: the longest input row it and skinny_gemm16 hold their weights for (XM_SKINNY_K)
-SCORE_VERTICES, SCORE_THREADS, SKINNY_MAX_K = 4, 192, 512
-#: Hypotheses per vertex the fused deformation kernels are built for (kernels/p2m_ops.cu, XM_HYP).
-HYPOTHESES = 43
+#: A product with fewer output tiles than multiprocessors takes tiles half as wide, down to this many
+#: columns, before K is split (stage 1's graph convolutions at b=1).
+GEMM_NARROWEST = 16
+#: The row format code (kernel_constants.ROWS_*) of each activation type the p2m_ops.cu kernels read.
+ROW_FORMATS = {"float32": ROWS_F32, "float16": ROWS_F16, "uint16": ROWS_BF16}
 
 
 def _tile_width(n: int) -> int:
@@ -211,27 +191,22 @@ class CupyBackend(Backend):
         self._derived = DerivedCache()
         self._branch_stream = None
         self.uploader = PinnedUploader(cupy)
-        #: the 16-bit modes run a deformation block's five wide layers as one kernel on compute
-        #: capability 9.0 (op_drb_block_layers); False runs them one by one (for comparisons)
-        self.chain_drb_layers = True
         #: the block's score layer's products run in the last wide layer's epilogue where that layer is
-        #: the chain's (op_drb_block_tail) or drb_hlayer32 (op_drb_last_layer_score); False writes x5 and
+        #: the chain's (op_drb_block_tail) or drb_layer_3xf16 (op_drb_last_layer_score); False writes x5 and
         #: runs the score layer on its own (for comparisons)
         self.fuse_drb_score = True
         #: the fp32 mode's deformation layers run as three float16 products on compute capability 9.0
-        #: (HopperGemm.drb_hlayer32: 22-bit operand parts as 3xTF32's, at twice TF32's rate, the mixing
+        #: (HopperGemm.drb_layer_3xf16: 22-bit operand parts as 3xTF32's, at twice TF32's rate, the mixing
         #: on the input side); False runs them in 3xTF32 (HopperGemm.drb_layer, for comparisons)
         self.fp32_halves = True
         # products outside the deformation layers (CNN, graph convolutions): float32-accurate 3xTF32 in
         # fp32 mode; one TF32 pass in every speed mode (fp16 and bf16 reduce the deformation layers further)
         self.gemm_passes = 3 if precision == "fp32" else 1
-        #: in those speed modes the large stride-1 convolutions run in cuDNN where it is installed
-        #: (cudnn_conv.py: TF32 products, as the backend's own kernels there); False keeps them in ours
-        self.cudnn_convs = True
         #: stage 1's projection a block per few points (graph_projection_tiled); False: a thread per channel
         self.tiled_graph_projection = True
-        self._options = ("-std=c++17",)
+        self._options = ("-std=c++17",) + defines(P2M_DEFINES)
         with self.device:
+            self._prepare_kernels()
             self._kernel("im2col_nhwc")  # compile now: a broken toolchain fails at construction
             self.hopper = self._hopper_gemm()
             self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)   # its handle on this device
@@ -241,6 +216,16 @@ class CupyBackend(Backend):
                 f"this GPU has compute capability {cc[:-1]}.{cc[-1]}"
             raise InputError(f"precision='bf16' runs in xmesh's Hopper kernel, which needs a GPU of compute "
                              f"capability 9.0 (H100, H200), and {why}: use precision='fp16' or 'tf32' here")
+
+    def _prepare_kernels(self):
+        """Start building the kernels this mode's reconstructions run on this GPU, all at once in background
+        threads (kernel_manifest); each kernel waits for its build where it is first used, and a build that
+        failed raises there (where the Hopper kernels fall back)."""
+        hopper = os.environ.get("XMESH_HOPPER_GEMM", "1") != "0" and hopper_gemm.supported(self.device)
+        try:
+            cuda_kernels.prepare(kernel_manifest.planned_builds(self.precision, hopper), wait=False)
+        except KernelCompileError:
+            pass
 
     def _hopper_gemm(self):
         """The wgmma GEMM on compute capability 9.0 (unless XMESH_HOPPER_GEMM=0), else None."""
@@ -262,14 +247,14 @@ class CupyBackend(Backend):
     # ------------------------------------------------------------------ basics
     def _kernel(self, name: str):
         try:
-            return get_function(KERNEL_FILE, name, self._options)
+            return get_function(P2M_FILE, name, self._options)
         except Exception:
-            if self._options != ("-std=c++17", "-DXM_NO_FP16"):
+            if "-DXM_NO_FP16" not in self._options:
                 # NVRTC without cuda_fp16.h: build the fp32 kernels alone (fp16 then unavailable)
                 if name.startswith("gconv_epilogue_f16"):
                     raise
-                self._options = ("-std=c++17", "-DXM_NO_FP16")
-                return get_function(KERNEL_FILE, name, self._options)
+                self._options += ("-DXM_NO_FP16",)
+                return get_function(P2M_FILE, name, self._options)
             raise
 
     def asarray(self, array, dtype=np.float32):
@@ -334,7 +319,7 @@ class CupyBackend(Backend):
         pair ``_launch_tc`` takes), with its shared-memory opt-in set once."""
         entry = self._gemm_kernels.get((name, bk))
         if entry is None:
-            kernel = get_function(GEMM_FILE, name, ("-std=c++17", f"-DXG_BK={bk}"))
+            kernel = get_function(GEMM_FILE, name, ("-std=c++17",) + defines(GEMM_DEFINES, XG_BK=bk))
             kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn, bk)   # > 48 KB needs the opt-in
             entry = self._gemm_kernels[(name, bk)] = (kernel, bk)
         return entry
@@ -381,8 +366,7 @@ class CupyBackend(Backend):
             out[...] = 0.0 if bias is None else cp.maximum(bias, 0.0) if relu else bias
             return out
         passes = self.gemm_passes if passes is None else passes
-        if self.hopper is not None and n >= hopper_gemm.BN and \
-                -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS:
+        if self.hopper is not None and plan.gemm_on_hopper(m, n):
             return self.hopper(a, self._hopper_weight(b, "3xtf32" if passes == 3 else "tf32", cache_key), out, bias, relu)
         lda, ldb = a.strides[0] // 4, b.strides[0] // 4
         # 16-byte copies: rows 16-byte aligned; K may end inside one (the copy zero-fills past K)
@@ -390,10 +374,7 @@ class CupyBackend(Backend):
         bn = _tile_width(n)
         while bn > GEMM_NARROWEST and n % (bn // 2) == 0 and -(-m // GEMM_BM) * (n // bn) < self.sm_count:
             bn //= 2   # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
-        # 3xTF32 with all tiles resident at once (two blocks a multiprocessor fit either build): the time
-        # goes per K slice, and fewer, wider slices take less of it
-        few = -(-m // GEMM_BM) * -(-n // bn) < GEMM_TARGET_BLOCKS
-        bk = GEMM_FEW_TILES_BK if passes == 3 and few else GEMM_BK
+        bk = plan.gemm_k_slice(passes, m, n, bn)
         entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn, bk)
         return self._launch_tc(entry, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 
@@ -408,7 +389,7 @@ class CupyBackend(Backend):
         tiles = -(-m // GEMM_BM) * -(-n // bn)
         # few output tiles and a long K: split K so more multiprocessors get work
         min_k = GEMM_SPLIT_MIN_K_FEW if tiles < GEMM_FEW_TILES else GEMM_SPLIT_MIN_K
-        splits = max(1, min(-(-GEMM_TARGET_BLOCKS // tiles), k // min_k))
+        splits = max(1, min(-(-plan.GEMM_TARGET_BLOCKS // tiles), k // min_k))
         bias_arg = np.uint64(0) if bias is None else bias
         smem = self._gemm_smem(bn, bk)
         if splits == 1:
@@ -422,7 +403,7 @@ class CupyBackend(Backend):
         kernel((tiles, splits), (GEMM_THREADS,),
                (*a_args, b, np.int64(ldb), parts, np.int64(n), np.int32(m), np.int32(n), np.int32(k),
                 np.uint64(0), np.int32(0), np.int32(chunk), np.int64(m * n)), shared_mem=smem)
-        get_function(GEMM_FILE, "gemm_splitk_reduce", ("-std=c++17",))(
+        get_function(GEMM_FILE, "gemm_splitk_reduce", ("-std=c++17",) + defines(GEMM_DEFINES, XG_BK=GEMM_BK))(
             _grid(m * n), (THREADS,),
             (parts, np.int32(splits), np.int64(m * n), np.int32(m), np.int32(n), out, np.int64(ldc), bias_arg,
              np.int32(bool(relu))))
@@ -470,8 +451,8 @@ class CupyBackend(Backend):
         k = kh * kw * cin
         flat_w = weight.reshape(k, cout)
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
-        if self._cudnn is not None and self.cudnn_convs and relu and bias is not None \
-                and CudnnConv.applies(x.shape, weight.shape, stride):
+        if self._cudnn is not None and relu and bias is not None \
+                and plan.conv_on_cudnn(x.shape, weight.shape, stride):
             try:
                 self._cudnn.conv2d_same_relu(x, weight, bias, out)
                 return out
@@ -530,8 +511,8 @@ class CupyBackend(Backend):
         cp = self.cupy
         if len(maps) != count:
             raise InputError(f"the {kernel} kernel takes {count} maps, got {len(maps)}")
-        if tf.num_views > 8:
-            raise InputError(f"the projection kernels take at most 8 views, got {tf.num_views}")
+        if tf.num_views > MAX_VIEWS:
+            raise InputError(f"the projection kernels take at most {MAX_VIEWS} views, got {tf.num_views}")
         points = cp.ascontiguousarray(points, dtype=cp.float32)
         batch, n, _ = points.shape
         maps = [cp.ascontiguousarray(m, dtype=cp.float32) for m in maps]
@@ -576,10 +557,12 @@ class CupyBackend(Backend):
             out[..., width - extra_cols:width] = carried
         return out if row == width else out[..., :width]
 
-    def op_graph_projection(self, coords, maps, tf, view_quirk=True, carried=None):
+    def op_graph_projection(self, coords, maps, tf, view_quirk=True, carried=None, map_views=None):
         """The stage-1 projection in one kernel; ``carried``'s columns are written after it into the same
-        rows, padded to 16 bytes (op_graph_conv reads them in place: no concatenation, no padded copy)."""
-        map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
+        rows, padded to 16 bytes (op_graph_conv reads them in place: no concatenation, no padded copy).
+        ``map_views``: views per sample in ``maps`` (the model's check); None: every view."""
+        if map_views is None:
+            map_views = tf.num_views
         if carried is not None:
             carried = self.cupy.asarray(carried, dtype=self.cupy.float32)
             if carried.shape[:2] != coords.shape[:2]:
@@ -591,7 +574,7 @@ class CupyBackend(Backend):
         """The stage-2 projection; in the 16-bit modes on an H100/H200 its output is already in the
         mode's 16 bits (the values the block's first layer rounds its X to, so the same layer)."""
         operands = LAYER_OPERANDS[self.precision]
-        out16 = operands if self.hopper is not None and hopper_gemm.OPERANDS[operands][2] == 0 else ""
+        out16 = operands if self.hopper is not None and hopper_gemm.OPERANDS[operands].is_16bit else ""
         return self._projection("local_projection", points, maps, tf, 3, 1, out16=out16)
 
     def op_graph_conv(self, layer, x, supports, residual=None, pool_idx=None):
@@ -702,14 +685,14 @@ class CupyBackend(Backend):
         set), or None where the chained kernel does not run them: off Hopper, in the float32 modes,
         with a non-identity first support, other widths, or an X it does not take."""
         operands = LAYER_OPERANDS[self.precision]
-        z = hopper_gemm.Z_COUT
-        if (self.hopper is None or not self.chain_drb_layers or hopper_gemm.OPERANDS[operands][2]
-                or cheb0 is not None or len(layers) != hopper_gemm.C_HIDDEN + 1
+        z = hopper_gemm.WIDE_COLS
+        if (self.hopper is None or not hopper_gemm.OPERANDS[operands].is_16bit
+                or cheb0 is not None or len(layers) != hopper_gemm.CHAIN.hidden_layers + 1
                 or any(layer.weight0 is not None for layer in layers)
-                or layers[0].weight.shape != (x.shape[-1], 2 * z) or not 0 < x.shape[-1] <= hopper_gemm.Z_KMAX_HALF
+                or layers[0].weight.shape != (x.shape[-1], 2 * z) or not 0 < x.shape[-1] <= hopper_gemm.CHAIN_MAX_CIN
                 or any(layer.weight.shape != (z, 2 * z) for layer in layers[1:])
                 or x.dtype != hopper_gemm.activation_dtype(self.cupy, operands)
-                or not self.hopper.chain_applies(x, x.shape[-1])):
+                or not plan.chain_takes(x, x.shape[-1])):
             return None
         def make():
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
@@ -718,9 +701,9 @@ class CupyBackend(Backend):
         return self._derived.get(tuple(layer.weight for layer in layers), ("chain", operands), make)
 
     def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
-        """A deformation block's five wide layers (the projected features X -> x5, the model's
-        ``block_layers``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
-        activations stay in shared memory, each layer computed as ``drb_zlayer`` computes it); None
+        """A deformation block's five wide layers (the projected features X -> x5, in the model's
+        ``block_tail``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
+        activations stay in shared memory); None
         elsewhere, and the model runs the layers one by one."""
         chain = self._prepared_chain(layers, x, cheb0)
         return None if chain is None else self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1))
@@ -733,7 +716,7 @@ class CupyBackend(Backend):
         mixes them, adds the bias, takes the softmax and moves the vertices (``drb_score_update``'s
         arithmetic, its float32 products summed in another order). None elsewhere."""
         score = layers[-1]
-        if (not self.fuse_drb_score or len(layers) != hopper_gemm.C_HIDDEN + 2 or not self._fusable_score(score)
+        if (not self.fuse_drb_score or len(layers) != hopper_gemm.CHAIN.hidden_layers + 2 or not plan.fusable_score(score)
                 or x.shape[1] != HYPOTHESES):
             return None
         chain = self._prepared_chain(layers[:-1], x, cheb0)
@@ -746,37 +729,31 @@ class CupyBackend(Backend):
     def op_drb_last_layer_score(self, layer, score, x, residual, cheb1, cheb0, centers, offsets):
         """A deformation block's last wide layer, x5 = lc5(x4) + x3, and its score layer and vertex update
         (the model's ``block_tail`` after the first four layers) where the fp32 mode's layers run
-        ``drb_hlayer32``: the score layer's two products in the layer's epilogue
-        (``drb_hlayer32`` with ``score_weight``: x5 is never written, each of the two 96-column groups
+        ``drb_layer_3xf16``: the score layer's two products in the layer's epilogue
+        (``drb_layer_3xf16`` with ``score_weight``: x5 is never written, each of the two 96-column groups
         leaves 8 bytes a row), then ``drb_score_finish`` adds the groups' products, mixes them, adds the
         bias, takes the softmax and moves the vertices (``drb_score_update``'s arithmetic, its float32
         products summed in another order). None elsewhere."""
         if (not self.fuse_drb_score or self.hopper is None or cheb0 is not None or layer.weight0 is not None
-                or not self._fusable_score(score) or x.ndim != 4 or x.shape[1] != HYPOTHESES
-                or not self._hlayer32_mode(layer, x)):
+                or not plan.fusable_score(score) or x.ndim != 4 or x.shape[1] != HYPOTHESES
+                or not self._runs_layer_3xf16(layer, x)):
             return None
         rows, halves, mixing = hopper_gemm.hypothesis_rows(self.cupy, x), self._halves(layer), self._mixing_source(cheb1)
-        if not self.hopper.hlayer32_applies(rows, halves, mixing):
+        if not plan.layer_3xf16_takes(rows, halves.k, mixing):
             return None
-        parts = self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing, score_weight=score.weight)
+        parts = self.hopper.drb_layer_3xf16(rows, halves, layer.bias, residual, mixing, score_weight=score.weight)
         return self._move_vertices("drb_score_finish", (parts, np.int32(parts.shape[0]), np.int64(parts[0].size // 2)),
                                    cheb1, score.bias, centers, offsets)
 
-    @staticmethod
-    def _fusable_score(score) -> bool:
-        """Whether a block's score layer can run in its last wide layer's epilogue: one output column,
-        A_0 the identity (one [W0 | W1] of 192 x 2)."""
-        return score.weight0 is None and score.cout == 1 and score.weight.shape == (hopper_gemm.Z_COUT, 2)
-
-    def _hlayer32_mode(self, layer, x) -> bool:
-        """Whether a deformation layer is ``drb_hlayer32``'s to run, its rows' layout aside
-        (``HopperGemm.hlayer32_applies``): the fp32 mode with ``fp32_halves``, float32 X, a [W0 | W1] of
+    def _runs_layer_3xf16(self, layer, x) -> bool:
+        """Whether a deformation layer is ``drb_layer_3xf16``'s to run, its rows' layout aside
+        (``plan.layer_3xf16_takes``): the fp32 mode with ``fp32_halves``, float32 X, a [W0 | W1] of
         X's width and 2 x 192 columns."""
         return (LAYER_OPERANDS[self.precision] == "3xtf32" and self.fp32_halves and x.dtype == self.cupy.float32
-                and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.Z_COUT))
+                and layer.weight.shape == (x.shape[-1], 2 * hopper_gemm.WIDE_COLS))
 
     def _halves(self, layer):
-        """A layer's [W0 | W1] prepared for ``drb_hlayer32`` (HopperGemm.prepare_halves), once per weight."""
+        """A layer's [W0 | W1] prepared for ``drb_layer_3xf16`` (HopperGemm.prepare_halves), once per weight."""
         return self._derived.get((layer.weight,), "halves", lambda: self.hopper.prepare_halves(layer.weight))
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
@@ -789,27 +766,22 @@ class CupyBackend(Backend):
 
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
         """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
-        16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
-        as the next layer's X and residual); every layer with 16-bit X (the 192-wide layers, and a
-        block's first, whose X the local projection writes in 16 bits) runs ``drb_zlayer`` (the mixing
-        on the input side; 96 columns per tile for the first layer's 339 inputs), and the narrow last
-        layer reads them through ``_skinny16``. The fp32 mode's layers run ``drb_hlayer32`` (three
+16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
+        as the next layer's X and residual), and the narrow last layer reads them through
+        ``_skinny16`` (a block's wide layers run chained, ``op_drb_block_tail``, where the chain takes
+        them). The fp32 mode's layers run ``drb_layer_3xf16`` (three
         float16 products of 22-bit operand parts, the mixing on the input side, each K slice summed on
         its own and added in float32) where it takes X; the tf32 mode's, ``drb_layer``."""
         cp = self.cupy
         operands = LAYER_OPERANDS[self.precision]
-        out16 = hopper_gemm.OPERANDS[operands][2] == 0
+        out16 = hopper_gemm.OPERANDS[operands].is_16bit
         if out16 and residual is not None and residual.dtype == cp.float32:
             residual = hopper_gemm.narrow16(cp, residual, operands)
         rows, mixing = hopper_gemm.hypothesis_rows(cp, x), self._mixing_source(cheb1)
-        if self._hlayer32_mode(layer, x):
+        if self._runs_layer_3xf16(layer, x):
             halves = self._halves(layer)
-            if self.hopper.hlayer32_applies(rows, halves, mixing):
-                return self.hopper.drb_hlayer32(rows, halves, layer.bias, residual, mixing)
-        if out16 and x.dtype != cp.float32:   # 16-bit X (the local projection's or a layer's): mixing on the input side
-            stacked = self._hopper_weight(layer.weight, operands, layer.weight)
-            if self.hopper.zlayer_applies(rows, stacked, mixing):
-                return self.hopper.drb_zlayer(rows, stacked, layer.bias, residual, mixing)
+            if plan.layer_3xf16_takes(rows, halves.k, mixing):
+                return self.hopper.drb_layer_3xf16(rows, halves, layer.bias, residual, mixing)
         weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
         return self.hopper.drb_layer(rows, weight, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias,
                                      residual, mixing=mixing, out16=out16)
@@ -820,7 +792,7 @@ class CupyBackend(Backend):
         kernel does not apply (float32 X, wide W, unaligned rows)."""
         cp = self.cupy
         k, nw = weight.shape
-        if x.dtype not in (cp.float16, cp.uint16) or nw > 8 or k > 512 or weight.dtype != cp.float32:
+        if x.dtype not in (cp.float16, cp.uint16) or nw > SKINNY_MAX_COLS or k > SKINNY_MAX_K or weight.dtype != cp.float32:
             return None
         rows = hopper_gemm.hypothesis_rows(cp, x)   # unit-stride rows, evenly spaced
         ldx = rows.strides[-2] // 2
@@ -864,7 +836,18 @@ class CupyBackend(Backend):
     def _mixing_source(self, cheb1) -> str:
         """hopper_gemm.mixing_source of a support (read to the host once per array: the template's
         supports live as long as the model, so this happens in the first, eager call)."""
-        return self._derived.get((cheb1,), "mixing", lambda: hopper_gemm.mixing_source(self.to_numpy(cheb1)))
+        return self._derived.get((cheb1,), "mixing", lambda: self._prepare_mixing(hopper_gemm.mixing_source(self.to_numpy(cheb1))))
+
+    def _prepare_mixing(self, mixing: str) -> str:
+        """Start building this mode's Hopper deformation kernels for a support's ``mixing`` source, all at
+        once in background threads (kernel_manifest)."""
+        if self.hopper is None:
+            return mixing
+        try:
+            cuda_kernels.prepare(kernel_manifest.planned_mixing_builds(self.precision, mixing), wait=False)
+        except KernelCompileError:
+            pass   # tried again, and reported, where a kernel is first used
+        return mixing
 
     def op_score_update(self, layer, x, cheb1, cheb0, centers, offsets):
         """A deformation block's narrow last layer (cin -> 1), the softmax over hypotheses and the moved
@@ -873,15 +856,15 @@ class CupyBackend(Backend):
         (cuBLAS products), rows not in whole 16-byte loads."""
         cp = self.cupy
         b, k, n, cin = x.shape
-        x16 = {cp.dtype(cp.float32): 0, cp.dtype(cp.float16): 1, cp.dtype(cp.uint16): 2}.get(x.dtype)
-        if (cheb0 is not None or layer.weight0 is not None or layer.cout != 1 or k != HYPOTHESES or x16 is None
-                or cin > SKINNY_MAX_K or (x16 == 0 and self.precision == "fp16" and self.hopper is None)):
+        row_format = ROW_FORMATS.get(x.dtype.name)
+        if (cheb0 is not None or layer.weight0 is not None or layer.cout != 1 or k != HYPOTHESES or row_format is None
+                or cin > SKINNY_MAX_K or (row_format == ROWS_F32 and self.precision == "fp16" and self.hopper is None)):
             return None
         rows = hopper_gemm.hypothesis_rows(cp, x)   # unit-stride rows, evenly spaced
         ldx, vector = rows.strides[-2] // rows.itemsize, 16 // rows.itemsize   # elements per 16-byte load
         if cin % vector or ldx % vector or rows.data.ptr % 16:
             return None
-        return self._move_vertices("drb_score_update", (rows, np.int64(ldx), np.int32(cin), np.int32(x16),
+        return self._move_vertices("drb_score_update", (rows, np.int64(ldx), np.int32(cin), np.int32(row_format),
                                                         cp.ascontiguousarray(layer.weight, dtype=cp.float32)),
                                    cheb1, layer.bias, centers, offsets)
 

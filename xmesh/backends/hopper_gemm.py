@@ -14,10 +14,11 @@ here, and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from . import tensor_map
+from . import plan, tensor_map
 from .cuda_kernels import get_arch_function
 
 SOURCE = "wgmma_gemm.cu"
@@ -32,36 +33,63 @@ DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32,
 #: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
 #: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
 DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
-#: The 16-bit layer with the mixing on its input side (kernels/wgmma_drb16.cu): output columns, the
-#: largest cin whose W0 and W1 stay in shared memory with all 192 columns in one tile, the largest
-#: with 96 (the _n96 kernels: a block's first layer, cin 339), shared memory (W0 and W1 (CT columns x
-#: up to 192 x 192 / CT K rows each), two X buffers and one Z buffer of 192 rows x 128 bytes, the bias,
-#: alignment slack).
-Z_SOURCE, Z_COUT, Z_KMAX, Z_KMAX_HALF = "wgmma_drb16.cu", 192, 192, 384
-Z_SMEM = (2 * (Z_KMAX // 64) + 2 + 1) * DRB_ROWS * 128 + Z_COUT * 4 + 1024
-#: The TF32 modes' layer with the mixing on the input side (kernels/wgmma_drb32.cu): the output-column
-#: groups each kernel exists for (3xTF32: 48 up to cin 192, 24 beyond; one TF32 pass: twice these), the
-#: shared memory W0 and W1 (big and small parts) may take, threads (3 MMA and 2 producer warpgroups), and a
-#: block's shared memory (W, four X and two Z slots of 172 rows x 20 floats, the biases, alignment slack).
-Y_SOURCE, Y_COLUMNS, Y_W_BYTES, Y_THREADS = "wgmma_drb32.cu", {"3xtf32": (48, 24), "tf32": (96, 48)}, 147456, 640
-Y_SMEM = Y_W_BYTES + 6 * HYPOTHESES * DRB_VERTS * 20 * 4 + 96 * 4 + 1024
-#: A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit modes):
-#: the 192-wide layers after the first, their 32-column K slices, and a block's shared memory (two
-#: activation buffers and the Z slots of 176 rows x 128 bytes per 64 columns, six W pieces of 192 rows
-#: x 64 bytes, alignment slack: 232448 bytes, all a block may have on compute capability 9.0).
-C_SOURCE, C_HIDDEN, C_SLICES = "wgmma_drb16_chain.cu", 4, 6
-C_SMEM = (2 * 3 + 1) * 176 * 128 + 6 * Z_COUT * 64 + 1024
-#: The "fp32" mode's layer as three float16 products (kernels/wgmma_drb32h.cu): the mixing on the input
-#: side, tiles of 4 vertices by 96 of the 192 output columns (each K slice's products summed on their own,
-#: for float32's accuracy), W streamed. K slice, tile columns; shared memory: three X and two Z slots of
-#: 192 rows x 128 bytes (32 float32 columns), four W slots of four 96 x 32 float16 pieces, the slots'
-#: transaction barriers, alignment slack.
-H_SOURCE, H_BK, H_COLUMNS = "wgmma_drb32h.cu", 32, 96
-H_SMEM = 5 * DRB_ROWS * 128 + 4 * 4 * H_COLUMNS * 64 + 64 + 1024
-#: Each W column's power-of-two scale puts its largest entry in [2^H_W_EXPONENT, 2^(H_W_EXPONENT + 1)).
-H_W_EXPONENT = 7
-#: Operand modes: name -> (WG_* code in kernels/wgmma_gemm.cu, kernel-name part, TF32 passes or 0 for 16-bit).
-OPERANDS = {"3xtf32": (3, "3x", 3), "tf32": (1, "1x", 1), "fp16": (16, "f16", 0), "bf16": (17, "bf16", 0)}
+#: The deformation blocks' wide layers: output columns, and the most inputs the 16-bit chain's first
+#: layer takes (a block's first layer has 339).
+WIDE_COLS, CHAIN_MAX_CIN = 192, 384
+
+
+@dataclass(frozen=True)
+class ChainKernel:
+    """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit
+    modes): the 192-wide layers after the first, their 32-column K slices, and a block's shared
+    memory (two activation buffers and the Z slots of 176 rows x 128 bytes per 64 columns, six W
+    pieces of 192 rows x 64 bytes, alignment slack: 232448 bytes, all a block may have on compute
+    capability 9.0)."""
+
+    source: str = "wgmma_drb16_chain.cu"
+    hidden_layers: int = 4
+    k_slices: int = 6
+    smem: int = (2 * 3 + 1) * 176 * 128 + 6 * WIDE_COLS * 64 + 1024
+
+
+@dataclass(frozen=True)
+class Layer3xf16Kernel:
+    """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu): the
+    mixing on the input side, tiles of 4 vertices by 96 of the 192 output columns (each K slice's
+    products summed on their own, for float32's accuracy), W streamed. K slice, tile columns; shared
+    memory: three X and two Z slots of 192 rows x 128 bytes (32 float32 columns), four W slots of four
+    96 x 32 float16 pieces, the slots' transaction barriers, alignment slack; each W column's
+    power-of-two scale puts its largest entry in [2^w_exponent, 2^(w_exponent + 1))."""
+
+    source: str = "wgmma_drb32h.cu"
+    k_slice: int = 32
+    tile_columns: int = 96
+    smem: int = 5 * DRB_ROWS * 128 + 4 * 4 * 96 * 64 + 64 + 1024
+    w_exponent: int = 7
+
+
+CHAIN = ChainKernel()
+LAYER_3XF16 = Layer3xf16Kernel()
+
+
+class OperandMode(NamedTuple):
+    """How a Hopper kernel's products take their operands: ``code`` the WG_* value in
+    kernels/wgmma_common.cuh, ``kernel_part`` the kernel-name part, ``tf32_passes`` 3 (3xTF32), 1
+    (TF32) or 0 (16-bit operands)."""
+
+    code: int
+    kernel_part: str
+    tf32_passes: int
+
+    @property
+    def is_16bit(self) -> bool:
+        """float16 or bfloat16 operands (and, in the deformation layers, 16-bit activations)."""
+        return self.tf32_passes == 0
+
+
+#: Operand modes by name.
+OPERANDS = {"3xtf32": OperandMode(3, "3x", 3), "tf32": OperandMode(1, "1x", 1), "fp16": OperandMode(16, "f16", 0),
+            "bf16": OperandMode(17, "bf16", 0)}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -107,7 +135,7 @@ def smem_bytes(operands: str, bn: int = BN, rows: int = BM, stages: int = GEMM_S
     """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment
     slack (wg_stage_bytes: B slices take rows of 128 bytes; 16-bit modes pad float32 A rows to 40
     floats; A in 16 bits (``a16``) takes rows of 128 bytes as B)."""
-    passes = OPERANDS[operands][2]
+    passes = OPERANDS[operands].tf32_passes
     parts = 2 if passes == 3 else 1
     a_stride = A_STRIDE if passes else A_STRIDE + 4
     return stages * (parts * bn * 128 + (rows * 128 if a16 else rows * a_stride * 4)) + 1024
@@ -158,7 +186,7 @@ class PreparedWeight:
     @property
     def passes(self) -> int:
         """TF32 products per K step (3 or 1); 0 in the 16-bit modes."""
-        return OPERANDS[self.operands][2]
+        return OPERANDS[self.operands].tf32_passes
 
     @property
     def small_arg(self):
@@ -168,7 +196,7 @@ class PreparedWeight:
 
 @dataclass(frozen=True)
 class PreparedHalves:
-    """A deformation layer's [W0 | W1] (k x 2 * 192, float32) for :meth:`HopperGemm.drb_hlayer32`:
+    """A deformation layer's [W0 | W1] (k x 2 * 192, float32) for :meth:`HopperGemm.drb_layer_3xf16`:
     ``stream`` (uint16 holding float16) per 32-row K slice and column group of 96, W1's big and small
     parts, then W0's, each 96 columns x 32 K rows in the kernel's shared-memory form
     (:func:`piece_index`), of W with each output column c multiplied by 2^s_c; ``scale`` (192,)
@@ -192,7 +220,7 @@ class PreparedChain:
     operands: str
 
 
-def accumulator_columns(n: int = Z_COUT):
+def accumulator_columns(n: int = WIDE_COLS):
     """The output column that each of a 16-bit input-side tile's ``n`` accumulator columns holds (as
     zl_column in kernels/drb16_tile.cuh): accumulator column f -> 32 (j // 4) + 8 t + 2 (j % 4) + f % 2
     with j = f // 8, t = (f // 2) % 4, so that a quad thread's outputs lie in 16-byte pieces."""
@@ -201,7 +229,7 @@ def accumulator_columns(n: int = Z_COUT):
     return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1)
 
 
-def piece_index(ldb: int, slices: int, columns: int = Z_COUT) -> np.ndarray:
+def piece_index(ldb: int, slices: int, columns: int = WIDE_COLS) -> np.ndarray:
     """Where each 16-bit element of a stream of W pieces comes from (the 16-bit chain's and the 3xf16
     layer's shared-memory form of W): for stream axes (K slice, column group g, piece h, accumulator
     column n, 16-byte chunk position pos, element e) the flat index, into a layer's unpaired K-major
@@ -210,14 +238,14 @@ def piece_index(ldb: int, slices: int, columns: int = Z_COUT) -> np.ndarray:
     c = pos ^ ((n >> 1) & 3) (the 64-byte swizzle); 192 / ``columns`` groups."""
     n = np.arange(columns)
     chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                                # (n, pos)
-    col = columns * np.arange(Z_COUT // columns)[:, None] + accumulator_columns(columns)[None, :]   # (g, n)
-    w_row = np.array([Z_COUT, 0])[None, :, None] + col[:, None, :]                           # (g, h, n): W1 then W0
+    col = columns * np.arange(WIDE_COLS // columns)[:, None] + accumulator_columns(columns)[None, :]   # (g, n)
+    w_row = np.array([WIDE_COLS, 0])[None, :, None] + col[:, None, :]                           # (g, h, n): W1 then W0
     k = (32 * np.arange(slices)[:, None, None, None] + 8 * chunk[None, :, :, None]
          + np.arange(8)[None, None, None, :])                                                  # (ks, n, pos, e)
     return w_row[None, :, :, :, None, None] * ldb + k[:, None, None]                          # (ks, g, h, n, pos, e)
 
 
-def chain_piece_index(ldb: int, slices: int = C_SLICES) -> np.ndarray:
+def chain_piece_index(ldb: int, slices: int = CHAIN.k_slices) -> np.ndarray:
     """:func:`piece_index` of all 192 columns (one group), axes (K slice, piece h, accumulator column
     n, pos, e): the 16-bit chain's W stream (:meth:`HopperGemm.prepare_chain16`)."""
     return piece_index(ldb, slices)[:, 0]
@@ -228,13 +256,9 @@ def hypothesis_rows(cupy, x):
     unit stride) are evenly spaced ldx >= C elements apart through the whole array (e.g. the local
     projection's rows padded to 340 floats), else a contiguous copy. float32, or 16-bit activations
     (float16, uint16 holding bfloat16) kept in their type; any other type becomes float32."""
+    if plan.evenly_spaced_rows(x):
+        return x
     half = x.dtype in (cupy.float16, cupy.uint16)
-    size = 2 if half else 4
-    if x.ndim == 4 and (half or x.dtype == cupy.float32):
-        b, k, n, c = x.shape
-        s0, s1, s2, s3 = x.strides
-        if s3 == size and s2 % size == 0 and s2 >= size * c and s1 == n * s2 and s0 == k * s1:
-            return x
     return cupy.ascontiguousarray(x, dtype=x.dtype if half else cupy.float32)
 
 
@@ -245,13 +269,6 @@ def vertex_tile_map(x, columns: int):
     b, _, n, cin = x.shape
     return tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
                             (columns, DRB_VERTS, HYPOTHESES), element_bytes=x.itemsize)
-
-
-def aligned_float32_rows(cupy, x) -> bool:
-    """Whether x is a float32 (B, 43, N, C) array whose rows (unit stride) are evenly spaced a multiple of
-    4 floats apart, starting 16-byte aligned: what the TF32 modes' input-side layers take as it is."""
-    return (x.ndim == 4 and x.dtype == cupy.float32 and x.shape[1] == HYPOTHESES and hypothesis_rows(cupy, x) is x
-            and (x.strides[2] // 4) % 4 == 0 and x.data.ptr % 16 == 0)
 
 
 class HopperGemm:
@@ -283,7 +300,7 @@ class HopperGemm:
         k, n = b.shape
         if paired and n % (2 * DRB_COLS):
             raise ValueError(f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_COLS}, got {n}")
-        passes = OPERANDS[operands][2]
+        passes = OPERANDS[operands].tf32_passes
         kp, np_ = -(-k // BK) * BK, -(-n // BN) * BN
         total = np_ * kp
         grid, head = (min(-(-total // 256), 4096),), (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n),
@@ -306,7 +323,7 @@ class HopperGemm:
         lda, ldc = a.strides[0] // 4, out.strides[0] // 4
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
         tiles = -(-m // BM) * (weight.big.shape[0] // BN)
-        name = f"wg_gemm_{OPERANDS[weight.operands][1]}_{'v' if vec else 's'}"
+        name = f"wg_gemm_{OPERANDS[weight.operands].kernel_part}_{'v' if vec else 's'}"
         self._kernel(name, smem_bytes(weight.operands))(
             (tiles,), (THREADS,),
             (a, np.int64(lda), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
@@ -362,32 +379,15 @@ class HopperGemm:
             shared_mem=smem)
         return out
 
-    @staticmethod
-    def zlayer_applies(x, weight: PreparedWeight, mixing: str) -> bool:
-        """Whether :meth:`drb_zlayer` runs this layer: 16-bit X with 16-byte aligned rows (see
-        :func:`hypothesis_rows`), an unpaired 16-bit [W0 | W1] of cin <= 384 rows and 2 x 192 columns,
-        and the A1 built into ``mixing``."""
-        half = x.dtype.itemsize == 2
-        cin = x.shape[-1]
-        return (bool(mixing) and half and weight.passes == 0 and not weight.paired and x.ndim == 4
-                and weight.n == 2 * Z_COUT and weight.k == cin and 0 < cin <= Z_KMAX_HALF
-                and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
-
-    @staticmethod
-    def zlayer_columns(cin: int) -> int:
-        """Output columns per tile of :meth:`drb_zlayer` for ``cin`` inputs: all 192 up to cin 192 (W0
-        and W1 whole in shared memory), else 96 (each block holds one half of their columns)."""
-        return Z_COUT if cin <= Z_KMAX else Z_COUT // 2
-
-    def _column_group_grid(self, b: int, n: int, columns: int) -> tuple:
+    def column_group_grid(self, b: int, n: int, columns: int) -> tuple:
         """Tiles and persistent blocks of an input-side layer whose tiles are 4 vertices by ``columns`` of
         the 192 output columns: a block's column group is blockIdx.x % (192 / columns), so the grid is
         a multiple of the group count (at most one block per multiprocessor)."""
-        groups = Z_COUT // columns
+        groups = WIDE_COLS // columns
         tiles = b * -(-n // DRB_VERTS) * groups
         return tiles, min(tiles, self.sm_count - self.sm_count % groups)
 
-    def _zlayer_epilogue_operands(self, name: str, residual, bias, shape: tuple, dtype, align: int):
+    def input_side_epilogue_operands(self, name: str, residual, bias, shape: tuple, dtype, align: int):
         """The residual (``shape`` in ``dtype``, or None) as a contiguous array starting ``align``-byte
         aligned (the input-side kernels' epilogues read it in pieces of that size), and the bias as
         contiguous float32 (192,); ValueError naming ``name`` and what is wrong otherwise."""
@@ -400,40 +400,9 @@ class HopperGemm:
                 raise ValueError(f"{name}: the residual must start {align}-byte aligned, got address "
                                  f"{residual.data.ptr:#x}")
         bias = cp.ascontiguousarray(bias, dtype=cp.float32)
-        if bias.shape != (Z_COUT,):
-            raise ValueError(f"{name}: bias must be ({Z_COUT},), got {bias.shape}")
+        if bias.shape != (WIDE_COLS,):
+            raise ValueError(f"{name}: bias must be ({WIDE_COLS},), got {bias.shape}")
         return residual, bias
-
-    def drb_zlayer(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
-        """The 16-bit modes' deformation layer with X and the output in 16 bits and the mixing on the
-        input side: relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X rounded to the mode's 16 bits
-        (kernels/wgmma_drb16.cu). X (B, 43, N, cin <= 384) in :func:`activation_dtype` (beyond cin 192
-        a tile covers 96 output columns: :meth:`zlayer_columns`), ``weight`` the
-        *unpaired* 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43, N, 192) in
-        the same type or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192)."""
-        cp = self.cupy
-        if not self.zlayer_applies(x, weight, mixing):
-            raise ValueError(f"drb_zlayer: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
-                             f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
-                             f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
-                             f"elements apart, cin up to {Z_KMAX_HALF}, an unpaired 16-bit (cin, {2 * Z_COUT}) "
-                             f"weight and mixing_source(A1)")
-        act = activation_dtype(cp, weight.operands)
-        if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
-            raise ValueError(f"drb_zlayer: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
-                             f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}")
-        b, _, n, cin = x.shape
-        residual, bias = self._zlayer_epilogue_operands("drb_zlayer", residual, bias, (b, HYPOTHESES, n, Z_COUT), act, 16)
-        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
-        columns = self.zlayer_columns(cin)
-        tiles, blocks = self._column_group_grid(b, n, columns)
-        name = f"wg_drb_zlayer_{OPERANDS[weight.operands][1]}" + ("_n96" if columns < Z_COUT else "")
-        self._kernel(name, Z_SMEM, mixing, Z_SOURCE)(
-            (blocks,), (DRB_THREADS,),
-            (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
-             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
-            shared_mem=Z_SMEM)
-        return out
 
     def prepare_chain16(self, first: PreparedWeight, weights, biases) -> PreparedChain:
         """The W stream and biases of :meth:`drb_chain16` from a block's five wide layers: ``first`` the
@@ -445,37 +414,29 @@ class HopperGemm:
         cp = self.cupy
         weights = tuple(weights)
         modes = {w.operands for w in (first,) + weights}
-        if (len(weights) != C_HIDDEN or len(modes) != 1 or first.passes
-                or any(w.paired or w.k != Z_COUT or w.n != 2 * Z_COUT for w in weights)
-                or first.paired or first.n != 2 * Z_COUT or not 0 < first.k <= Z_KMAX_HALF):
-            raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {Z_KMAX_HALF}, "
-                             f"{2 * Z_COUT}) weight and {C_HIDDEN} unpaired ({Z_COUT}, {2 * Z_COUT}) weights, all "
+        if (len(weights) != CHAIN.hidden_layers or len(modes) != 1 or first.passes
+                or any(w.paired or w.k != WIDE_COLS or w.n != 2 * WIDE_COLS for w in weights)
+                or first.paired or first.n != 2 * WIDE_COLS or not 0 < first.k <= CHAIN_MAX_CIN):
+            raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {CHAIN_MAX_CIN}, "
+                             f"{2 * WIDE_COLS}) weight and {CHAIN.hidden_layers} unpaired ({WIDE_COLS}, {2 * WIDE_COLS}) weights, all "
                              f"of one 16-bit mode, got {[(w.k, w.n, w.operands, w.paired) for w in (first,) + weights]}")
         first_slices = -(-first.k // 32)   # prepare pads K to a multiple of 32 with zeros
         parts = [cp.take(first.big.reshape(-1), cp.asarray(chain_piece_index(first.big.shape[1], first_slices)))]
-        index = cp.asarray(chain_piece_index(Z_COUT))   # a 192-wide layer's big is (384, 192): k = 192 is a whole K tile
+        index = cp.asarray(chain_piece_index(WIDE_COLS))   # a 192-wide layer's big is (384, 192): k = 192 is a whole K tile
         parts += [cp.take(w.big.reshape(-1), index) for w in weights]
         stream = cp.concatenate([part.reshape(-1) for part in parts])
         bias = cp.stack([cp.ascontiguousarray(b, dtype=cp.float32).reshape(-1) for b in biases])
-        if bias.shape != (C_HIDDEN + 1, Z_COUT):
-            raise ValueError(f"prepare_chain16: needs {C_HIDDEN + 1} biases of ({Z_COUT},), got {bias.shape}")
+        if bias.shape != (CHAIN.hidden_layers + 1, WIDE_COLS):
+            raise ValueError(f"prepare_chain16: needs {CHAIN.hidden_layers + 1} biases of ({WIDE_COLS},), got {bias.shape}")
         return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), first.k, first.operands)
-
-    def chain_applies(self, x, cin: int) -> bool:
-        """Whether :meth:`drb_chain16` takes this X: a (B, 43, N, cin) 16-bit array whose rows (unit
-        stride) are evenly spaced a multiple of 8 elements apart, starting 16-byte aligned (the local
-        projection's 16-bit output, rows of 344 for cin 339)."""
-        cp = self.cupy
-        return (x.ndim == 4 and x.dtype in (cp.float16, cp.uint16) and x.shape[1] == HYPOTHESES
-                and x.shape[3] == cin and hypothesis_rows(cp, x) is x and (x.strides[2] // 2) % 8 == 0
-                and x.data.ptr % 16 == 0)
 
     def drb_chain16(self, x, chain: PreparedChain, mixing: str, score_weight=None):
         """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
         16-bit mode: x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3,
-        each layer as :meth:`drb_zlayer` computes it (so x5 equals five drb_zlayer calls bit for bit),
+        each layer as the one-layer reference computes it (x5 equals five calls of tests/drb16_reference.py's
+        reference_layer16 bit for bit),
         with the activations kept in shared memory. X (B, 43, N, cin) in :func:`activation_dtype` (see
-        :meth:`chain_applies`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
+        :func:`plan.chain_takes`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
         :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type.
 
         With ``score_weight`` (the block's score layer's float32 W, (192, 2): columns W0, W1), x5 is
@@ -483,7 +444,7 @@ class HopperGemm:
         float32 from x5's 16-bit values (the products the score layer mixes and adds)."""
         cp = self.cupy
         act = activation_dtype(cp, chain.operands)
-        if not mixing or not self.chain_applies(x, chain.cin) or x.dtype != act:
+        if not mixing or not plan.chain_takes(x, chain.cin) or x.dtype != act:
             raise ValueError(f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}) with "
                              f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned (B, {HYPOTHESES}, N, "
                              f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
@@ -492,60 +453,57 @@ class HopperGemm:
         tiles = b * -(-n // DRB_VERTS)
         head = (vertex_tile_map(x, 64), x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
         if score_weight is None:
-            out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=act)
-            name, args = f"wg_drb_chain_{OPERANDS[chain.operands][1]}", head + (out,)
+            out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=act)
+            name, args = f"wg_drb_chain_{OPERANDS[chain.operands].kernel_part}", head + (out,)
         else:
-            if score_weight.shape != (Z_COUT, 2):
-                raise ValueError(f"drb_chain16: the score layer's weight must be ({Z_COUT}, 2), got {score_weight.shape}")
+            if score_weight.shape != (WIDE_COLS, 2):
+                raise ValueError(f"drb_chain16: the score layer's weight must be ({WIDE_COLS}, 2), got {score_weight.shape}")
             out = cp.empty((b, HYPOTHESES, n, 2), dtype=cp.float32)
-            name = f"wg_drb_chain_score_{OPERANDS[chain.operands][1]}"
+            name = f"wg_drb_chain_score_{OPERANDS[chain.operands].kernel_part}"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out)
-        self._kernel(name, C_SMEM, mixing, C_SOURCE)((min(tiles, self.sm_count),), (DRB_THREADS,),
-                                                     args + (np.int32(n), np.int32(tiles)), shared_mem=C_SMEM)
+        self._kernel(name, CHAIN.smem, mixing, CHAIN.source)((min(tiles, self.sm_count),), (DRB_THREADS,),
+                                                     args + (np.int32(n), np.int32(tiles)), shared_mem=CHAIN.smem)
         return out
 
     def prepare_halves(self, w) -> PreparedHalves:
-        """[W0 | W1] (k, 2 x 192) float32 for :meth:`drb_hlayer32`: each output column c (W0's and W1's
+        """[W0 | W1] (k, 2 x 192) float32 for :meth:`drb_layer_3xf16`: each output column c (W0's and W1's
         column c together) scaled by the power of two 2^s_c that puts its largest magnitude in [2^7,
         2^8) (exact), split into float16 big = fp16(w) and small = fp16(w - big), laid out as
         :class:`PreparedHalves` says (K rows past k zero)."""
         cp = self.cupy
         w = cp.ascontiguousarray(w, dtype=cp.float32)
-        if w.ndim != 2 or w.shape[1] != 2 * Z_COUT or not 0 < w.shape[0]:
-            raise ValueError(f"prepare_halves: needs a (k, {2 * Z_COUT}) [W0 | W1], got {w.shape}")
+        if w.ndim != 2 or w.shape[1] != 2 * WIDE_COLS or not 0 < w.shape[0]:
+            raise ValueError(f"prepare_halves: needs a (k, {2 * WIDE_COLS}) [W0 | W1], got {w.shape}")
         k = w.shape[0]
-        if not bool(cp.isfinite(w).all()):
+        largest = cp.maximum(cp.abs(w[:, :WIDE_COLS]).max(axis=0), cp.abs(w[:, WIDE_COLS:]).max(axis=0))
+        # a NaN or infinity anywhere in w makes its column's largest magnitude one (192 values read back
+        # here, instead of a whole-array reduction, whose CUB kernels cost seconds to compile on first use)
+        if not np.isfinite(cp.asnumpy(largest)).all():
             raise ValueError("prepare_halves: the weight has non-finite entries")
-        largest = cp.maximum(cp.abs(w[:, :Z_COUT]).max(axis=0), cp.abs(w[:, Z_COUT:]).max(axis=0))
         _, exponent = cp.frexp(largest)   # largest = m 2^exponent, m in [0.5, 1)
-        shift = cp.where(largest > 0, H_W_EXPONENT + 1 - exponent, 0).astype(cp.int32)
+        shift = cp.where(largest > 0, LAYER_3XF16.w_exponent + 1 - exponent, 0).astype(cp.int32)
         scaled = cp.ldexp(w, cp.concatenate([shift, shift])[None, :])
         big = scaled.astype(cp.float16)
         small = (scaled - big.astype(cp.float32)).astype(cp.float16)
-        slices = -(-k // H_BK)
+        slices = -(-k // LAYER_3XF16.k_slice)
 
         def k_major(part):   # (2 x 192, 32 slices): row c holds column c of [W0 | W1], zeros past k
-            rows = cp.zeros((2 * Z_COUT, H_BK * slices), dtype=cp.uint16)
+            rows = cp.zeros((2 * WIDE_COLS, LAYER_3XF16.k_slice * slices), dtype=cp.uint16)
             rows[:, :k] = part.view(cp.uint16).T
             return rows.reshape(-1)
 
-        index = cp.asarray(piece_index(H_BK * slices, slices, H_COLUMNS))   # (slice, group, W1 / W0, n, 4, 8)
+        index = cp.asarray(piece_index(LAYER_3XF16.k_slice * slices, slices, LAYER_3XF16.tile_columns))   # (slice, group, W1 / W0, n, 4, 8)
         stream = cp.stack([cp.take(k_major(big), index), cp.take(k_major(small), index)], axis=3)
-        scale = cp.ldexp(cp.ones(Z_COUT, dtype=cp.float32), -shift).astype(cp.float32)
+        scale = cp.ldexp(cp.ones(WIDE_COLS, dtype=cp.float32), -shift).astype(cp.float32)
         return PreparedHalves(cp.ascontiguousarray(stream.reshape(-1)), scale, k)
 
-    def hlayer32_applies(self, x, halves: PreparedHalves, mixing: str) -> bool:
-        """Whether :meth:`drb_hlayer32` takes this X: float32 (B, 43, N, k) with rows (unit stride) evenly
-        spaced a multiple of 4 floats apart, starting 16-byte aligned, and the A1 built into ``mixing``."""
-        return bool(mixing) and aligned_float32_rows(self.cupy, x) and x.shape[3] == halves.k
-
-    def drb_hlayer32(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = "", score_weight=None):
+    def drb_layer_3xf16(self, x, halves: PreparedHalves, bias, residual=None, mixing: str = "", score_weight=None):
         """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu):
         relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32, each product of float32 operands
         taken as big big + big small + small big of their float16 parts (W's columns scaled by powers
         of two, undone in the epilogue), each 32-column K slice's products summed in the tensor cores
         and added in float32; tiles of 96 output columns.
-        X float32 (B, 43, N, k) (see :meth:`hlayer32_applies`), ``halves`` from :meth:`prepare_halves`,
+        X float32 (B, 43, N, k) (see :func:`plan.layer_3xf16_takes`), ``halves`` from :meth:`prepare_halves`,
         residual (B, 43, N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns
         (B, 43, N, 192) float32.
 
@@ -554,73 +512,26 @@ class HopperGemm:
         groups, (2, B, 43, N, 2) float32 (float32 sums of the output's float32 values; the two groups
         added in order give x W)."""
         cp = self.cupy
-        if not self.hlayer32_applies(x, halves, mixing):
-            raise ValueError(f"drb_hlayer32: X {x.shape} ({x.dtype}, strides {x.strides}) with "
+        if not plan.layer_3xf16_takes(x, halves.k, mixing):
+            raise ValueError(f"drb_layer_3xf16: X {x.shape} ({x.dtype}, strides {x.strides}) with "
                              f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned float32 "
                              f"(B, {HYPOTHESES}, N, {halves.k}) array with rows a multiple of 4 floats apart, "
                              f"and mixing_source(A1)")
         b, _, n, cin = x.shape
-        residual, bias = self._zlayer_epilogue_operands("drb_hlayer32", residual, bias, (b, HYPOTHESES, n, Z_COUT),
+        residual, bias = self.input_side_epilogue_operands("drb_layer_3xf16", residual, bias, (b, HYPOTHESES, n, WIDE_COLS),
                                                         cp.dtype(cp.float32), 16)
-        tiles, blocks = self._column_group_grid(b, n, H_COLUMNS)
-        head = (vertex_tile_map(x, H_BK), np.int32(cin), halves.stream, halves.scale, bias,
+        tiles, blocks = self.column_group_grid(b, n, LAYER_3XF16.tile_columns)
+        head = (vertex_tile_map(x, LAYER_3XF16.k_slice), np.int32(cin), halves.stream, halves.scale, bias,
                 np.uint64(0) if residual is None else residual)
         if score_weight is None:
-            out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
-            name, args = "wg_drb_hlayer32", head + (out,)
+            out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=cp.float32)
+            name, args = "wg_drb_layer_3xf16", head + (out,)
         else:
-            if score_weight.shape != (Z_COUT, 2):
-                raise ValueError(f"drb_hlayer32: the score layer's weight must be ({Z_COUT}, 2), got {score_weight.shape}")
-            out = cp.empty((Z_COUT // H_COLUMNS, b, HYPOTHESES, n, 2), dtype=cp.float32)
-            name = "wg_drb_hlayer32_score"
+            if score_weight.shape != (WIDE_COLS, 2):
+                raise ValueError(f"drb_layer_3xf16: the score layer's weight must be ({WIDE_COLS}, 2), got {score_weight.shape}")
+            out = cp.empty((WIDE_COLS // LAYER_3XF16.tile_columns, b, HYPOTHESES, n, 2), dtype=cp.float32)
+            name = "wg_drb_layer_3xf16_score"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out, np.int64(b * HYPOTHESES * n))
-        self._kernel(name, H_SMEM, mixing, H_SOURCE)((blocks,), (DRB_THREADS,), args + (np.int32(n), np.int32(tiles)),
-                                                    shared_mem=H_SMEM)
-        return out
-
-    @staticmethod
-    def zlayer32_columns(cin: int, operands: str):
-        """Output columns per tile of :meth:`drb_zlayer32` for ``cin`` inputs in ``operands`` ("3xtf32" or
-        "tf32"): the widest group whose W0 and W1 parts (2 x cin x columns, 4 bytes each, K rounded up
-        to 32) fit in :data:`Y_W_BYTES`; None where none does (cin above 384)."""
-        parts = 2 if operands == "3xtf32" else 1
-        kbufs = -(-cin // 32)
-        return next((ct for ct in Y_COLUMNS.get(operands, ()) if 2 * parts * kbufs * ct * 128 <= Y_W_BYTES), None)
-
-    def zlayer32_applies(self, x, weight: PreparedWeight, mixing: str) -> bool:
-        """Whether :meth:`drb_zlayer32` runs this layer: float32 X (B, 43, N, cin) with rows a multiple of
-        4 floats apart (see :func:`hypothesis_rows`) and 16-byte aligned, an unpaired TF32 [W0 | W1] of
-        cin rows and 2 x 192 columns, cin <= 384, and the A1 built into ``mixing``."""
-        return (bool(mixing) and aligned_float32_rows(self.cupy, x)
-                and weight.passes in (1, 3) and not weight.paired and weight.n == 2 * Z_COUT
-                and weight.k == x.shape[-1] and self.zlayer32_columns(x.shape[-1], weight.operands) is not None)
-
-    def drb_zlayer32(self, x, weight: PreparedWeight, bias, residual=None, mixing: str = ""):
-        """The TF32 modes' deformation layer with the mixing on the input side, float32 in and out:
-        relu(X W0 + Z W1 + bias) (+ residual), Z = A1 X in float32 (kernels/wgmma_drb32.cu), the
-        products 3xTF32 or one TF32 pass as ``weight`` was prepared. X (B, 43, N, cin <= 384) float32,
-        ``weight`` the *unpaired* [W0 | W1] (:meth:`prepare` with ``paired=False``), residual (B, 43,
-        N, 192) float32 or None, ``mixing``: :func:`mixing_source` of A1. Returns (B, 43, N, 192).
-
-        Measured slower than :meth:`drb_layer` on an H100 (docs/PERFORMANCE.md, session 13), so
-        :class:`~xmesh.backends.cupy_backend.CupyBackend` does not send the model's layers here yet."""
-        cp = self.cupy
-        if not self.zlayer32_applies(x, weight, mixing):
-            raise ValueError(f"drb_zlayer32: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
-                             f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
-                             f"{'a' if mixing else 'no'} mixing source: needs float32 X (B, {HYPOTHESES}, N, cin) "
-                             f"with 16-byte aligned rows a multiple of 4 floats apart, cin up to 384, an unpaired "
-                             f"3xtf32 or tf32 (cin, {2 * Z_COUT}) weight and mixing_source(A1)")
-        b, _, n, cin = x.shape
-        residual, bias = self._zlayer_epilogue_operands("drb_zlayer32", residual, bias, (b, HYPOTHESES, n, Z_COUT),
-                                                        cp.dtype(cp.float32), 8)
-        out = cp.empty((b, HYPOTHESES, n, Z_COUT), dtype=cp.float32)
-        columns = self.zlayer32_columns(cin, weight.operands)
-        tiles, blocks = self._column_group_grid(b, n, columns)
-        name = f"wg_drb_zlayer32_{OPERANDS[weight.operands][1]}_n{columns}"
-        self._kernel(name, Y_SMEM, mixing, Y_SOURCE)(
-            (blocks,), (Y_THREADS,),
-            (x, np.int64(x.strides[2] // 4), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]),
-             bias, np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
-            shared_mem=Y_SMEM)
+        self._kernel(name, LAYER_3XF16.smem, mixing, LAYER_3XF16.source)((blocks,), (DRB_THREADS,), args + (np.int32(n), np.int32(tiles)),
+                                                    shared_mem=LAYER_3XF16.smem)
         return out

@@ -1,8 +1,6 @@
-"""The on-disk cache of the cubins NVRTC builds for an explicit architecture (the Hopper kernels).
+"""The on-disk cache of the kernel binaries NVRTC builds (``cuda_kernels``: one file per kernel build).
 
-CuPy keeps what its ``RawModule`` compiles in a disk cache of its own. The ``sm_90a`` kernels, which
-``cuda_kernels.get_arch_function`` compiles with NVRTC itself, would otherwise be compiled again by
-every new process: seconds per source file, paid by every ``xmesh`` command before its first sample.
+Without it every new process would compile its kernels again before its first sample.
 
 A cubin is stored under a key made of everything that decides its bits: the whole source text
 (the generated prelude included), the architecture, the compiler options and NVRTC's version. The
@@ -11,7 +9,7 @@ file holds a digest of the cubin, so a damaged file is noticed, compiled again a
 Folder: ``$XMESH_KERNEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/xmesh/kernels``, else
 ``~/.cache/xmesh/kernels``. Set ``XMESH_KERNEL_CACHE_DIR`` to an empty string to keep compiled
 kernels in memory only. Writes are atomic (a temporary file, then a rename), so processes that
-compile the same kernel at once leave one whole file. A folder that cannot be written costs a
+compile the same kernel at once both succeed and leave one whole file. A folder that cannot be written costs a
 warning, once per process, and the kernels are compiled per process as before.
 """
 from __future__ import annotations
@@ -67,13 +65,18 @@ def _unpack(data: bytes) -> bytes | None:
     return cubin if hashlib.sha256(cubin).hexdigest().encode("ascii") == parts[1] else None
 
 
-def read_cubin(path: Path) -> bytes | None:
-    """The cubin stored at ``path``, or None if there is none or it is damaged."""
+def read_cubin(path: Path, warn: bool = True) -> bytes | None:
+    """The cubin stored at ``path``, or None if there is none or it is damaged (a damaged one costs a
+    warning with ``warn``: it is then compiled again and replaced)."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    return _unpack(data)
+    cubin = _unpack(data)
+    if cubin is None and warn:
+        warnings.warn(f"xmesh: the kernel cache file {path} is damaged (truncated or changed since it was "
+                      f"written); compiling the kernel again and replacing the file", RuntimeWarning, stacklevel=3)
+    return cubin
 
 
 def write_cubin(path: Path, cubin: bytes) -> bool:

@@ -81,7 +81,7 @@ class NumpyBackend(Backend):
                                        *maps, tf.num_views, out)
         return out
 
-    def op_local_gconv(self, layer, x, cheb1, cheb0, residual=None):
+    def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
         if cheb0 is not None or layer.weight0 is not None:
             return None
         b, k, n, cin = x.shape

@@ -1,10 +1,9 @@
 """Host -> device copies of images through page-locked (pinned) staging memory.
 
 A copy from ordinary (pageable) host memory is staged by the CUDA driver through its own small
-pinned buffers, one after another, and holds the calling thread until the last byte is staged: on
-the device tool's H100 a batch of 64 samples' views (115.6 MB) went at 6.2 GB/s, 18.7 ms, on the
-critical path of an eager call (on the host of a later session 12.9 GB/s for view 0, 8.3 GB/s for
-views 1-2). Here the host copies the rows into a ring of pinned slots, several
+pinned buffers, one after another, and holds the calling thread until the last byte is staged (a
+batch of 64 samples' views, 115.6 MB, at 6-13 GB/s: 9-19 ms on the critical path of an eager call).
+Here the host copies the rows into a ring of pinned slots, several
 chunks at once on worker threads (NumPy releases the GIL while it copies), and each filled slot goes
 to the device as one asynchronous ``cudaMemcpy2DAsync`` on the caller's stream while the next slots
 fill. Like a pageable copy, :meth:`PinnedUploader.copy_rows` returns once every byte is out of the

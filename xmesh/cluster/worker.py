@@ -185,12 +185,11 @@ def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions
         done.extend(str(s) for s in result.samples)
 
     finisher = BatchFinisher(commit)
-    predict_dir = Path(options.predict_dir) if options.predict_dir else None
 
     def on_batch(result: BatchResult) -> None:
         check_finite(result)
         futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
-        finisher.put(result, futures, predict_dir)
+        finisher.put(result, futures)
 
     loader = PrefetchedLoader(batches, workers=options.workers, views=options.views, with_gt=options.with_gt,
                               pool=state.loader_pool(options.workers))

@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
                    help="the GPU backend's mode (default fp32, float32-faithful; tf32, fp16 and bf16 are speed modes, "
                         "their errors in docs/PERFORMANCE.md); numpy always runs float32")
     p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
+    p.add_argument("--explain", action="store_true",
+                   help="time nothing: print which kernel runs each step on this machine in --precision, and why "
+                        "(the routing table of xmesh/backends/plan.py)")
     p.set_defaults(run=run)
 
 
@@ -39,6 +42,8 @@ def run(args) -> int:
     from ..benchmarking import format_table, resolve_backends, run_bench
 
     names = resolve_backends(args.backend)
+    if args.explain:
+        return explain(names, args.precision)
     batch_sizes = args.batch_sizes or (GPU_BATCH_SIZES if any(n != "numpy" for n in names) else CPU_BATCH_SIZES)
     report = run_bench(names, batch_sizes, repeat=args.repeat, warmup=args.warmup, stages=args.stages,
                        numpy_max_batch=args.numpy_max_batch, precision=args.precision,
@@ -48,4 +53,14 @@ def run(args) -> int:
         sys.stdout.write("\n")
     else:
         print(format_table(report))
+    return 0
+
+
+def explain(names, precision: str) -> int:
+    from ..backends import get_backend
+    from ..backends.plan import explain_backend
+
+    for name in names:
+        backend = get_backend(name) if name == "numpy" else get_backend(name, precision=precision)
+        print(f"== {name}\n{explain_backend(backend)}")
     return 0

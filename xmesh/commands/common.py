@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 
 from ..errors import InputError, XmeshError
 from ..io.atomic import os_error_reason
@@ -87,3 +89,28 @@ def output_errors(what: str):
             raise
         raise InputError(f"{what} failed ({os_error_reason(exc)}); the previous file, if any, is unchanged; "
                          "expected a writable path with free space") from None
+
+
+def run_dataset_command(args, chosen: dict, path_options: tuple, body) -> int:
+    """Run ``body(args, model, pool, client)`` for a dataset command: on a Dask cluster with
+    ``--cluster`` (the client made first, so a missing extra fails at once; the ``path_options`` of
+    ``args`` made absolute, as the workers may run elsewhere; ``model`` the ModelSpec the workers
+    build), else in this process with its loader pool started before the model is built, so that
+    their start-ups overlap."""
+    if getattr(args, "cluster", None):
+        from ..cluster.connect import describe, open_client
+
+        spec = spec_from_args(args)
+        with open_client(args.cluster) as client:
+            print(f"xmesh {args.command}: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
+            for name in path_options:
+                setattr(args, name, os.path.abspath(getattr(args, name)))
+            return body(args, spec, None, client)
+    from ..pipeline.loading import start_pool
+
+    pool = start_pool(chosen["workers"])
+    try:
+        return body(args, reconstructor_from_args(args), pool, None)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

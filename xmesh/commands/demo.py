@@ -20,10 +20,11 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..backends import get_backend
     from ..errors import InputError
+    from ..io.cameras import load_cameras
     from ..io.weights import load_weights, synthetic_weights
+    from ..pictures.demo import weights_caption, write_demo_picture
     from ..reconstruct import Reconstructor
     from ..synthetic.dataset import demo_inputs
-    from ..synthetic.render import render_mesh_file
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -50,7 +51,10 @@ def run(args) -> int:
     elapsed = time.perf_counter() - start
     mesh_path = mesh.to_obj(out / "mesh.obj")
     mesh.coarse().to_obj(out / "coarse.obj")
-    picture = render_mesh_file(mesh_path, cameras, out / "mesh.png", size=224)
+    detail = (f"refined mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces; "
+              f"reconstructed in {elapsed:.2f} s on {args.backend}")
+    picture = write_demo_picture(out / "mesh.png", images, load_cameras(cameras), mesh,
+                                 weights_caption(args.weights, DEMO_SEED), detail)
     print(f"xmesh demo: wrote {mesh_path} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces), "
           f"{out / 'coarse.obj'} and {picture} in {elapsed:.2f} s on {args.backend}", file=sys.stderr)
     return 0

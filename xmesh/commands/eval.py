@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_cluster_option, add_model_options, describe_weights, reconstructor_from_args, spec_from_args
+from .common import add_cluster_option, add_model_options, describe_weights, run_dataset_command
 
 
 def add_parser(sub) -> None:
@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--views", type=int, nargs=3, default=[0, 6, 7], metavar="I",
                    help="renderings used as the 3 input views (default: 0 6 7)")
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    p.add_argument("--report", action="store_true",
+                   help="also write OUT/report.html (charts, timing, a gallery) and its pictures in OUT/report/; "
+                        'needs the report extra: pip install "xmesh[report]"')
     add_model_options(p)
     add_cluster_option(p)
     p.set_defaults(run=run)
@@ -37,46 +40,29 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..evaluate import choose_settings
-    from ..pipeline.loading import start_pool
 
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
-    if args.cluster is not None:
-        return _run_on_cluster(args, chosen)
-    pool = start_pool(chosen["workers"])  # the loader starts while the model is built
-    try:
-        return _run_with_pool(args, chosen, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    if args.report:  # fail at once, before any work, where matplotlib is missing
+        from ..report import require_matplotlib
+        require_matplotlib()
+    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
+    return run_dataset_command(args, chosen, ("images", "gt", "out"), 
+                               lambda a, model, pool, client: _run(a, chosen, model, pool, client))
 
 
-def _run_on_cluster(args, chosen) -> int:
-    from ..cluster.connect import describe, open_client
-
-    spec = spec_from_args(args)
-    with open_client(args.cluster) as client:
-        print(f"xmesh eval: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
-        return _evaluate(args, chosen, spec, client=client)
-
-
-def _run_with_pool(args, chosen, pool) -> int:
-    return _evaluate(args, chosen, reconstructor_from_args(args), loader_pool=pool)
-
-
-def _evaluate(args, chosen, model, loader_pool=None, client=None) -> int:
+def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
-          f"{chosen['workers']} loader and {chosen['writers'] if args.save_meshes else 0} mesh writer process(es)"
-          f"{' per worker' if client is not None else ''}", file=sys.stderr)
+          f"{chosen['workers']} loader and {chosen['writers']} mesh writer process(es)",
+          file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
-        save_meshes=args.save_meshes, loader_pool=loader_pool, client=client, shard_batches=args.shard_batches,
+        save_meshes=args.save_meshes, loader_pool=pool, client=client, shard_batches=args.shard_batches,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
               "template": args.template or "built-in ellipsoid", "views": list(args.views),
-              **({"cluster": args.cluster} if client is not None else {})},
+              "synthetic_weights": said.startswith("synthetic")},
     )
     info = summary["run"]
     if info["skipped"]:
@@ -91,4 +77,9 @@ def _evaluate(args, chosen, model, loader_pool=None, client=None) -> int:
           f"{info['evaluated']} evaluated now in {info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s)")
     if "timing" in info:
         print(f"xmesh eval: {format_timing(info['timing'])}")
+    if args.report:
+        from ..report import write_report
+        # on a cluster the gallery's predictions come from predict/, or a model built here for them
+        painter = model if client is None else (None if args.save_meshes else model.build())
+        print(f"wrote {write_report(args.out, args.images, args.gt, painter, args.views)} and its pictures")
     return 0

@@ -1,4 +1,4 @@
-"""xmesh reconstruct IMG IMG IMG --cameras F --weights W --out mesh.obj"""
+"""xmesh reconstruct IMG IMG IMG --cameras F | --colmap DIR | --poses JSON --weights W --out mesh.obj"""
 from __future__ import annotations
 
 import sys
@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_cluster_option, add_model_options, describe_weights, output_errors, reconstructor_from_args,
-                     resolve_weights, spec_from_args)
+from .common import (add_cluster_option, add_model_options, describe_weights, output_errors, resolve_weights,
+                     run_dataset_command)
+from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
 
@@ -19,6 +20,7 @@ def add_parser(sub) -> None:
                                    "{id}_predict.obj per sample, batched, skipping samples whose files exist.")
     p.add_argument("images", nargs="*", metavar="IMG", help="three images (PNG/JPEG), in the order of the camera rows")
     p.add_argument("--cameras", default=None, help="cameras.txt (3 rows) or a ShapeNet rendering_metadata.txt")
+    add_photo_options(p)
     p.add_argument("--views", type=int, nargs=3, default=None, metavar="I",
                    help="rows of the camera file to use (with --list: renderings, default 0 6 7)")
     p.add_argument("--out", required=True, help="output mesh: .obj, .ply or .xyz (with --list: a folder)")
@@ -54,8 +56,6 @@ def _write(mesh, method: str, option: str, path: str) -> None:
 
 
 def run(args) -> int:
-    from ..io.cameras import load_cameras
-    from ..io.images import load_images
     from ..io.template import load_template
     from ..reconstruct import Reconstructor
 
@@ -65,8 +65,7 @@ def run(args) -> int:
         raise InputError("--cluster goes with --list FILE (a whole list); one object runs here")
     if args.images_root is not None:
         raise InputError("--images ROOT goes with --list FILE; for one object give the three image files")
-    if args.cameras is None:
-        raise InputError("--cameras is required: the camera rows of the three images")
+    camera_source(args)
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
     out_writer = writer(args.out)
@@ -75,12 +74,11 @@ def run(args) -> int:
     _check_output("--coarse-out", args.coarse_out)
     start = time.perf_counter()
     # validate every input before the (costly) model is built: images, cameras, template, then weights
-    images = load_images(args.images)
-    cameras = load_cameras(args.cameras, views=args.views)
+    images, cameras, place = inputs_from_args(args)
     template = load_template(args.template) if args.template else None
     model = Reconstructor(resolve_weights(args.weights), template=template, backend=args.backend,
                           precision=args.precision, view_quirk=not args.no_view_quirk)
-    mesh = model(images, cameras)
+    mesh = place(model(images, cameras))
     _write(mesh, out_writer, "--out", args.out)
     if coarse_writer:
         _write(mesh.coarse(), coarse_writer, "--coarse-out", args.coarse_out)
@@ -91,39 +89,28 @@ def run(args) -> int:
 
 def run_list(args) -> int:
     from ..evaluate import choose_settings
-    from ..pipeline.loading import start_pool
 
+    reject_photo_options(args)
     if args.images:
         raise InputError(f"--list reconstructs the samples of a list: drop the image arguments {args.images[:3]}")
     if args.images_root is None:
         raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers)
-    if args.cluster is not None:
-        from ..cluster.connect import describe, open_client
-
-        spec = spec_from_args(args)
-        with open_client(args.cluster) as client:
-            print(f"xmesh reconstruct: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
-            return _reconstruct(args, chosen, spec, client=client)
-    pool = start_pool(chosen["workers"])  # the loader starts while the model is built
-    try:
-        return _reconstruct(args, chosen, reconstructor_from_args(args), loader_pool=pool)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
+    return run_dataset_command(args, chosen, ("images_root", "out"),
+                               lambda a, model, pool, client: _run(a, chosen, model, pool, client))
 
 
-def _reconstruct(args, chosen, model, loader_pool=None, client=None) -> int:
+def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
 
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
-          f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)"
-          f"{' per worker' if client is not None else ''}", file=sys.stderr)
+          f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
+          file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,
-                               views=args.views or (0, 6, 7), loader_pool=loader_pool, client=client,
+                               views=args.views or (0, 6, 7), loader_pool=pool, client=client,
                                shard_batches=args.shard_batches)
     print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)

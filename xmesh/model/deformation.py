@@ -11,11 +11,9 @@ from .projection import local_projection
 def local_gconv(backend, layer, x, cheb1, cheb0=None, residual=None):
     """relu(sum_k A_k (X W_k) + b) over the hypothesis axis of x (B,K,N,cin); A_0 = identity when cheb0 is None.
 
-    ``residual`` (the output's shape), when given, is added after the ReLU; a backend's fast path
-    receives it as a fifth argument (only when given) and may fuse the addition.
+    ``residual`` (the output's shape), when given, is added after the ReLU (a fast path may fuse it).
     """
-    extra = () if residual is None else (residual,)
-    fast = backend.try_fast_path("local_gconv", layer, x, cheb1, cheb0, *extra)
+    fast = backend.op_local_gconv(layer, x, cheb1, cheb0, residual)
     if fast is not None:
         return fast
     xp = backend.xp
@@ -49,32 +47,27 @@ def block_tail(backend, layers, x, params, centers):
     """The block's six layers and its vertex update, the projected features x (B,K,N,cin) -> the moved
     centers (B,N,3): the five wide layers, then the score layer and the softmax. A backend may run
     them without ever writing x5 (the score layer's products inside the last wide layer), either for
-    the whole block (``drb_block_tail``) or for its last wide layer (``drb_last_layer_score``)."""
+    the whole block (``op_drb_block_tail``) or for its last wide layer (``last_layer_and_score``), or
+    run the five wide layers as one (``op_drb_block_layers``)."""
     cheb1, cheb0, offsets = params.sample_cheb1, params.sample_cheb0, params.sample_coord
-    fast = backend.try_fast_path("drb_block_tail", layers, x, cheb1, cheb0, centers, offsets)
+    fast = backend.op_drb_block_tail(layers, x, cheb1, cheb0, centers, offsets)
     if fast is not None:
         return fast
-    x5 = backend.try_fast_path("drb_block_layers", layers[:5], x, cheb1, cheb0)
+    x5 = backend.op_drb_block_layers(layers[:5], x, cheb1, cheb0)
     if x5 is None:
         x3, x4 = first_wide_layers(backend, layers[:4], x, params)
-        fast = backend.try_fast_path("drb_last_layer_score", layers[4], layers[5], x4, x3, cheb1, cheb0, centers,
-                                     offsets)
-        if fast is not None:
-            return fast
-        x5 = local_gconv(backend, layers[4], x4, cheb1, cheb0, x3)
+        return last_layer_and_score(backend, layers[4], layers[5], x4, x3, params, centers)
     return score_update(backend, layers[5], x5, params, centers)
 
 
-def block_layers(backend, layers, x, params):
-    """The block's five wide layers, the projected features x -> x5: the first (339 -> 192), then
-    four 192-wide ones with two residuals (a backend may run them as one kernel, keeping the
-    activations on chip)."""
-    cheb1, cheb0 = params.sample_cheb1, params.sample_cheb0
-    fast = backend.try_fast_path("drb_block_layers", layers, x, cheb1, cheb0)
+def last_layer_and_score(backend, layer, score, x4, x3, params, centers):
+    """The block's last wide layer x5 = lc5(x4) + x3, then its score layer and the vertex update."""
+    cheb1, cheb0, offsets = params.sample_cheb1, params.sample_cheb0, params.sample_coord
+    fast = backend.op_drb_last_layer_score(layer, score, x4, x3, cheb1, cheb0, centers, offsets)
     if fast is not None:
         return fast
-    x3, x4 = first_wide_layers(backend, layers[:4], x, params)
-    return local_gconv(backend, layers[4], x4, cheb1, cheb0, x3)
+    x5 = local_gconv(backend, layer, x4, cheb1, cheb0, x3)
+    return score_update(backend, score, x5, params, centers)
 
 
 def first_wide_layers(backend, layers, x, params):
@@ -91,7 +84,7 @@ def score_update(backend, layer, x, params, centers):
     """The block's last layer (x (B,K,N,cin) -> hypothesis scores (B,K,N)) and the vertex update:
     centers (B,N,3) moved by the softmax-weighted offsets (a backend may fuse the two)."""
     cheb1, cheb0, offsets = params.sample_cheb1, params.sample_cheb0, params.sample_coord
-    fast = backend.try_fast_path("score_update", layer, x, cheb1, cheb0, centers, offsets)
+    fast = backend.op_score_update(layer, x, cheb1, cheb0, centers, offsets)
     if fast is not None:
         return fast
     score = local_gconv(backend, layer, x, cheb1, cheb0)[..., 0]             # (B,K,N)
@@ -100,7 +93,7 @@ def score_update(backend, layer, x, params, centers):
 
 def hypothesis_update(backend, centers, score, offsets):
     """centers (B,N,3) + sum_k softmax_k(score (B,K,N)) offsets[k]: the block's new vertex positions."""
-    fast = backend.try_fast_path("hypothesis_update", centers, score, offsets)
+    fast = backend.op_hypothesis_update(centers, score, offsets)
     if fast is not None:
         return fast
     xp = backend.xp

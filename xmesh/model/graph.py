@@ -12,7 +12,7 @@ def graph_conv(backend, layer, x, supports, residual=None, pool_idx=None):
     N + E rows of the unpooled input (a quarter of them for blocks 2 and 3) and its output is
     unpooled instead: the same function, rounded differently in float32's last bits.
     """
-    fast = backend.try_fast_path("graph_conv", layer, x, supports, residual, pool_idx)
+    fast = backend.op_graph_conv(layer, x, supports, residual, pool_idx)
     if fast is not None:
         return fast
     xp = backend.xp
@@ -35,7 +35,7 @@ def graph_conv(backend, layer, x, supports, residual=None, pool_idx=None):
 
 def unpool(backend, x, pool_idx):
     """Append, for each edge (u, v) of ``pool_idx``, the midpoint (x_u + x_v) / 2 of its features."""
-    fast = backend.try_fast_path("unpool", x, pool_idx)
+    fast = backend.op_unpool(x, pool_idx)
     if fast is not None:
         return fast
     xp = backend.xp

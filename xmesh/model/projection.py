@@ -85,10 +85,10 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
     quirk the view index is divided by the map stride like the pixel indices, so every view
     samples view 0's maps.
     """
-    fast = backend.try_fast_path("graph_projection", coords, maps, tf, view_quirk, carried)
+    map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
+    fast = backend.op_graph_projection(coords, maps, tf, view_quirk, carried, map_views)
     if fast is not None:
         return fast
-    map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
     xp = backend.xp
     batch, n, _ = coords.shape
     views = tf.num_views
@@ -129,7 +129,7 @@ def local_projection(backend, points, maps, tf: DeviceTransforms):
     bilinear rule is kept: x1 = floor(x), x2 = ceil(x), so at an integer coordinate both weights
     along that axis are 0 and the sample is 0.
     """
-    fast = backend.try_fast_path("local_projection", points, maps, tf)
+    fast = backend.op_local_projection(points, maps, tf)
     if fast is not None:
         return fast
     xp = backend.xp

@@ -115,13 +115,22 @@ def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> 
     return pool
 
 
-def default_workers(gpu: bool) -> int:
-    """Loader processes: on the GPU enough to decode ~1,000 samples/s (about 2 ms of one core each),
-    leaving cores for the main loop and the mesh writers; on the CPU one, as the network bounds it."""
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+
+
+def default_workers(gpu: bool, writers: bool = False) -> tuple[int, int]:
+    """(loader, mesh writer) processes. On the GPU the cores but three (the loop, its helper threads,
+    the driver's), at most 12 loaders: on an H100 machine's cores a sample costs 4-6 ms to decode
+    and about half that to write as text, while the network takes one in about 1 ms, so with meshes
+    two thirds of them load and the rest write. On the CPU one of each: the network bounds it there."""
     if not gpu:
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(2, min(8, (cores - 2) // 2))
+        return 1, 1 if writers else 0
+    spare = max(3, usable_cores() - 3)
+    if not writers:
+        return min(12, spare), 0
+    loaders = max(2, (2 * spare) // 3)
+    return loaders, max(1, spare - loaders)
 
 
 class BatchLoader:

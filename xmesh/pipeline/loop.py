@@ -160,6 +160,8 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
 
     cupy = reconstructor.backend.cupy
     stager = Stager(cupy)
+    # the metrics run on a stream of their own, beside the next batch's network (which leaves SMs idle)
+    metric_stream = cupy.cuda.Stream(non_blocking=True)
     on_gpu_metrics = with_gt and metric_backend in ("auto", "cupy")
     need_vertices = keep_vertices or (with_gt and not on_gpu_metrics) or not with_gt
     last_done = None
@@ -173,7 +175,7 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
         timing.metrics += cupy.cuda.get_elapsed_time(ev[1], ev[2]) / 1000.0
         if last_done is not None:
             timing.gpu_idle += max(0.0, cupy.cuda.get_elapsed_time(last_done, ev[0]) / 1000.0)
-        last_done = ev[-1]
+        last_done = ev[1]   # the compute stream's last work for this batch
         scores = None
         if on_gpu_metrics:
             packed = job.host_scores
@@ -203,21 +205,23 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
             _, refined = reconstructor.run(images, host.cameras)
             events.append(stream.record())
             packed = None
-            if on_gpu_metrics:
-                s = evaluate_batch(refined, device["gt"], lengths_gt=lengths)
-                packed = cupy.concatenate([s["chamfer"][:, None], s["finite"][:, None].astype(cupy.float64),
-                                           s["fscore"]], axis=1)
-            events.append(stream.record())
-            stager.release(slot)
             buffers = result_buffers[number % 2]
             host_vertices = host_scores = None
-            if need_vertices:
-                host_vertices = _pinned(cupyx, buffers, "vertices", refined.shape, np.float32)
-                _copy_to_pinned(cupy, cupy.ascontiguousarray(refined, dtype=cupy.float32), host_vertices)
-            if packed is not None:
-                host_scores = _pinned(cupyx, buffers, "scores", packed.shape, np.float64)
-                _copy_to_pinned(cupy, packed, host_scores)
-            events.append(stream.record())
+            with metric_stream:
+                metric_stream.wait_event(events[1])
+                if on_gpu_metrics:
+                    s = evaluate_batch(refined, device["gt"], lengths_gt=lengths)
+                    packed = cupy.concatenate([s["chamfer"][:, None], s["finite"][:, None].astype(cupy.float64),
+                                               s["fscore"]], axis=1)
+                events.append(metric_stream.record())
+                if need_vertices:
+                    host_vertices = _pinned(cupyx, buffers, "vertices", refined.shape, np.float32)
+                    _copy_to_pinned(cupy, cupy.ascontiguousarray(refined, dtype=cupy.float32), host_vertices)
+                if packed is not None:
+                    host_scores = _pinned(cupyx, buffers, "scores", packed.shape, np.float64)
+                    _copy_to_pinned(cupy, packed, host_scores)
+                events.append(metric_stream.record())
+            stager.release(slot, events[-1])  # the slot's buffers are read until the metrics end
             job = _InFlight(host, slot, events, refined, packed, host_vertices, host_scores)
             if pending is not None:
                 finish(pending)   # batch k is queued: now wait for batch k-1

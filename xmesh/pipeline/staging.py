@@ -66,9 +66,10 @@ class Stager:
         """Make the current (compute) stream wait for the upload into slot ``number``."""
         self.cupy.cuda.get_current_stream().wait_event(self.slots[number].copied)
 
-    def release(self, number: int) -> None:
-        """Call once the compute reading slot ``number`` has been queued on the current stream."""
-        self.slots[number].consumed = self.cupy.cuda.get_current_stream().record()
+    def release(self, number: int, event=None) -> None:
+        """Call once the compute reading slot ``number`` has been queued: ``event`` marks its end
+        (default: an event recorded on the current stream now)."""
+        self.slots[number].consumed = event if event is not None else self.cupy.cuda.get_current_stream().record()
 
     def upload_seconds(self, number: int) -> float:
         """GPU time of slot ``number``'s last upload (its events must have completed)."""

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..io.exact_text import obj_vertex_text, savetxt_text
 from .loading import start_pool
 
 XYZ_SUFFIX = "_predict.xyz"
@@ -35,8 +36,9 @@ def prediction_stem(sample) -> str:
 
 
 def xyz_text(vertices: np.ndarray) -> str:
-    """The vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a line)."""
-    return ("%.18e %.18e %.18e\n" * len(vertices)) % tuple(np.asarray(vertices).ravel().tolist())
+    """The float32 vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a
+    line), formatted by compiled code (:mod:`xmesh.io.exact_text`)."""
+    return savetxt_text(vertices)
 
 
 def faces_text(faces: np.ndarray) -> str:
@@ -45,10 +47,10 @@ def faces_text(faces: np.ndarray) -> str:
 
 
 def obj_text(vertices: np.ndarray, faces: np.ndarray, faces_lines: str | None = None) -> str:
-    """An OBJ exactly as :meth:`xmesh.mesh.Mesh.to_obj` writes it ('%.9g' vertices, then faces)."""
+    """An OBJ exactly as :meth:`xmesh.mesh.Mesh.to_obj` writes it ('%.9g' vertices, then faces), the
+    vertex lines formatted by compiled code."""
     head = f"# xmesh: {len(vertices)} vertices, {len(faces)} faces\n"
-    rows = ("v %.9g %.9g %.9g\n" * len(vertices)) % tuple(np.asarray(vertices).ravel().tolist())
-    return head + rows + (faces_text(faces) if faces_lines is None else faces_lines)
+    return head + obj_vertex_text(vertices) + (faces_text(faces) if faces_lines is None else faces_lines)
 
 
 def remove_stray_temporaries(folder: Path) -> int:
@@ -69,12 +71,14 @@ def _init_writer(faces: np.ndarray) -> None:
     global _faces, _faces_lines
     _faces = faces
     _faces_lines = faces_text(faces)
+    savetxt_text(np.zeros((1, 3), dtype=np.float32))  # compile (or load from numba's cache) once, now
+    obj_vertex_text(np.zeros((1, 3), dtype=np.float32))
 
 
 def _replace_file(path: Path, text: str) -> None:
     """Write ``text`` to a hidden temporary file beside ``path`` and rename it there: a reader, or a
-    run killed at any point, sees the whole file or none. No fsync here: :func:`sync_folder` makes a
-    whole batch durable with one call before its rows are committed."""
+    run killed at any point, sees the whole file or none. No fsync: a killed process loses nothing
+    the kernel holds, and after a power cut the next run rewrites a file found missing or empty."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as handle:
         handle.write(text)
@@ -90,24 +94,6 @@ def write_predictions(folder: str, stems: Sequence[str], vertices: np.ndarray, f
         if "obj" in formats:
             _replace_file(Path(folder) / f"{stem}{OBJ_SUFFIX}", obj_text(verts, _faces, _faces_lines))
     return time.perf_counter() - start
-
-
-def sync_folder(folder: Path) -> None:
-    """Flush the file system holding ``folder`` to disk (Linux ``syncfs``; ``os.sync`` elsewhere), so
-    that every mesh written so far survives a power cut before the rows that name them are committed."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.syncfs(fd) == 0:
-                return
-        except (OSError, AttributeError):
-            pass
-        os.sync()
-    finally:
-        os.close(fd)
 
 
 class MeshWriter:
@@ -150,12 +136,10 @@ class BatchFinisher:
                 return
             if self.error is not None:
                 continue
-            batch, futures, folder = item
+            batch, futures = item
             try:
                 self.mesh_s += sum(f.result() for f in futures)
                 start = time.perf_counter()
-                if folder is not None:
-                    sync_folder(folder)
                 self.commit(batch)
                 self.busy_s += time.perf_counter() - start
             except BaseException as exc:  # handed to the main thread
@@ -166,11 +150,11 @@ class BatchFinisher:
             error, self.error = self.error, None
             raise error
 
-    def put(self, batch, futures: list[Future], folder: Path | None = None) -> None:
-        """Queue ``batch``; its commit waits for ``futures`` and, with ``folder``, a sync of its files."""
+    def put(self, batch, futures: list[Future]) -> None:
+        """Queue ``batch``; it is committed once ``futures`` (its mesh files) are done."""
         self._raise()
         start = time.perf_counter()
-        self.queue.put((batch, futures, folder))
+        self.queue.put((batch, futures))
         self.blocked_s += time.perf_counter() - start
 
     def close(self) -> None:

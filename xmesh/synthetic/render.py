@@ -19,12 +19,16 @@ import numpy as np
 from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.atomic import atomic_write
 from xmesh.model.camera import FOCAL, IMAGE_SIZE, camera_to_world, world_to_camera
+from xmesh.synthetic.framing import Framing
 from xmesh.synthetic.raster import color_array, downsample, draw_points, rasterize, shade
 
 SHAPENET_SIZE = 137
 DEFAULT_COLOR = (0.72, 0.72, 0.76)
 POINT_COLOR = (220, 30, 30, 255)
 FRAMES = ("world", "camera0")
+GT_COLOR = (0.15, 0.45, 0.80)  # ground-truth point sets drawn on their own
+DEPTH_SHADES = 6
+FAR_SHADE = 0.45
 
 
 def focal_length(size: int) -> float:
@@ -85,10 +89,12 @@ def screen_coordinates(world_points, camera_row, size: int) -> tuple[np.ndarray,
 
 def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=None, color=DEFAULT_COLOR,
                 frame: str = "world", camera0_row=None, supersample: int = 2, point_radius: float | None = None,
-                point_color=POINT_COLOR) -> np.ndarray:
+                point_color=POINT_COLOR, framing: Framing | None = None) -> np.ndarray:
     """An RGBA uint8 (size, size, 4) image of the mesh seen by ``camera_row``: flat Lambert shading,
     transparent background, antialiased by ``supersample``^2 samples per pixel. ``points`` (N, 3),
-    in the same frame as the vertices, are drawn on top as dots (e.g. a ground-truth overlay)."""
+    in the same frame as the vertices, are drawn on top as dots (e.g. a ground-truth overlay).
+    With a ``framing`` (:func:`xmesh.synthetic.framing.fit_framing` of the world points) the mesh is
+    seen through that framed view instead of the camera itself."""
     vertices, faces = _check_mesh(vertices, faces)
     row = _check_row(camera_row, "camera_row")
     if int(size) != size or size < 1:
@@ -100,7 +106,8 @@ def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=N
         raise InputError(f"render_mesh: {len(colors)} face colours for {len(faces)} faces")
     size, factor = int(size), int(supersample)
     big = size * factor
-    xy, depth, q = screen_coordinates(to_world(vertices, frame, camera0_row), row, big)
+    project = (lambda world, n: screen_coordinates(world, row, n)) if framing is None else framing.screen
+    xy, depth, q = project(to_world(vertices, frame, camera0_row), big)
     face_index, _ = rasterize(xy, depth, faces, big, big)
     a, b, c = q[faces[:, 0]], q[faces[:, 1]], q[faces[:, 2]]
     normals = np.cross(b - a, c - a)
@@ -112,9 +119,32 @@ def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=N
     image = downsample(shade(face_index, normals, colors), factor)
     if points is not None:
         points = _check_points(points, "render_mesh: points")
-        pxy, pdepth, _ = screen_coordinates(to_world(points, frame, camera0_row), row, size)
+        pxy, pdepth, _ = project(to_world(points, frame, camera0_row), size)
         radius = max(1.0, size / 137.0) if point_radius is None else float(point_radius)
         image = draw_points(image, pxy[pdepth > 0], radius=radius, color=point_color)
+    return image
+
+
+def render_points(points, camera_row, size: int = SHAPENET_SIZE, color=GT_COLOR, frame: str = "world",
+                  camera0_row=None, framing: Framing | None = None, radius: float | None = None) -> np.ndarray:
+    """An RGBA uint8 (size, size, 4) image of a point set (e.g. ground truth) as dots, the far ones
+    drawn first and darker (``DEPTH_SHADES`` steps from full ``color`` down to ``FAR_SHADE`` of it)."""
+    row = _check_row(camera_row, "camera_row")
+    points = to_world(_check_points(points, "render_points: points"), frame, camera0_row)
+    size = int(size)
+    if size < 1:
+        raise InputError(f"render_points: size={size}; expected a positive integer")
+    xy, depth, _ = screen_coordinates(points, row, size) if framing is None else framing.screen(points, size)
+    keep = depth > 0
+    xy, depth = xy[keep], depth[keep]
+    order = np.argsort(-depth, kind="stable")  # far to near
+    base = color_array(color, "render_points: color") * 255.0
+    radius = max(1.0, size / 160.0) if radius is None else float(radius)
+    image = np.zeros((size, size, 4), dtype=np.uint8)
+    for step, chunk in enumerate(np.array_split(order, DEPTH_SHADES)):
+        shade_of = FAR_SHADE + (1.0 - FAR_SHADE) * step / max(DEPTH_SHADES - 1, 1)
+        rgba = (*np.clip(np.round(base * shade_of), 0, 255).astype(np.uint8).tolist(), 255)
+        image = draw_points(image, xy[chunk], radius=radius, color=rgba)
     return image
 
 
@@ -195,11 +225,14 @@ def load_points(source) -> np.ndarray:
 
 
 def render_mesh_file(mesh_path, cameras_path, out_png, gt_points=None, *, size: int = SHAPENET_SIZE,
-                     views=None, frame: str = "camera0") -> Path:
+                     views=None, frame: str = "camera0", camera_view: bool = False) -> Path:
     """Render an OBJ/PLY mesh from each of the 3 views of ``cameras_path`` (as ``load_cameras`` picks
     them) and write the views side by side into ``out_png``. The mesh (and ``gt_points``, an array or
     a points file, see :func:`load_points`) are in camera 0's frame, like the network's output,
-    unless ``frame="world"``. Backs ``xmesh render MESH --cameras F --out PNG``."""
+    unless ``frame="world"``. Each view is framed to fit the mesh (and points), from the camera's
+    direction, on white and labelled with its zoom; ``camera_view=True`` draws what the cameras
+    themselves see instead (transparent background, no label: the alignment with the inputs).
+    Backs ``xmesh render MESH --cameras F --out PNG``."""
     from xmesh.io.cameras import load_cameras
     from xmesh.mesh import read_mesh
 
@@ -208,6 +241,13 @@ def render_mesh_file(mesh_path, cameras_path, out_png, gt_points=None, *, size: 
         raise FileFormatError(f"{mesh_path}: the mesh has no faces; nothing to render")
     cameras = load_cameras(cameras_path, views)
     points = None if gt_points is None else load_points(gt_points)
-    images = render_views(mesh.vertices, mesh.faces, cameras, size=size, points=points, frame=frame,
-                          camera0_row=cameras[0])
-    return save_png(out_png, tile(images))
+    if camera_view:
+        images = render_views(mesh.vertices, mesh.faces, cameras, size=size, points=points, frame=frame,
+                              camera0_row=cameras[0])
+        return save_png(out_png, tile(images))
+    from xmesh.pictures.panels import hstack
+    from xmesh.pictures.views import mesh_panel
+
+    panels = [mesh_panel(mesh.vertices, mesh.faces, row, size, points=points, frame=frame, camera0_row=cameras[0],
+                         title=f"view {index + 1}")[0] for index, row in enumerate(cameras)]
+    return save_png(out_png, hstack(panels))

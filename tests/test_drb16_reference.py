@@ -1,5 +1,6 @@
-"""The 16-bit modes' deformation layer with the mixing on its input side (kernels/wgmma_drb16.cu,
-HopperGemm.drb_zlayer) against float64 (GPU, compute capability 9.0; skipped elsewhere).
+"""The 16-bit chain's one-layer reference (tests/drb16_reference.py, kernels/wgmma_drb16.cu): the
+deformation layer with the mixing on its input side, against float64 (GPU, compute capability 9.0;
+skipped elsewhere).
 
     out = relu(X W0 + Z W1 + b) (+ res),   Z = A1 X rounded to the mode's 16 bits,
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
+from drb16_reference import reference_layer16
 from test_tc_gemm import drb_reference, rel_error, round16, template_support_mask, to16
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
@@ -38,7 +40,7 @@ def mixed_as_the_kernel_sums(a1, x):
     return out
 
 
-def zlayer_reference(x16, w, a1, bias, res16, operands):
+def float64_layer16(x16, w, a1, bias, res16, operands):
     """The layer in float64 from the kernel's own operands (X and the residual as given, W rounded to
     16 bits, Z = A1 X rounded to 16 bits), and a bound on what float32 accumulation of its 2 cin
     products may add (K u sum |terms|, u = 2^-24)."""
@@ -100,14 +102,14 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
     mixing = mixing_source(a1)
     poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
     del poison
-    out = hopper.drb_zlayer(x16, stacked, cp.asarray(bias), res16, mixing)
+    out = reference_layer16(hopper, x16, stacked, cp.asarray(bias), res16, mixing)
     assert out.dtype == activation_dtype(cp, operands) and out.shape == (b, 43, n, 192)
     got = widen16(cp, out, operands).get().astype(np.float64)
     assert np.isfinite(got).all() and (got != 0).mean() > 0.4
 
     x = widen16(cp, x16, operands).get()
     res = None if res16 is None else widen16(cp, res16, operands).get()
-    ref, bound = zlayer_reference(x, w, a1, bias, res, operands)
+    ref, bound = float64_layer16(x, w, a1, bias, res, operands)
     excess = np.abs(got - ref) / (unit_in_last_place(ref, operands) + bound)
     assert excess.max() <= 1.0, (excess.max(), np.unravel_index(excess.argmax(), excess.shape))
 
@@ -120,7 +122,7 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
 
 
 def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
-    """drb_zlayer names what is wrong: no mixing source, a float32 X, a paired weight, cin above 384,
+    """reference_layer16 names what is wrong: no mixing source, a float32 X, a paired weight, cin above 384,
     a residual of the wrong type or not 16-byte aligned."""
     from xmesh.backends.hopper_gemm import mixing_source
 
@@ -129,47 +131,19 @@ def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
     stacked = hopper.prepare(cp.asarray(w), "fp16")
     bias = cp.asarray(bias)
     with pytest.raises(ValueError, match="no mixing source"):
-        hopper.drb_zlayer(x16, stacked, bias, res16, "")
+        reference_layer16(hopper, x16, stacked, bias, res16, "")
     with pytest.raises(ValueError, match="needs 16-bit X"):
-        hopper.drb_zlayer(x16.astype(cp.float32), stacked, bias, res16, mixing)
+        reference_layer16(hopper, x16.astype(cp.float32), stacked, bias, res16, mixing)
     with pytest.raises(ValueError, match="paired=True"):
-        hopper.drb_zlayer(x16, hopper.prepare(cp.asarray(w), "fp16", paired=True), bias, res16, mixing)
+        reference_layer16(hopper, x16, hopper.prepare(cp.asarray(w), "fp16", paired=True), bias, res16, mixing)
     wide = hopper.prepare(cp.asarray(np.concatenate([w, w, w[:8]])), "fp16")
     with pytest.raises(ValueError, match="cin up to 384"):
-        hopper.drb_zlayer(cp.concatenate([x16, x16, x16[..., :8]], axis=-1), wide, bias, res16, mixing)
+        reference_layer16(hopper, cp.concatenate([x16, x16, x16[..., :8]], axis=-1), wide, bias, res16, mixing)
     with pytest.raises(ValueError, match="residual must be"):
-        hopper.drb_zlayer(x16, stacked, bias, res16.astype(cp.float32), mixing)
+        reference_layer16(hopper, x16, stacked, bias, res16.astype(cp.float32), mixing)
     shifted = cp.empty(res16.size + 1, dtype=res16.dtype)[1:].reshape(res16.shape)   # 2 bytes off
     shifted[...] = res16
     with pytest.raises(ValueError, match="16-byte aligned"):
-        hopper.drb_zlayer(x16, stacked, bias, shifted, mixing)
+        reference_layer16(hopper, x16, stacked, bias, shifted, mixing)
     with pytest.raises(ValueError, match="activations"):
-        hopper.drb_zlayer(x16.view(cp.uint16), stacked, bias, None, mixing)
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("cin,with_residual", [(192, True), (339, False)])
-def test_backend_runs_16bit_layers_with_input_side_mixing(cp, hopper, precision, cin, with_residual):
-    """CupyBackend.op_local_gconv in a 16-bit mode sends a layer whose X is 16-bit (a block's first,
-    X the local projection's 339 features, and the 192-wide layers after it) to drb_zlayer, with the
-    kernel built for the layer's A1."""
-    from types import SimpleNamespace
-
-    from xmesh.backends import get_backend
-    from xmesh.backends.hopper_gemm import widen16
-
-    be = get_backend("cupy", precision=precision)
-    a1, x16, w, bias, res16 = layer_case(cp, precision, 1, 50, cin, with_residual, seed=9)
-    layer = SimpleNamespace(weight=cp.asarray(w), bias=cp.asarray(bias), cout=192, weight0=None, relu=True)
-    calls = []
-    original = be.hopper.drb_zlayer
-    be.hopper.drb_zlayer = lambda *args, **kw: calls.append(args[3] is not None) or original(*args, **kw)
-    try:
-        out = be.op_local_gconv(layer, x16, cp.asarray(a1), residual=res16)
-    finally:
-        del be.hopper.drb_zlayer
-    assert calls == [with_residual] and out.dtype == x16.dtype
-    got = widen16(cp, out, precision).get()
-    ref, bound = zlayer_reference(widen16(cp, x16, precision).get(), w, a1, bias,
-                                  None if res16 is None else widen16(cp, res16, precision).get(), precision)
-    assert (np.abs(got - ref) <= unit_in_last_place(ref, precision) + bound).all()
+        reference_layer16(hopper, x16.view(cp.uint16), stacked, bias, None, mixing)
