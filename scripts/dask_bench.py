@@ -30,9 +30,18 @@ from pipeline_bench import make_dataset  # noqa: E402
 from xmesh.evaluate import read_csv  # noqa: E402
 
 
-def run(cmd: list[str], log: Path, timeout: int = 900) -> tuple[float, bool]:
+def run(cmd: list[str], log: Path, timeout: int = 300) -> tuple[float, bool]:
+    """Run one command (at most ``timeout`` s: a run that hangs is reported, not waited for); its
+    output goes to ``log``."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        log.write_text(f"$ {' '.join(cmd)}\n[TIMED OUT after {timeout} s]\n--- stdout\n{text(exc.stdout)}\n"
+                       f"--- stderr\n{text(exc.stderr)}")
+        print(f"TIMED OUT after {timeout} s: {' '.join(cmd)}\n{text(exc.stderr)[-3000:]}", flush=True)
+        return float(timeout), False
     seconds = time.perf_counter() - start
     log.write_text(f"$ {' '.join(cmd)}\n[{seconds:.1f} s, exit {proc.returncode}]\n"
                    f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")

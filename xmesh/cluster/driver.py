@@ -10,12 +10,13 @@ worker; its rows come back once, with that shard's result. A shard that kills
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Callable
 
 from dask.base import tokenize
-from distributed import KilledWorker, as_completed
+from distributed import KilledWorker, as_completed, wait
 
 from ..errors import XmeshError
 from ..pipeline.loop import Timing
@@ -24,6 +25,7 @@ from .worker import ModelPlugin, ShardOptions, prepare, run_shard
 # batches per shard at most (GPU, CPU): small enough to spread and to rerun, long enough that the
 # network's pause between two shards (the last batch's results, the next one's upload) stays ~1%
 SHARD_BATCHES = {True: 8, False: 4}
+PREPARE_TIMEOUT_S = 900   # building a model compiles its kernels on a fresh GPU machine: about a minute
 RETRIES = 2         # reruns of a shard that raised something other than an XmeshError (e.g. a full disk)
 
 
@@ -59,6 +61,11 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
         setup_start = time.perf_counter()
         ready = [client.submit(prepare, plugin.name, options, workers=[address], allow_other_workers=True, pure=False)
                  for address in client.nthreads()]
+        try:
+            wait(ready, timeout=PREPARE_TIMEOUT_S)
+        except (TimeoutError, asyncio.TimeoutError):   # the same class from Python 3.11 on
+            raise XmeshError(f"the workers did not build their model within {PREPARE_TIMEOUT_S} s; see the workers' "
+                             "logs (the dashboard's, or `dask worker`'s output)") from None
         ready = client.gather(ready)   # a model that cannot be built fails here, once
         setup_s = time.perf_counter() - setup_start
 
