@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -30,23 +31,25 @@ from pipeline_bench import make_dataset  # noqa: E402
 from xmesh.evaluate import read_csv  # noqa: E402
 
 
-def run(cmd: list[str], log: Path, timeout: int = 300) -> tuple[float, bool]:
-    """Run one command (at most ``timeout`` s: a run that hangs is reported, not waited for); its
-    output goes to ``log``."""
+def run(cmd: list[str], log: Path, timeout: int = 300, env: dict | None = None) -> tuple[float, bool]:
+    """Run one command (at most ``timeout`` s: a run that hangs is reported and killed with every
+    process it started, not waited for); its output goes to ``log``."""
     start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-        log.write_text(f"$ {' '.join(cmd)}\n[TIMED OUT after {timeout} s]\n--- stdout\n{text(exc.stdout)}\n"
-                       f"--- stderr\n{text(exc.stderr)}")
-        print(f"TIMED OUT after {timeout} s: {' '.join(cmd)}\n{text(exc.stderr)[-3000:]}", flush=True)
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # the command, its cluster's workers and their pools
+        stdout, stderr = proc.communicate()
+        log.write_text(f"$ {' '.join(cmd)}\n[TIMED OUT after {timeout} s]\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+        print(f"TIMED OUT after {timeout} s: {' '.join(cmd)}\n{stderr[-6000:]}", flush=True)
         return float(timeout), False
     seconds = time.perf_counter() - start
     log.write_text(f"$ {' '.join(cmd)}\n[{seconds:.1f} s, exit {proc.returncode}]\n"
-                   f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+                   f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
     if proc.returncode != 0:
-        print(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}", flush=True)
+        print(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{stderr[-3000:]}", flush=True)
     return seconds, proc.returncode == 0
 
 
@@ -78,6 +81,7 @@ def main() -> None:
     parser.add_argument("--backend", default="cupy")
     parser.add_argument("--save-meshes", action="store_true", help="also write the meshes in every run")
     parser.add_argument("--data", default=None, help="dataset folder (made if missing)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds after which a run is reported as hung")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "/tmp/dask_bench")
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +94,7 @@ def main() -> None:
               "--backend", args.backend, "--no-progress", *(["--save-meshes"] if args.save_meshes else [])]
     for precision in args.precisions:
         run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(work / "warmup"),
-             "--limit", str(min(128, args.samples))], out / f"warmup_{precision}.txt")
+             "--limit", str(min(128, args.samples))], out / f"warmup_{precision}.txt", args.timeout)
         shutil.rmtree(work / "warmup", ignore_errors=True)
 
     table, summary = [], []
@@ -102,7 +106,7 @@ def main() -> None:
                 res = work / f"res_{name}_{precision}"
                 shutil.rmtree(res, ignore_errors=True)
                 seconds, ok = run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res),
-                                   *extra], out / f"{name}_{precision}_{k}.txt")
+                                   *extra], out / f"{name}_{precision}_{k}.txt", args.timeout)
                 info = figures(res) if ok else {}
                 rate = info.get("samples_per_s")
                 if rate:
