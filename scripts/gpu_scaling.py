@@ -7,9 +7,9 @@
 3. per precision: the plain single-process run on GPU 0, then ``--cluster local-cuda`` with
    ``CUDA_VISIBLE_DEVICES`` set to the first 1, 2, ... GPUs, each into a fresh output folder;
 4. prints each run's samples/s (the pipeline's own wall time from summary.json, after every worker
-   has built its model), the speed-up and efficiency against the 1-GPU cluster run, the cluster's
-   set-up seconds and shard count, the per-worker stage timing, and whether every row's metrics
-   are identical to the 1-GPU run's.
+   has built its model), its ratio to the plain run, the speed-up and efficiency against the 1-GPU
+   cluster run, the cluster's set-up seconds and shard count, the per-worker stage timing, and
+   whether every row's metrics are identical to the plain run's.
 Full outputs go to ``$OUT`` (or /tmp/gpu_scaling).
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
     for precision in args.precisions:
         if failed:
             break
-        base_rate, base_rows = None, None
+        plain_rate, plain_rows, base_rate = None, None, None
         for gpus in [0, *counts]:   # 0: the plain run on GPU 0
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(max(1, gpus))))
             name = "plain" if gpus == 0 else f"{gpus} GPU"
@@ -75,23 +75,29 @@ def main() -> None:
                                *extra], out / f"{precision}_{gpus}.txt", timeout=args.timeout, env=env)
             info = figures(res) if ok else {}
             rate = info.get("samples_per_s")
+            if gpus == 0:
+                plain_rate, plain_rows = rate, rows(res) if ok else None
             if gpus == 1:
-                base_rate, base_rows = rate, rows(res) if ok else None
+                base_rate = rate
             speedup = rate / base_rate if rate and base_rate and gpus >= 1 else None
-            same = agreement(base_rows, rows(res)) if ok and base_rows is not None and gpus > 1 else ""
+            of_plain = f"{100 * rate / plain_rate:.0f}%" if rate and plain_rate and gpus >= 1 else ""
+            same = agreement(plain_rows, rows(res)) if ok and plain_rows is not None and gpus >= 1 else ""
             setup = info.get("cluster", {}).get("setup_s")
             shards = info.get("cluster", {}).get("shards", "")
+            prepared = "; ".join(f"{w['loaders']} loaders on {w['cores']} cores"
+                                 for w in info.get("cluster", {}).get("prepared", []))
             timing = ", ".join(f"{k} {v:.2f}" for k, v in sorted(info.get("timing", {}).items(), key=lambda kv: -kv[1])
                                if k != "wall")
-            lines.append(f"{precision:<5} {name:<6} {rate or float('nan'):>9.1f} "
+            lines.append(f"{precision:<5} {name:<6} {rate or float('nan'):>9.1f} {of_plain:>6} "
                          f"{'' if speedup is None else f'{speedup:.2f}x':>7} "
                          f"{'' if speedup is None else f'{100 * speedup / gpus:.0f}%':>5} {seconds:>8.1f} "
-                         f"{'' if setup is None else f'{setup:.1f}':>7} {shards:>6}  {timing}" + (f"\n{'':13}rows: {same}" if same else ""))
+                         f"{'' if setup is None else f'{setup:.1f}':>7} {shards:>6}  {timing}" + (f"\n{'':13}rows against plain: {same}" if same else "")
+                         + (f"\n{'':13}workers: {prepared}" if prepared else ""))
             print(lines[-1], flush=True)
             if not ok:
                 failed = True   # a failed or hung run: the others would fail the same way
                 break
-    print(f"\n{'mode':<5} {'run':<6} {'samples/s':>9} {'speedup':>7} {'eff':>5} {'cmd s':>8} {'setup':>7} "
+    print(f"\n{'mode':<5} {'run':<6} {'samples/s':>9} {'plain':>6} {'speedup':>7} {'eff':>5} {'cmd s':>8} {'setup':>7} "
           f"{'shards':>6}  per-worker timing (s)")
     print("\n".join(lines))
 

@@ -80,6 +80,40 @@ def test_batched_metrics_on_the_gpu_equal_the_per_sample_ones():
     _assert_batch_equals_per_sample(host, preds, gts)
 
 
+_LATE_FILL = r"""
+extern "C" __global__ void late_fill(unsigned char* x, long long n, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        x[i] = 7;
+}
+"""
+
+
+@requires_cuda
+def test_a_new_staging_buffer_is_not_uploaded_into_while_the_compute_stream_still_writes_its_memory():
+    """A kernel still running on the compute stream writes an array that is then freed; the Stager's
+    next buffer takes the same block from CuPy's pool. Its upload must land after that kernel, or
+    the kernel's late writes replace the batch (the first batches of every run were computed from
+    such overwritten memory before the side stream waited for the compute stream)."""
+    import cupy
+
+    from xmesh.pipeline.staging import Stager
+
+    size = 8 << 20
+    host = np.random.default_rng(6).integers(0, 7, size=size, dtype=np.uint8)   # never 7
+    stager = Stager(cupy)
+    busy = cupy.empty(size, dtype=np.uint8)
+    block = busy.data.ptr
+    cupy.RawKernel(_LATE_FILL, "late_fill")((64,), (256,), (busy, np.int64(size), np.int64(200_000_000)))
+    del busy   # back to the pool while the kernel still spins
+    _, device = stager.stage({"images": host})
+    assert device["images"].data.ptr == block   # the premise: the pool handed the busy block out again
+    cupy.cuda.Device().synchronize()
+    assert np.array_equal(cupy.asnumpy(device["images"]), host)
+    stager.close()
+
+
 def test_mesh_texts_are_what_savetxt_and_mesh_to_obj_write(tmp_path):
     rng = np.random.default_rng(4)
     vertices = rng.normal(size=(50, 3)).astype(np.float32)

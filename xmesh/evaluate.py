@@ -296,9 +296,13 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
 
 
 def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit, progress, desc, views, with_gt,
-                metric_backend, formats=("xyz", "obj"), shard_batches=None) -> dict:
-    """:func:`_run` on a Dask cluster: the workers write the meshes, ``commit(text)`` the CSV lines."""
+                metric_backend, formats=("xyz", "obj"), shard_batches=None, workers=None) -> dict:
+    """:func:`_run` on a Dask cluster: the workers write the meshes, ``commit(text)`` the CSV lines.
+    ``workers`` None: each worker chooses its loader and writer processes from its own cores."""
     from .cluster.driver import run_on_cluster
+
+    if workers is None:
+        settings = {**settings, "workers": None, "writers": None}
 
     with _progress(len(todo), desc, progress) as bar:
         info = run_on_cluster(client, _cluster_spec(model), todo, settings, predict_dir, commit, bar, views, with_gt,
@@ -353,7 +357,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         try:
             run_info.update(_on_cluster(client, reconstructor, todo, settings, predict_dir,
                                         lambda text: _append_new(appender, text, done_ids), progress, "xmesh eval",
-                                        views, True, metric_backend, shard_batches=shard_batches))
+                                        views, True, metric_backend, shard_batches=shard_batches, workers=workers))
         finally:
             appender.close()
     elif todo:
@@ -427,7 +431,7 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}
     if todo and client is not None:
         info.update(_on_cluster(client, reconstructor, todo, settings, out_dir, lambda text: None, progress,
-                                "xmesh reconstruct", views, False, "auto", tuple(formats), shard_batches))
+                                "xmesh reconstruct", views, False, "auto", tuple(formats), shard_batches, workers))
     elif todo:
         info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
                          "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool))

@@ -120,4 +120,4 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
     return {"evaluated": len(todo), "seconds": wall, "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
             "timing": timing,
             "cluster": {"scheduler": client.scheduler.address, "workers": len(ready), "workers_used": len(workers_seen),
-                        "shards": len(shards), "batches_per_shard": per, "setup_s": setup_s}}
+                        "shards": len(shards), "batches_per_shard": per, "setup_s": setup_s, "prepared": ready}}

@@ -22,7 +22,8 @@ from pathlib import Path
 from distributed import WorkerPlugin, get_worker
 
 from ..errors import XmeshError
-from ..pipeline.loading import BatchLoader, start_pool
+from ..pipeline.heap import keep_batch_memory
+from ..pipeline.loading import BatchLoader, default_workers, start_pool, usable_cores
 from ..pipeline.loop import BatchResult, run_batches
 from ..pipeline.writing import BatchFinisher, MeshWriter, prediction_stem
 
@@ -31,11 +32,12 @@ PLUGIN_PREFIX = "xmesh-model-"
 
 @dataclass(frozen=True)
 class ShardOptions:
-    """What every shard of a run shares: loader and writer process counts, the views, whether there
-    is ground truth (evaluation) and how it is scored, and where meshes go (None: not written)."""
+    """What every shard of a run shares: loader and writer process counts (None: each worker
+    chooses from its own cores), the views, whether there is ground truth (evaluation) and how it
+    is scored, and where meshes go (None: not written)."""
 
-    workers: int
-    writers: int
+    workers: int | None
+    writers: int | None
     views: tuple
     with_gt: bool
     metric_backend: str
@@ -93,6 +95,13 @@ class WorkerModel:
         self.loader_pools: dict[int, object] = {}
         self.writers: dict[tuple, MeshWriter] = {}
 
+    def processes(self, options: ShardOptions) -> tuple[int, int]:
+        """(loader, mesh writer) processes: the run's, or this worker's defaults for its cores (which
+        dask-cuda narrows to the GPU's own CPUs)."""
+        if options.workers is not None:
+            return options.workers, options.writers
+        return default_workers(self.spec.gpu, options.predict_dir is not None)
+
     def reconstructor(self):
         with self.setup_lock:
             if self.model is None:
@@ -109,10 +118,11 @@ class WorkerModel:
         if options.predict_dir is None:
             return None
         faces = self.reconstructor().faces
-        key = (options.predict_dir, options.formats, options.writers)
+        writers = self.processes(options)[1]
+        key = (options.predict_dir, options.formats, writers)
         with self.setup_lock:
             if key not in self.writers:
-                self.writers[key] = MeshWriter(Path(options.predict_dir), faces, options.writers, options.formats)
+                self.writers[key] = MeshWriter(Path(options.predict_dir), faces, writers, options.formats)
             return self.writers[key]
 
     def close(self) -> None:
@@ -142,6 +152,7 @@ class ModelPlugin(WorkerPlugin):
         return {"spec": self.spec, "token": self.token, "name": self.name, "state": None}
 
     def setup(self, worker) -> None:
+        keep_batch_memory()   # the nanny's MALLOC_TRIM_THRESHOLD_ would make every batch a fresh mmap
         self.state = WorkerModel(self.spec)
 
     def teardown(self, worker) -> None:
@@ -162,10 +173,12 @@ def prepare(plugin_name: str, options: ShardOptions) -> dict:
     """Build this worker's model and start its pools before the first shard arrives."""
     start = time.perf_counter()
     state = _state(plugin_name)
+    loaders, writers = state.processes(options)
     state.reconstructor()
-    state.loader_pool(options.workers)
+    state.loader_pool(loaders)
     state.mesh_writer(options)
-    return {"worker": get_worker().address, "seconds": time.perf_counter() - start}
+    return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3), "loaders": loaders,
+            "writers": writers if options.predict_dir is not None else 0, "cores": usable_cores()}
 
 
 def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions) -> ShardOutcome:
@@ -191,14 +204,15 @@ def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions
         futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
         finisher.put(result, futures)
 
-    loader = PrefetchedLoader(batches, workers=options.workers, views=options.views, with_gt=options.with_gt,
-                              pool=state.loader_pool(options.workers))
+    loaders, writers = state.processes(options)
+    loader = PrefetchedLoader(batches, workers=loaders, views=options.views, with_gt=options.with_gt,
+                              pool=state.loader_pool(loaders))
     timing: dict = {}
     error = None
     try:
         loader.start()   # decoded while another shard may still hold the network
         with state.network_lock:
-            timing = run_batches(model, batches, on_batch, workers=options.workers, views=options.views,
+            timing = run_batches(model, batches, on_batch, workers=loaders, views=options.views,
                                  with_gt=options.with_gt, keep_vertices=writer is not None,
                                  metric_backend=options.metric_backend, loader=loader).as_dict()
     except XmeshError as exc:
@@ -210,5 +224,5 @@ def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions
         except XmeshError as exc:
             error = error or exc
     if timing:
-        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, options.writers)
+        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, writers)
     return ShardOutcome(index, "".join(rows), done, timing, get_worker().address, error)

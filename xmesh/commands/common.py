@@ -50,6 +50,14 @@ def describe_weights(values) -> str:
     return "weights from " + ", ".join(values)
 
 
+def describe_processes(chosen: dict, args, client, writer: str = "writer") -> str:
+    """The loader and writer process counts a dataset command prints (on a cluster without
+    --workers each worker chooses them from its own cores)."""
+    if client is not None and args.workers is None:
+        return f"loader and {writer} processes chosen by each worker from its cores"
+    return f"{chosen['workers']} loader and {chosen['writers']} {writer} process(es)"
+
+
 def add_cluster_option(parser) -> None:
     parser.add_argument("--cluster", default=None, metavar="SPEC",
                         help="run on a Dask cluster: local:N (N worker processes here), local-cuda (one worker per "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_cluster_option, add_model_options, describe_weights, run_dataset_command
+from .common import add_cluster_option, add_model_options, describe_processes, describe_weights, run_dataset_command
 
 
 def add_parser(sub) -> None:
@@ -54,7 +54,7 @@ def _run(args, chosen, model, pool, client) -> int:
 
     said = describe_weights(args.weights)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
-          f"{chosen['workers']} loader and {chosen['writers']} mesh writer process(es)",
+          f"{describe_processes(chosen, args, client, 'mesh writer')}",
           file=sys.stderr)
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,

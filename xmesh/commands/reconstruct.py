@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_cluster_option, add_model_options, describe_weights, output_errors, resolve_weights,
-                     run_dataset_command)
+from .common import (add_cluster_option, add_model_options, describe_processes, describe_weights, output_errors,
+                     resolve_weights, run_dataset_command)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
@@ -106,7 +106,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
 
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
-          f"batch size {chosen['batch_size']}, {chosen['workers']} loader and {chosen['writers']} writer process(es)",
+          f"batch size {chosen['batch_size']}, {describe_processes(chosen, args, client)}",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,

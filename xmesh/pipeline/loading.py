@@ -22,6 +22,7 @@ from ..dataset import DEFAULT_VIEWS, SampleId, SamplePaths, check_sample, load_g
 from ..errors import XmeshError
 from ..io.cameras import load_cameras
 from ..io.images import UINT8_TO_UNIT, load_images_u8
+from .heap import keep_batch_memory
 
 PREFETCH_DEPTH = 3   # batches decoded ahead of the one computing
 CHUNK = 8            # samples per worker task
@@ -81,6 +82,7 @@ def assemble(batch: list[tuple[SampleId, SamplePaths]], loaded: list[tuple]) -> 
 def _init_worker() -> None:
     import cv2
 
+    keep_batch_memory()
     cv2.setNumThreads(1)  # the pool is the parallelism; OpenCV's own threads would oversubscribe
 
 

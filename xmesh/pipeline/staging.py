@@ -6,6 +6,10 @@ computes. All ordering is by CUDA events: a slot's pinned buffers are refilled o
 upload finished (``copied``); its device buffers are overwritten only after the compute that read
 them (``consumed``, recorded by :meth:`Stager.release`); the compute waits for the upload
 (:meth:`Stager.wait`). Buffers grow to the largest batch seen and are reused.
+
+A new device buffer comes from CuPy's pool, which hands out blocks freed on the compute stream as
+soon as they are freed: work queued there may still be using the block. So before its first upload
+the side stream waits for everything queued on the compute stream so far.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ class Stager:
                 self.cupy.cuda.Device().synchronize()
             slot.pinned[name] = cupyx.empty_pinned((array.size,), dtype=array.dtype)
             slot.device[name] = self.cupy.empty((array.size,), dtype=array.dtype)
+            self.stream.wait_event(self.cupy.cuda.get_current_stream().record())   # see the module docstring
         return (slot.pinned[name][: array.size].reshape(array.shape),
                 slot.device[name][: array.size].reshape(array.shape))
 

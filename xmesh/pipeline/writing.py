@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..io.exact_text import obj_vertex_text, savetxt_text
+from .heap import keep_batch_memory
 from .loading import start_pool
 
 XYZ_SUFFIX = "_predict.xyz"
@@ -69,6 +70,7 @@ _faces_lines: str | None = None
 
 def _init_writer(faces: np.ndarray) -> None:
     global _faces, _faces_lines
+    keep_batch_memory()
     _faces = faces
     _faces_lines = faces_text(faces)
     savetxt_text(np.zeros((1, 3), dtype=np.float32))  # compile (or load from numba's cache) once, now

@@ -1,0 +1,32 @@
+"""glibc heap settings for a process that allocates batch-sized arrays over and over.
+
+Dask's nanny starts its workers with ``MALLOC_TRIM_THRESHOLD_`` set (to hand freed memory back to
+the OS at once), and their children inherit it. Setting it also turns off glibc's adaptive mmap
+threshold, so every array over 128 KiB (a batch's images are 29 MB) becomes a fresh mmap, faulted
+in and zeroed each time: assembling one batch from its decoded chunks took 20 ms instead of 11 on
+a CPU here. :func:`keep_batch_memory` restores a heap that reuses such blocks.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20    # glibc's largest: blocks up to 32 MB come from the reusable heap
+TRIM_THRESHOLD = 256 << 20   # free memory kept at the heap's top before it is returned
+
+
+def keep_batch_memory() -> bool:
+    """Where ``MALLOC_TRIM_THRESHOLD_`` is set (a Dask worker or its children) and the C library is
+    glibc, raise the mmap and trim thresholds for this process; True if they were set."""
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):   # not glibc (musl, macOS): nothing to set
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
