@@ -4,13 +4,11 @@
 join later included. Its :class:`WorkerModel` builds the Reconstructor on first use and keeps it,
 with its captured graphs, its loader pool and its mesh writers, until the plugin is removed.
 
-:func:`run_shard` runs one shard through :func:`xmesh.pipeline.loop.run_batches`, exactly as the
-single-process pipeline does, and returns its CSV lines once the shard's mesh files are on disk.
-The network runs one shard at a time per worker; a worker with two threads decodes the next
-shard's first batch while the current one computes, so the network does not wait at shard edges.
-An :class:`~xmesh.errors.XmeshError` (a bad sample file, a non-finite prediction) comes back as a
-value beside the rows finished before it, so the client commits those and raises it unchanged;
-other exceptions are left to Dask's retries.
+:func:`run_shard` puts one shard through the worker's one batch loop (:mod:`.feed`, the
+single-process pipeline's :func:`xmesh.pipeline.loop.run_batches`, fed shard after shard) and
+returns its CSV lines once the shard's mesh files are on disk. An :class:`~xmesh.errors.XmeshError`
+(a bad sample file, a non-finite prediction) comes back as a value beside the rows finished before
+it, so the client commits those and raises it unchanged; other exceptions are left to Dask's retries.
 """
 from __future__ import annotations
 
@@ -23,9 +21,10 @@ from distributed import WorkerPlugin, get_worker
 
 from ..errors import XmeshError
 from ..pipeline.heap import keep_batch_memory
-from ..pipeline.loading import BatchLoader, default_workers, start_pool, usable_cores
-from ..pipeline.loop import BatchResult, run_batches
-from ..pipeline.writing import BatchFinisher, MeshWriter, prediction_stem
+from ..pipeline.loading import default_workers, start_pool, usable_cores
+from ..pipeline.loop import BatchResult, LoopBuffers
+from ..pipeline.writing import BatchFinisher, MeshWriter
+from .feed import ShardFeed
 
 PLUGIN_PREFIX = "xmesh-model-"
 
@@ -59,41 +58,18 @@ class ShardOutcome:
     extra: dict = field(default_factory=dict)
 
 
-class PrefetchedLoader(BatchLoader):
-    """A :class:`BatchLoader` that can decode its first batch before the loop asks for it
-    (:meth:`start`); iterating then continues from there."""
-
-    _started = None
-    _first = None
-
-    def start(self) -> None:
-        self._started = BatchLoader.__iter__(self)
-        self._first = next(self._started, None)
-
-    def __iter__(self):
-        if self._started is None:
-            yield from BatchLoader.__iter__(self)
-            return
-        if self._first is not None:
-            first, self._first = self._first, None
-            yield first
-        yield from self._started
-
-    def close(self) -> None:
-        if self._started is not None:
-            self._started.close()   # cancels what is still queued
-
-
 class WorkerModel:
-    """One worker's Reconstructor (built on first use) and the pools its shards share."""
+    """One worker's Reconstructor (built on first use), the pools its shards share and its batch
+    loop for each run's options."""
 
     def __init__(self, spec):
         self.spec = spec
         self.model = None
-        self.setup_lock = threading.Lock()
-        self.network_lock = threading.Lock()   # one shard at a time runs the network
+        self.setup_lock = threading.RLock()
         self.loader_pools: dict[int, object] = {}
         self.writers: dict[tuple, MeshWriter] = {}
+        self.feeds: dict[ShardOptions, ShardFeed] = {}
+        self.loop_buffers = LoopBuffers()   # one loop runs at a time
 
     def processes(self, options: ShardOptions) -> tuple[int, int]:
         """(loader, mesh writer) processes: the run's, or this worker's defaults for its cores (which
@@ -125,14 +101,31 @@ class WorkerModel:
                 self.writers[key] = MeshWriter(Path(options.predict_dir), faces, writers, options.formats)
             return self.writers[key]
 
+    def feed(self, options: ShardOptions) -> ShardFeed:
+        """The batch loop for ``options``, started on first use (again after a failure stopped it)."""
+        with self.setup_lock:
+            feed = self.feeds.get(options)
+            if feed is None or feed.broken is not None:
+                for other in self.feeds.values():   # another run's loop: done with, as shards run one run at a time
+                    other.close()
+                loaders = self.processes(options)[0]
+                feed = ShardFeed(self.reconstructor(), options, loaders, self.loader_pool(loaders),
+                                 self.mesh_writer(options), self.loop_buffers)
+                self.feeds = {options: feed}
+            return feed
+
     def close(self) -> None:
         with self.setup_lock:
+            for feed in self.feeds.values():
+                feed.close()
+            self.feeds.clear()
             for writer in self.writers.values():
                 writer.close()
             for pool in self.loader_pools.values():
                 pool.shutdown(wait=True, cancel_futures=True)
             self.writers.clear()
             self.loader_pools.clear()
+            self.loop_buffers = LoopBuffers()
             self.model = None
 
 
@@ -174,9 +167,7 @@ def prepare(plugin_name: str, options: ShardOptions) -> dict:
     start = time.perf_counter()
     state = _state(plugin_name)
     loaders, writers = state.processes(options)
-    state.reconstructor()
-    state.loader_pool(loaders)
-    state.mesh_writer(options)
+    state.feed(options)   # the model, the loader pool, the mesh writers and the loop
     return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3), "loaders": loaders,
             "writers": writers if options.predict_dir is not None else 0, "cores": usable_cores()}
 
@@ -184,11 +175,9 @@ def prepare(plugin_name: str, options: ShardOptions) -> dict:
 def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions) -> ShardOutcome:
     """Reconstruct (and score) ``batches``; the outcome's rows are complete and their mesh files whole
     and synced when it returns."""
-    from ..evaluate import check_finite, format_rows
+    from ..evaluate import format_rows
 
     state = _state(plugin_name)
-    model = state.reconstructor()
-    writer = state.mesh_writer(options)
     rows: list[str] = []
     done: list[str] = []
 
@@ -198,31 +187,18 @@ def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions
         done.extend(str(s) for s in result.samples)
 
     finisher = BatchFinisher(commit)
-
-    def on_batch(result: BatchResult) -> None:
-        check_finite(result)
-        futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
-        finisher.put(result, futures)
-
-    loaders, writers = state.processes(options)
-    loader = PrefetchedLoader(batches, workers=loaders, views=options.views, with_gt=options.with_gt,
-                              pool=state.loader_pool(loaders))
     timing: dict = {}
     error = None
     try:
-        loader.start()   # decoded while another shard may still hold the network
-        with state.network_lock:
-            timing = run_batches(model, batches, on_batch, workers=loaders, views=options.views,
-                                 with_gt=options.with_gt, keep_vertices=writer is not None,
-                                 metric_backend=options.metric_backend, loader=loader).as_dict()
-    except XmeshError as exc:
+        shard = state.feed(options).run(batches, finisher)
+        error, timing = shard.error, shard.timing
+    except XmeshError as exc:   # the loop stopped on it (e.g. a batch the GPU cannot hold)
         error = exc
     finally:
-        loader.close()
         try:
             finisher.close()
         except XmeshError as exc:
             error = error or exc
     if timing:
-        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, writers)
+        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, state.processes(options)[1])
     return ShardOutcome(index, "".join(rows), done, timing, get_worker().address, error)

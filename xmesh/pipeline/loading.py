@@ -164,21 +164,24 @@ class BatchLoader:
         pending: deque = deque()
         upcoming = iter(self.batches)
 
-        def submit() -> None:
+        def submit() -> bool:
             batch = next(upcoming, None)
-            if batch is not None:
-                chunks = [batch[i:i + CHUNK] for i in range(0, len(batch), CHUNK)]
-                pending.append((batch, [pool.submit(load_chunk, c, self.views, self.with_gt) for c in chunks]))
+            if batch is None:
+                return False
+            chunks = [batch[i:i + CHUNK] for i in range(0, len(batch), CHUNK)]
+            pending.append((batch, [pool.submit(load_chunk, c, self.views, self.with_gt) for c in chunks]))
+            return True
 
         try:
-            for _ in range(self.depth):
-                submit()
-            while pending:
+            while True:
+                while len(pending) <= self.depth and submit():   # this batch and `depth` more decoding
+                    pass
+                if not pending:
+                    return
                 batch, futures = pending.popleft()
                 start = time.perf_counter()
                 loaded = [x for f in futures for x in f.result()]
                 self.wait_s += time.perf_counter() - start
-                submit()  # keep `depth` batches decoding while this one computes
                 yield assemble(batch, loaded)
         finally:
             for _, futures in pending:

@@ -84,22 +84,38 @@ def _host_scores(vertices: np.ndarray, gts: list[np.ndarray], metric_backend: st
             "finite": np.ones(len(rows), dtype=bool)}
 
 
+class LoopBuffers:
+    """What the GPU loop keeps from one :func:`run_batches` call to the next over the same model (a
+    cluster worker's shards): the staging slots, the metrics' stream and the pinned result buffers.
+    Fresh ones would be allocated and grown again at every call, and each growth waits for the GPU."""
+
+    def __init__(self) -> None:
+        self.stager: Stager | None = None
+        self.metric_stream = None
+        self.results: list[dict] = [{}, {}]
+
+
 def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]], on_batch: Callable[[BatchResult], None],
                 workers: int = 1, views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True,
                 keep_vertices: bool = False, metric_backend: str = "auto", loader_pool=None,
-                loader: BatchLoader | None = None) -> Timing:
+                loader: BatchLoader | None = None, buffers: LoopBuffers | None = None,
+                timing: Timing | None = None) -> Timing:
     """Run every batch; see the module docstring. ``metric_backend``: 'auto' scores where the network
     ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU. ``loader``: a
-    BatchLoader over ``batches`` set up by the caller (e.g. one already decoding), instead of a new one."""
+    BatchLoader over ``batches`` set up by the caller (e.g. one already decoding), instead of a new one.
+    ``buffers``: GPU buffers kept across calls (one call at a time may use them). ``timing``: the
+    Timing to add to, which another thread may read while the loop runs. A ``loader`` may yield
+    None when it has nothing ready: the loop then finishes the batch in flight before waiting."""
     backend = reconstructor.backend
     if loader is None:
         loader = BatchLoader(batches, workers=workers, views=views, with_gt=with_gt, pool=loader_pool)
     device = getattr(backend, "device", None)
-    timing = Timing()
+    timing = timing if timing is not None else Timing()
     start = time.perf_counter()
     with device if device is not None else contextlib.nullcontext():
         if backend.name == "cupy":
-            _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend)
+            _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend,
+                      buffers or LoopBuffers())
         else:
             _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend)
     timing.wall = time.perf_counter() - start
@@ -115,6 +131,8 @@ def _account_loading(timing: Timing, host: HostBatch, workers: int) -> None:
 
 def _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend) -> None:
     for host in loader:
+        if host is None:   # nothing ready: nothing is in flight here either
+            continue
         _account_loading(timing, host, loader.workers)
         t0 = time.perf_counter()
         images = images_to_unit(np, host.images)
@@ -155,13 +173,16 @@ def _copy_to_pinned(cupy, device_array, pinned: np.ndarray) -> None:
                                   cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
 
 
-def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend) -> None:
+def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend,
+              kept: LoopBuffers) -> None:
     import cupyx
 
     cupy = reconstructor.backend.cupy
-    stager = Stager(cupy)
-    # the metrics run on a stream of their own, beside the next batch's network (which leaves SMs idle)
-    metric_stream = cupy.cuda.Stream(non_blocking=True)
+    if kept.stager is None:
+        kept.stager = Stager(cupy)
+        # the metrics run on a stream of their own, beside the next batch's network (which leaves SMs idle)
+        kept.metric_stream = cupy.cuda.Stream(non_blocking=True)
+    stager, metric_stream = kept.stager, kept.metric_stream
     on_gpu_metrics = with_gt and metric_backend in ("auto", "cupy")
     need_vertices = keep_vertices or (with_gt and not on_gpu_metrics) or not with_gt
     last_done = None
@@ -188,10 +209,15 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
         ms = cupy.cuda.get_elapsed_time(ev[0], ev[1]) / len(job.host)
         on_batch(BatchResult(job.host.samples, vertices if keep_vertices or not with_gt else None, scores, ms))
 
-    result_buffers = [{}, {}]
+    result_buffers = kept.results
     pending: _InFlight | None = None
     try:
         for number, host in enumerate(loader):
+            if host is None:   # the loader has nothing ready: finish the batch in flight before it waits
+                if pending is not None:
+                    finish(pending)
+                    pending = None
+                continue
             _account_loading(timing, host, loader.workers)
             arrays = {"images": host.images}
             lengths = None
