@@ -145,7 +145,7 @@ class ModelPlugin(WorkerPlugin):
         return {"spec": self.spec, "token": self.token, "name": self.name, "state": None}
 
     def setup(self, worker) -> None:
-        keep_batch_memory()   # the nanny's MALLOC_TRIM_THRESHOLD_ would make every batch a fresh mmap
+        keep_batch_memory(one_arena=True)   # the nanny's MALLOC_TRIM_THRESHOLD_; the loop runs in a thread
         self.state = WorkerModel(self.spec)
 
     def teardown(self, worker) -> None:
