@@ -263,3 +263,79 @@ def test_local_cuda_rows_equal_the_single_process_run(data, tmp_path):
                          progress=False, save_meshes=True, client=gpu_client, shard_batches=1)
     assert _rows(tmp_path / "spread") == _rows(tmp_path / "alone")
     assert _files(tmp_path / "spread" / "predict") == _files(tmp_path / "alone" / "predict")
+
+
+# ------------------------------------------------------------------------- a worker's loop
+
+
+def _feed_items(root: Path, list_file: Path) -> list:
+    from xmesh.dataset import read_list, sample_paths
+
+    return [(s, sample_paths(s, root, root / "gt", (0, 6, 7))) for s in read_list(list_file)]
+
+
+def _feed(delay: float = 0.0):
+    from xmesh.cluster.feed import ShardFeed
+    from xmesh.cluster.worker import ShardOptions
+    from xmesh.pipeline.loop import LoopBuffers
+
+    options = ShardOptions(workers=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto", predict_dir=None)
+    return ShardFeed(ToyReconstructor(delay), options, 0, None, None, LoopBuffers())
+
+
+def _through_feed(feed, shards: list) -> tuple[list, dict]:
+    """Each shard from its own thread at once, as a worker's task threads hand them in."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from xmesh.pipeline.writing import BatchFinisher
+
+    def one(batches):
+        rows = {}
+        finisher = BatchFinisher(lambda r: rows.update(zip(map(str, r.samples), r.scores["chamfer"].tolist())))
+        shard = feed.run(batches, finisher)
+        finisher.close()
+        return shard, rows
+
+    with ThreadPoolExecutor(len(shards)) as pool:
+        done = list(pool.map(one, shards))
+    return [s for s, _ in done], {k: v for _, rows in done for k, v in rows.items()}
+
+
+def test_one_loop_fed_shard_after_shard_gives_the_rows_of_one_run(data):
+    """Three shards handed to one worker's loop at once: every sample comes back once, to its own
+    shard, with the chamfer of a single run over the whole list, and the shards' timings add up to
+    the loop's."""
+    from xmesh.pipeline.loop import run_batches
+
+    items = _feed_items(data["root"], data["test_list"])
+    batches = [items[i:i + 2] for i in range(0, len(items), 2)]
+    expected = {}
+    run_batches(ToyReconstructor(), batches, lambda r: expected.update(zip(map(str, r.samples),
+                                                                            r.scores["chamfer"].tolist())), workers=0)
+    feed = _feed(delay=0.02)
+    try:
+        shards, rows = _through_feed(feed, [batches[0:2], batches[2:4], batches[4:6]])
+    finally:
+        feed.close()
+    assert rows == expected and len(rows) == len(items)
+    assert all(s.error is None and s.left == 0 for s in shards)
+    assert sum(s.timing["network"] for s in shards) == pytest.approx(feed.timing.network)
+    assert not feed.thread.is_alive()
+
+
+def test_a_bad_file_fails_only_its_shard_in_the_loop(data, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(data["root"], root, symlinks=True)
+    bad = data["ids"][5]   # shard 2 (batches 2 and 3), batch 2's second sample
+    synset, item, _ = bad[: -len(".dat")].split("_")
+    (root / "ShapeNetRendering" / synset / item / "rendering" / "06.png").write_bytes(b"not a png")
+    items = _feed_items(root, root / "test_list.txt")
+    batches = [items[i:i + 2] for i in range(0, len(items), 2)]
+    feed = _feed()
+    try:
+        shards, rows = _through_feed(feed, [batches[0:2], batches[2:4], batches[4:6]])
+    finally:
+        feed.close()
+    assert shards[0].error is None and shards[2].error is None
+    assert isinstance(shards[1].error, XmeshError) and str(shards[1].error).startswith(f"sample {bad}:")
+    assert set(rows) == {str(s) for s, _ in items[:4] + items[8:]}   # nothing of the failed shard
