@@ -339,3 +339,38 @@ def test_a_bad_file_fails_only_its_shard_in_the_loop(data, tmp_path):
     assert shards[0].error is None and shards[2].error is None
     assert isinstance(shards[1].error, XmeshError) and str(shards[1].error).startswith(f"sample {bad}:")
     assert set(rows) == {str(s) for s, _ in items[:4] + items[8:]}   # nothing of the failed shard
+
+
+class _FailsOnce(ToyReconstructor):
+    failed = False
+
+    def run(self, images, cameras):
+        if not _FailsOnce.failed:
+            _FailsOnce.failed = True
+            raise RuntimeError("a device error")
+        return super().run(images, cameras)
+
+
+def test_a_loop_stopped_by_another_error_fails_its_shard_and_the_next_shard_runs_on_a_new_loop(data):
+    """Not an XmeshError (e.g. a device fault): the shard raises it, so Dask retries it, and the
+    worker starts a new loop for the retry."""
+    from xmesh.cluster.worker import ShardOptions, WorkerModel
+    from xmesh.pipeline.writing import BatchFinisher
+
+    items = _feed_items(data["root"], data["test_list"])
+    batches = [items[i:i + 2] for i in range(0, 4, 2)]
+    options = ShardOptions(workers=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto", predict_dir=None)
+    state = WorkerModel(ToySpec())
+    state.model = _FailsOnce()
+    try:
+        first = state.feed(options)
+        with pytest.raises(RuntimeError, match="a device error"):
+            first.run(batches, BatchFinisher(lambda r: None))
+        rows = []
+        finisher = BatchFinisher(lambda r: rows.extend(map(str, r.samples)))
+        assert state.feed(options) is not first
+        assert state.feed(options).run(batches, finisher).error is None
+        finisher.close()
+        assert rows == [str(s) for s, _ in items[:4]]
+    finally:
+        state.close()

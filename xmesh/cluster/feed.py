@@ -36,6 +36,8 @@ class Shard:
         self.failure: BaseException | None = None
         self.timing: dict = {}
         self.done = threading.Event()
+        if not batches:
+            self.done.set()
 
     def fail(self, exc: XmeshError) -> None:
         if self.error is None:

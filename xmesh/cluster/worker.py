@@ -106,9 +106,11 @@ class WorkerModel:
         with self.setup_lock:
             feed = self.feeds.get(options)
             if feed is None or feed.broken is not None:
-                for other in self.feeds.values():   # another run's loop: done with, as shards run one run at a time
+                for other in self.feeds.values():   # another run's loop, or a stopped one: done with
                     other.close()
                 loaders = self.processes(options)[0]
+                if feed is not None and loaders in self.loader_pools:   # what stopped it may have been the pool
+                    self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)
                 feed = ShardFeed(self.reconstructor(), options, loaders, self.loader_pool(loaders),
                                  self.mesh_writer(options), self.loop_buffers)
                 self.feeds = {options: feed}
