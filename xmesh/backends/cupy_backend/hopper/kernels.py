@@ -1,97 +1,19 @@
-"""The Hopper kernels (``kernels/wgmma_gemm.cu``): warpgroup MMAs on compute capability 9.0 (H100, H200).
-
-``HopperGemm(cupy)`` compiles them for ``sm_90a`` (through NVRTC; wgmma exists only in that target).
-Calling it runs ``C = act(A B + bias)``; :meth:`HopperGemm.drb_layer` runs a whole local graph
-convolution of a deformation reasoning block (product, 43 x 43 mixing, bias, ReLU, residual). B is
-prepared once per weight by :meth:`HopperGemm.prepare`: transposed to K-major rows, split into TF32
-big and small parts (``"3xtf32"``), rounded to TF32 (``"tf32"``, one pass) or to float16 / bfloat16
-(``"fp16"``, ``"bf16"``: deformation layers only), zero-padded to whole tiles. In the 16-bit modes a
-deformation layer can also store its output (and read its residual and X) in the mode's 16 bits:
-float16, or bfloat16 bits held in uint16 arrays (CuPy has no bfloat16 type); see :func:`widen16`.
-:class:`~xmesh.backends.cupy_backend.CupyBackend` sends large products and the deformation blocks
-here, and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and ``p2m_ops.cu``.
+"""The Hopper kernels' launchers (``HopperGemm``) and weight preparation: the wgmma GEMM and deformation
+layer (kernels/wgmma_gemm.cu), the 16-bit chain (wgmma_drb16_chain.cu), the three-half-products layer
+(wgmma_drb32h.cu).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from . import plan, tensor_map
-from .cuda_kernels import get_arch_function
-
-SOURCE = "wgmma_gemm.cu"
-ARCH = "sm_90a"
-#: GEMM: tile of C per block (rows, columns), K slice, ring depth, threads (kernels/wgmma_gemm.cu).
-BM, BN, BK, GEMM_STAGES, THREADS = 128, 128, 32, 4, 256
-A_STRIDE = BK + 4
-#: Deformation block layer: tile rows (4 vertices x 43 hypotheses, padded), output columns (the
-#: block's 64 B columns are 32 of W0 and the same 32 of W1), ring depth, threads (3 MMA warpgroups
-#: and an epilogue warpgroup), hypotheses.
-DRB_ROWS, DRB_VERTS, DRB_COLS, DRB_STAGES, DRB_THREADS, HYPOTHESES = 192, 4, 32, 3, 512, 43
-#: Shared memory of a deformation layer block after its ring: the y0/y1 tiles (rows of 40 floats), the
-#: residual tile (172 rows of 32 floats) and A1 (43 rows of 44 floats) (kernels/wgmma_gemm.cu, WG_DRB_STAGING_BYTES).
-DRB_STAGING_BYTES = (2 * DRB_ROWS * 40 + HYPOTHESES * DRB_VERTS * 32 + HYPOTHESES * 44) * 4
-#: The deformation blocks' wide layers: output columns, and the most inputs the 16-bit chain's first
-#: layer takes (a block's first layer has 339).
-WIDE_COLS, CHAIN_MAX_CIN = 192, 384
-
-
-@dataclass(frozen=True)
-class ChainKernel:
-    """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit
-    modes): the 192-wide layers after the first, their 32-column K slices, and a block's shared
-    memory (two activation buffers and the Z slots of 176 rows x 128 bytes per 64 columns, six W
-    pieces of 192 rows x 64 bytes, alignment slack: 232448 bytes, all a block may have on compute
-    capability 9.0)."""
-
-    source: str = "wgmma_drb16_chain.cu"
-    hidden_layers: int = 4
-    k_slices: int = 6
-    smem: int = (2 * 3 + 1) * 176 * 128 + 6 * WIDE_COLS * 64 + 1024
-
-
-@dataclass(frozen=True)
-class Layer3xf16Kernel:
-    """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu): the
-    mixing on the input side, tiles of 4 vertices by 96 of the 192 output columns (each K slice's
-    products summed on their own, for float32's accuracy), W streamed. K slice, tile columns; shared
-    memory: three X and two Z slots of 192 rows x 128 bytes (32 float32 columns), four W slots of four
-    96 x 32 float16 pieces, the slots' transaction barriers, alignment slack; each W column's
-    power-of-two scale puts its largest entry in [2^w_exponent, 2^(w_exponent + 1))."""
-
-    source: str = "wgmma_drb32h.cu"
-    k_slice: int = 32
-    tile_columns: int = 96
-    smem: int = 5 * DRB_ROWS * 128 + 4 * 4 * 96 * 64 + 64 + 1024
-    w_exponent: int = 7
-
-
-CHAIN = ChainKernel()
-LAYER_3XF16 = Layer3xf16Kernel()
-
-
-class OperandMode(NamedTuple):
-    """How a Hopper kernel's products take their operands: ``code`` the WG_* value in
-    kernels/wgmma_common.cuh, ``kernel_part`` the kernel-name part, ``tf32_passes`` 3 (3xTF32), 1
-    (TF32) or 0 (16-bit operands)."""
-
-    code: int
-    kernel_part: str
-    tf32_passes: int
-
-    @property
-    def is_16bit(self) -> bool:
-        """float16 or bfloat16 operands (and, in the deformation layers, 16-bit activations)."""
-        return self.tf32_passes == 0
-
-
-#: Operand modes by name.
-OPERANDS = {"3xtf32": OperandMode(3, "3x", 3), "tf32": OperandMode(1, "1x", 1), "fp16": OperandMode(16, "f16", 0),
-            "bf16": OperandMode(17, "bf16", 0)}
-#: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+from ... import plan
+from ...cuda_kernels import get_arch_function
+from ...kernel_constants import HYPOTHESES
+from .activations import activation_dtype
+from .families import ARCH, CHAIN, DRB_LAYER, GEMM, LAYER_3XF16, MAX_DYNAMIC_SHARED_SIZE_BYTES, OPERANDS, WIDE_COLS
+from .layouts import chain_piece_index, hypothesis_rows, piece_index, vertex_tile_map
 
 
 def supported(device) -> bool:
@@ -99,74 +21,14 @@ def supported(device) -> bool:
     return str(device.compute_capability) == "90"
 
 
-def mixing_source(a1) -> str:
-    """CUDA source of ``wg_mix_sparse`` for one 43 x 43 A1 (the deformation blocks' sample support):
-    wg_mix_sparse(i, y) = sum_j A1[i, j] y[j] as an fmaf chain over row i's nonzero entries in
-    increasing j, with the values as immediates (a switch on i, which the kernel's unrolled loop over
-    the hypotheses resolves at compile time); and ``wg_mix_column``, the same sums taken a column of
-    A1 at a time (independent chains, for kernels that stream X through registers). Put before
-    ``wgmma_gemm.cu`` it turns on WG_MIX_SPARSE there; ``wgmma_drb16.cu`` needs it."""
-    a1 = np.asarray(a1, dtype=np.float32)
-    if a1.shape != (HYPOTHESES, HYPOTHESES):
-        raise ValueError(f"A1 must be {HYPOTHESES} x {HYPOTHESES}, got {a1.shape}")
-    lines = ["#define WG_MIX_SPARSE 1",
-             f"__device__ __forceinline__ float wg_mix_sparse(int i, const float (&y)[{HYPOTHESES}]) {{",
-             "    float m = 0.0f;",
-             "    switch (i) {"]
-    for i in range(HYPOTHESES):
-        terms = "".join(f" m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
-                        for j in np.flatnonzero(a1[i]))
-        lines.append(f"    case {i}:{terms} break;")
-    lines += ["    }", "    return m;", "}",
-              "// wg_mix_column(j, x, m): m[i] = fmaf(A1[i, j], x, m[i]) for row i of every nonzero of column j.",
-              "// Run for j = 0..42 from m = 0, each row's sum takes its terms in the order wg_mix_sparse does",
-              "// (so the same result, bit for bit), with the 43 rows' chains independent of each other.",
-              f"__device__ __forceinline__ void wg_mix_column(int j, float x, float (&m)[{HYPOTHESES}]) {{",
-              "    switch (j) {"]
-    for j in range(HYPOTHESES):
-        terms = "".join(f" m[{i}] = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), x, m[{i}]);"
-                        for i in np.flatnonzero(a1[:, j]))
-        lines.append(f"    case {j}:{terms} break;")
-    lines += ["    }", "}"]
-    return "\n".join(lines) + "\n"
-
-
-def smem_bytes(operands: str, bn: int = BN, rows: int = BM, stages: int = GEMM_STAGES, a16: bool = False) -> int:
+def smem_bytes(operands: str, bn: int = GEMM.bn, rows: int = GEMM.bm, stages: int = GEMM.stages, a16: bool = False) -> int:
     """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment
     slack (wg_stage_bytes: B slices take rows of 128 bytes; 16-bit modes pad float32 A rows to 40
     floats; A in 16 bits (``a16``) takes rows of 128 bytes as B)."""
     passes = OPERANDS[operands].tf32_passes
     parts = 2 if passes == 3 else 1
-    a_stride = A_STRIDE if passes else A_STRIDE + 4
+    a_stride = GEMM.a_stride if passes else GEMM.a_stride + 4
     return stages * (parts * bn * 128 + (rows * 128 if a16 else rows * a_stride * 4)) + 1024
-
-
-def activation_dtype(cupy, operands: str):
-    """The array type of a 16-bit mode's activations: float16 for "fp16", uint16 (bfloat16 bits) for "bf16"."""
-    if operands == "fp16":
-        return cupy.dtype(cupy.float16)
-    if operands == "bf16":
-        return cupy.dtype(cupy.uint16)
-    raise ValueError(f"operands={operands!r} has no 16-bit activations (only fp16 and bf16)")
-
-
-def narrow16(cupy, x, operands: str):
-    """float32 ``x`` rounded to nearest even in a 16-bit mode's activation type (finite values)."""
-    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
-    if operands == "bf16":
-        u = x.view(cupy.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
-    activation_dtype(cupy, operands)
-    return x.astype(cupy.float16)
-
-
-def widen16(cupy, x, operands: str):
-    """float32 values of a 16-bit mode's activations ``x`` (exact: every 16-bit value is a float32)."""
-    if x.dtype != activation_dtype(cupy, operands):
-        raise ValueError(f"expected {operands} activations ({activation_dtype(cupy, operands)}), got {x.dtype}")
-    if operands == "bf16":
-        return (x.astype(cupy.uint32) << 16).view(cupy.float32)
-    return x.astype(cupy.float32)
 
 
 @dataclass(frozen=True)
@@ -220,66 +82,16 @@ class PreparedChain:
     operands: str
 
 
-def accumulator_columns(n: int = WIDE_COLS):
-    """The output column that each of a 16-bit input-side tile's ``n`` accumulator columns holds (as
-    zl_column in kernels/drb16_tile.cuh): accumulator column f -> 32 (j // 4) + 8 t + 2 (j % 4) + f % 2
-    with j = f // 8, t = (f // 2) % 4, so that a quad thread's outputs lie in 16-byte pieces."""
-    f = np.arange(n)
-    j, t = f >> 3, (f >> 1) & 3
-    return 32 * (j >> 2) + 8 * t + 2 * (j & 3) + (f & 1)
-
-
-def piece_index(ldb: int, slices: int, columns: int = WIDE_COLS) -> np.ndarray:
-    """Where each 16-bit element of a stream of W pieces comes from (the 16-bit chain's and the 3xf16
-    layer's shared-memory form of W): for stream axes (K slice, column group g, piece h, accumulator
-    column n, 16-byte chunk position pos, element e) the flat index, into a layer's unpaired K-major
-    weight (2 x 192 rows of ``ldb`` >= 32 ``slices``, row c holding column c of [W0 | W1]), of W1 (h = 0)
-    or W0 (h = 1) at column ``columns`` g + accumulator_columns()[n] and K row 32 slice + 8 c + e, where
-    c = pos ^ ((n >> 1) & 3) (the 64-byte swizzle); 192 / ``columns`` groups."""
-    n = np.arange(columns)
-    chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                                # (n, pos)
-    col = columns * np.arange(WIDE_COLS // columns)[:, None] + accumulator_columns(columns)[None, :]   # (g, n)
-    w_row = np.array([WIDE_COLS, 0])[None, :, None] + col[:, None, :]                           # (g, h, n): W1 then W0
-    k = (32 * np.arange(slices)[:, None, None, None] + 8 * chunk[None, :, :, None]
-         + np.arange(8)[None, None, None, :])                                                  # (ks, n, pos, e)
-    return w_row[None, :, :, :, None, None] * ldb + k[:, None, None]                          # (ks, g, h, n, pos, e)
-
-
-def chain_piece_index(ldb: int, slices: int = CHAIN.k_slices) -> np.ndarray:
-    """:func:`piece_index` of all 192 columns (one group), axes (K slice, piece h, accumulator column
-    n, pos, e): the 16-bit chain's W stream (:meth:`HopperGemm.prepare_chain16`)."""
-    return piece_index(ldb, slices)[:, 0]
-
-
-def hypothesis_rows(cupy, x):
-    """x (B, 43, N, C) as the deformation layer kernel reads it: unchanged when its rows (last axis,
-    unit stride) are evenly spaced ldx >= C elements apart through the whole array (e.g. the local
-    projection's rows padded to 340 floats), else a contiguous copy. float32, or 16-bit activations
-    (float16, uint16 holding bfloat16) kept in their type; any other type becomes float32."""
-    if plan.evenly_spaced_rows(x):
-        return x
-    half = x.dtype in (cupy.float16, cupy.uint16)
-    return cupy.ascontiguousarray(x, dtype=x.dtype if half else cupy.float32)
-
-
-def vertex_tile_map(x, columns: int):
-    """The tensor map through which the input-side kernels copy X (B, 43, N, cin) (see
-    :func:`hypothesis_rows`; 16-byte aligned rows): X as (B * 43 hypotheses, N vertices, cin columns),
-    a box of ``columns`` x a tile's 4 vertices x 43 hypotheses (its rows 4 i + v) at a time."""
-    b, _, n, cin = x.shape
-    return tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
-                            (columns, DRB_VERTS, HYPOTHESES), element_bytes=x.itemsize)
-
 
 class HopperGemm:
     def __init__(self, cupy):
         self.cupy = cupy
         self.sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         self._kernels: dict = {}
-        self._split = get_arch_function(SOURCE, "wg_split_weight", ARCH, ("-std=c++17",))
-        self._pack16 = get_arch_function(SOURCE, "wg_pack_weight16", ARCH, ("-std=c++17",))
+        self._split = get_arch_function(GEMM.source, "wg_split_weight", ARCH, ("-std=c++17",))
+        self._pack16 = get_arch_function(GEMM.source, "wg_pack_weight16", ARCH, ("-std=c++17",))
 
-    def _kernel(self, name: str, smem: int, prelude: str = "", source: str = SOURCE):
+    def _kernel(self, name: str, smem: int, prelude: str = "", source: str = GEMM.source):
         kernel = self._kernels.get((name, prelude))
         if kernel is None:
             from cupy_backends.cuda.api import driver
@@ -298,14 +110,14 @@ class HopperGemm:
         if operands not in OPERANDS:
             raise ValueError(f"operands={operands!r}: choose one of {', '.join(OPERANDS)}")
         k, n = b.shape
-        if paired and n % (2 * DRB_COLS):
-            raise ValueError(f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_COLS}, got {n}")
+        if paired and n % (2 * DRB_LAYER.cols):
+            raise ValueError(f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_LAYER.cols}, got {n}")
         passes = OPERANDS[operands].tf32_passes
-        kp, np_ = -(-k // BK) * BK, -(-n // BN) * BN
+        kp, np_ = -(-k // GEMM.bk) * GEMM.bk, -(-n // GEMM.bn) * GEMM.bn
         total = np_ * kp
         grid, head = (min(-(-total // 256), 4096),), (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n),
                                                      np.int32(kp), np.int32(np_))
-        pair = np.int32(DRB_COLS if paired else 0)
+        pair = np.int32(DRB_LAYER.cols if paired else 0)
         if passes == 0:
             big, small = cp.empty((np_, kp), dtype=cp.uint16), None
             self._pack16(grid, (256,), (*head, np.int32(operands == "bf16"), pair, big))
@@ -322,10 +134,10 @@ class HopperGemm:
         m, k = a.shape
         lda, ldc = a.strides[0] // 4, out.strides[0] // 4
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
-        tiles = -(-m // BM) * (weight.big.shape[0] // BN)
+        tiles = -(-m // GEMM.bm) * (weight.big.shape[0] // GEMM.bn)
         name = f"wg_gemm_{OPERANDS[weight.operands].kernel_part}_{'v' if vec else 's'}"
         self._kernel(name, smem_bytes(weight.operands))(
-            (tiles,), (THREADS,),
+            (tiles,), (GEMM.threads,),
             (a, np.int64(lda), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
              np.int32(weight.n), np.int32(k), np.uint64(0) if bias is None else bias, np.int32(bool(relu))),
             shared_mem=smem_bytes(weight.operands))
@@ -365,15 +177,15 @@ class HopperGemm:
         vec = ldx % (8 if x16 else 4) == 0 and x.data.ptr % 16 == 0
         if x16 and not vec:
             raise ValueError(f"drb_layer: 16-bit X needs 16-byte aligned rows (a multiple of 8 elements), got {ldx}")
-        smem = smem_bytes(weight.operands, 2 * DRB_COLS, DRB_ROWS, DRB_STAGES, a16=x16) + DRB_STAGING_BYTES
-        tiles = b * -(-n // DRB_VERTS) * (cout // DRB_COLS)
+        smem = smem_bytes(weight.operands, 2 * DRB_LAYER.cols, DRB_LAYER.rows, DRB_LAYER.stages, a16=x16) + DRB_LAYER.staging_bytes
+        tiles = b * -(-n // DRB_LAYER.vertices) * (cout // DRB_LAYER.cols)
         blocks = min(tiles, self.sm_count)   # persistent blocks, one per multiprocessor
         code, part, _ = OPERANDS[weight.operands]
         if mixing:   # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
             mixing += f"#define WG_DRB_OPS {code}\n"
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
-        self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing)(
-            (blocks,), (DRB_THREADS,),
+        self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
+            (blocks,), (DRB_LAYER.threads,),
             (x, np.int64(ldx), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
              np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout), np.int32(tiles)),
             shared_mem=smem)
@@ -384,7 +196,7 @@ class HopperGemm:
         the 192 output columns: a block's column group is blockIdx.x % (192 / columns), so the grid is
         a multiple of the group count (at most one block per multiprocessor)."""
         groups = WIDE_COLS // columns
-        tiles = b * -(-n // DRB_VERTS) * groups
+        tiles = b * -(-n // DRB_LAYER.vertices) * groups
         return tiles, min(tiles, self.sm_count - self.sm_count % groups)
 
     def input_side_epilogue_operands(self, name: str, residual, bias, shape: tuple, dtype, align: int):
@@ -416,8 +228,8 @@ class HopperGemm:
         modes = {w.operands for w in (first,) + weights}
         if (len(weights) != CHAIN.hidden_layers or len(modes) != 1 or first.passes
                 or any(w.paired or w.k != WIDE_COLS or w.n != 2 * WIDE_COLS for w in weights)
-                or first.paired or first.n != 2 * WIDE_COLS or not 0 < first.k <= CHAIN_MAX_CIN):
-            raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {CHAIN_MAX_CIN}, "
+                or first.paired or first.n != 2 * WIDE_COLS or not 0 < first.k <= CHAIN.max_cin):
+            raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {CHAIN.max_cin}, "
                              f"{2 * WIDE_COLS}) weight and {CHAIN.hidden_layers} unpaired ({WIDE_COLS}, {2 * WIDE_COLS}) weights, all "
                              f"of one 16-bit mode, got {[(w.k, w.n, w.operands, w.paired) for w in (first,) + weights]}")
         first_slices = -(-first.k // 32)   # prepare pads K to a multiple of 32 with zeros
@@ -450,7 +262,7 @@ class HopperGemm:
                              f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
                              f"and mixing_source(A1)")
         b, _, n, _ = x.shape
-        tiles = b * -(-n // DRB_VERTS)
+        tiles = b * -(-n // DRB_LAYER.vertices)
         head = (vertex_tile_map(x, 64), x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
         if score_weight is None:
             out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=act)
@@ -461,7 +273,7 @@ class HopperGemm:
             out = cp.empty((b, HYPOTHESES, n, 2), dtype=cp.float32)
             name = f"wg_drb_chain_score_{OPERANDS[chain.operands].kernel_part}"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out)
-        self._kernel(name, CHAIN.smem, mixing, CHAIN.source)((min(tiles, self.sm_count),), (DRB_THREADS,),
+        self._kernel(name, CHAIN.smem, mixing, CHAIN.source)((min(tiles, self.sm_count),), (DRB_LAYER.threads,),
                                                      args + (np.int32(n), np.int32(tiles)), shared_mem=CHAIN.smem)
         return out
 
@@ -532,6 +344,6 @@ class HopperGemm:
             out = cp.empty((WIDE_COLS // LAYER_3XF16.tile_columns, b, HYPOTHESES, n, 2), dtype=cp.float32)
             name = "wg_drb_layer_3xf16_score"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out, np.int64(b * HYPOTHESES * n))
-        self._kernel(name, LAYER_3XF16.smem, mixing, LAYER_3XF16.source)((blocks,), (DRB_THREADS,), args + (np.int32(n), np.int32(tiles)),
+        self._kernel(name, LAYER_3XF16.smem, mixing, LAYER_3XF16.source)((blocks,), (DRB_LAYER.threads,), args + (np.int32(n), np.int32(tiles)),
                                                     shared_mem=LAYER_3XF16.smem)
         return out
