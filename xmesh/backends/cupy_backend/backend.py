@@ -2,7 +2,7 @@
 
 Weights, the template and every intermediate stay on the device; a reconstruction makes no
 device -> host copy. :class:`CupyBackend` is the device side (``device.py``: the GPU, kernel loading,
-uploads, streams, CUDA graph capture) with one mixin per stage, each beside the kernel file it loads:
+uploads, streams, CUDA graph capture) with one mixin per stage, each loading its own file of ``kernels/``:
 
 - ``gemm.py`` (``kernels/tc_gemm.cu``; the Hopper GEMM of ``hopper/``): every matrix product runs
   through xmesh's own tensor-core GEMMs, on compute capability 9.0 (H100, H200) the large ones

@@ -32,7 +32,6 @@ def _tile_width(n: int) -> int:
     return 16 if n <= 16 else 32 if n <= 32 else 64
 
 
-
 class GemmStage:
     """``gemm`` and the tc_gemm.cu launches it and the convolutions share (a mixin of CupyBackend)."""
 

@@ -25,7 +25,6 @@ def _rows_16byte(cp, x):
     return cp.lib.stride_tricks.as_strided(x, (b * n, c), (row, 4))
 
 
-
 class GraphConvStage:
     """``sparse``, ``spmm``, ``op_graph_conv`` and ``op_unpool`` (a mixin of CupyBackend)."""
 
@@ -49,6 +48,7 @@ class GraphConvStage:
         wide = cp.ascontiguousarray(cp.transpose(dense, (1, 0, 2))).reshape(n, b * c)
         out = sparse_matrix @ wide
         return cp.ascontiguousarray(cp.transpose(out.reshape(out.shape[0], b, c), (1, 0, 2)))
+
     def op_graph_conv(self, layer, x, supports, residual=None, pool_idx=None):
         """Stage-1 graph convolution when support 0 is the identity: one GEMM, then one CSR kernel
         (bias, ReLU and the residual step included). With ``pool_idx`` the GEMM's output is unpooled

@@ -1,7 +1,8 @@
 """The Hopper kernels: warpgroup MMAs on compute capability 9.0 (H100, H200), built for ``sm_90a``
 through NVRTC (wgmma exists only in that target).
 
-``HopperGemm(cupy)`` (``kernels.py``) runs ``C = act(A B + bias)`` (``kernels/wgmma_gemm.cu``) and the
+``HopperGemm(cupy)`` (``launcher.py``, a mixin per kernel family: ``gemm.py``, ``layer.py``,
+``chain.py``, ``layer_3xf16.py``) runs ``C = act(A B + bias)`` (``kernels/wgmma_gemm.cu``) and the
 deformation blocks' layers: :meth:`HopperGemm.drb_layer` a whole local graph convolution (product,
 43 x 43 mixing, bias, ReLU, residual), :meth:`HopperGemm.drb_chain16` a block's five wide layers in the
 16-bit modes (``wgmma_drb16_chain.cu``), :meth:`HopperGemm.drb_layer_3xf16` the fp32 mode's layer as
@@ -20,7 +21,10 @@ from __future__ import annotations
 from .activations import activation_dtype, narrow16, widen16
 from .families import (ARCH, CHAIN, DRB_LAYER, GEMM, LAYER_3XF16, MAX_DYNAMIC_SHARED_SIZE_BYTES, OPERANDS, WIDE_COLS,
                        ChainKernel, GemmKernel, Layer3xf16Kernel, LayerKernel, OperandMode)
-from .kernels import HopperGemm, PreparedChain, PreparedHalves, PreparedWeight, smem_bytes, supported
+from .chain import PreparedChain
+from .gemm import PreparedWeight, smem_bytes, supported
+from .launcher import HopperGemm
+from .layer_3xf16 import PreparedHalves
 from .layouts import (accumulator_columns, chain_piece_index, hypothesis_rows, mixing_source, piece_index,
                       vertex_tile_map)
 
