@@ -1,4 +1,4 @@
-// The 16-bit activation types of the "fp16" and "bf16" modes, shared by p2m_ops.cu and the wgmma
+// The 16-bit activation types of the "fp16" and "bf16" modes, shared by projection.cu, deformation.cu and the wgmma
 // kernels (xmesh/backends/cuda_kernels.py expands the include): bfloat16 travels as the upper 16 bits
 // of a float32, held in an unsigned short (CuPy has no bfloat16 type).
 

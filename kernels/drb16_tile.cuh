@@ -5,7 +5,7 @@
 #include "wgmma_common.cuh"
 
 #ifndef WG_MIX_SPARSE
-#error "the 16-bit deformation layers need wg_mix_column (hopper_gemm.mixing_source) put before them"
+#error "the 16-bit deformation layers need wg_mix_column (hopper.mixing_source) put before them"
 #endif
 
 #define ZL_HYP 43

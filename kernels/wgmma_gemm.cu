@@ -7,7 +7,7 @@
 // issued as warpgroup MMAs (wgmma.mma_async m64nNk8), which run at about twice the rate mma.sync
 // reaches on an H100/H200. The deformation layer also runs with 16-bit operands ("fp16", "bf16"
 // modes: X and W rounded to float16 / bfloat16, m64n64k16 MMAs, float32 accumulation; the mixing,
-// bias, ReLU and residual stay float32). Built with NVRTC for sm_90a by xmesh/backends/hopper_gemm.py; other GPUs
+// bias, ReLU and residual stay float32). Built with NVRTC for sm_90a by xmesh/backends/cupy_backend/hopper/; other GPUs
 // use tc_gemm.cu and drb_mix_epilogue.
 //
 // Operands:
@@ -391,7 +391,7 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 // setmaxnreg gives the MMA warpgroups the registers the epilogue warpgroup does not need.
 //
 // Two ways to mix. By default A1 comes as a kernel argument and every sum runs over j = 0..42.
-// With WG_MIX_SPARSE defined, the module was built for one A1 (hopper_gemm.mixing_source puts
+// With WG_MIX_SPARSE defined, the module was built for one A1 (hopper.mixing_source puts
 // wg_mix_sparse before this file): the sums skip A1's zeros (the template's A1 has 367 of 1849
 // entries) and its values are immediates. Skipping the zero terms of an fmaf chain leaves every
 // result bit for bit as the dense sum gives it.
@@ -571,7 +571,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 
 // Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>, and in the
 // 16-bit modes ..._<v | s>_o16 (WG_IO_TO16) and ..._h16 (WG_IO_16: ldx % 8 == 0, X 16-byte aligned).
-// A module built with WG_DRB_OPS defined (hopper_gemm puts it in the prelude) holds that mode's alone.
+// A module built with WG_DRB_OPS defined (the hopper package puts it in the prelude) holds that mode's alone.
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
 WG_DRB_KERNEL(wg_drb_layer_3x_v, WG_3XTF32, true, WG_IO_F32)
 WG_DRB_KERNEL(wg_drb_layer_3x_s, WG_3XTF32, false, WG_IO_F32)

@@ -86,7 +86,7 @@ def deformation_layers(cp, gb, hopper, repeat):
     path of other GPUs (3xTF32)."""
     from types import SimpleNamespace
 
-    from xmesh.backends.hopper_gemm import OPERANDS, mixing_source
+    from xmesh.backends.cupy_backend.hopper import OPERANDS, mixing_source
     from xmesh.template_gen import template_dict
 
     a1_host = template_dict()["sample_cheb_dense"][1]   # the model's support (367 of 1849 nonzero)

@@ -5,7 +5,7 @@ Usage::
     python scripts/trace_compiles.py [--json FILE] -- reconstruct a.png b.png c.png --cameras cameras.txt ...
 
 Every compilation goes through ``cupy_backends.cuda.libs.nvrtc.compileProgram``: CuPy's own
-element-wise and reduction kernels, ``cupy.RawModule`` (xmesh's ``p2m_ops.cu``, ``tc_gemm.cu``) and
+element-wise and reduction kernels, ``cupy.RawModule`` (xmesh's stage files, ``tc_gemm.cu``) and
 xmesh's direct NVRTC builds (the ``sm_90a`` kernels). This script wraps that function, so it sees them
 all: the program's name, its options, the source's length, the seconds it took and the thread. At the
 end it prints them longest first, the totals per program name, and the command's wall time.

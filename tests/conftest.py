@@ -60,7 +60,7 @@ def gb():
 
 @pytest.fixture(scope="module")
 def hopper(gb):
-    """The fp32 backend's Hopper kernels (hopper_gemm.HopperGemm); the test is skipped on other GPUs."""
+    """The fp32 backend's Hopper kernels (cupy_backend.hopper.HopperGemm); the test is skipped on other GPUs."""
     if gb.hopper is None:
         pytest.skip("the wgmma kernel needs compute capability 9.0 (H100/H200)")
     return gb.hopper

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from xmesh.backends.hopper_gemm import (CHAIN_MAX_CIN, DRB_ROWS, DRB_THREADS, HYPOTHESES, OPERANDS, WIDE_COLS,
-                                        activation_dtype, hypothesis_rows)
+from xmesh.backends.cupy_backend.hopper import CHAIN, DRB_LAYER, OPERANDS, WIDE_COLS, activation_dtype, hypothesis_rows
+from xmesh.backends.kernel_constants import HYPOTHESES
 
 SOURCE = "wgmma_drb16.cu"
 #: the largest cin whose W0 and W1 stay in shared memory with all 192 output columns in one tile;
-#: up to CHAIN_MAX_CIN a tile takes 96 of them (the _n96 kernels: a block's first layer, cin 339)
+#: up to CHAIN.max_cin inputs a tile takes 96 of them (the _n96 kernels: a block's first layer, cin 339)
 WHOLE_TILE_MAX_CIN = 192
 #: shared memory: W0 and W1 (up to 192 x 192 each), two X buffers and one Z buffer of 192 rows x 128
 #: bytes, the bias, alignment slack
-SMEM = (2 * (WHOLE_TILE_MAX_CIN // 64) + 2 + 1) * DRB_ROWS * 128 + WIDE_COLS * 4 + 1024
+SMEM = (2 * (WHOLE_TILE_MAX_CIN // 64) + 2 + 1) * DRB_LAYER.rows * 128 + WIDE_COLS * 4 + 1024
 
 
 def tile_columns(cin: int) -> int:
@@ -35,21 +35,21 @@ def takes(x, weight, mixing: str) -> bool:
     [W0 | W1] of cin <= 384 rows and 2 x 192 columns, and the A1 built into ``mixing``."""
     cin = x.shape[-1]
     return (bool(mixing) and x.dtype.itemsize == 2 and weight.passes == 0 and not weight.paired and x.ndim == 4
-            and weight.n == 2 * WIDE_COLS and weight.k == cin and 0 < cin <= CHAIN_MAX_CIN
+            and weight.n == 2 * WIDE_COLS and weight.k == cin and 0 < cin <= CHAIN.max_cin
             and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
 
 
 def reference_layer16(hopper, x, weight, bias, residual=None, mixing: str = ""):
     """One 16-bit deformation layer on ``hopper`` (a HopperGemm): X (B, 43, N, cin <= 384) in the mode's
     activation type, ``weight`` the *unpaired* 16-bit [W0 | W1] (``hopper.prepare(w, mode)``), residual
-    (B, 43, N, 192) in the same type or None, ``mixing``: hopper_gemm.mixing_source of A1. Returns
+    (B, 43, N, 192) in the same type or None, ``mixing``: hopper.mixing_source of A1. Returns
     (B, 43, N, 192) in the activation type."""
     cp = hopper.cupy
     if not takes(x, weight, mixing):
         raise ValueError(f"reference_layer16: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
                          f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
                          f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
-                         f"elements apart, cin up to {CHAIN_MAX_CIN}, an unpaired 16-bit (cin, {2 * WIDE_COLS}) "
+                         f"elements apart, cin up to {CHAIN.max_cin}, an unpaired 16-bit (cin, {2 * WIDE_COLS}) "
                          f"weight and mixing_source(A1)")
     act = activation_dtype(cp, weight.operands)
     if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
@@ -63,7 +63,7 @@ def reference_layer16(hopper, x, weight, bias, residual=None, mixing: str = ""):
     tiles, blocks = hopper.column_group_grid(b, n, columns)
     name = f"wg_drb_reference16_{OPERANDS[weight.operands].kernel_part}" + ("_n96" if columns < WIDE_COLS else "")
     hopper._kernel(name, SMEM, mixing, SOURCE)(
-        (blocks,), (DRB_THREADS,),
+        (blocks,), (DRB_LAYER.threads,),
         (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
          np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
         shared_mem=SMEM)

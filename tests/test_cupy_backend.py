@@ -154,8 +154,8 @@ def test_tiled_local_projection_equals_the_per_channel_kernel_bit_for_bit(cp, gb
     takes the per-channel kernel, while the 16-bit rows (bf16 mode) still take the tiled one, which
     there gives the per-channel values rounded to 16 bits (assert_rounded16)."""
     from xmesh.backends import get_backend
-    from xmesh.backends.cupy_backend import THREADS
-    from xmesh.backends.hopper_gemm import widen16
+    from xmesh.backends.cupy_backend.device import THREADS
+    from xmesh.backends.cupy_backend.hopper import widen16
     from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
 
     rng = np.random.default_rng(50 + views)
@@ -191,7 +191,7 @@ def test_local_projection_in_16bit_modes_is_the_rounded_float32_one(cp, gb, prec
     from test_tc_gemm import round16
 
     from xmesh.backends import get_backend
-    from xmesh.backends.hopper_gemm import activation_dtype, widen16
+    from xmesh.backends.cupy_backend.hopper import activation_dtype, widen16
     from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
 
     if gb.hopper is None:
@@ -257,7 +257,7 @@ def test_fused_score_update_equals_the_layer_then_the_update(cp, precision, batc
     float64 reference; in the 16-bit modes (16-bit X, as the layer before leaves it on Hopper) bit for
     bit what skinny_gemm16, drb_mix_epilogue and hypothesis_softmax_update gave one after another."""
     from xmesh.backends import get_backend
-    from xmesh.backends.hopper_gemm import narrow16
+    from xmesh.backends.cupy_backend.hopper import narrow16
     from xmesh.model.deformation import hypothesis_update, local_gconv
     from xmesh.model.params import GraphConv
 
@@ -336,7 +336,7 @@ def test_few_channel_conv_is_float32_in_every_mode(cp, precision, size, kernel, 
 def test_first_layer_conv_kernel_equals_the_general_direct_one_bit_for_bit(cp, gb, size, with_bias, relu):
     """The CNNs' first layer (3 -> 16 channels, 3 x 3, stride 1) takes conv_direct_c3_k3_n16 (a thread
     per pixel, all 16 outputs): the bits of conv_direct_x4, which the test above checks against float64."""
-    from xmesh.backends.cupy_backend import THREADS
+    from xmesh.backends.cupy_backend.device import THREADS
 
     rng = np.random.default_rng(size)
     x = cp.asarray(rng.standard_normal((2, size, size, 3)).astype(np.float32))
@@ -756,9 +756,9 @@ def test_products_outside_the_deformation_layers_follow_the_mode(cp, precision):
 
 
 def _hopper_available(cp) -> bool:
-    from xmesh.backends import hopper_gemm
+    from xmesh.backends.cupy_backend import hopper
 
-    return hopper_gemm.supported(cp.cuda.Device())
+    return hopper.supported(cp.cuda.Device())
 
 
 @pytest.mark.parametrize("precision,rtol", [("tf32", 0.2), ("fp16", 0.2), ("bf16", 0.2)])

@@ -24,7 +24,7 @@ def test_w_stream_holds_each_weight_once_in_the_kernels_order():
     W1 (h = 0) or W0 (h = 1) for accumulator column n (output column accumulator_columns()[n]), K rows
     32 ks + 8 c + e in 16-byte chunk c stored at position c ^ ((n >> 1) & 3); every element of the
     prepared 384 x 192 weight appears exactly once."""
-    from xmesh.backends.hopper_gemm import accumulator_columns, chain_piece_index
+    from xmesh.backends.cupy_backend.hopper import accumulator_columns, chain_piece_index
 
     ldb = 200   # a row pitch other than 192: the index must use it
     index = chain_piece_index(ldb)
@@ -50,7 +50,7 @@ def test_w_stream_holds_each_weight_once_in_the_kernels_order():
 def test_first_layer_stream_covers_its_k_rows_in_whole_slices():
     """The first layer's part: eleven 32-row slices for cin 339 (prepared with K padded to 352), each
     of the 384 x 339 weights' elements once, and the padded rows 339..351 (zeros) read as well."""
-    from xmesh.backends.hopper_gemm import chain_piece_index
+    from xmesh.backends.cupy_backend.hopper import chain_piece_index
 
     index = chain_piece_index(352, 11)
     assert index.shape == (11, 2, 192, 4, 8)
@@ -84,7 +84,7 @@ def chain_case(cp, operands, b, n, seed, cin=339, ldx=344):
 ])
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
 def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n, cin, ldx):
-    from xmesh.backends.hopper_gemm import mixing_source, widen16
+    from xmesh.backends.cupy_backend.hopper import mixing_source, widen16
 
     a1, x, ws, biases = chain_case(cp, operands, b, n, seed=n + b + len(operands), cin=cin, ldx=ldx)
     mixing = mixing_source(a1)
@@ -114,7 +114,7 @@ def test_chain_with_the_score_layer_leaves_its_products(cp, hopper, operands, b,
     """Given the score layer's W (192 x 2), the chain writes no x5 but each row's x5 W (B, 43, N, 2)
     float32: the float64 products of the x5 it writes otherwise, within float32 summation's bound
     (192 u sum |x5| |W|). The model's size, partial vertex tiles, tiles across samples."""
-    from xmesh.backends.hopper_gemm import mixing_source, widen16
+    from xmesh.backends.cupy_backend.hopper import mixing_source, widen16
 
     a1, x, ws, biases = chain_case(cp, operands, b, n, seed=2 * n + b, cin=cin, ldx=ldx)
     mixing = mixing_source(a1)
@@ -142,7 +142,8 @@ def test_score_finish_against_float64(cp, parts):
     leaves one per 96-column group), the scores relu(y0 + A1 y1 + b), the softmax over the 43
     hypotheses and the moved vertices, against float64; a vertex count that leaves the last block of 4
     vertices partial."""
-    from xmesh.backends.cupy_backend import SCORE_THREADS, SCORE_VERTICES, CupyBackend
+    from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.backends.kernel_constants import SCORE_THREADS, SCORE_VERTICES
 
     rng = np.random.default_rng(11)
     b, n = 2, 1001
@@ -172,7 +173,7 @@ def test_score_finish_against_float64(cp, parts):
 def test_chain_refuses_what_it_cannot_run(cp, hopper):
     """drb_chain16 and prepare_chain16 name what is wrong: no mixing source, float32 or strided X,
     X in the other 16-bit type or of another width, weights of a TF32 mode or the wrong count."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     a1, x, ws, biases = chain_case(cp, "fp16", 1, 9, seed=3)
     mixing = mixing_source(a1)
@@ -206,7 +207,7 @@ def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
     neighbouring pixels: the end-to-end allowance of test_cupy_backend.py."""
     from xmesh import Reconstructor
     from xmesh.backends.cupy_backend import CupyBackend
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
     from xmesh.io.weights import synthetic_weights
     from xmesh.template_gen import generate_template
 

@@ -95,7 +95,7 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
     operands, on the template's A1 sparsity (the kernel keeps W's columns in another order in shared
     memory, so a column written to the wrong place fails here); and within the 16-bit rounding of
     the output-side mixing kernel (wg_drb_layer, the layer without Z's rounding) on the same inputs."""
-    from xmesh.backends.hopper_gemm import activation_dtype, mixing_source, widen16
+    from xmesh.backends.cupy_backend.hopper import activation_dtype, mixing_source, widen16
 
     a1, x16, w, bias, res16 = layer_case(cp, operands, b, n, cin, with_residual, seed=n + cin + len(operands))
     stacked = hopper.prepare(cp.asarray(w), operands)
@@ -124,7 +124,7 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
 def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
     """reference_layer16 names what is wrong: no mixing source, a float32 X, a paired weight, cin above 384,
     a residual of the wrong type or not 16-byte aligned."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     a1, x16, w, bias, res16 = layer_case(cp, "fp16", 1, 5, 192, True, seed=1)
     mixing = mixing_source(a1)

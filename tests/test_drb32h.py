@@ -55,7 +55,7 @@ def run_on_poisoned_memory(cp, layer, a1, x, bias, res):
     """``layer(X, bias, residual, mixing_source(a1))`` with X on the device (rows padded to 16 bytes
     where cin % 4) and the output's memory poisoned (NaN) first; checks that the output is float32
     (B, 43, N, 192), finite (every element written) and mostly nonzero; returns it on the host."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     b, _, n, cin = x.shape
     poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
@@ -106,7 +106,7 @@ def test_three_half_products_keep_float32_accuracy_across_magnitudes(cp, hopper,
     """Activations in the thousands (float16's range holds them) and weights far from 1 either way
     (their columns' power-of-two scales bring them to float16's best range): still within the float32
     accumulation bound, elementwise, and within 4x float32's own error."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     rng = np.random.default_rng(5)
     a1, x, w, bias, res = layer_case(rng, 1, 50, 192, True)
@@ -122,7 +122,7 @@ def test_prepare_halves_parts_and_scales(cp, hopper):
     W1's column) in [2^7, 2^8); big + small reproduce the scaled weight to float16's 22 bits; the stream
     holds, for slice 0 and the second column group, W1's big and small parts of that group's accumulator
     column 5 at K rows 16..23 where the 64-byte swizzle puts them; K rows past k are zero."""
-    from xmesh.backends.hopper_gemm import accumulator_columns
+    from xmesh.backends.cupy_backend.hopper import accumulator_columns
 
     rng = np.random.default_rng(2)
     w = (rng.standard_normal((70, 384)) * np.exp(rng.uniform(-8, 8, 384))).astype(np.float32)
@@ -148,7 +148,7 @@ def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
     """drb_layer_3xf16 and prepare_halves name what is wrong: no mixing source, 16-bit X, X of another
     width than the weight, rows not 16-byte aligned, a residual of the wrong type, a weight of the
     wrong shape or with non-finite entries."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     rng = np.random.default_rng(3)
     a1, x, w, bias, res = layer_case(rng, 1, 5, 192, True)
@@ -202,7 +202,7 @@ def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
     """drb_layer_3xf16 with a score layer's weight: x5 is not written; each 96-column group's products of
     x5 (the same layer's float32 output, computed without the score weight) with W come back, each
     within a float32 accumulation bound of float64's, every valid row's written (poisoned memory first)."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     rng = np.random.default_rng(b * n + cin)
     a1, x, w, bias, res = layer_case(rng, b, n, cin, True)

@@ -162,7 +162,7 @@ def test_a_cached_hopper_kernel_is_loaded_without_compiling(tmp_path, monkeypatc
     import cupy
 
     from xmesh.backends import cuda_kernels
-    from xmesh.backends.hopper_gemm import HopperGemm
+    from xmesh.backends.cupy_backend.hopper import HopperGemm
 
     monkeypatch.setenv("XMESH_KERNEL_CACHE_DIR", str(tmp_path))
     w = cupy.asarray(np.random.default_rng(7).standard_normal((339, 384), dtype=np.float32))

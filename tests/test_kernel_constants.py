@@ -1,4 +1,5 @@
-"""The launch constants the CuPy backend passes to kernels/p2m_ops.cu and kernels/tc_gemm.cu with -D
+"""The launch constants the CuPy backend passes to its stage files (kernels/convolution.cu, projection.cu, graph_conv.cu,
+deformation.cu) and kernels/tc_gemm.cu with -D
 (xmesh/backends/kernel_constants.py): every name a file uses is either its own #define or in the
 backend's table, the file defines none of the table's names itself, its #error guard lists exactly
 them, and what the file derives from them is what the host reckons. Runs without a GPU."""
@@ -23,7 +24,7 @@ def guard_names(source: str) -> set:
 
 
 @pytest.mark.parametrize("filename,table,prefix", [
-    (kc.P2M_FILE, kc.P2M_DEFINES, "XM_"),
+    *[(stage, kc.STAGE_DEFINES, "XM_") for stage in kc.STAGE_FILES],
     (kc.GEMM_FILE, {**kc.GEMM_DEFINES, "XG_BK": kc.GEMM_BK}, "XG_"),
 ])
 def test_each_constant_comes_from_one_python_definition(filename, table, prefix):

@@ -9,22 +9,23 @@ import numpy as np
 import pytest
 from conftest import requires_cuda
 
-from xmesh.backends import cuda_kernels, hopper_gemm, kernel_manifest
+from xmesh.backends import cuda_kernels, kernel_manifest
+from xmesh.backends.cupy_backend import hopper
 from xmesh.backends.cuda_kernels import KernelBuild, defined_kernels, kernel_path
 from xmesh.backends.kernel_manifest import MODES, all_builds, planned_builds, planned_mixing_builds
 
-SOURCES = ["p2m_ops.cu", "tc_gemm.cu", "nn_bruteforce.cu", "wgmma_gemm.cu", "wgmma_drb16.cu",
+SOURCES = ["convolution.cu", "projection.cu", "graph_conv.cu", "deformation.cu", "tc_gemm.cu", "nn_bruteforce.cu", "wgmma_gemm.cu", "wgmma_drb16.cu",
            "wgmma_drb16_chain.cu", "wgmma_drb32h.cu"]
 
 
 def a_mixing_source() -> str:
     rng = np.random.default_rng(3)
     a1 = np.where(rng.random((43, 43)) < 0.2, rng.standard_normal((43, 43)), 0.0).astype(np.float32)
-    return hopper_gemm.mixing_source(a1)
+    return hopper.mixing_source(a1)
 
 
 def test_every_source_is_listed_and_defines_its_kernels_through_the_selection_macro():
-    on_disk = sorted(p.name for p in kernel_path("p2m_ops.cu").parent.glob("*.cu"))
+    on_disk = sorted(p.name for p in kernel_path("tc_gemm.cu").parent.glob("*.cu"))
     assert sorted(SOURCES) == on_disk
     counts = {name: len(defined_kernels(name)) for name in SOURCES}
     # tc_gemm: 8 dense + 4 convolution kernels per pass count, and the split-K reduction

@@ -22,7 +22,8 @@ def definitions(source: str, name: str) -> int:
     ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
     ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
-    ("p2m_ops.cu", ["bits16.cuh"]),
+    ("projection.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
+    ("deformation.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
 ])
 def test_headers_are_put_in_place_once(filename, headers):
     source = kernel_source(filename)
@@ -31,7 +32,7 @@ def test_headers_are_put_in_place_once(filename, headers):
         assert kernel_path(header).is_file()
         assert source.count(f"// ---- {header}\n") == 1
     assert definitions(source, "xm_widen16") == 1     # the 16-bit widening exists once, in bits16.cuh
-    if filename != "p2m_ops.cu":
+    if filename.startswith("wgmma_"):
         assert definitions(source, "wg_pack") == 1 and definitions(source, "wg_desc") == 1
 
 
@@ -66,12 +67,12 @@ def macro(source: str, name: str) -> int:
 
 def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     """wgmma_drb16_chain.cu: the block's shared memory (two activation buffers and the Z slots of 176
-    rows, the six W pieces, alignment slack) is what hopper_gemm launches it with, no more than an
+    rows, the six W pieces, alignment slack) is what the hopper package launches it with, no more than an
     H100/H200 block may have (227 KB); its buffers are whole 1024-byte swizzle groups, and the Z buffer's
     rows past the tile hold the W ring's and X's barriers; Q's six
-    half-buffers hold X's slices; the five layers are the first and hopper_gemm's 192-wide ones; both
+    half-buffers hold X's slices; the five layers are the first and the hopper package's 192-wide ones; both
     16-bit kernels exist; the header shares the vertex tile with the one-layer kernel."""
-    from xmesh.backends import hopper_gemm as hg
+    from xmesh.backends.cupy_backend import hopper as hg
 
     source = kernel_source(hg.CHAIN.source)
     assert macro(source, "ZC_SMEM_BYTES") == hg.CHAIN.smem <= 227 * 1024
@@ -94,10 +95,10 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
 def test_three_half_products_layer_fits_shared_memory_as_the_host_reckons():
     """wgmma_drb32h.cu: the block's shared memory (three X and two Z slots of 192 rows x 128 bytes, four W
     slots of a slice's four 96-column pieces, the transaction barriers, alignment slack) is what
-    hopper_gemm launches it with, within an H100/H200 block's 227 KB; the slots are whole 1024-byte
-    swizzle groups; the tile's columns are hopper_gemm's; the registers setmaxnreg moves add up to the
+    the hopper package launches it with, within an H100/H200 block's 227 KB; the slots are whole 1024-byte
+    swizzle groups; the tile's columns are the hopper package's; the registers setmaxnreg moves add up to the
     block's."""
-    from xmesh.backends import hopper_gemm as hg
+    from xmesh.backends.cupy_backend import hopper as hg
 
     source = kernel_source(hg.LAYER_3XF16.source)
     assert macro(source, "H_SMEM_BYTES") == hg.LAYER_3XF16.smem <= 227 * 1024

@@ -343,8 +343,8 @@ def test_kernel_source_ships_with_the_package(tmp_path):
     from xmesh.backends.cuda_kernels import kernel_source
 
     assert "XM_KERNEL(nn_bruteforce) void nn_bruteforce(" in kernel_source("nn_bruteforce.cu")
-    assert "XM_KERNEL(local_projection) void local_projection(" in kernel_source("p2m_ops.cu")
-    assert "#define XM_KERNEL(NAME)" in kernel_source("p2m_ops.cu")   # kernels/kernel_select.cuh, put in place
+    assert "XM_KERNEL(local_projection) void local_projection(" in kernel_source("projection.cu")
+    assert "#define XM_KERNEL(NAME)" in kernel_source("projection.cu")   # kernels/kernel_select.cuh, put in place
 
 
 def test_cupy_backend_without_cupy_is_a_clear_error(monkeypatch):

@@ -143,7 +143,7 @@ CONV_CASES = [  # (images, size, cin, cout, kernel, stride): the CNN's layer kin
 def test_implicit_gemm_conv_is_as_accurate_as_float32(cp, gb, images, size, cin, cout, kernel, stride):
     """Convolutions with 16k input channels read the input directly (conv_* kernels, no im2col
     buffer) and match a float64 convolution as closely as a float32 one does."""
-    from xmesh.backends.cupy_backend import _tile_width
+    from xmesh.backends.cupy_backend.gemm import _tile_width
 
     rng = np.random.default_rng(size * cin + cout)
     x = rng.standard_normal((images, size, size, cin)).astype(np.float32)
@@ -315,7 +315,7 @@ def test_16bit_activations_in_and_out(cp, hopper, cin, cout, n, operands):
     widened; X given in 16 bits (wgmma reads it from shared memory) gives exactly what the float32 X
     of the same values gives (the float32 path rounds X to the same 16-bit values in registers).
     Partial vertex tiles (n = 10, 7), a K tail (cin = 40), persistent blocks running several tiles."""
-    from xmesh.backends.hopper_gemm import activation_dtype, widen16
+    from xmesh.backends.cupy_backend.hopper import activation_dtype, widen16
 
     rng = np.random.default_rng(cin + n + len(operands))
     b = 2
@@ -351,7 +351,7 @@ def test_narrow_layer_reads_16bit_activations(cp, hopper, precision):
     from types import SimpleNamespace
 
     from xmesh.backends import get_backend
-    from xmesh.backends.hopper_gemm import widen16
+    from xmesh.backends.cupy_backend.hopper import widen16
 
     be = get_backend("cupy", precision=precision)
     rng = np.random.default_rng(11)
@@ -422,7 +422,7 @@ def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, patt
     """The layer kernel built for one A1 (zeros skipped, values as immediates) gives exactly the
     dense-A1 kernel's output: on the template's support (20% nonzero), on a dense A1, and on an A1
     with a single nonzero row (the other rows' sums are zero)."""
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     rng = np.random.default_rng(len(pattern) + len(operands))
     a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
@@ -445,7 +445,7 @@ def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, patt
 def test_deformation_layer_reads_padded_rows(cp, hopper):
     """X with rows padded to 340 floats (how the local projection hands the 339 features over) runs
     the 16-byte-copy kernel and gives exactly what the contiguous X gives through the single-float one."""
-    from xmesh.backends.hopper_gemm import hypothesis_rows
+    from xmesh.backends.cupy_backend.hopper import hypothesis_rows
 
     rng = np.random.default_rng(17)
     b, n, cin, cout = 1, 30, 339, 64
@@ -488,7 +488,7 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper, monkeyp
     float32 rounding."""
     from types import SimpleNamespace
 
-    from xmesh.backends.hopper_gemm import mixing_source
+    from xmesh.backends.cupy_backend.hopper import mixing_source
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 43, 50, 192)).astype(np.float32)

@@ -1,13 +1,17 @@
 """The launch constants the CuPy backend shares with its CUDA files, one Python definition each.
 
-``kernels/p2m_ops.cu`` and ``kernels/tc_gemm.cu`` define none of these names: the backend passes
+The stage files (``kernels/convolution.cu``, ``projection.cu``, ``graph_conv.cu``, ``deformation.cu``)
+and ``kernels/tc_gemm.cu`` define none of these names: the backend passes
 them to the compiler with ``-D`` (:func:`defines`), and a file built without them stops with an
 ``#error``. tests/test_kernel_constants.py checks that every name a file expects is in its table.
 (The Hopper kernels' constants are checked against their files by tests/test_kernel_sources.py.)
 """
 from __future__ import annotations
 
-P2M_FILE = "p2m_ops.cu"
+#: The stage kernels' files, each loaded by the backend module of its stage (xmesh/backends/cupy_backend/).
+CONVOLUTION_FILE, PROJECTION_FILE = "convolution.cu", "projection.cu"
+GRAPH_CONV_FILE, DEFORMATION_FILE = "graph_conv.cu", "deformation.cu"
+STAGE_FILES = (CONVOLUTION_FILE, PROJECTION_FILE, GRAPH_CONV_FILE, DEFORMATION_FILE)
 GEMM_FILE = "tc_gemm.cu"
 
 #: Hypotheses per vertex the fused deformation kernels are built for.
@@ -29,8 +33,8 @@ SCORE_VERTICES, SCORE_THREADS, SKINNY_MAX_K, SKINNY_MAX_COLS = 4, 192, 512, 8
 #: few-tile 3xTF32 products, a second build) through a GEMM_STAGES-deep shared-memory ring, threads.
 GEMM_BM, GEMM_BK, GEMM_FEW_TILES_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3, 256
 
-#: p2m_ops.cu's -D names and their values.
-P2M_DEFINES = {
+#: The stage files' -D names and their values (one table: kernels/stage_common.cuh checks them all).
+STAGE_DEFINES = {
     "XM_HYP": HYPOTHESES, "XM_MAX_VIEWS": MAX_VIEWS,
     "XM_ROWS_F32": ROWS_F32, "XM_ROWS_F16": ROWS_F16, "XM_ROWS_BF16": ROWS_BF16,
     "XM_GP_POINTS": GRAPH_POINTS, "XM_GP_THREADS": GRAPH_THREADS,

@@ -3,7 +3,7 @@
 :class:`~xmesh.backends.cupy_backend.CupyBackend` builds a mode's kernels at construction, all at
 once in threads (``cuda_kernels.prepare``), instead of one file after another as the model first
 meets them; the Hopper deformation kernels, which are generated for the model's 43 x 43 support A1
-(``hopper_gemm.mixing_source``), are built together once the first support is known. A kernel
+(``cupy_backend.hopper.mixing_source``), are built together once the first support is known. A kernel
 missing here still runs: it is then built alone, on demand (``cuda_kernels.builds_made_on_demand``
 lists those; a GPU test keeps that list empty for the modes' reconstructions).
 
@@ -14,15 +14,27 @@ whole set a build step makes for one generation.
 from __future__ import annotations
 
 from .cuda_kernels import KernelBuild
-from .kernel_constants import GEMM_DEFINES, GEMM_FILE, P2M_DEFINES, P2M_FILE, defines
+from .kernel_constants import (CONVOLUTION_FILE, DEFORMATION_FILE, GEMM_DEFINES, GEMM_FILE, GRAPH_CONV_FILE,
+                               PROJECTION_FILE, STAGE_DEFINES, defines)
 
-OPS, GEMM, HOPPER = P2M_FILE, GEMM_FILE, "wgmma_gemm.cu"
+GEMM, HOPPER = GEMM_FILE, "wgmma_gemm.cu"
 STD = ("-std=c++17",)
-#: the options the backend builds p2m_ops.cu with (its launch constants by -D)
-OPS_OPTIONS = STD + defines(P2M_DEFINES)
+#: the options the backend builds the stage files with (their launch constants by -D)
+OPS_OPTIONS = STD + defines(STAGE_DEFINES)
+#: The kernels of each stage file (kernel_constants.STAGE_FILES), each launched by the backend module
+#: of that stage; tests/test_kernel_manifest.py checks them against the files.
+STAGE_KERNELS = {
+    CONVOLUTION_FILE: ("conv_direct_x4", "conv_direct_c3_k3_n16", "im2col_nhwc"),
+    PROJECTION_FILE: ("graph_projection", "graph_projection_tiled", "local_projection", "local_projection_tiled",
+                      "local_projection_tiled_o16"),
+    GRAPH_CONV_FILE: ("unpool_midpoints", "csr_gconv", "csr_gconv_x4"),
+    DEFORMATION_FILE: ("gconv_epilogue_f32", "gconv_epilogue_f16", "gconv_epilogue_f16_f32", "drb_mix_epilogue",
+                       "skinny_gemm16", "hypothesis_softmax_update", "drb_score_update", "drb_score_finish"),
+}
+_STAGE_FILE = {name: file for file, names in STAGE_KERNELS.items() for name in names}
 ARCH = "sm_90a"
 MODES = ("fp32", "tf32", "fp16", "bf16")
-#: the Hopper layer kernels' part of a name per mode (hopper_gemm.OPERANDS) and WG_DRB_OPS code
+#: the Hopper layer kernels' part of a name per mode (cupy_backend.hopper.OPERANDS) and WG_DRB_OPS code
 _PART = {"fp32": ("3x", 3), "tf32": ("1x", 1), "fp16": ("f16", 16), "bf16": ("bf16", 17)}
 
 
@@ -30,8 +42,13 @@ def _tc(bk: int) -> tuple:
     return STD + defines(GEMM_DEFINES, XG_BK=bk)
 
 
+def stage_file(name: str) -> str:
+    """The stage file that defines kernel ``name`` (KeyError for a kernel of no stage file)."""
+    return _STAGE_FILE[name]
+
+
 def _ops(*names) -> list:
-    return [KernelBuild(OPS, name, OPS_OPTIONS) for name in names]
+    return [KernelBuild(stage_file(name), name, OPS_OPTIONS) for name in names]
 
 
 def _tc_gemm(passes: int) -> list:
@@ -73,8 +90,8 @@ def planned_builds(precision: str, hopper: bool) -> list:
 
 def planned_mixing_builds(precision: str, mixing: str) -> list:
     """The Hopper deformation kernels a reconstruction in ``precision`` runs for the support whose
-    ``hopper_gemm.mixing_source`` is ``mixing``."""
-    from . import hopper_gemm as hg
+    ``cupy_backend.hopper.mixing_source`` is ``mixing``."""
+    from .cupy_backend import hopper as hg
 
     part, code = _PART[precision]
     if precision == "fp32":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import hopper_gemm
+from .cupy_backend.hopper.families import GEMM, WIDE_COLS
 from .kernel_constants import GEMM_BK, GEMM_BM, GEMM_FEW_TILES_BK, HYPOTHESES
 
 ALL_MODES = ("fp32", "tf32", "fp16", "bf16")
@@ -51,29 +51,29 @@ PLAN = (
     Route("conv2d_same", ALL_MODES, "any", "cin a multiple of 16, cout of 4", "conv_{3x,1x}_n{16,32,64,128}",
           "tc_gemm.cu", "implicit GEMM: the image is read in place, no im2col buffer"),
     Route("conv2d_same", ALL_MODES, "any", "the CNNs' first layer (3 -> 16 channels, 3 x 3, stride 1)",
-          "conv_direct_c3_k3_n16", "p2m_ops.cu", "float32 sums, a thread a pixel: 3 input channels leave GEMM idle"),
+          "conv_direct_c3_k3_n16", "convolution.cu", "float32 sums, a thread a pixel: 3 input channels leave GEMM idle"),
     Route("conv2d_same", ALL_MODES, "any", "other few-channel convolutions (cin < 16) whose kernel fits 48 KB",
-          "conv_direct_x4", "p2m_ops.cu", "float32 sums with the kernel in shared memory"),
-    Route("conv2d_same", ALL_MODES, "any", "anything else", "im2col_nhwc + gemm", "p2m_ops.cu",
+          "conv_direct_x4", "convolution.cu", "float32 sums with the kernel in shared memory"),
+    Route("conv2d_same", ALL_MODES, "any", "anything else", "im2col_nhwc + gemm", "convolution.cu",
           "the general case, in image chunks"),
     Route("graph_projection", ALL_MODES, "any", "every map's channels a multiple of 4, 16-byte aligned maps",
-          "graph_projection_tiled", "p2m_ops.cu", "a block per 8 points: pixel offsets once, 16-byte gathers"),
-    Route("graph_projection", ALL_MODES, "any", "anything else", "graph_projection", "p2m_ops.cu",
+          "graph_projection_tiled", "projection.cu", "a block per 8 points: pixel offsets once, 16-byte gathers"),
+    Route("graph_projection", ALL_MODES, "any", "anything else", "graph_projection", "projection.cu",
           "a thread per channel"),
     Route("local_projection", MODES_16BIT, "sm90", "channels a multiple of 4, rows fit shared memory",
-          "local_projection_tiled_o16", "p2m_ops.cu",
+          "local_projection_tiled_o16", "projection.cu",
           "writes the block's first layer's X in the mode's 16 bits, as the chained layers read it"),
     Route("local_projection", ALL_MODES, "any", "channels a multiple of 4, rows fit shared memory",
-          "local_projection_tiled", "p2m_ops.cu", "a block per 32 points: bilinear corners once, 16-byte gathers"),
-    Route("local_projection", ALL_MODES, "any", "anything else", "local_projection", "p2m_ops.cu",
+          "local_projection_tiled", "projection.cu", "a block per 32 points: bilinear corners once, 16-byte gathers"),
+    Route("local_projection", ALL_MODES, "any", "anything else", "local_projection", "projection.cu",
           "a thread per channel"),
     Route("local_projection", ("fp32",), "cpu", "three maps", "numba_kernels.local_projection", "numba_kernels.py",
           "compiled loops instead of 43 x 4 gathers of whole arrays"),
     Route("graph_conv", ALL_MODES, "any", "support 0 the identity, cout a multiple of 4, aligned",
-          "gemm + csr_gconv_x4", "p2m_ops.cu", "one product, then support 1, bias, ReLU and residual in one pass"),
-    Route("graph_conv", ALL_MODES, "any", "support 0 the identity", "gemm + csr_gconv", "p2m_ops.cu",
+          "gemm + csr_gconv_x4", "graph_conv.cu", "one product, then support 1, bias, ReLU and residual in one pass"),
+    Route("graph_conv", ALL_MODES, "any", "support 0 the identity", "gemm + csr_gconv", "graph_conv.cu",
           "as above, a thread a column"),
-    Route("unpool", ALL_MODES, "any", "float32 x, int64 edges", "unpool_midpoints", "p2m_ops.cu",
+    Route("unpool", ALL_MODES, "any", "float32 x, int64 edges", "unpool_midpoints", "graph_conv.cu",
           "the midpoints in one pass (also after a graph convolution's product)"),
     Route("drb_block_tail", MODES_16BIT, "sm90", "A_0 the identity, the model's widths, 16-bit X in aligned rows "
           "(chain_takes), score layer 192 x 2 (fusable_score)", "wg_drb_chain_score_{f16,bf16} + drb_score_finish",
@@ -90,15 +90,15 @@ PLAN = (
           "wg_drb_layer_{3x,1x,f16,bf16}_{v,s,v_o16,s_o16,h16}", "wgmma_gemm.cu",
           "the whole layer (product, 43 x 43 mixing, epilogue) in one kernel"),
     Route("local_gconv", ALL_MODES, "any", "A_0 the identity, not fp16 off sm90 (16-bit X: skinny_gemm16)",
-          "gemm or skinny_gemm16 + drb_mix_epilogue", "p2m_ops.cu", "one product, then the mixing and epilogue"),
+          "gemm or skinny_gemm16 + drb_mix_epilogue", "deformation.cu", "one product, then the mixing and epilogue"),
     Route("local_gconv", ALL_MODES, "any", "A_0 not the identity, or fp16 off sm90", "cuBLAS + gconv_epilogue_*",
-          "p2m_ops.cu", "separate products through cuBLAS (float16 in fp16; no CUDA graph capture)"),
+          "deformation.cu", "separate products through cuBLAS (float16 in fp16; no CUDA graph capture)"),
     Route("local_gconv", ("fp32",), "cpu", "A_0 the identity", "NumPy GEMMs", "numpy_backend.py",
           "one product and one mixing product per sample instead of the reference's three"),
     Route("score_update", ALL_MODES, "any", "one output column, cin <= 512 in whole 16-byte loads, not fp16 "
-          "off sm90 with float32 X", "drb_score_update", "p2m_ops.cu",
+          "off sm90 with float32 X", "drb_score_update", "deformation.cu",
           "the score layer, softmax and vertex update in one launch, X read once"),
-    Route("hypothesis_update", ALL_MODES, "any", "always", "hypothesis_softmax_update", "p2m_ops.cu",
+    Route("hypothesis_update", ALL_MODES, "any", "always", "hypothesis_softmax_update", "deformation.cu",
           "softmax over the hypotheses and the moved vertices in one launch"),
     Route("chamfer (metrics)", ALL_MODES, "any", "the cupy metric backend", "nn_bruteforce", "nn_bruteforce.cu",
           "exact nearest neighbours for the evaluation's Chamfer distance and F-score"),
@@ -151,12 +151,12 @@ def layer_3xf16_takes(x, k: int, mixing: str) -> bool:
 def fusable_score(score) -> bool:
     """Whether a block's score layer can run in its last wide layer's epilogue: one output column, A_0
     the identity (one [W0 | W1] of 192 x 2)."""
-    return score.weight0 is None and score.cout == 1 and score.weight.shape == (hopper_gemm.WIDE_COLS, 2)
+    return score.weight0 is None and score.cout == 1 and score.weight.shape == (WIDE_COLS, 2)
 
 
 def gemm_on_hopper(m: int, n: int) -> bool:
     """Whether an (m, n) product runs in the wgmma GEMM (where it is available)."""
-    return n >= hopper_gemm.BN and -(-m // hopper_gemm.BM) * -(-n // hopper_gemm.BN) >= GEMM_TARGET_BLOCKS
+    return n >= GEMM.bn and -(-m // GEMM.bm) * -(-n // GEMM.bn) >= GEMM_TARGET_BLOCKS
 
 
 def gemm_k_slice(passes: int, m: int, n: int, bn: int) -> int:

@@ -1,0 +1,113 @@
+"""The Hopper kernels' families and their constants, one frozen dataclass each (the values their
+``kernels/wgmma_*.cu`` files define; tests/test_kernel_sources.py compares them), and the operand modes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ...kernel_constants import HYPOTHESES
+
+#: The target the Hopper kernels are built for: wgmma exists only there.
+ARCH = "sm_90a"
+#: The deformation blocks' wide layers' output columns.
+WIDE_COLS = 192
+
+
+@dataclass(frozen=True)
+class GemmKernel:
+    """The wgmma GEMM (``wg_gemm_*``, kernels/wgmma_gemm.cu): tile of C per block (rows, columns), K
+    slice, ring depth, threads; float32 A rows are padded by 4 floats (``a_stride``)."""
+
+    source: str = "wgmma_gemm.cu"
+    bm: int = 128
+    bn: int = 128
+    bk: int = 32
+    stages: int = 4
+    threads: int = 256
+
+    @property
+    def a_stride(self) -> int:
+        return self.bk + 4
+
+
+@dataclass(frozen=True)
+class LayerKernel:
+    """A deformation block's layer (``wg_drb_layer_*``, kernels/wgmma_gemm.cu): tile rows (4 vertices x 43
+    hypotheses, padded), vertices a tile, output columns (the block's 64 B columns are 32 of W0 and the
+    same 32 of W1), ring depth, threads (3 MMA warpgroups and an epilogue warpgroup). The input-side
+    kernels (the chain, the three-half-products layer) share its vertex tile and block."""
+
+    source: str = "wgmma_gemm.cu"
+    rows: int = 192
+    vertices: int = 4
+    cols: int = 32
+    stages: int = 3
+    threads: int = 512
+
+    @property
+    def staging_bytes(self) -> int:
+        """Shared memory after the ring: the y0/y1 tiles (rows of 40 floats), the residual tile (172 rows
+        of 32 floats) and A1 (43 rows of 44 floats) (WG_DRB_STAGING_BYTES)."""
+        return (2 * self.rows * 40 + HYPOTHESES * self.vertices * 32 + HYPOTHESES * 44) * 4
+
+
+GEMM = GemmKernel()
+DRB_LAYER = LayerKernel()
+
+
+@dataclass(frozen=True)
+class ChainKernel:
+    """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu, 16-bit
+    modes): the 192-wide layers after the first, their 32-column K slices, the most inputs its first
+    layer takes (a block's first layer has 339), and a block's shared memory (two activation buffers
+    and the Z slots of 176 rows x 128 bytes per 64 columns, six W pieces of 192 rows x 64 bytes,
+    alignment slack: 232448 bytes, all a block may have on compute capability 9.0)."""
+
+    source: str = "wgmma_drb16_chain.cu"
+    hidden_layers: int = 4
+    k_slices: int = 6
+    max_cin: int = 384
+    smem: int = (2 * 3 + 1) * 176 * 128 + 6 * WIDE_COLS * 64 + 1024
+
+
+@dataclass(frozen=True)
+class Layer3xf16Kernel:
+    """The "fp32" mode's deformation layer as three float16 products (kernels/wgmma_drb32h.cu): the
+    mixing on the input side, tiles of 4 vertices by 96 of the 192 output columns (each K slice's
+    products summed on their own, for float32's accuracy), W streamed. K slice, tile columns; shared
+    memory: three X and two Z slots of 192 rows x 128 bytes (32 float32 columns), four W slots of four
+    96 x 32 float16 pieces, the slots' transaction barriers, alignment slack; each W column's
+    power-of-two scale puts its largest entry in [2^w_exponent, 2^(w_exponent + 1))."""
+
+    source: str = "wgmma_drb32h.cu"
+    k_slice: int = 32
+    tile_columns: int = 96
+    smem: int = 5 * DRB_LAYER.rows * 128 + 4 * 4 * 96 * 64 + 64 + 1024
+    w_exponent: int = 7
+
+
+CHAIN = ChainKernel()
+LAYER_3XF16 = Layer3xf16Kernel()
+
+
+class OperandMode(NamedTuple):
+    """How a Hopper kernel's products take their operands: ``code`` the WG_* value in
+    kernels/wgmma_common.cuh, ``kernel_part`` the kernel-name part, ``tf32_passes`` 3 (3xTF32), 1
+    (TF32) or 0 (16-bit operands)."""
+
+    code: int
+    kernel_part: str
+    tf32_passes: int
+
+    @property
+    def is_16bit(self) -> bool:
+        """float16 or bfloat16 operands (and, in the deformation layers, 16-bit activations)."""
+        return self.tf32_passes == 0
+
+
+#: Operand modes by name.
+OPERANDS = {"3xtf32": OperandMode(3, "3x", 3), "tf32": OperandMode(1, "1x", 1), "fp16": OperandMode(16, "f16", 0),
+            "bf16": OperandMode(17, "bf16", 0)}
+#: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
