@@ -18,7 +18,7 @@ tests)
     tests/test_golden.py tests/test_cupy_backend.py tests/test_metrics_gpu.py tests/test_out_of_memory.py \
     tests/test_model.py tests/test_drb32h.py tests/test_kernel_sources.py tests/test_kernel_cache.py \
     tests/test_branches.py tests/test_pinned_upload.py tests/test_kernel_manifest.py tests/test_kernel_constants.py \
-    tests/test_plan.py tests/test_pipeline.py tests/test_eval.py --durations=30 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
+    tests/test_plan.py tests/test_stage_kernels.py tests/test_pipeline.py tests/test_eval.py --durations=30 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
   ;;
 tests16)
   XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_drb16_reference.py \
