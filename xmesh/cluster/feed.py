@@ -18,7 +18,8 @@ from collections import deque
 from concurrent.futures import Executor
 
 from ..errors import XmeshError
-from ..pipeline.loading import CHUNK, PREFETCH_DEPTH, assemble, load_chunk
+from ..evaluate import check_finite
+from ..pipeline.loading import PREFETCH_DEPTH, assemble, decoded, submit_batch
 from ..pipeline.loop import BatchResult, LoopBuffers, Timing, run_batches
 from ..pipeline.writing import BatchFinisher, MeshWriter, prediction_stem
 
@@ -80,11 +81,7 @@ class StreamLoader:
                 shard, batch = item
                 if shard.error is not None:
                     continue
-                futures = None
-                if self.pool is not None:
-                    futures = [self.pool.submit(load_chunk, batch[i:i + CHUNK], self.views, self.with_gt)
-                               for i in range(0, len(batch), CHUNK)]
-                pending.append((shard, batch, futures))
+                pending.append((shard, batch, submit_batch(self.pool, batch, self.views, self.with_gt)))
                 return True
             return False
 
@@ -101,10 +98,7 @@ class StreamLoader:
                 shard, batch, futures = pending.popleft()
                 start = time.perf_counter()
                 try:
-                    if futures is None:
-                        loaded = load_chunk(batch, self.views, self.with_gt)
-                    else:
-                        loaded = [x for f in futures for x in f.result()]
+                    loaded = decoded(batch, futures, self.views, self.with_gt)
                 except XmeshError as exc:
                     shard.fail(exc)
                     continue
@@ -124,10 +118,7 @@ class ShardFeed:
 
     def __init__(self, model, options, loaders: int, pool: Executor | None, writer: MeshWriter | None,
                  buffers: LoopBuffers):
-        from ..evaluate import check_finite
-
         self.model, self.options, self.loaders, self.writer, self.buffers = model, options, loaders, writer, buffers
-        self.check_finite = check_finite
         self.inbox: queue.Queue = queue.Queue()
         self.loader = StreamLoader(self.inbox, pool, loaders, options.views, options.with_gt)
         self.timing = Timing()
@@ -143,7 +134,7 @@ class ShardFeed:
         if shard.error is not None:
             return
         try:
-            self.check_finite(result)
+            check_finite(result)
             futures = self.writer.submit([prediction_stem(s) for s in result.samples], result.vertices) \
                 if self.writer is not None else []
             shard.finisher.put(result, futures)

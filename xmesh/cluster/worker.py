@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from distributed import WorkerPlugin, get_worker
@@ -55,7 +55,6 @@ class ShardOutcome:
     timing: dict
     worker: str
     error: XmeshError | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class WorkerModel:
@@ -68,7 +67,7 @@ class WorkerModel:
         self.setup_lock = threading.RLock()
         self.loader_pools: dict[int, object] = {}
         self.writers: dict[tuple, MeshWriter] = {}
-        self.feeds: dict[ShardOptions, ShardFeed] = {}
+        self.running: ShardFeed | None = None   # the loop of the run under way
         self.loop_buffers = LoopBuffers()   # one loop runs at a time
 
     def processes(self, options: ShardOptions) -> tuple[int, int]:
@@ -104,23 +103,22 @@ class WorkerModel:
     def feed(self, options: ShardOptions) -> ShardFeed:
         """The batch loop for ``options``, started on first use (again after a failure stopped it)."""
         with self.setup_lock:
-            feed = self.feeds.get(options)
-            if feed is None or feed.broken is not None:
-                for other in self.feeds.values():   # another run's loop, or a stopped one: done with
-                    other.close()
+            feed = self.running
+            if feed is None or feed.options != options or feed.broken is not None:
+                if feed is not None:   # another run's loop, or a stopped one: done with
+                    feed.close()
                 loaders = self.processes(options)[0]
-                if feed is not None and loaders in self.loader_pools:   # what stopped it may have been the pool
-                    self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)
-                feed = ShardFeed(self.reconstructor(), options, loaders, self.loader_pool(loaders),
-                                 self.mesh_writer(options), self.loop_buffers)
-                self.feeds = {options: feed}
+                if feed is not None and feed.options == options and loaders in self.loader_pools:
+                    self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)   # it may have stopped it
+                self.running = feed = ShardFeed(self.reconstructor(), options, loaders, self.loader_pool(loaders),
+                                                self.mesh_writer(options), self.loop_buffers)
             return feed
 
     def close(self) -> None:
         with self.setup_lock:
-            for feed in self.feeds.values():
-                feed.close()
-            self.feeds.clear()
+            if self.running is not None:
+                self.running.close()
+                self.running = None
             for writer in self.writers.values():
                 writer.close()
             for pool in self.loader_pools.values():

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import time
 from collections import deque
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -77,6 +77,21 @@ def assemble(batch: list[tuple[SampleId, SamplePaths]], loaded: list[tuple]) -> 
                      cameras=np.stack([x[1] for x in loaded]).astype(np.float32),
                      gts=None if loaded[0][2] is None else [x[2] for x in loaded],
                      decode_s=sum(x[3] for x in loaded), gt_s=sum(x[4] for x in loaded))
+
+
+def submit_batch(pool: Executor | None, batch: list, views: tuple, with_gt: bool) -> list[Future] | None:
+    """Start decoding ``batch`` in ``pool``, a task per ``CHUNK`` samples; None without a pool (the
+    batch is then decoded inline by :func:`decoded`)."""
+    if pool is None:
+        return None
+    return [pool.submit(load_chunk, batch[i:i + CHUNK], views, with_gt) for i in range(0, len(batch), CHUNK)]
+
+
+def decoded(batch: list, futures: list[Future] | None, views: tuple, with_gt: bool) -> list[tuple]:
+    """The per-sample results of ``batch``: its tasks' (waiting for them), or decoded here."""
+    if futures is None:
+        return load_chunk(batch, views, with_gt)
+    return [x for f in futures for x in f.result()]
 
 
 def _init_worker() -> None:
@@ -168,8 +183,7 @@ class BatchLoader:
             batch = next(upcoming, None)
             if batch is None:
                 return False
-            chunks = [batch[i:i + CHUNK] for i in range(0, len(batch), CHUNK)]
-            pending.append((batch, [pool.submit(load_chunk, c, self.views, self.with_gt) for c in chunks]))
+            pending.append((batch, submit_batch(pool, batch, self.views, self.with_gt)))
             return True
 
         try:
@@ -180,7 +194,7 @@ class BatchLoader:
                     return
                 batch, futures = pending.popleft()
                 start = time.perf_counter()
-                loaded = [x for f in futures for x in f.result()]
+                loaded = decoded(batch, futures, self.views, self.with_gt)
                 self.wait_s += time.perf_counter() - start
                 yield assemble(batch, loaded)
         finally:

@@ -101,8 +101,9 @@ def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]]
                 loader: BatchLoader | None = None, buffers: LoopBuffers | None = None,
                 timing: Timing | None = None) -> Timing:
     """Run every batch; see the module docstring. ``metric_backend``: 'auto' scores where the network
-    ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU. ``loader``: a
-    BatchLoader over ``batches`` set up by the caller (e.g. one already decoding), instead of a new one.
+    ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU. ``loader``: the
+    caller's source of decoded batches instead of a BatchLoader over ``batches`` (e.g. a cluster
+    worker's, fed shard after shard).
     ``buffers``: GPU buffers kept across calls (one call at a time may use them). ``timing``: the
     Timing to add to, which another thread may read while the loop runs. A ``loader`` may yield
     None when it has nothing ready: the loop then finishes the batch in flight before waiting."""
