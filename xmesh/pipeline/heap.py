@@ -3,10 +3,9 @@
 Dask's nanny starts its workers with ``MALLOC_TRIM_THRESHOLD_`` set (to hand freed memory back to
 the OS at once), and their children inherit it. Setting it also turns off glibc's adaptive mmap
 threshold, so every array over 128 KiB (a batch's images are 29 MB) becomes a fresh mmap, faulted
-in and zeroed each time: assembling one batch from its decoded chunks took 20 ms instead of 11 on
-a CPU here. :func:`keep_batch_memory` restores a heap that reuses such blocks. Where the batch loop
-runs in a thread (a cluster worker's), ``one_arena`` also keeps every thread on the main heap: a
-thread's own arena (heaps of 64 MB) took 9-12 ms to assemble a batch against 5 ms on the main heap.
+in and zeroed each time. :func:`keep_batch_memory` restores a heap that reuses such blocks. Where
+the batch loop runs in a thread (a cluster worker's), ``one_arena`` also keeps every thread on the
+main heap: a thread's own arena (heaps of 64 MB) maps batch-sized blocks afresh far more often.
 """
 from __future__ import annotations
 
