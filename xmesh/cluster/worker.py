@@ -1,6 +1,6 @@
 """What runs on a Dask worker: the model, built once per worker, and shards of whole batches.
 
-:class:`ModelPlugin` carries a :class:`~xmesh.cluster.spec.ModelSpec` to every worker, those that
+:class:`ModelPlugin` carries a :class:`~xmesh.reconstruct.ModelSpec` to every worker, those that
 join later included. Its :class:`WorkerModel` builds the Reconstructor on first use and keeps it,
 with its captured graphs, its loader pool and its mesh writers, until the plugin is removed.
 
