@@ -15,7 +15,7 @@ from pathlib import Path
 import xmesh
 from xmesh.io.weights import synthetic_weights
 from xmesh.synthetic.dataset import demo_inputs
-from xmesh.synthetic.render import render_mesh_file
+from xmesh.pictures.views import render_mesh_file
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ def run(args) -> int:
 
     from ..errors import InputError
     from .common import output_errors
-    from ..synthetic.render import load_points, render_mesh_file
+    from ..pictures.views import render_mesh_file
+    from ..synthetic.render import load_points
 
     if not 1 <= args.size <= MAX_SIZE:
         raise InputError(f"--size {args.size}: expected a whole number of pixels per view from 1 to {MAX_SIZE}")

@@ -13,6 +13,9 @@ sampled bilinearly in float64; rays that miss the photo read white.
 
 Object pixels: the photo's alpha channel (alpha 0 is background, as in the original), or a mask
 (any size-matched image; nonzero above half its range is object), which replaces the alpha.
+
+``cameras`` below is a :class:`~xmesh.photo.views.PhotoCameras` (whose ``prepare_images`` calls
+:func:`prepare_photos`).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import numpy as np
 from xmesh.errors import InputError
 from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, _decode_file, _scale_of, _to_bgr_or_bgra, prepare_image
 from xmesh.model.camera import CENTER, FOCAL
-from xmesh.photo.views import PhotoCameras, view_label
+from xmesh.photo.posed import view_label
 
 RESIZE_MATCH_PX = 1e-6     # mapping within this of the plain resize: the original loader runs
 SHRINK_ABOVE = 2.0         # photo pixels per output pixel above which the photo is shrunk first
@@ -66,7 +69,7 @@ def network_rays() -> np.ndarray:
     return np.stack([(u - CENTER) / FOCAL, (v - CENTER) / FOCAL, np.ones_like(u)], axis=-1)
 
 
-def source_coordinates(cameras: PhotoCameras, index: int, intrinsics) -> tuple[np.ndarray, np.ndarray]:
+def source_coordinates(cameras, index: int, intrinsics) -> tuple[np.ndarray, np.ndarray]:
     """Per output pixel, the photo's continuous pixel coordinates (224, 224, 2) and whether the ray
     points into the photo's camera (in front of it)."""
     view = cameras.views[index]
@@ -98,7 +101,7 @@ def bilinear_white(image: np.ndarray, uv: np.ndarray, valid: np.ndarray) -> np.n
     return np.where(inside[..., None], out, 1.0)
 
 
-def prepare_photo(cameras: PhotoCameras, index: int, image, mask=None) -> np.ndarray:
+def prepare_photo(cameras, index: int, image, mask=None) -> np.ndarray:
     """One photo (path or array, any size, 1-4 channels, 8/16-bit or float) -> (224, 224, 3) float32
     BGR in [0, 1], as the network's camera for view ``index`` would have seen it on white."""
     view = cameras.views[index]
@@ -142,7 +145,7 @@ def _pixel_spacing(uv: np.ndarray) -> float:
     return float(np.median(np.concatenate([du.ravel(), dv.ravel()])))
 
 
-def prepare_photos(cameras: PhotoCameras, images, masks) -> np.ndarray:
+def prepare_photos(cameras, images, masks) -> np.ndarray:
     """The three photos as the network input (3, 224, 224, 3) float32; ``masks`` a sequence of 3
     (entries may be None: that photo's alpha, if any, is used)."""
     if isinstance(images, (str, bytes, os.PathLike)) or not hasattr(images, "__len__"):

@@ -11,7 +11,7 @@ from xmesh.synthetic.dataset import (
     write_dataset,
     write_rendering_set,
 )
-from xmesh.synthetic.render import render_mesh, render_mesh_file, render_views, save_png
+from xmesh.synthetic.render import render_mesh, render_views, save_png
 from xmesh.synthetic.shapes import SHAPE_NAMES, make_shape, sample_surface
 
 __all__ = [
@@ -20,7 +20,6 @@ __all__ = [
     "demo_scene",
     "make_shape",
     "render_mesh",
-    "render_mesh_file",
     "render_views",
     "sample_surface",
     "save_png",
