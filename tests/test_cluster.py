@@ -276,11 +276,11 @@ def _feed_items(root: Path, list_file: Path) -> list:
 
 def _feed(delay: float = 0.0):
     from xmesh.cluster.feed import ShardFeed
-    from xmesh.cluster.worker import ShardOptions
     from xmesh.pipeline.loop import LoopBuffers
+    from xmesh.pipeline.settings import RunSettings
 
-    options = ShardOptions(workers=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto", predict_dir=None)
-    return ShardFeed(ToyReconstructor(delay), options, 0, None, None, LoopBuffers())
+    settings = RunSettings(batch_size=2, loaders=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto")
+    return ShardFeed(ToyReconstructor(delay), settings, 0, None, None, LoopBuffers())
 
 
 def _through_feed(feed, shards: list) -> tuple[list, dict]:
@@ -354,22 +354,23 @@ class _FailsOnce(ToyReconstructor):
 def test_a_loop_stopped_by_another_error_fails_its_shard_and_the_next_shard_runs_on_a_new_loop(data):
     """Not an XmeshError (e.g. a device fault): the shard raises it, so Dask retries it, and the
     worker starts a new loop for the retry."""
-    from xmesh.cluster.worker import ShardOptions, WorkerModel
+    from xmesh.cluster.worker import WorkerModel
+    from xmesh.pipeline.settings import RunSettings
     from xmesh.pipeline.writing import BatchFinisher
 
     items = _feed_items(data["root"], data["test_list"])
     batches = [items[i:i + 2] for i in range(0, 4, 2)]
-    options = ShardOptions(workers=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto", predict_dir=None)
+    settings = RunSettings(batch_size=2, loaders=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto")
     state = WorkerModel(ToySpec())
     state.model = _FailsOnce()
     try:
-        first = state.feed(options)
+        first = state.feed(settings)
         with pytest.raises(RuntimeError, match="a device error"):
             first.run(batches, BatchFinisher(lambda r: None))
         rows = []
         finisher = BatchFinisher(lambda r: rows.extend(map(str, r.samples)))
-        assert state.feed(options) is not first
-        assert state.feed(options).run(batches, finisher).error is None
+        assert state.feed(settings) is not first
+        assert state.feed(settings).run(batches, finisher).error is None
         finisher.close()
         assert rows == [str(s) for s, _ in items[:4]]
     finally:

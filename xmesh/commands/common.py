@@ -28,12 +28,12 @@ def resolve_weights(values):
     return weight_sources.resolve_weights(list(values), option="--weights")
 
 
-def describe_processes(chosen: dict, args, client, writer: str = "writer") -> str:
+def describe_processes(chosen, args, client, writer: str = "writer") -> str:
     """The loader and writer process counts a dataset command prints (on a cluster without
     --workers each worker chooses them from its own cores)."""
     if client is not None and args.workers is None:
         return f"loader and {writer} processes chosen by each worker from its cores"
-    return f"{chosen['workers']} loader and {chosen['writers']} {writer} process(es)"
+    return f"{chosen.loaders} loader and {chosen.writers} {writer} process(es)"
 
 
 def add_cluster_option(parser) -> None:
@@ -77,7 +77,7 @@ def output_errors(what: str):
                          "expected a writable path with free space") from None
 
 
-def run_dataset_command(args, chosen: dict, path_options: tuple, body) -> int:
+def run_dataset_command(args, chosen, path_options: tuple, body) -> int:
     """Run ``body(args, model, pool, client)`` for a dataset command: on a Dask cluster with
     ``--cluster`` (the client made first, so a missing extra fails at once; the ``path_options`` of
     ``args`` made absolute, as the workers may run elsewhere; ``model`` the ModelSpec the workers
@@ -94,7 +94,7 @@ def run_dataset_command(args, chosen: dict, path_options: tuple, body) -> int:
             return body(args, spec, None, client)
     from ..pipeline.loading import start_pool
 
-    pool = start_pool(chosen["workers"])
+    pool = start_pool(chosen.loaders)
     try:
         return body(args, reconstructor_from_args(args), pool, None)
     finally:

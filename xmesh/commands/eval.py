@@ -39,12 +39,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..evaluate import choose_settings
+    from ..pipeline.settings import RunSettings
 
     if args.report:  # fail at once, before any work, where matplotlib is missing
         from ..report import require_matplotlib
         require_matplotlib()
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
+    chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
     return run_dataset_command(args, chosen, ("images", "gt", "out"), 
                                lambda a, model, pool, client: _run(a, chosen, model, pool, client))
 
@@ -53,7 +53,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
 
     said = describe_weights(args.weights)
-    print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
+    print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen.batch_size}, "
           f"{describe_processes(chosen, args, client, 'mesh writer')}",
           file=sys.stderr)
     summary = evaluate_dataset(

@@ -88,7 +88,7 @@ def run(args) -> int:
 
 
 def run_list(args) -> int:
-    from ..evaluate import choose_settings
+    from ..pipeline.settings import RunSettings
 
     reject_photo_options(args)
     if args.images:
@@ -97,7 +97,7 @@ def run_list(args) -> int:
         raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
+    chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
     return run_dataset_command(args, chosen, ("images_root", "out"),
                                lambda a, model, pool, client: _run(a, chosen, model, pool, client))
 
@@ -106,7 +106,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
 
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
-          f"batch size {chosen['batch_size']}, {describe_processes(chosen, args, client)}",
+          f"batch size {chosen.batch_size}, {describe_processes(chosen, args, client)}",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..dataset import DEFAULT_VIEWS, SampleId, SamplePaths
+from ..errors import XmeshError
 from ..io.images import images_to_unit
 from ..metrics import THRESHOLDS, evaluate
 from ..metrics.batch import evaluate_batch, pad_clouds
@@ -68,6 +69,15 @@ class BatchResult:
     scores: dict | None
     ms: float
     extra: dict = field(default_factory=dict)
+
+
+def check_finite(result: BatchResult) -> None:
+    """Refuse a scored batch whose prediction holds NaN or infinite coordinates, naming the sample."""
+    if result.scores is not None:
+        bad = np.flatnonzero(~result.scores["finite"])
+        if bad.size:
+            raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
+                             "coordinates; check the weights (and --precision) used")
 
 
 def _gt_arrays(host: HostBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -56,7 +56,7 @@ def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, rec
     ``xmesh eval``) give the gallery its input views and ground truth; predictions are read from
     ``out_dir/predict/`` or, where absent, made again by ``reconstructor``."""
     require_matplotlib()
-    from xmesh.evaluate import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
+    from xmesh.results import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
     from xmesh.report import charts, gallery, page
 
     out_dir = Path(out_dir)
