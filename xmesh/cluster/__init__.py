@@ -5,7 +5,8 @@ from here).
 
 - :mod:`.connect`: the ``--cluster`` SPEC forms and the client that reaches them;
 - :mod:`.worker`: the worker plugin that keeps one model per worker, and the shard task;
-- :mod:`.driver`: the client's loop: shards out, rows in, one writer of samples.csv.
+- :mod:`.driver`: :class:`~xmesh.cluster.driver.DaskExecutor`, the client's loop: shards out, rows in
+  to the one writer of samples.csv.
 
 Only :mod:`.worker` and :mod:`.driver` import Dask; the rest works without the extra installed.
 """
