@@ -56,18 +56,22 @@ MEMORY_UNITS = {"DRAM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
 WAVES = "launch__waves_per_multiprocessor"
 TENSOR_CYCLES = "sm__pipe_tensor_cycles_active.sum"
 GMMA_INST, HMMA_INST = "sm__inst_executed_pipe_tensor_op_gmma.sum", "sm__inst_executed_pipe_tensor_op_hmma.sum"
-STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
-                 "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction",
-                 "not_selected", "short_scoreboard", "sleeping", "tex_throttle", "wait")
-STALLS = {reason: f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio" for reason in STALL_REASONS}
+STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "lg_throttle", "long_scoreboard",
+                 "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction", "not_selected",
+                 "short_scoreboard", "sleeping", "tex_throttle", "wait")
+HOPPER_STALL_REASONS = ("gmma", "imc_miss")   # gmma: waiting on warpgroup MMAs
+STALLS = {reason: f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+          for reason in STALL_REASONS + HOPPER_STALL_REASONS}
 
 # What the table needs (a run without these is refused), then groups that add detail: a group
 # whose metrics this Nsight Compute does not know is left out as a whole (``probe_metrics``).
 CORE_METRICS = (TIME, DRAM_READ, DRAM_WRITE, SM_PCT, MEM_PCT)
 OPTIONAL_METRICS = {
     "memory units and waves": (*MEMORY_UNITS.values(), WAVES),
-    "tensor pipe": (TENSOR_CYCLES, GMMA_INST, HMMA_INST),
-    "warp stalls": tuple(STALLS.values()),
+    "tensor pipe cycles": (TENSOR_CYCLES,),
+    "tensor instructions": (GMMA_INST, HMMA_INST),
+    "warp stalls": tuple(STALLS[reason] for reason in STALL_REASONS),
+    "Hopper warp stalls": tuple(STALLS[reason] for reason in HOPPER_STALL_REASONS),
 }
 NCU_FLAGS = ("--nvtx", "--cache-control", "none", "--clock-control", "none", "--csv", "--page", "raw")
 UNITS_FLAGS = ("--print-units", "base")
