@@ -154,11 +154,17 @@ class Launch:
 
 
 def kernel_label(name: str) -> str:
-    """A kernel's name without return type, template arguments or parameters."""
+    """A kernel's name without its return type and parameter list (template arguments kept: a library
+    kernel's name is often in them)."""
     name = name.strip()
     if name.startswith("void "):
         name = name[5:]
-    return re.split(r"[(<]", name, maxsplit=1)[0].strip() or name
+    depth = 0
+    for i, ch in enumerate(name):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0 and i > 0:
+            return name[:i].strip()
+    return name
 
 
 def stage_of(nvtx: str) -> str:
@@ -225,7 +231,8 @@ class Instruction:
 
 
 # H100 SXM dense peaks: wgmma 989.4 TFLOP/s in 16 bits, 494.7 in TF32. mma.sync has no published peak
-# on Hopper; it is taken as half of wgmma's, the rate kernels/wgmma_gemm.cu's comparison found.
+# on Hopper; it is taken as half of wgmma's (kernels/wgmma_gemm.cu: wgmma runs at about twice the rate
+# mma.sync reaches on an H100).
 WGMMA_F16, WGMMA_BF16, WGMMA_TF32 = 989.4, 989.4, 494.7
 MMA_SYNC_TF32 = WGMMA_TF32 / 2
 
@@ -241,11 +248,13 @@ _OWN_KERNELS = (
 )
 
 
-def instruction_of(kernel: str, gmma: float | None = None, hmma: float | None = None) -> Instruction | None:
+def instruction_of(kernel: str, gmma: float | None = None, hmma: float | None = None,
+                   tensor_cycles: float | None = None) -> Instruction | None:
     """The tensor-core instruction a kernel's products run on; None for a kernel without any.
 
     xmesh's kernels by name; others (cuDNN's convolutions, which take float32 with tensor-op math)
-    by the tensor-pipe instruction counters, as TF32."""
+    by the tensor-pipe counters, as TF32 (wgmma or mma.sync by the instruction counters; "tensor op"
+    where only the pipe's cycles were collected)."""
     for pattern, instruction in _OWN_KERNELS:
         if re.search(pattern, kernel):
             return instruction
@@ -253,6 +262,8 @@ def instruction_of(kernel: str, gmma: float | None = None, hmma: float | None = 
         return Instruction("wgmma tf32", WGMMA_TF32)
     if hmma:
         return Instruction("mma.sync tf32", MMA_SYNC_TF32)
+    if tensor_cycles and gmma is None and hmma is None:
+        return Instruction("tensor op tf32", WGMMA_TF32)
     return None
 
 
@@ -313,7 +324,8 @@ def summarise(launches: list[Launch], flop_per_call: dict[str, float] | None = N
             stats[key] = KernelStats(launch.stage, launch.kernel)
         stats[key].add(launch)
     for s in stats.values():
-        s.instruction = instruction_of(s.kernel, s.sums.get(GMMA_INST), s.sums.get(HMMA_INST))
+        s.instruction = instruction_of(s.kernel, s.sums.get(GMMA_INST), s.sums.get(HMMA_INST),
+                                       s.sums.get(TENSOR_CYCLES))
     attribute_flops(list(stats.values()), flop_per_call or {})
     return list(stats.values())
 

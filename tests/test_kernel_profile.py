@@ -46,6 +46,7 @@ UNITS = {
 METRICS = sorted(UNITS)   # ncu writes the metric columns in name order
 
 CUDNN = "sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32_kernel"
+CUDNN_LABEL = f"{CUDNN}<float>"   # the launch's name without "void " and its parameters
 # (stage, kernel, {metric: cell}) of each launch; cells as ncu writes them, thousands separators included
 LAUNCHES = [
     ("drb_1", "wg_drb_chain_score_f16", {
@@ -121,11 +122,24 @@ def test_units_and_separators():
     assert kp.to_base("n/a", "byte") is None and kp.to_base("", "%") is None
 
 
+def test_kernel_labels_and_instructions():
+    assert kp.kernel_label("void cutlass::Kernel2<gemm<(int)1, 64>>(Params)") == "cutlass::Kernel2<gemm<(int)1, 64>>"
+    assert kp.kernel_label("wg_drb_layer_3xf16") == "wg_drb_layer_3xf16"
+    named = {k: kp.instruction_of(k) for k in ("wg_drb_chain_score_bf16", "wg_drb_layer_f16_h16", "wg_gemm_3x_v",
+                                                 "gemm_3x_n128_v", "gconv_epilogue_f16", "skinny_gemm16")}
+    assert {k: i and (i.name, i.products) for k, i in named.items()} == {
+        "wg_drb_chain_score_bf16": ("wgmma bf16", 1), "wg_drb_layer_f16_h16": ("wgmma f16", 1),
+        "wg_gemm_3x_v": ("wgmma tf32", 3), "gemm_3x_n128_v": ("mma.sync tf32", 3),
+        "gconv_epilogue_f16": None, "skinny_gemm16": None}
+    assert kp.instruction_of("lib_kernel", gmma=0.0, hmma=0.0, tensor_cycles=0.0) is None
+    assert kp.instruction_of("lib_kernel", tensor_cycles=10.0).name == "tensor op tf32"   # no instruction counters
+
+
 def test_launches_read_with_their_stage_and_kernel(tmp_path):
     launches = kp.read_launches(write_csv(tmp_path / "prof.csv"))
     assert len(launches) == len(LAUNCHES)
     assert [(l.stage, l.kernel) for l in launches[:3]] == [
-        ("drb_1", "wg_drb_chain_score_f16"), ("drb_1", "local_projection_tiled_o16"), ("cnn_stage2", CUDNN)]
+        ("drb_1", "wg_drb_chain_score_f16"), ("drb_1", "local_projection_tiled_o16"), ("cnn_stage2", CUDNN_LABEL)]
     assert launches[0].values["dram__bytes_read.sum"] == 1.5e9
     assert "dram__bytes_read.sum" not in launches[-1].values     # n/a and empty cells are absent, not 0
 
@@ -145,7 +159,7 @@ def test_times_shares_bandwidth_and_flop_rates(mode):
 
 
 def test_flop_split_by_tensor_pipe_work(mode):
-    cudnn, conv = _stats(mode, CUDNN), _stats(mode, "conv_1x_n64")
+    cudnn, conv = _stats(mode, CUDNN_LABEL), _stats(mode, "conv_1x_n64")
     # both TF32 (2 pipe cycles per 16-bit product): work 4e6 : 1e6 cycles
     assert cudnn.flop == pytest.approx(1.5e11 * 0.8) and conv.flop == pytest.approx(1.5e11 * 0.2)
     assert cudnn.instruction.name == "wgmma tf32"                  # by its gmma counter
@@ -168,14 +182,14 @@ def test_flop_without_tensor_counters_goes_to_the_longest_tensor_kernel():
 
 def test_the_three_percent_cut_and_order(mode):
     rows = [s.kernel for s in mode.roofline_rows()]
-    assert rows == ["wg_drb_chain_score_f16", "local_projection_tiled_o16", CUDNN, "conv_1x_n64", "csr_gconv"]
+    assert rows == ["wg_drb_chain_score_f16", "local_projection_tiled_o16", CUDNN_LABEL, "conv_1x_n64", "csr_gconv"]
     assert mode.share(_stats(mode, "csr_gconv")) > 0.03 > mode.share(_stats(mode, "gemm_1x_n64_v"))
 
 
 def test_limiters(mode):
     assert kp.limiter(_stats(mode, "wg_drb_chain_score_f16")) == "latency; stall barrier 3.5"
     assert kp.limiter(_stats(mode, "local_projection_tiled_o16")) == "DRAM throughput 85%"
-    assert kp.limiter(_stats(mode, CUDNN)) == "SM-heavy (70%)"
+    assert kp.limiter(_stats(mode, CUDNN_LABEL)) == "SM-heavy (70%)"
     assert kp.limiter(_stats(mode, "conv_1x_n64")) == "small grid (0.50 waves)"
     assert kp.limiter(_stats(mode, "csr_gconv")) == "balanced"
     assert kp.limiter(_stats(mode, "gemm_1x_n64_v")) == "-"
