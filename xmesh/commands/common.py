@@ -8,7 +8,7 @@ import sys
 from ..errors import InputError, XmeshError
 from ..io.atomic import os_error_reason
 from ..io import weight_sources
-from ..io.weight_sources import SYNTHETIC_PREFIX, describe_weights
+from ..io.weight_sources import SYNTHETIC_PREFIX
 
 
 def add_model_options(parser, weights_required: bool = True) -> None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_cluster_option, add_model_options, describe_processes, describe_weights, run_dataset_command
+from ..io.weight_sources import describe_weights
+from .common import add_cluster_option, add_model_options, describe_processes, run_dataset_command
 
 
 def add_parser(sub) -> None:

@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_cluster_option, add_model_options, describe_processes, describe_weights, output_errors,
-                     resolve_weights, run_dataset_command)
+from ..io.weight_sources import describe_weights
+from .common import (add_cluster_option, add_model_options, describe_processes, output_errors, resolve_weights,
+                     run_dataset_command)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}

@@ -1,6 +1,6 @@
 """Real cameras -> the network's camera rows, and the similarity between the two worlds.
 
-:func:`convert` takes three posed photos (:class:`PhotoView`: intrinsics, world -> camera rotation
+:func:`convert` takes three posed photos (:class:`~xmesh.photo.posed.PhotoView`: intrinsics, world -> camera rotation
 in OpenCV axes, camera centre) and an object centre and radius, and returns :class:`PhotoCameras`:
 the (3, 5) rows (azimuth, elevation, 0, distance, 25), the map between the input world and the
 network's, and the per-view image preparation (:mod:`xmesh.photo.prepare`).
@@ -25,7 +25,7 @@ from xmesh.errors import InputError
 from xmesh.io.images import NUM_VIEWS
 from xmesh.model.camera import camera_frame
 from xmesh.photo import frame
-from xmesh.photo.posed import PhotoView, view_label
+from xmesh.photo.posed import view_label
 from xmesh.photo.prepare import prepare_photos
 
 FIELD_OF_VIEW = 25.0                 # the fifth column of ShapeNet's rows (unused by the network)
