@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 
 from xmesh.errors import InputError
-from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, _decode_file, _scale_of, _to_bgr_or_bgra, prepare_image
+from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, decode_file, scale_of, to_bgr_or_bgra, prepare_image
 from xmesh.model.camera import CENTER, FOCAL
 from xmesh.photo.posed import view_label
 
@@ -37,7 +37,7 @@ SHRINK_ABOVE = 2.0         # photo pixels per output pixel above which the photo
 
 def _decoded(item, what: str) -> np.ndarray:
     if isinstance(item, (str, os.PathLike)):
-        return _decode_file(Path(item))
+        return decode_file(Path(item))
     if isinstance(item, np.ndarray):
         return item
     raise InputError(f"{what}: a {type(item).__name__}; expected a path or an image array")
@@ -55,7 +55,7 @@ def load_mask(item, what: str, shape: tuple | None = None) -> np.ndarray:
     if shape is not None and mask.shape != tuple(shape):
         raise InputError(f"{what}: the mask is {mask.shape[1]}x{mask.shape[0]} pixels but its photo is "
                          f"{shape[1]}x{shape[0]}; expected a mask of the photo's size")
-    binary = mask.copy() if mask.dtype == np.bool_ else mask.astype(np.float64) > 0.5 * _scale_of(mask, what)
+    binary = mask.copy() if mask.dtype == np.bool_ else mask.astype(np.float64) > 0.5 * scale_of(mask, what)
     if not binary.any():
         raise InputError(f"{what} is empty (no pixel marks the object); expected the object's pixels above half "
                          "the mask's range (white on black)")
@@ -107,8 +107,8 @@ def prepare_photo(cameras, index: int, image, mask=None) -> np.ndarray:
     view = cameras.views[index]
     label = view_label(index, view)
     what = f"{label}: photo {str(image)!r}" if isinstance(image, (str, os.PathLike)) else f"{label}: photo"
-    image = _to_bgr_or_bgra(np.asarray(_decoded(image, what)), what)
-    scale = _scale_of(image, what)
+    image = to_bgr_or_bgra(np.asarray(_decoded(image, what)), what)
+    scale = scale_of(image, what)
     height, width = image.shape[:2]
     if mask is not None:
         mask_what = f"{label}: mask {str(mask)!r}" if isinstance(mask, (str, os.PathLike)) else f"{label}: mask"
