@@ -154,7 +154,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         check_sample(sample, paths)
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": store.repaired_last_line,
-                "seconds": 0.0, "samples_per_s": 0.0, **settings.processes(), "save_meshes": bool(save_meshes)}
+                "seconds": 0.0, "samples_per_s": 0.0, **settings.as_summary(), "save_meshes": bool(save_meshes)}
     if todo:
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
@@ -185,7 +185,7 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     for sample, paths in todo:
         check_inputs(sample, paths)
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0,
-            **settings.processes()}
+            **settings.as_summary()}
     if todo:
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings

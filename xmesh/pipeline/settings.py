@@ -49,6 +49,6 @@ class RunSettings:
         """``items`` cut into batches of ``batch_size``."""
         return [items[i:i + self.batch_size] for i in range(0, len(items), self.batch_size)]
 
-    def processes(self) -> dict:
+    def as_summary(self) -> dict:
         """The batch size and process counts as a run's summary reports them."""
         return {"batch_size": self.batch_size, "workers": self.loaders, "writers": self.writers}
