@@ -306,12 +306,14 @@ def test_one_loop_fed_shard_after_shard_gives_the_rows_of_one_run(data):
     shard, with the chamfer of a single run over the whole list, and the shards' timings add up to
     the loop's."""
     from xmesh.pipeline.loop import run_batches
+    from xmesh.pipeline.settings import RunSettings
 
     items = _feed_items(data["root"], data["test_list"])
     batches = [items[i:i + 2] for i in range(0, len(items), 2)]
     expected = {}
     run_batches(ToyReconstructor(), batches, lambda r: expected.update(zip(map(str, r.samples),
-                                                                            r.scores["chamfer"].tolist())), workers=0)
+                                                                            r.scores["chamfer"].tolist())),
+                RunSettings(batch_size=2, loaders=0, writers=0))
     feed = _feed(delay=0.02)
     try:
         shards, rows = _through_feed(feed, [batches[0:2], batches[2:4], batches[4:6]])

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from concurrent.futures import Executor
 
 from ..errors import XmeshError
@@ -144,10 +145,8 @@ class ShardFeed:
 
     def _loop(self) -> None:
         try:
-            run_batches(self.model, [], self._on_batch, workers=self.loaders, views=self.settings.views,
-                        with_gt=self.settings.with_gt, keep_vertices=self.writer is not None,
-                        metric_backend=self.settings.metric_backend, loader=self.loader, buffers=self.buffers,
-                        timing=self.timing)
+            run_batches(self.model, [], self._on_batch, replace(self.settings, loaders=self.loaders),
+                        loader=self.loader, buffers=self.buffers, timing=self.timing)
         except BaseException as exc:   # handed to every shard waiting, and to the next one to come
             with self.lock:
                 self.broken = exc

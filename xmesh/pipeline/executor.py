@@ -48,9 +48,7 @@ class LocalExecutor:
             finisher.put(result, futures)
 
         try:
-            timing = run_batches(self.model, settings.batches(todo), on_batch, workers=settings.loaders,
-                                 views=settings.views, with_gt=settings.with_gt, keep_vertices=writer is not None,
-                                 metric_backend=settings.metric_backend, loader_pool=self.loader_pool)
+            timing = run_batches(self.model, settings.batches(todo), on_batch, settings, loader_pool=self.loader_pool)
         finally:
             try:
                 finisher.close()   # commit every batch that completed, also when the run failed
