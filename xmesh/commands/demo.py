@@ -22,6 +22,7 @@ def run(args) -> int:
     from ..errors import InputError
     from ..io.cameras import load_cameras
     from ..io.weights import load_weights, synthetic_weights
+    from ..io.writable import check_writable_folder
     from ..pictures.demo import weights_caption, write_demo_picture
     from ..reconstruct import Reconstructor
     from ..synthetic.dataset import demo_inputs
@@ -29,6 +30,7 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: is a file; expected a folder (made if missing) for the demo's outputs")
+    check_writable_folder(out)
     backend = get_backend(args.backend)  # fail at once where the backend cannot run
     if args.weights:  # check the weights before anything is rendered
         weights = load_weights(args.weights if len(args.weights) > 1 else args.weights[0])

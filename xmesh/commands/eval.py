@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..evaluate import choose_settings
+    from ..io.writable import check_writable_folder
+
+    check_writable_folder(args.out)
 
     if args.report:  # fail at once, before any work, where matplotlib is missing
         from ..report import require_matplotlib

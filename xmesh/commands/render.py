@@ -24,6 +24,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..errors import InputError
+    from ..io.writable import check_writable_file
     from .common import output_errors
     from ..synthetic.render import load_points, render_mesh_file
 
@@ -33,6 +34,7 @@ def run(args) -> int:
         raise InputError(f"--out {args.out}: expected a .png file name (the picture is written as PNG)")
     if Path(args.out).is_dir():
         raise InputError(f"--out {args.out}: is a folder; expected the path of a .png file to write")
+    check_writable_file(args.out)
     points = load_points(args.points) if args.points else None
     with output_errors(f"--out {args.out}: writing"):
         path = render_mesh_file(args.mesh, args.cameras, args.out, gt_points=points, size=args.size,
