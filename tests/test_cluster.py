@@ -230,19 +230,19 @@ def _eval_args(data, out, *extra):
 def test_cluster_without_dask_fails_at_once_naming_the_extra(data, tmp_path, monkeypatch, capsys, cluster, backend,
                                                              missing, extra):
     monkeypatch.setitem(sys.modules, missing, None)   # `import` of it then fails, as when it is not installed
-    with pytest.raises(BackendUnavailableError, match=f'pip install "xmesh\\[{extra}\\]"'):
+    with pytest.raises(BackendUnavailableError, match=f'pip install "xmesh-p2mpp\\[{extra}\\]"'):
         with open_client(cluster):
             pass
     start = time.monotonic()
     assert cli.main(_eval_args(data, tmp_path / "out", "--cluster", cluster, "--backend", backend)) == 2
     assert time.monotonic() - start < 10
     err = capsys.readouterr().err
-    assert f'pip install "xmesh[{extra}]"' in err and f"--cluster {cluster}" in err
+    assert f'pip install "xmesh-p2mpp[{extra}]"' in err and f"--cluster {cluster}" in err
     assert not (tmp_path / "out").exists()   # nothing started, nothing written
     listed = ["reconstruct", "--list", str(data["test_list"]), "--images", str(data["root"]), "--weights",
               "synthetic:1", "--out", str(tmp_path / "rec"), "--cluster", cluster, "--backend", backend]
     assert cli.main(listed) == 2
-    assert f'pip install "xmesh[{extra}]"' in capsys.readouterr().err
+    assert f'pip install "xmesh-p2mpp[{extra}]"' in capsys.readouterr().err
 
 
 def test_local_cuda_with_the_numpy_backend_is_refused(data, tmp_path, capsys):

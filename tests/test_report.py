@@ -167,14 +167,14 @@ def test_an_old_summary_without_timing_still_gives_a_report(resumed, tmp_path):
 
 def test_report_without_matplotlib_fails_at_once_naming_the_extra(data, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(MissingExtraError, match=r'pip install "xmesh\[report\]"'):
+    with pytest.raises(MissingExtraError, match=r'pip install "xmesh-p2mpp\[report\]"'):
         write_report(tmp_path)
     out = tmp_path / "never"
     root = data["root"]
     rc = cli.main(["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(data["test_list"]),
                    "--weights", "synthetic:1", "--out", str(out), "--no-progress", "--report"])
     err = capsys.readouterr().err
-    assert rc == 2 and "xmesh[report]" in err and "matplotlib" in err and "Traceback" not in err
+    assert rc == 2 and "xmesh-p2mpp[report]" in err and "matplotlib" in err and "Traceback" not in err
     assert not out.exists()  # refused before anything ran
 
 

@@ -61,7 +61,7 @@ def describe_processes(chosen: dict, args, client, writer: str = "writer") -> st
 def add_cluster_option(parser) -> None:
     parser.add_argument("--cluster", default=None, metavar="SPEC",
                         help="run on a Dask cluster: local:N (N worker processes here), local-cuda (one worker per "
-                             "GPU), or tcp://HOST:PORT (a running scheduler); needs pip install \"xmesh[dask]\"")
+                             "GPU), or tcp://HOST:PORT (a running scheduler); needs pip install \"xmesh-p2mpp[dask]\"")
     parser.add_argument("--shard-batches", type=int, default=None, metavar="K",
                         help="with --cluster: batches per task sent to a worker (default: 8 on the GPU, 4 on the CPU, fewer "
                              "so that every worker gets one)")

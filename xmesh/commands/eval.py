@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     p.add_argument("--report", action="store_true",
                    help="also write OUT/report.html (charts, timing, a gallery) and its pictures in OUT/report/; "
-                        'needs the report extra: pip install "xmesh[report]"')
+                        'needs the report extra: pip install "xmesh-p2mpp[report]"')
     add_model_options(p)
     add_cluster_option(p)
     p.set_defaults(run=run)

@@ -2,7 +2,7 @@
 
 :func:`write_report` reads ``OUT/samples.csv`` (every sample, so a resumed run's report covers
 them all) and ``OUT/summary.json`` (the weights and the run's throughput and timing), draws the
-charts with matplotlib (the ``report`` extra: ``pip install "xmesh[report]"``) and the gallery
+charts with matplotlib (the ``report`` extra: ``pip install "xmesh-p2mpp[report]"``) and the gallery
 with xmesh's own renderer, and writes a page that needs nothing from the network to be viewed.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from xmesh.errors import FileFormatError, InputError, MissingExtraError, Missing
 
 REPORT_HTML = "report.html"
 REPORT_FOLDER = "report"
-EXTRA_HINT = 'pip install "xmesh[report]"'
+EXTRA_HINT = 'pip install "xmesh-p2mpp[report]"'
 
 
 def require_matplotlib() -> None:
