@@ -1,6 +1,7 @@
 """The evaluation report: report.html and its pictures, from a resumed run, old summaries, the CLI, a browser."""
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ from xmesh.errors import MissingExtraError
 from xmesh.evaluate import evaluate_dataset, read_csv
 from xmesh.io.cameras import load_cameras
 from xmesh.io.weights import synthetic_weights
-from xmesh.mesh import read_obj
+from xmesh.mesh import Mesh, read_obj
 from xmesh.pictures.views import mesh_panel
 from xmesh.reconstruct import Reconstructor
 from xmesh.report import write_report
@@ -200,6 +201,28 @@ def test_xmesh_eval_report_reconstructs_the_gallery_again_and_says_the_weights_a
     xy, _, _ = framing.screen(to_world(mesh.vertices, "camera0", cameras[0]), PANEL)
     band = edge_band(xy, mesh.faces, (PANEL, PANEL))
     assert_same_drawing(panel, expected[1:-1, 1:-1], band[1:-1, 1:-1])
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class ToyWithBatches(ToyReconstructor):
+    """The stand-in network, also answering the gallery's ``reconstruct_batch``."""
+
+    def reconstruct_batch(self, images, cameras, views=None):
+        return [Mesh(self.base, self.faces) for _ in images]
+
+
+def test_a_gallery_made_again_shows_its_progress_on_a_terminal(data, tmp_path, monkeypatch):
+    toy, out = ToyWithBatches(), tmp_path / "out"
+    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=2, workers=0,
+                     progress=False)  # without --save-meshes: the report reconstructs its gallery
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    write_report(out, data["root"], data["root"] / "gt", toy)
+    assert re.search(r"report: reconstructing the gallery: 100%.* 6/6 ", terminal.getvalue()), terminal.getvalue()
 
 
 @pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium: apt-get install chromium (see README)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from .errors import XmeshError
 
@@ -22,8 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"xmesh {args.command}: warning: {message}", file=sys.stderr, flush=True)
+
     try:
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return int(args.run(args) or 0)
     except XmeshError as exc:
         print(f"xmesh {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_cluster_option, add_model_options, describe_processes, describe_weights, run_dataset_command
+from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
+                     run_dataset_command)
 
 
 def add_parser(sub) -> None:
@@ -42,6 +43,7 @@ def run(args) -> int:
     from ..evaluate import choose_settings
     from ..io.writable import check_writable_folder
 
+    check_batch_size(args)
     check_writable_folder(args.out)
 
     if args.report:  # fail at once, before any work, where matplotlib is missing
@@ -84,5 +86,6 @@ def _run(args, chosen, model, pool, client) -> int:
         from ..report import write_report
         # on a cluster the gallery's predictions come from predict/, or a model built here for them
         painter = model if client is None else (None if args.save_meshes else model.build())
-        print(f"wrote {write_report(args.out, args.images, args.gt, painter, args.views)} and its pictures")
+        page = write_report(args.out, args.images, args.gt, painter, args.views, progress=not args.no_progress)
+        print(f"wrote {page} and its pictures")
     return 0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..io.writable import check_writable_file, check_writable_folder
-from .common import (add_cluster_option, add_model_options, describe_processes, describe_weights, output_errors,
-                     resolve_weights, run_dataset_command)
+from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
+                     output_errors, resolve_weights, run_dataset_command)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
@@ -60,6 +60,7 @@ def run(args) -> int:
     from ..io.template import load_template
     from ..reconstruct import Reconstructor
 
+    check_batch_size(args)
     if args.list is not None:
         return run_list(args)
     if args.cluster is not None:
