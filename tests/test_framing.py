@@ -168,3 +168,26 @@ def test_drawings_of_one_mesh_compare_equal_through_last_bit_moves_but_not_anoth
     for other in (vertices * [1.1, 1.0, 1.0], vertices * [1.0, 0.9, 1.0]):  # 10% wider or flatter
         with pytest.raises(AssertionError):
             assert_same_drawing(drawing(other)[0], panel, band)
+
+
+def test_xmesh_demo_shows_both_meshes_as_shaded_surfaces_and_says_the_weights_are_synthetic(tmp_path):
+    """The demo's synthetic weights (the small-move variant) deform the template without collapsing
+    it: each mesh panel is a surface covering a good share of the panel in both directions (a thin
+    line covers a sliver), shaded in many tones (its faces visible), with the SYNTHETIC caption."""
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--out", str(out)]) == 0
+    picture = cv2.cvtColor(cv2.imread(str(out / "mesh.png")), cv2.COLOR_BGR2RGB)
+    size = (picture.shape[1] - 4 * 4) // 5
+    for index in (3, 4):   # the coarse and the refined mesh
+        panel = picture[1:size - 1, index * (size + 4) + 1: index * (size + 4) + size - 1]
+        covered = _non_white(panel, 18)
+        side, area = _span(covered, size)
+        assert 0.4 <= side <= 0.95 and area > 0.2, (index, side, area)
+        rows, cols = np.nonzero(covered)
+        spread = np.sqrt(np.linalg.eigvalsh(np.cov(np.stack([rows, cols]).astype(np.float64))))
+        assert spread[0] > 0.5 * spread[1], (index, spread)   # as wide one way as the other, not a line
+        tones = np.unique(panel[: covered.shape[0]][covered].astype(np.int64) @ [65536, 256, 1])
+        assert len(tones) > 30, (index, len(tones))   # shaded facets, not one flat colour
+    caption = picture[size:]
+    assert np.any(caption < 128)
+    assert "SYNTHETIC" in weights_caption(None, 1, "the test recipe's small-move variant")

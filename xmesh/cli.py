@@ -8,7 +8,7 @@ import warnings
 
 from .errors import XmeshError
 
-COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "bench")
+COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xmesh {importlib.import_module('xmesh').__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"xmesh.commands.{name}").add_parser(sub)
+        importlib.import_module(f"xmesh.commands.{name.replace('-', '_')}").add_parser(sub)
     return parser
 
 
