@@ -12,8 +12,9 @@
   call's figures with its ``timing`` (seconds per stage); written atomically.
 - ``f_score.log`` and ``cd.log``: the original evaluation scripts' per-category lines
   (:mod:`xmesh.results.p2m_logs`).
-- with ``save_meshes``: ``predict/{id}_predict.xyz`` and ``predict/{id}_predict.obj`` per sample
-  (:mod:`xmesh.pipeline.writing`).
+- with ``save_meshes``: ``predict/{id}_predict.xyz``, ``predict/{id}_predict.obj`` and the ground
+  truth as ``predict/{id}_ground.xyz`` per sample (:mod:`xmesh.pipeline.writing`), the files the
+  original's ``f_score.py`` and ``cd_distance.py`` read.
 
 :func:`reconstruct_dataset` runs the same pipeline without ground truth and writes only the meshes.
 Both read: resolve the inputs, choose an executor (:mod:`xmesh.pipeline.executor`: this process,
@@ -34,7 +35,7 @@ from .metrics import BACKENDS as METRIC_BACKENDS
 from .pipeline.executor import Executor, LocalExecutor
 from .pipeline.loop import format_timing
 from .pipeline.settings import GPU_BATCH, MESH_FORMATS, RunSettings
-from .pipeline.writing import FORMATS, prediction_files, remove_stray_temporaries
+from .pipeline.writing import FORMATS, GROUND_SUFFIX, prediction_files, prediction_stem, remove_stray_temporaries
 from .results import (CSV_COLUMNS, ResultsStore, format_table, read_csv, repair_csv, summary_from_rows)
 
 PREDICT_FOLDER = "predict"
@@ -107,10 +108,14 @@ def _listed(list_file, limit) -> list:
     return samples if limit is None else samples[: int(limit)]
 
 
-def _have_files(folder: Path, sample, formats) -> bool:
-    """Whether every mesh file of ``sample`` is there and not empty (a power cut can leave a renamed
-    file whose data never reached the disk; a killed process cannot)."""
-    for path in prediction_files(folder, sample, formats):
+def _have_files(folder: Path, sample, formats, ground: bool = False) -> bool:
+    """Whether every mesh file of ``sample`` (with ``ground``, its ground-truth text too) is there and
+    not empty (a power cut can leave a renamed file whose data never reached the disk; a killed
+    process cannot)."""
+    paths = prediction_files(folder, sample, formats)
+    if ground:
+        paths.append(Path(folder) / f"{prediction_stem(sample)}{GROUND_SUFFIX}")
+    for path in paths:
         try:
             if path.stat().st_size == 0:
                 return False
@@ -127,8 +132,9 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:meth:`RunSettings.choose`).
     Returns the summary dict (also written to summary.json): ``samples``, ``categories`` {synset:
-    {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``,
-    ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
+    {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories`` (those present),
+    ``mean_over_13_categories`` (absent ones as 0, as the original prints), ``mean_over_samples``,
+    ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
     seconds, samples_per_s, the settings, and ``timing``: seconds per stage). ``loader_pool``: an
     executor from :func:`xmesh.pipeline.loading.start_pool`, started before the model was built so
     that its start-up overlaps the model's (the command line does this).
@@ -142,14 +148,15 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     predict_dir = Path(out_dir) / PREDICT_FOLDER if save_meshes else None
     settings = RunSettings.choose(_on_gpu(reconstructor), batch_size, workers, save_meshes, views=views,
                                   with_gt=True, metric_backend=metric_backend,
-                                  mesh_dir=str(predict_dir) if predict_dir is not None else None)
+                                  mesh_dir=str(predict_dir) if predict_dir is not None else None,
+                                  ground_root=str(gt_root) if save_meshes else None)
     items = [(s, sample_paths(s, images_root, gt_root, views)) for s in _listed(list_file, limit)]
     store = ResultsStore(_prepare_out(out_dir))
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
     todo = [(s, p) for s, p in items if str(s) not in store.done_ids
-            or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS))]
+            or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS, ground=True))]
     for sample, paths in todo:  # fail before any compute when a file is missing
         check_sample(sample, paths)
 

@@ -81,10 +81,11 @@ class WorkerModel:
             return None
         faces = self.reconstructor().faces
         writers = self.processes(settings)[1]
-        key = (settings.mesh_dir, settings.formats, writers)
+        key = (settings.mesh_dir, settings.formats, writers, settings.ground_root)
         with self.setup_lock:
             if key not in self.writers:
-                self.writers[key] = MeshWriter(Path(settings.mesh_dir), faces, writers, settings.formats)
+                self.writers[key] = MeshWriter(Path(settings.mesh_dir), faces, writers, settings.formats,
+                                               settings.ground_root)
             return self.writers[key]
 
     def feed(self, settings: RunSettings) -> ShardFeed:

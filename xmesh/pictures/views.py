@@ -15,6 +15,7 @@ import numpy as np
 
 from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.cameras import load_cameras
+from xmesh.io.images import quiet_opencv
 from xmesh.mesh import read_mesh
 from xmesh.pictures.panels import hstack, on_white, put_label
 from xmesh.synthetic.framing import fit_framing
@@ -67,7 +68,8 @@ def read_rgba(path) -> np.ndarray:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise MissingFileError(f"image {path!r} does not exist")
-    image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    with quiet_opencv():
+        image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if image is None or image.ndim not in (2, 3):
         raise FileFormatError(f"image {path!r}: OpenCV cannot decode it; expected a PNG or JPEG picture")
     if image.dtype != np.uint8:
@@ -103,8 +105,14 @@ def render_mesh_file(mesh_path, cameras_path, out_png, gt_points=None, *, size: 
     mesh = read_mesh(mesh_path)
     if len(mesh.faces) == 0:
         raise FileFormatError(f"{mesh_path}: the mesh has no faces; nothing to render")
-    cameras = load_cameras(cameras_path, views)
     points = None if gt_points is None else load_points(gt_points)
+    return render_mesh_picture(mesh, load_cameras(cameras_path, views), out_png, points, size=size, frame=frame,
+                               camera_view=camera_view)
+
+
+def render_mesh_picture(mesh, cameras, out_png, points=None, *, size: int = SHAPENET_SIZE, frame: str = "camera0",
+                        camera_view: bool = False) -> Path:
+    """:func:`render_mesh_file` for a :class:`xmesh.mesh.Mesh`, the (3, 5) camera rows and (N, 3) points."""
     if camera_view:
         images = render_views(mesh.vertices, mesh.faces, cameras, size=size, points=points, frame=frame,
                               camera0_row=cameras[0])

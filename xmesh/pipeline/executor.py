@@ -33,8 +33,8 @@ class LocalExecutor:
         self.loader_pool = loader_pool
 
     def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress) -> dict:
-        writer = MeshWriter(settings.mesh_dir, self.model.faces, settings.writers, settings.formats) \
-            if settings.mesh_dir is not None else None
+        writer = MeshWriter(settings.mesh_dir, self.model.faces, settings.writers, settings.formats,
+                            settings.ground_root) if settings.mesh_dir is not None else None
 
         def finish(result: BatchResult) -> None:   # the finisher's thread, in order, after the meshes
             commit(format_rows(result) if settings.with_gt else "")

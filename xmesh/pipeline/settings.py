@@ -15,7 +15,8 @@ class RunSettings:
     """``batch_size``; ``loaders`` and ``writers``: decoding and mesh-writing processes (None: each
     cluster worker chooses from its own cores); ``views``: the renderings used as the 3 inputs;
     ``with_gt``: score against ground truth (evaluation) or not (list reconstruction);
-    ``metric_backend``; ``mesh_dir``: where meshes go (None: not written), in ``formats``. The
+    ``metric_backend``; ``mesh_dir``: where meshes go (None: not written), in ``formats``;
+    ``ground_root``: the ground truth whose ``{id}_ground.xyz`` goes beside them (None: none). The
     precision is the model's (:class:`xmesh.reconstruct.ModelSpec`), not the run's."""
 
     batch_size: int
@@ -26,6 +27,7 @@ class RunSettings:
     metric_backend: str = "auto"
     mesh_dir: str | None = None
     formats: tuple = MESH_FORMATS
+    ground_root: str | None = None
 
     def __post_init__(self) -> None:   # lists given for views or formats: kept as tuples, so settings compare
         object.__setattr__(self, "views", tuple(int(v) for v in self.views))
