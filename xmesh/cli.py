@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from .errors import XmeshError
+from .pipeline import startup
 
 COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "bench")
 
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    startup.begin()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -20,6 +20,7 @@ from distributed import KilledWorker, as_completed, wait
 
 from ..errors import XmeshError
 from ..pipeline.loop import Timing
+from ..pipeline.startup import StartupClock
 from .worker import ModelPlugin, ShardOptions, prepare, run_shard
 
 # batches per shard at most (GPU, CPU): small enough to spread and to rerun, long enough that the
@@ -46,10 +47,14 @@ def _killed_worker_error(exc: Exception, shard: list) -> XmeshError:
 
 def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit: Callable[[str], None],
                    progress_bar, views, with_gt: bool, metric_backend: str, formats=("xyz", "obj"),
-                   shard_batches: int | None = None) -> dict:
+                   shard_batches: int | None = None, clock=None) -> dict:
     """Run ``todo`` (a list of (sample, paths)) on ``client``'s workers; ``commit(text)`` gets the CSV
-    lines of each finished shard. Returns this run's figures with its timing and the cluster's."""
+    lines of each finished shard. Returns this run's figures with its timing and the cluster's.
+    ``clock``: the run's :class:`~xmesh.pipeline.startup.StartupClock` (the workers' set-up is its
+    ``workers`` phase)."""
     from ..evaluate import _batches
+
+    clock = clock or StartupClock()
 
     options = ShardOptions(workers=settings["workers"], writers=settings["writers"], views=tuple(views),
                            with_gt=with_gt, metric_backend=metric_backend,
@@ -68,6 +73,7 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
                              "logs (the dashboard's, or `dask worker`'s output)") from None
         ready = client.gather(ready)   # a model that cannot be built fails here, once
         setup_s = time.perf_counter() - setup_start
+        clock.mark("workers")
 
         batches = _batches(todo, settings["batch_size"])
         per = shard_size(len(batches), _threads(client), shard_batches or SHARD_BATCHES[spec.backend == "cupy"])
@@ -90,6 +96,7 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
 
         stages = {k: 0.0 for k in Timing.STAGES}
         workers_seen: set = set()
+        started = clock.first_batch()
         start = time.perf_counter()
         top_up()
         for future in running:
@@ -116,7 +123,7 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
         except Exception:   # the cluster may be gone already; its workers then hold nothing of ours
             pass
     share = max(1, len(workers_seen))
-    timing = {"wall": wall, **{k: v / share for k, v in stages.items()}}
+    timing = {"wall": wall, **{k: v / share for k, v in stages.items()}, **started}
     return {"evaluated": len(todo), "seconds": wall, "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
             "timing": timing,
             "cluster": {"scheduler": client.scheduler.address, "workers": len(ready), "workers_used": len(workers_seen),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -121,14 +122,21 @@ def _ready() -> int:
 
 
 def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> Executor | None:
-    """A pool whose processes are starting (one trivial task each is queued, so all of them start now),
-    or None for ``workers`` 0: start it before building the model, so that its start-up overlaps the
+    """A pool whose processes are starting (one trivial task each is queued from a thread, so all of
+    them start now), or None for ``workers`` 0: start it before building the model, so that its start-up overlaps the
     model's."""
     if workers <= 0:
         return None
     pool = make_pool(workers, initializer, initargs)
-    for _ in range(workers):
-        pool.submit(_ready)
+
+    def start() -> None:   # the first start waits for the forkserver's imports: not on the caller's time
+        try:
+            for _ in range(workers):
+                pool.submit(_ready)
+        except RuntimeError:   # shut down meanwhile
+            pass
+
+    threading.Thread(target=start, name="xmesh-pool-start", daemon=True).start()
     return pool
 
 
