@@ -35,6 +35,26 @@ def shard_size(batches: int, threads: int, most: int) -> int:
     return max(1, min(int(most), math.ceil(batches / max(1, threads))))
 
 
+def shard_plan(batches: int, workers: int, most: int) -> list[int]:
+    """The batches of each shard, in order: ``most`` while there is plenty left, then smaller ones as
+    the list runs out (the remainder over twice the workers), so that the workers finish within about
+    a batch of each other instead of one shard."""
+    sizes, left = [], int(batches)
+    while left > 0:
+        size = max(1, min(int(most), math.ceil(left / (2 * max(1, workers))), left))
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def _peers(client) -> dict:
+    """Each worker's address -> the number of workers on its host (itself included)."""
+    from distributed.comm import get_address_host
+
+    hosts = {address: get_address_host(address) for address in client.nthreads()}
+    return {address: sum(h == host for h in hosts.values()) for address, host in hosts.items()}
+
+
 def _threads(client) -> int:
     return sum(client.nthreads().values())
 
@@ -64,8 +84,9 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
     pending: set = set()
     try:
         setup_start = time.perf_counter()
-        ready = [client.submit(prepare, plugin.name, options, workers=[address], allow_other_workers=True, pure=False)
-                 for address in client.nthreads()]
+        ready = [client.submit(prepare, plugin.name, options, peers, workers=[address], allow_other_workers=True,
+                               pure=False)
+                 for address, peers in _peers(client).items()]
         try:
             wait(ready, timeout=PREPARE_TIMEOUT_S)
         except (TimeoutError, asyncio.TimeoutError):   # the same class from Python 3.11 on
@@ -76,8 +97,12 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
         clock.mark("workers")
 
         batches = _batches(todo, settings["batch_size"])
-        per = shard_size(len(batches), _threads(client), shard_batches or SHARD_BATCHES[spec.backend == "cupy"])
-        shards = [batches[i:i + per] for i in range(0, len(batches), per)]
+        most = shard_batches or SHARD_BATCHES[spec.backend == "cupy"]
+        per = shard_size(len(batches), _threads(client), most)
+        shards, first = [], 0
+        for size in shard_plan(len(batches), len(ready), per):
+            shards.append(batches[first:first + size])
+            first += size
         waiting = iter(enumerate(shards))
         running = as_completed()
         shard_of: dict = {}
