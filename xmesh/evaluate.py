@@ -31,13 +31,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .dataset import DEFAULT_VIEWS, check_inputs, check_sample, read_list, sample_paths
+from .dataset import DEFAULT_VIEWS, list_samples, listing_args
 from .errors import FileFormatError, InputError, XmeshError
 from .io.atomic import atomic_write
 from .io.p2m_logs import write_logs
 from .metrics import BACKENDS as METRIC_BACKENDS
 from .metrics import THRESHOLDS, summarize
 from .pipeline.loading import default_workers
+from .pipeline import startup
 from .pipeline.loop import BatchResult, format_timing, run_batches
 from .pipeline.writing import (FORMATS, GROUND_SUFFIX, BatchFinisher, MeshWriter, prediction_stem,
                                remove_stray_temporaries)
@@ -268,7 +269,7 @@ def check_finite(result: BatchResult) -> None:
 
 
 def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None, commit, progress, desc,
-         views, with_gt, metric_backend, formats=("xyz", "obj"), loader_pool=None, ground_root=None) -> dict:
+         views, with_gt, metric_backend, formats=("xyz", "obj"), loader_pool=None, ground_root=None, clock=None) -> dict:
     """Run the pipeline over ``todo``; ``commit(result, text)`` is called in order from the finisher
     thread once a batch's meshes are written (with ``ground_root``, the ground-truth text files too).
     Returns this run's figures with its timing."""
@@ -287,6 +288,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
             futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
             finisher.put(result, futures)
 
+        started = (clock or startup.StartupClock()).first_batch()
         try:
             timing = run_batches(reconstructor, _batches(todo, settings["batch_size"]), on_batch,
                                  workers=settings["workers"], views=views, with_gt=with_gt,
@@ -301,11 +303,11 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
     timing.write = finisher.busy_s + finisher.mesh_s / max(1, settings["writers"])
     return {"evaluated": len(todo), "seconds": timing.wall,
             "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
-            "timing": timing.as_dict()}
+            "timing": {**timing.as_dict(), **started}}
 
 
 def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit, progress, desc, views, with_gt,
-                metric_backend, formats=("xyz", "obj"), shard_batches=None, workers=None, ground_root=None) -> dict:
+                metric_backend, formats=("xyz", "obj"), shard_batches=None, workers=None, ground_root=None, clock=None) -> dict:
     """:func:`_run` on a Dask cluster: the workers write the meshes, ``commit(text)`` the CSV lines.
     ``workers`` None: each worker chooses its loader and writer processes from its own cores."""
     from .cluster.driver import run_on_cluster
@@ -315,7 +317,7 @@ def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit,
 
     with _progress(len(todo), desc, progress) as bar:
         info = run_on_cluster(client, _cluster_spec(model), todo, settings, predict_dir, commit, bar, views, with_gt,
-                              metric_backend, formats, shard_batches, ground_root)
+                              metric_backend, formats, shard_batches, ground_root, clock)
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)   # left by a worker killed while writing
     return info
@@ -341,12 +343,11 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     own model, and ``shard_batches`` caps the batches sent to a worker at once; ``run`` gains
     ``cluster``, and its stage seconds are per worker.
     """
+    clock = startup.adopt()
     _check_options(batch_size, workers, metric_backend, limit, shard_batches)
     settings = choose_settings(_on_gpu(reconstructor), batch_size, workers, save_meshes)
-    samples = read_list(list_file)
-    if limit is not None:
-        samples = samples[: int(limit)]
-    items = [(s, sample_paths(s, images_root, gt_root, views)) for s in samples]
+    listed = startup.take(list_samples, *listing_args(list_file, images_root, gt_root, views, limit, True))
+    items = [(s, p) for s, p, _ in listed]
     out_dir = _prepare_out(out_dir)
     csv_path = out_dir / CSV_NAME
     repaired = repair_csv(csv_path)
@@ -357,8 +358,8 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
     todo = [(s, p) for s, p in items if str(s) not in done_ids
             or (predict_dir is not None and not _have_files(predict_dir, s, ("xyz", "obj"), ground=True))]
-    for sample, paths in todo:  # fail before any compute when a file is missing
-        check_sample(sample, paths)
+    _fail_on_missing(listed, todo)   # before any compute
+    clock.mark("listing")
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": repaired,
                 "seconds": 0.0, "samples_per_s": 0.0, **settings, "save_meshes": bool(save_meshes)}
@@ -368,7 +369,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
             run_info.update(_on_cluster(client, reconstructor, todo, settings, predict_dir,
                                         lambda text: _append_new(appender, text, done_ids), progress, "xmesh eval",
                                         views, True, metric_backend, shard_batches=shard_batches, workers=workers,
-                                        ground_root=gt_root if save_meshes else None))
+                                        ground_root=gt_root if save_meshes else None, clock=clock))
         finally:
             appender.close()
     elif todo:
@@ -378,7 +379,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
                                  lambda result: appender.write(format_rows(result, skip=done_ids)), progress,
                                  "xmesh eval",
                                  views, True, metric_backend, loader_pool=loader_pool,
-                                 ground_root=gt_root if save_meshes else None))
+                                 ground_root=gt_root if save_meshes else None, clock=clock))
         finally:
             appender.close()
 
@@ -392,6 +393,14 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     _write_summary(out_dir, summary)
     write_logs(out_dir, rows)
     return summary
+
+
+def _fail_on_missing(listed: list, todo: list) -> None:
+    """Raise the MissingFileError of the first sample to run with a file absent."""
+    problems = {s: problem for s, _, problem in listed if problem is not None}
+    for sample, _ in todo:
+        if sample in problems:
+            raise problems[sample]
 
 
 def _append_new(appender: CsvAppender, text: str, skip: set) -> None:
@@ -430,27 +439,27 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
     Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``.
     ``client`` and ``shard_batches``: as for :func:`evaluate_dataset`."""
+    clock = startup.adopt()
     _check_options(batch_size, workers, "auto", limit, shard_batches)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
     settings = choose_settings(_on_gpu(reconstructor), batch_size, workers, save_meshes=True)
-    samples = read_list(list_file)
-    if limit is not None:
-        samples = samples[: int(limit)]
+    listed = startup.take(list_samples, *listing_args(list_file, images_root, out_dir, views, limit, False))
+    items = [(s, p) for s, p, _ in listed]
     out_dir = _prepare_out(out_dir)
     remove_stray_temporaries(out_dir)
-    items = [(s, sample_paths(s, images_root, out_dir, views)) for s in samples]
     todo = [(s, p) for s, p in items if not _have_files(out_dir, s, formats)]
-    for sample, paths in todo:
-        check_inputs(sample, paths)
+    _fail_on_missing(listed, todo)
+    clock.mark("listing")
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0, **settings}
     if todo and client is not None:
         info.update(_on_cluster(client, reconstructor, todo, settings, out_dir, lambda text: None, progress,
-                                "xmesh reconstruct", views, False, "auto", tuple(formats), shard_batches, workers))
+                                "xmesh reconstruct", views, False, "auto", tuple(formats), shard_batches, workers, clock=clock))
     elif todo:
         info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
-                         "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool))
+                         "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool,
+                         clock=clock))
     return info
 
 

@@ -20,6 +20,7 @@ from distributed import KilledWorker, as_completed, wait
 
 from ..errors import XmeshError
 from ..pipeline.loop import Timing
+from ..pipeline.startup import StartupClock
 from .worker import ModelPlugin, ShardOptions, prepare, run_shard
 
 # batches per shard at most (GPU, CPU): small enough to spread and to rerun, long enough that the
@@ -34,6 +35,26 @@ def shard_size(batches: int, threads: int, most: int) -> int:
     return max(1, min(int(most), math.ceil(batches / max(1, threads))))
 
 
+def shard_plan(batches: int, workers: int, most: int) -> list[int]:
+    """The batches of each shard, in order: ``most`` while there is plenty left, then smaller ones as
+    the list runs out (the remainder over twice the workers), so that the workers finish within about
+    a batch of each other instead of one shard."""
+    sizes, left = [], int(batches)
+    while left > 0:
+        size = max(1, min(int(most), math.ceil(left / (2 * max(1, workers))), left))
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def _peers(client) -> dict:
+    """Each worker's address -> the number of workers on its host (itself included)."""
+    from distributed.comm import get_address_host
+
+    hosts = {address: get_address_host(address) for address in client.nthreads()}
+    return {address: sum(h == host for h in hosts.values()) for address, host in hosts.items()}
+
+
 def _threads(client) -> int:
     return sum(client.nthreads().values())
 
@@ -46,11 +67,15 @@ def _killed_worker_error(exc: Exception, shard: list) -> XmeshError:
 
 def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit: Callable[[str], None],
                    progress_bar, views, with_gt: bool, metric_backend: str, formats=("xyz", "obj"),
-                   shard_batches: int | None = None, ground_root=None) -> dict:
+                   shard_batches: int | None = None, ground_root=None, clock=None) -> dict:
     """Run ``todo`` (a list of (sample, paths)) on ``client``'s workers; ``commit(text)`` gets the CSV
     lines of each finished shard; ``ground_root``: the ground truth whose ``{id}_ground.xyz`` the
-    workers write beside the meshes. Returns this run's figures with its timing and the cluster's."""
+    workers write beside the meshes. Returns this run's figures with its timing and the cluster's.
+    ``clock``: the run's :class:`~xmesh.pipeline.startup.StartupClock` (the workers' set-up is its
+    ``workers`` phase)."""
     from ..evaluate import _batches
+
+    clock = clock or StartupClock()
 
     options = ShardOptions(workers=settings["workers"], writers=settings["writers"], views=tuple(views),
                            with_gt=with_gt, metric_backend=metric_backend,
@@ -61,8 +86,9 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
     pending: set = set()
     try:
         setup_start = time.perf_counter()
-        ready = [client.submit(prepare, plugin.name, options, workers=[address], allow_other_workers=True, pure=False)
-                 for address in client.nthreads()]
+        ready = [client.submit(prepare, plugin.name, options, peers, workers=[address], allow_other_workers=True,
+                               pure=False)
+                 for address, peers in _peers(client).items()]
         try:
             wait(ready, timeout=PREPARE_TIMEOUT_S)
         except (TimeoutError, asyncio.TimeoutError):   # the same class from Python 3.11 on
@@ -70,10 +96,15 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
                              "logs (the dashboard's, or `dask worker`'s output)") from None
         ready = client.gather(ready)   # a model that cannot be built fails here, once
         setup_s = time.perf_counter() - setup_start
+        clock.mark("workers")
 
         batches = _batches(todo, settings["batch_size"])
-        per = shard_size(len(batches), _threads(client), shard_batches or SHARD_BATCHES[spec.backend == "cupy"])
-        shards = [batches[i:i + per] for i in range(0, len(batches), per)]
+        most = shard_batches or SHARD_BATCHES[spec.backend == "cupy"]
+        per = shard_size(len(batches), _threads(client), most)
+        shards, first = [], 0
+        for size in shard_plan(len(batches), len(ready), per):
+            shards.append(batches[first:first + size])
+            first += size
         waiting = iter(enumerate(shards))
         running = as_completed()
         shard_of: dict = {}
@@ -92,6 +123,7 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
 
         stages = {k: 0.0 for k in Timing.STAGES}
         workers_seen: set = set()
+        started = clock.first_batch()
         start = time.perf_counter()
         top_up()
         for future in running:
@@ -118,7 +150,7 @@ def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit
         except Exception:   # the cluster may be gone already; its workers then hold nothing of ours
             pass
     share = max(1, len(workers_seen))
-    timing = {"wall": wall, **{k: v / share for k, v in stages.items()}}
+    timing = {"wall": wall, **{k: v / share for k, v in stages.items()}, **started}
     return {"evaluated": len(todo), "seconds": wall, "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
             "timing": timing,
             "cluster": {"scheduler": client.scheduler.address, "workers": len(ready), "workers_used": len(workers_seen),
