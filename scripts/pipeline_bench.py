@@ -2,8 +2,8 @@
 
     python3 scripts/pipeline_bench.py --samples 2048 --precisions fp16 fp32 --batch-size 64 [--old DIR]
 
-1. writes a synthetic dataset in the official layout: 128 distinct objects (``write_dataset``, in
-   parallel), repeated under new item ids (symbolic links) up to ``--samples``;
+1. writes a synthetic dataset in the official layout: 128 distinct objects (``write_dataset``, a few
+   per process), repeated under new item ids (symbolic links) up to ``--samples``; kept for later runs;
 2. for each precision: ``xmesh bench`` (the network alone, ``total`` stage, samples/s), then
    ``xmesh eval`` over the whole list with the default settings, again with ``--save-meshes``, with
    ``--cluster SPEC`` if given (Dask), then ``xmesh reconstruct --list`` (first precision only);
@@ -27,37 +27,42 @@ from pathlib import Path
 from xmesh.synthetic.dataset import DEFAULT_CATEGORIES, write_dataset
 
 
-def _write_part(args) -> list[str]:
-    root, synset, count = args
-    return [str(i) for i in write_dataset(root, n_per_category=count, categories=(synset,), seed=7)["ids"]]
+def _write_part(args) -> list[tuple[str, str]]:
+    root, synset, first, count = args
+    written = write_dataset(root, n_per_category=count, categories=(synset,), seed=7, first_index=first)
+    return [(str(i), str(root)) for i in written["ids"]]
 
 
 def make_dataset(root: Path, samples: int, distinct_per_category: int = 32) -> Path:
-    """The official layout with ``samples`` entries; returns the list file."""
-    if (root / "bench_list.txt").exists():
-        return root / "bench_list.txt"
-    parts = [(root / f"part{synset}", synset, distinct_per_category) for synset in DEFAULT_CATEGORIES]
-    with ProcessPoolExecutor(len(parts)) as pool:
-        ids = [sid for part in pool.map(_write_part, parts) for sid in part]
+    """The official layout with ``samples`` entries: ``distinct_per_category`` objects of each category
+    (written once, a few objects per process), listed again and again under new item ids (symbolic
+    links); returns the list file, kept for later calls with the same counts."""
+    lst = root / f"bench_list_{samples}_{distinct_per_category}.txt"
+    if lst.exists():
+        return lst
+    chunk = 4
+    parts = [(root / f"part{synset}_{first}", synset, first, min(chunk, distinct_per_category - first))
+             for synset in DEFAULT_CATEGORIES for first in range(0, distinct_per_category, chunk)]
+    with ProcessPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
+        ids = [pair for part in pool.map(_write_part, parts) for pair in part]
     render = root / "ShapeNetRendering"
     (root / "gt").mkdir(parents=True, exist_ok=True)
     lines = []
     for k in range(samples):
-        base = ids[k % len(ids)]
+        base, part = ids[k % len(ids)]
         synset, item, view = base[:-4].split("_")
-        part = root / f"part{synset}"
         new_item = f"{item}r{k // len(ids)}"
         target = render / synset / new_item
-        if not target.exists():
+        if not target.is_symlink():
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to((part / "ShapeNetRendering" / synset / item).resolve())
+            target.symlink_to((Path(part) / "ShapeNetRendering" / synset / item).resolve())
         sid = f"{synset}_{new_item}_{view}.dat"
         gt = root / "gt" / sid
-        if not gt.exists():
-            gt.symlink_to((part / "gt" / base).resolve())
+        if not gt.is_symlink():
+            gt.symlink_to((Path(part) / "gt" / base).resolve())
         lines.append(sid)
-    (root / "bench_list.txt").write_text("".join(f"{s}\n" for s in lines))
-    return root / "bench_list.txt"
+    lst.write_text("".join(f"{s}\n" for s in lines))
+    return lst
 
 
 def run(cmd: list[str], log: Path, cwd: str | None = None, env: dict | None = None, timeout: int = 900) -> str:

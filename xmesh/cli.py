@@ -7,6 +7,7 @@ import sys
 import warnings
 
 from .errors import XmeshError
+from .pipeline import startup
 
 COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench")
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    startup.begin()
     parser = build_parser()
     args = parser.parse_args(argv)
     def one_line(message, category, filename, lineno, file=None, line=None):
@@ -36,6 +38,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"xmesh {args.command}: interrupted; finished outputs are complete, nothing was left half-written", file=sys.stderr)
         return 130
+    finally:
+        startup.end()   # a later library call in this process starts its own clock
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -188,3 +188,34 @@ def load_ground_truth(path: str | os.PathLike) -> np.ndarray:
         raise FileFormatError(f"{path}: {bad.size} ground-truth point(s) hold NaN or infinite coordinates "
                               f"(first at row {bad[0]}); expected finite coordinates")
     return xyz
+
+
+def list_samples(list_file: str | os.PathLike, images_root: str | os.PathLike, gt_root: str | os.PathLike,
+                 views: Sequence[int] = DEFAULT_VIEWS, limit: int | None = None,
+                 with_gt: bool = True) -> list[tuple[SampleId, SamplePaths, Exception | None]]:
+    """The first ``limit`` samples of ``list_file``, each with its (absolute) paths and the
+    MissingFileError of its first absent file (None when all are there; with ``with_gt`` False
+    the ground truth is not looked for). Errors in the list itself are raised."""
+    samples = read_list(list_file)
+    if limit is not None:
+        samples = samples[: int(limit)]
+    images_root, gt_root = os.path.abspath(images_root), os.path.abspath(gt_root)
+    check = check_sample if with_gt else check_inputs
+    listed = []
+    for sample in samples:
+        paths = sample_paths(sample, images_root, gt_root, views)
+        try:
+            check(sample, paths)
+            problem = None
+        except MissingFileError as exc:
+            problem = exc
+        listed.append((sample, paths, problem))
+    return listed
+
+
+def listing_args(list_file, images_root, gt_root, views: Sequence[int] = DEFAULT_VIEWS, limit: int | None = None,
+                 with_gt: bool = True) -> tuple:
+    """:func:`list_samples`'s arguments in one form (absolute paths, a tuple of views), so that a
+    listing started ahead (``xmesh.pipeline.startup.prefetch``) is found again by the run."""
+    return (os.path.abspath(list_file), os.path.abspath(images_root), os.path.abspath(gt_root), tuple(views),
+            limit, bool(with_gt))

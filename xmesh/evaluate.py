@@ -29,9 +29,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .dataset import DEFAULT_VIEWS, check_inputs, check_sample, read_list, sample_paths
+from .dataset import DEFAULT_VIEWS, list_samples, listing_args
 from .errors import InputError
 from .metrics import BACKENDS as METRIC_BACKENDS
+from .pipeline import startup
 from .pipeline.executor import Executor, LocalExecutor
 from .pipeline.loop import format_timing
 from .pipeline.settings import GPU_BATCH, MESH_FORMATS, RunSettings
@@ -90,9 +91,10 @@ def choose_executor(model, client=None, loader_pool=None, shard_batches: int | N
     return DaskExecutor(client, _cluster_spec(model), shard_batches)
 
 
-def _run(executor: Executor, todo: list, settings: RunSettings, commit, progress: bool, desc: str) -> dict:
+def _run(executor: Executor, todo: list, settings: RunSettings, commit, progress: bool, desc: str,
+         clock: startup.StartupClock) -> dict:
     with _progress(len(todo), desc, progress) as bar:
-        return executor.run(todo, settings, commit, bar)
+        return executor.run(todo, settings, commit, bar, clock)
 
 
 def _prepare_out(out_dir) -> Path:
@@ -103,9 +105,12 @@ def _prepare_out(out_dir) -> Path:
     return out_dir
 
 
-def _listed(list_file, limit) -> list:
-    samples = read_list(list_file)
-    return samples if limit is None else samples[: int(limit)]
+def _fail_on_missing(listed: list, todo: list) -> None:
+    """Raise the MissingFileError of the first sample to run with a file absent."""
+    problems = {s: problem for s, _, problem in listed if problem is not None}
+    for sample, _ in todo:
+        if sample in problems:
+            raise problems[sample]
 
 
 def _have_files(folder: Path, sample, formats, ground: bool = False) -> bool:
@@ -144,21 +149,23 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     own model, and ``shard_batches`` caps the batches sent to a worker at once; ``run`` gains
     ``cluster``, and its stage seconds are per worker.
     """
+    clock = startup.adopt()
     _check_options(batch_size, workers, metric_backend, limit, shard_batches)
     predict_dir = Path(out_dir) / PREDICT_FOLDER if save_meshes else None
     settings = RunSettings.choose(_on_gpu(reconstructor), batch_size, workers, save_meshes, views=views,
                                   with_gt=True, metric_backend=metric_backend,
                                   mesh_dir=str(predict_dir) if predict_dir is not None else None,
                                   ground_root=str(gt_root) if save_meshes else None)
-    items = [(s, sample_paths(s, images_root, gt_root, views)) for s in _listed(list_file, limit)]
+    listed = startup.take(list_samples, *listing_args(list_file, images_root, gt_root, views, limit, True))
+    items = [(s, p) for s, p, _ in listed]
     store = ResultsStore(_prepare_out(out_dir))
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
     todo = [(s, p) for s, p in items if str(s) not in store.done_ids
             or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS, ground=True))]
-    for sample, paths in todo:  # fail before any compute when a file is missing
-        check_sample(sample, paths)
+    _fail_on_missing(listed, todo)   # before any compute
+    clock.mark("listing")
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": store.repaired_last_line,
                 "seconds": 0.0, "samples_per_s": 0.0, **settings.as_summary(), "save_meshes": bool(save_meshes)}
@@ -166,7 +173,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
         with store:
-            run_info.update(_run(executor, todo, run_settings, store.append, progress, "xmesh eval"))
+            run_info.update(_run(executor, todo, run_settings, store.append, progress, "xmesh eval", clock))
     return store.finish(run_info, meta)
 
 
@@ -178,25 +185,26 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
     Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``.
     ``client`` and ``shard_batches``: as for :func:`evaluate_dataset`."""
+    clock = startup.adopt()
     _check_options(batch_size, workers, "auto", limit, shard_batches)
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
     settings = RunSettings.choose(_on_gpu(reconstructor), batch_size, workers, save_meshes=True, views=views,
                                   with_gt=False, mesh_dir=str(out_dir), formats=tuple(formats))
-    samples = _listed(list_file, limit)
+    listed = startup.take(list_samples, *listing_args(list_file, images_root, out_dir, views, limit, False))
+    items = [(s, p) for s, p, _ in listed]
     out_dir = _prepare_out(out_dir)
     remove_stray_temporaries(out_dir)
-    items = [(s, sample_paths(s, images_root, out_dir, views)) for s in samples]
     todo = [(s, p) for s, p in items if not _have_files(out_dir, s, formats)]
-    for sample, paths in todo:
-        check_inputs(sample, paths)
+    _fail_on_missing(listed, todo)
+    clock.mark("listing")
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0,
             **settings.as_summary()}
     if todo:
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
-        info.update(_run(executor, todo, run_settings, lambda text: None, progress, "xmesh reconstruct"))
+        info.update(_run(executor, todo, run_settings, lambda text: None, progress, "xmesh reconstruct", clock))
     return info
 
 

@@ -56,6 +56,9 @@ class Backend(FastPaths):
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 
+    def load_kernels(self) -> None:
+        """Have every kernel the reconstructions run loaded now rather than at first use."""
+
     def branch(self) -> Branch:
         """A second queue that starts after everything queued so far (see :class:`Branch`)."""
         return Branch()

@@ -304,6 +304,16 @@ def prepare(builds, wait: bool = True) -> int:
     return len(missing)
 
 
+def load(builds) -> None:
+    """Load every kernel of ``builds`` on the current device now: from an earlier load, its background
+    compilation (:func:`prepare` without ``wait``), the disk cache or a compilation here."""
+    cupy = require_cupy()
+    device = cupy.cuda.Device()
+    cc = str(device.compute_capability)
+    for build in dict.fromkeys(builds):
+        _load_on(build, device.id, cc)
+
+
 def _load_on(build: KernelBuild, device_id: int, cc: str):
     """``build``'s module on the current device: loaded before, or from its background compilation,
     the disk cache or a compilation now."""

@@ -68,6 +68,9 @@ class NumpyBackend(Backend):
             outs.append(y.reshape(n, ho, wo, cout))
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
+    def load_kernels(self) -> None:
+        from . import numba_kernels   # compiled, or read from numba's cache, at import and first call
+
     # -- fast paths (same function as the model's array-API code) -------------------------
     def op_local_projection(self, points, maps, tf):
         from . import numba_kernels

@@ -22,6 +22,7 @@ from distributed import KilledWorker, as_completed, wait
 from ..errors import XmeshError
 from ..pipeline.loop import Timing
 from ..pipeline.settings import RunSettings
+from ..pipeline.startup import StartupClock
 from ..pipeline.writing import remove_stray_temporaries
 from .worker import ModelPlugin, prepare, run_shard
 
@@ -35,6 +36,26 @@ RETRIES = 2         # reruns of a shard that raised something other than an Xmes
 def shard_size(batches: int, threads: int, most: int) -> int:
     """Batches per shard: ``most``, or fewer so that every worker thread gets a shard."""
     return max(1, min(int(most), math.ceil(batches / max(1, threads))))
+
+
+def shard_plan(batches: int, workers: int, most: int) -> list[int]:
+    """The batches of each shard, in order: ``most`` while there is plenty left, then smaller ones as
+    the list runs out (the remainder over twice the workers), so that the workers finish within about
+    a batch of each other instead of one shard."""
+    sizes, left = [], int(batches)
+    while left > 0:
+        size = max(1, min(int(most), math.ceil(left / (2 * max(1, workers))), left))
+        sizes.append(size)
+        left -= size
+    return sizes
+
+
+def _peers(client) -> dict:
+    """Each worker's address -> the number of workers on its host (itself included)."""
+    from distributed.comm import get_address_host
+
+    hosts = {address: get_address_host(address) for address in client.nthreads()}
+    return {address: sum(h == host for h in hosts.values()) for address, host in hosts.items()}
 
 
 def _threads(client) -> int:
@@ -58,23 +79,27 @@ class DaskExecutor:
         self.spec = spec
         self.shard_batches = shard_batches
 
-    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress) -> dict:
+    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
+            clock: StartupClock | None = None) -> dict:
         """Run ``todo`` (a list of (sample, paths)); ``commit(text)`` gets the CSV lines of each
-        finished shard. Mesh files a killed worker left half-written are removed afterwards."""
-        info = self._run(todo, settings, commit, progress)
+        finished shard; the workers' set-up is ``clock``'s ``workers`` phase. Mesh files a killed
+        worker left half-written are removed afterwards."""
+        info = self._run(todo, settings, commit, progress, clock or StartupClock())
         if settings.mesh_dir is not None:
             remove_stray_temporaries(Path(settings.mesh_dir))
         return info
 
-    def _run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress) -> dict:
+    def _run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
+             clock: StartupClock) -> dict:
         client, spec = self.client, self.spec
         plugin = ModelPlugin(spec, tokenize(spec))
         client.register_plugin(plugin)
         pending: set = set()
         try:
             setup_start = time.perf_counter()
-            ready = [client.submit(prepare, plugin.name, settings, workers=[address], allow_other_workers=True, pure=False)
-                     for address in client.nthreads()]
+            ready = [client.submit(prepare, plugin.name, settings, peers, workers=[address], allow_other_workers=True,
+                                   pure=False)
+                     for address, peers in _peers(client).items()]
             try:
                 wait(ready, timeout=PREPARE_TIMEOUT_S)
             except (TimeoutError, asyncio.TimeoutError):   # the same class from Python 3.11 on
@@ -82,10 +107,15 @@ class DaskExecutor:
                                  "logs (the dashboard's, or `dask worker`'s output)") from None
             ready = client.gather(ready)   # a model that cannot be built fails here, once
             setup_s = time.perf_counter() - setup_start
+            clock.mark("workers")
 
             batches = settings.batches(todo)
-            per = shard_size(len(batches), _threads(client), self.shard_batches or SHARD_BATCHES[spec.backend == "cupy"])
-            shards = [batches[i:i + per] for i in range(0, len(batches), per)]
+            most = self.shard_batches or SHARD_BATCHES[spec.backend == "cupy"]
+            per = shard_size(len(batches), _threads(client), most)
+            shards, first = [], 0
+            for size in shard_plan(len(batches), len(ready), per):
+                shards.append(batches[first:first + size])
+                first += size
             waiting = iter(enumerate(shards))
             running = as_completed()
             shard_of: dict = {}
@@ -104,6 +134,7 @@ class DaskExecutor:
 
             stages = {k: 0.0 for k in Timing.STAGES}
             workers_seen: set = set()
+            started = clock.first_batch()
             start = time.perf_counter()
             top_up()
             for future in running:
@@ -130,7 +161,7 @@ class DaskExecutor:
             except Exception:   # the cluster may be gone already; its workers then hold nothing of ours
                 pass
         share = max(1, len(workers_seen))
-        timing = {"wall": wall, **{k: v / share for k, v in stages.items()}}
+        timing = {"wall": wall, **{k: v / share for k, v in stages.items()}, **started}
         return {"evaluated": len(todo), "seconds": wall, "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
                 "timing": timing,
                 "cluster": {"scheduler": client.scheduler.address, "workers": len(ready), "workers_used": len(workers_seen),

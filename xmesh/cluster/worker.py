@@ -21,7 +21,7 @@ from distributed import WorkerPlugin, get_worker
 
 from ..errors import XmeshError
 from ..pipeline.heap import keep_batch_memory
-from ..pipeline.loading import default_workers, start_pool, usable_cores
+from ..pipeline.loading import default_workers, host_share, start_pool
 from ..pipeline.loop import BatchResult, LoopBuffers
 from ..pipeline.settings import RunSettings
 from ..pipeline.writing import BatchFinisher, MeshWriter
@@ -56,13 +56,15 @@ class WorkerModel:
         self.writers: dict[tuple, MeshWriter] = {}
         self.running: ShardFeed | None = None   # the loop of the run under way
         self.loop_buffers = LoopBuffers()   # one loop runs at a time
+        self.peers = 1   # workers on this host, this one included (told by the client in ``prepare``)
 
     def processes(self, settings: RunSettings) -> tuple[int, int]:
-        """(loader, mesh writer) processes: the run's, or this worker's defaults for its cores (which
-        dask-cuda narrows to the GPU's own CPUs)."""
+        """(loader, mesh writer) processes: the run's, or this worker's defaults for its share of the
+        host's cores (:func:`~xmesh.pipeline.loading.host_share`; dask-cuda also narrows a worker's
+        CPU affinity to its GPU's CPUs)."""
         if settings.loaders is not None:
             return settings.loaders, settings.writers
-        return default_workers(self.spec.gpu, settings.mesh_dir is not None)
+        return default_workers(self.spec.gpu, settings.mesh_dir is not None, host_share(self.peers))
 
     def reconstructor(self):
         with self.setup_lock:
@@ -98,7 +100,8 @@ class WorkerModel:
                 loaders = self.processes(settings)[0]
                 if feed is not None and feed.settings == settings and loaders in self.loader_pools:
                     self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)   # it may have stopped it
-                self.running = feed = ShardFeed(self.reconstructor(), settings, loaders, self.loader_pool(loaders),
+                pool = self.loader_pool(loaders)   # its processes start while the model is built
+                self.running = feed = ShardFeed(self.reconstructor(), settings, loaders, pool,
                                                 self.mesh_writer(settings), self.loop_buffers)
             return feed
 
@@ -150,14 +153,23 @@ def _state(plugin_name: str) -> WorkerModel:
     return plugin.state
 
 
-def prepare(plugin_name: str, settings: RunSettings) -> dict:
-    """Build this worker's model and start its pools before the first shard arrives."""
+def prepare(plugin_name: str, settings: RunSettings, peers: int = 1) -> dict:
+    """Build this worker's model, load its kernels and start its pools before the first shard
+    arrives; ``peers``: the workers on this worker's host. Returns what it chose and its seconds."""
     start = time.perf_counter()
     state = _state(plugin_name)
+    state.peers = max(1, int(peers))
     loaders, writers = state.processes(settings)
-    state.feed(settings)   # the model, the loader pool, the mesh writers and the loop
-    return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3), "loaders": loaders,
-            "writers": writers if settings.mesh_dir is not None else 0, "cores": usable_cores()}
+    state.loader_pool(loaders)   # its processes start while the model is built
+    model = state.reconstructor()
+    built = time.perf_counter()
+    model.backend.load_kernels()
+    loaded = time.perf_counter()
+    state.feed(settings)   # the mesh writers and the loop
+    return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3),
+            "model_s": round(built - start, 3), "kernels_s": round(loaded - built, 3), "loaders": loaders,
+            "writers": writers if settings.mesh_dir is not None else 0, "cores": host_share(state.peers),
+            "peers": state.peers}
 
 
 def run_shard(plugin_name: str, index: int, batches: list, settings: RunSettings) -> ShardOutcome:

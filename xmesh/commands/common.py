@@ -85,17 +85,26 @@ def output_errors(what: str):
                          "expected a writable path with free space") from None
 
 
-def run_dataset_command(args, chosen, path_options: tuple, body) -> int:
+def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple | None = None) -> int:
     """Run ``body(args, model, pool, client)`` for a dataset command: on a Dask cluster with
     ``--cluster`` (the client made first, so a missing extra fails at once; the ``path_options`` of
     ``args`` made absolute, as the workers may run elsewhere; ``model`` the ModelSpec the workers
     build), else in this process with its loader pool started before the model is built, so that
-    their start-ups overlap."""
+    their start-ups overlap. ``listing``: :func:`xmesh.dataset.list_samples`'s arguments, listed in a
+    thread meanwhile (the run takes the result)."""
+    from ..pipeline import startup
+
+    if listing is not None:
+        from ..dataset import list_samples
+
+        startup.prefetch(list_samples, *listing)
     if getattr(args, "cluster", None):
         from ..cluster.connect import describe, open_client
 
         spec = spec_from_args(args)
+        startup.mark("other")
         with open_client(args.cluster) as client:
+            startup.mark("cluster")
             print(f"xmesh {args.command}: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
             for name in path_options:
                 setattr(args, name, os.path.abspath(getattr(args, name)))
@@ -103,8 +112,13 @@ def run_dataset_command(args, chosen, path_options: tuple, body) -> int:
     from ..pipeline.loading import start_pool
 
     pool = start_pool(chosen.loaders)
+    startup.mark("other")
     try:
-        return body(args, reconstructor_from_args(args), pool, None)
+        model = reconstructor_from_args(args)
+        startup.mark("model")
+        model.backend.load_kernels()
+        startup.mark("kernels")
+        return body(args, model, pool, None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

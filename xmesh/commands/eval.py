@@ -50,12 +50,16 @@ def run(args) -> int:
         from ..report import require_matplotlib
         require_matplotlib()
     chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
-    return run_dataset_command(args, chosen, ("images", "gt", "out"), 
-                               lambda a, model, pool, client: _run(a, chosen, model, pool, client))
+    from ..dataset import listing_args
+
+    listing = listing_args(args.list, args.images, args.gt, args.views, args.limit, True)
+    return run_dataset_command(args, chosen, ("images", "gt", "out"),
+                               lambda a, model, pool, client: _run(a, chosen, model, pool, client), listing)
 
 
 def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
+    from ..pipeline.startup import format_startup
 
     said = describe_weights(args.weights)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen.batch_size}, "
@@ -82,6 +86,8 @@ def _run(args, chosen, model, pool, client) -> int:
           f"{info['evaluated']} evaluated now in {info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s)")
     if "timing" in info:
         print(f"xmesh eval: {format_timing(info['timing'])}")
+        if "startup" in info["timing"]:
+            print(f"xmesh eval: {format_startup(info['timing'])} to the first batch")
     if args.report:
         from ..report import write_report
         # on a cluster the gallery's predictions come from predict/, or a model built here for them

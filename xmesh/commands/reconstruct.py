@@ -105,12 +105,16 @@ def run_list(args) -> int:
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     check_writable_folder(args.out)
     chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
+    from ..dataset import listing_args
+
+    listing = listing_args(args.list, args.images_root, args.out, args.views or (0, 6, 7), args.limit, False)
     return run_dataset_command(args, chosen, ("images_root", "out"),
-                               lambda a, model, pool, client: _run(a, chosen, model, pool, client))
+                               lambda a, model, pool, client: _run(a, chosen, model, pool, client), listing)
 
 
 def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
+    from ..pipeline.startup import format_startup
 
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
           f"batch size {chosen.batch_size}, {describe_processes(chosen, args, client)}",
@@ -123,4 +127,6 @@ def _run(args, chosen, model, pool, client) -> int:
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
     if "timing" in info:
         print(f"xmesh reconstruct: {format_timing(info['timing'])}", file=sys.stderr)
+        if "startup" in info["timing"]:
+            print(f"xmesh reconstruct: {format_startup(info['timing'])} to the first batch", file=sys.stderr)
     return 0

@@ -17,7 +17,6 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from xmesh.errors import InputError, MissingFileError, WeightsError
-from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix
 
 __all__ = [
     "STAGE_PREFIXES",
@@ -197,6 +196,8 @@ def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
             f"{path}: weights source not found; expected an .npz file, a checkpoint prefix "
             f"(PREFIX.index beside it), a .index file or a folder with a 'checkpoint' file"
         )
+    from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix   # numba's import: only here
+
     prefix = resolve_prefix(path)
     names = [n for n in read_index(prefix) if normalize_name(n) in wanted]
     return {normalize_name(k): v for k, v in read_checkpoint(prefix, names).items()}

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.spatial import cKDTree
 
 
 def nearest_index(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -12,6 +11,8 @@ def nearest_index(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     float64, so the returned index is a true nearest neighbour (among exact ties, any one of them).
     Returns int64 (N,).
     """
+    from scipy.spatial import cKDTree   # imported at first use: a tenth of a second, not needed on the GPU
+
     tree = cKDTree(b)
     _, index = tree.query(a, k=1, workers=-1)
     return np.asarray(index, dtype=np.int64)

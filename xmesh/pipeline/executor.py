@@ -6,7 +6,8 @@ and :class:`xmesh.cluster.driver.DaskExecutor`, a Dask cluster's workers. Either
 ``commit(text)`` with the CSV lines of finished samples (empty without ground truth) once their
 mesh files are on disk, advances ``progress`` (anything with ``update(n)``) by the samples done,
 and returns this run's figures: ``evaluated``, ``seconds``, ``samples_per_s`` and ``timing``
-(seconds per stage).
+(seconds per stage, and the start-up's phases from ``clock``, a
+:class:`~xmesh.pipeline.startup.StartupClock`, closed at the first batch).
 """
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from typing import Callable, Protocol
 from ..results.samples_csv import format_rows
 from .loop import BatchResult, check_finite, run_batches
 from .settings import RunSettings
+from .startup import StartupClock
 from .writing import BatchFinisher, MeshWriter, prediction_stem
 
 
 class Executor(Protocol):
-    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress) -> dict:
+    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
+            clock: StartupClock | None = None) -> dict:
         """Run ``todo``; see the module docstring."""
 
 
@@ -32,7 +35,8 @@ class LocalExecutor:
         self.model = model
         self.loader_pool = loader_pool
 
-    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress) -> dict:
+    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
+            clock: StartupClock | None = None) -> dict:
         writer = MeshWriter(settings.mesh_dir, self.model.faces, settings.writers, settings.formats,
                             settings.ground_root) if settings.mesh_dir is not None else None
 
@@ -47,6 +51,7 @@ class LocalExecutor:
             futures = writer.submit([prediction_stem(s) for s in result.samples], result.vertices) if writer else []
             finisher.put(result, futures)
 
+        started = (clock or StartupClock()).first_batch()
         try:
             timing = run_batches(self.model, settings.batches(todo), on_batch, settings, loader_pool=self.loader_pool)
         finally:
@@ -57,4 +62,5 @@ class LocalExecutor:
                     writer.close()
         timing.write = finisher.busy_s + finisher.mesh_s / max(1, settings.writers)
         return {"evaluated": len(todo), "seconds": timing.wall,
-                "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0, "timing": timing.as_dict()}
+                "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
+                "timing": {**timing.as_dict(), **started}}

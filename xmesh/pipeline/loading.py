@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -110,7 +111,8 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xmesh-pool")
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing"])  # imported once
+        # imported once, in the forkserver (numba's import with the mesh text formatting, which this process skips)
+        context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing", "xmesh.io.exact_text"])
     else:
         context = multiprocessing.get_context("spawn")
     return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=initializer, initargs=initargs)
@@ -121,14 +123,21 @@ def _ready() -> int:
 
 
 def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> Executor | None:
-    """A pool whose processes are starting (one trivial task each is queued, so all of them start now),
-    or None for ``workers`` 0: start it before building the model, so that its start-up overlaps the
+    """A pool whose processes are starting (one trivial task each is queued from a thread, so all of
+    them start now), or None for ``workers`` 0: start it before building the model, so that its start-up overlaps the
     model's."""
     if workers <= 0:
         return None
     pool = make_pool(workers, initializer, initargs)
-    for _ in range(workers):
-        pool.submit(_ready)
+
+    def start() -> None:   # the first start waits for the forkserver's imports: not on the caller's time
+        try:
+            for _ in range(workers):
+                pool.submit(_ready)
+        except RuntimeError:   # shut down meanwhile
+            pass
+
+    threading.Thread(target=start, name="xmesh-pool-start", daemon=True).start()
     return pool
 
 
@@ -136,14 +145,23 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 
 
-def default_workers(gpu: bool, writers: bool = False) -> tuple[int, int]:
-    """(loader, mesh writer) processes. On the GPU the cores but three (the loop, its helper threads,
-    the driver's), at most 12 loaders: on an H100 machine's cores a sample costs 4-6 ms to decode
-    and about half that to write as text, while the network takes one in about 1 ms, so with meshes
-    two thirds of them load and the rest write. On the CPU one of each: the network bounds it there."""
+def host_share(peers: int = 1) -> int:
+    """The cores one of ``peers`` processes running the loop on this host may count on: those it may
+    run on (its CPU affinity), at most an even share of the host's, so that the workers of one host
+    (one per GPU) do not each take the whole machine for their loaders."""
+    usable = usable_cores()
+    return max(1, min(usable, (os.cpu_count() or usable) // max(1, int(peers))))
+
+
+def default_workers(gpu: bool, writers: bool = False, cores: int | None = None) -> tuple[int, int]:
+    """(loader, mesh writer) processes for ``cores`` (default: this process's, :func:`usable_cores`).
+    On the GPU the cores but three (the loop, its helper threads, the driver's), at most 12 loaders:
+    on an H100 machine's cores a sample costs 4-6 ms to decode and about half that to write as text,
+    while the network takes one in about 1 ms, so with meshes two thirds of them load and the rest
+    write. On the CPU one of each: the network bounds it there."""
     if not gpu:
         return 1, 1 if writers else 0
-    spare = max(3, usable_cores() - 3)
+    spare = max(3, (usable_cores() if cores is None else int(cores)) - 3)
     if not writers:
         return min(12, spare), 0
     loaders = max(2, (2 * spare) // 3)

@@ -25,7 +25,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..dataset import load_ground_truth_array
-from ..io.exact_text import obj_vertex_text, savetxt_text
 from .heap import keep_batch_memory
 from .loading import start_pool
 
@@ -50,7 +49,10 @@ def prediction_files(folder: Path, sample, formats: Sequence[str] = tuple(FORMAT
 
 def xyz_text(vertices: np.ndarray) -> str:
     """The float32 vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a
-    line), formatted by compiled code (:mod:`xmesh.io.exact_text`)."""
+    line), formatted by compiled code (:mod:`xmesh.io.exact_text`, imported where meshes are written:
+    numba's import is not the loop's)."""
+    from ..io.exact_text import savetxt_text
+
     return savetxt_text(vertices)
 
 
@@ -58,7 +60,7 @@ def ground_text(points: np.ndarray) -> str:
     """``np.savetxt(path, points)``'s text of a ground-truth points array, byte for byte: float32
     through :mod:`xmesh.io.exact_text`, any other dtype through NumPy itself."""
     if points.dtype == np.float32:
-        return savetxt_text(points)
+        return xyz_text(points)
     buffer = io.StringIO()
     np.savetxt(buffer, points)
     return buffer.getvalue()
@@ -72,6 +74,8 @@ def faces_text(faces: np.ndarray) -> str:
 def obj_text(vertices: np.ndarray, faces: np.ndarray, faces_lines: str | None = None) -> str:
     """An OBJ exactly as :meth:`xmesh.mesh.Mesh.to_obj` writes it ('%.9g' vertices, then faces), the
     vertex lines formatted by compiled code."""
+    from ..io.exact_text import obj_vertex_text
+
     head = f"# xmesh: {len(vertices)} vertices, {len(faces)} faces\n"
     return head + obj_vertex_text(vertices) + (faces_text(faces) if faces_lines is None else faces_lines)
 
@@ -95,8 +99,8 @@ def _init_writer(faces: np.ndarray) -> None:
     keep_batch_memory()
     _faces = faces
     _faces_lines = faces_text(faces)
-    savetxt_text(np.zeros((1, 3), dtype=np.float32))  # compile (or load from numba's cache) once, now
-    obj_vertex_text(np.zeros((1, 3), dtype=np.float32))
+    xyz_text(np.zeros((1, 3), dtype=np.float32))  # compile (or load from numba's cache) once, now
+    obj_text(np.zeros((1, 3), dtype=np.float32), np.zeros((0, 3), dtype=np.int64), "")
 
 
 def _replace_file(path: Path, text: str) -> None:

@@ -149,10 +149,11 @@ def _item_id(rng: np.random.Generator) -> str:
 
 
 def write_dataset(root, n_per_category: int = 2, categories=DEFAULT_CATEGORIES, seed: int = 0,
-                  n_points: int = DEFAULT_POINTS, size: int = 137) -> dict:
+                  n_points: int = DEFAULT_POINTS, size: int = 137, first_index: int = 0) -> dict:
     """Write procedural objects in the official Pixel2Mesh++ layout (module docstring).
 
-    Each item is generated from ``(seed, synset, index)`` alone. Returns
+    Each item is generated from ``(seed, synset, index)`` alone, index counting from ``first_index``
+    (so that parts of one dataset can be written apart, e.g. in parallel). Returns
     ``{"root", "test_list", "ids", "gt", "renderings"}``: the root and list file paths, the sample ids,
     the ground-truth paths and the rendering folders (lists in the order of the list file)."""
     if int(n_per_category) != n_per_category or n_per_category < 1:
@@ -165,7 +166,7 @@ def write_dataset(root, n_per_category: int = 2, categories=DEFAULT_CATEGORIES, 
     ids, gts, folders = [], [], []
     for synset in categories:
         shape_name, base_color = CATEGORIES[synset]
-        for index in range(int(n_per_category)):
+        for index in range(int(first_index), int(first_index) + int(n_per_category)):
             rng = np.random.default_rng([int(seed), int(synset), index])
             item = _item_id(rng)
             vertices, faces = make_shape(shape_name, rng)

@@ -158,6 +158,15 @@ class CupyDevice(Backend):
         except KernelCompileError:
             pass
 
+    def load_kernels(self) -> None:
+        """Wait for this mode's planned kernels (``_prepare_kernels``), built or read from the caches."""
+        hopper = os.environ.get("XMESH_HOPPER_GEMM", "1") != "0" and hg.supported(self.device)
+        with self.device:
+            try:
+                cuda_kernels.load(kernel_manifest.planned_builds(self.precision, hopper))
+            except KernelCompileError:   # raised again where the kernel is used (the Hopper ones fall back)
+                pass
+
     def _hopper_gemm(self):
         """The wgmma GEMM on compute capability 9.0 (unless XMESH_HOPPER_GEMM=0), else None."""
         if os.environ.get("XMESH_HOPPER_GEMM", "1") == "0" or not hg.supported(self.device):

@@ -1,0 +1,163 @@
+"""The start-up figures of a run (summary.json's run.timing ``startup`` and ``startup_<phase>``): they
+cover the time from the process's start to the first batch, phase by phase, on one process and on
+a Dask cluster; and the clock's parts (phases, the listing started ahead)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline_toy import ToyReconstructor, ToySpec
+from xmesh.errors import MissingFileError
+from xmesh.evaluate import evaluate_dataset
+from xmesh.pipeline import startup
+from xmesh import cli
+from xmesh.synthetic.dataset import write_dataset
+
+TESTS = Path(__file__).resolve().parent
+SLOW_BUILD_S = 3.0
+# the command below: the model build slowed by SLOW_BUILD_S, and the process's age (the kernel's
+# clock, not the start-up clock's) written down when the batch loop is entered
+COMMAND = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from pipeline_toy import ToyReconstructor
+import xmesh.commands.common as common
+import xmesh.pipeline.executor as executor
+from xmesh.pipeline import startup
+from xmesh import cli
+
+def slow_build(args):
+    time.sleep({delay})
+    return ToyReconstructor()
+
+def first_batch_seen(*a, **k):
+    json.dump({{"age": startup.process_age()}}, open({seen!r}, "w"))
+    return loop(*a, **k)
+
+loop = executor.run_batches
+common.reconstructor_from_args = slow_build
+executor.run_batches = first_batch_seen
+sys.exit(cli.main({argv!r}))
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("ds"), n_per_category=1, seed=3)
+
+
+def _startup(timing: dict) -> dict:
+    return {k: v for k, v in timing.items() if k.startswith(startup.PREFIX)}
+
+
+def _check_sums(timing: dict) -> None:
+    phases = _startup(timing)
+    assert set(phases) == {startup.PREFIX + p for p in startup.PHASES}
+    assert all(v >= 0.0 for v in phases.values()) and timing["startup"] > 0.0
+    assert sum(phases.values()) == pytest.approx(timing["startup"], rel=1e-9, abs=1e-9)
+
+
+def test_a_command_accounts_for_every_second_before_its_first_batch_and_a_slow_build_shows(data, tmp_path):
+    """`xmesh eval` in a fresh process, its model build slowed by 3 s: the phases add up to the start-up,
+    which is the process's age when the batch loop starts (to the kernel's 10 ms clock tick, plus the
+    few instructions between the two readings), and the model phase is the largest, >= the 3 s slept."""
+    seen = tmp_path / "seen.json"
+    out = tmp_path / "out"
+    argv = ["eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list", str(data["test_list"]),
+            "--weights", "synthetic:1", "--out", str(out), "--workers", "0", "--batch-size", "2", "--no-progress"]
+    code = COMMAND.format(tests=str(TESTS), delay=SLOW_BUILD_S, seen=str(seen), argv=argv)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    timing = json.loads((out / "summary.json").read_text())["run"]["timing"]
+    _check_sums(timing)
+    age_at_first_batch = json.loads(seen.read_text())["age"]
+    assert timing["startup"] == pytest.approx(age_at_first_batch, abs=0.05)
+    phases = _startup(timing)
+    assert max(phases, key=phases.get) == startup.PREFIX + "model"
+    assert phases[startup.PREFIX + "model"] >= SLOW_BUILD_S
+    assert phases[startup.PREFIX + "import"] > 0.0 and phases[startup.PREFIX + "cluster"] == 0.0
+    assert "start-up " in proc.stdout and "to the first batch" in proc.stdout
+
+
+def test_a_library_call_counts_from_the_call(data, tmp_path):
+    """evaluate_dataset called from Python: the clock starts at the call (nothing for import or model)."""
+    before = time.perf_counter()
+    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
+                               tmp_path / "out", batch_size=2, workers=0, progress=False)
+    timing = summary["run"]["timing"]
+    _check_sums(timing)
+    assert timing["startup"] <= time.perf_counter() - before
+    assert timing[startup.PREFIX + "import"] == 0.0 and timing[startup.PREFIX + "model"] == 0.0
+    assert timing[startup.PREFIX + "listing"] > 0.0
+
+
+def test_a_cluster_run_counts_its_workers_set_up(data, tmp_path):
+    """On a 2-process LocalCluster: the workers' set-up (model built in each) is the ``workers`` phase,
+    at least the slowest worker's build as it reports it."""
+    from xmesh.cluster import open_client
+
+    with open_client("local:2") as client:
+        summary = evaluate_dataset(ToySpec(), data["test_list"], data["root"], data["root"] / "gt", tmp_path / "out",
+                                   batch_size=1, workers=0, progress=False, client=client)
+    timing = summary["run"]["timing"]
+    _check_sums(timing)
+    prepared = summary["run"]["cluster"]["prepared"]
+    assert len(prepared) == 2 and all(w["peers"] == 2 for w in prepared)
+    assert timing[startup.PREFIX + "workers"] >= max(w["model_s"] for w in prepared)
+
+
+def test_the_clock_gives_each_stretch_to_the_phase_marked_at_its_end():
+    clock = startup.StartupClock()
+    time.sleep(0.02)
+    clock.mark("listing")
+    clock.mark("model")
+    time.sleep(0.01)
+    clock.mark("listing")
+    figures = clock.first_batch()
+    assert figures[startup.PREFIX + "listing"] >= 0.03
+    assert figures[startup.PREFIX + "listing"] > figures[startup.PREFIX + "model"]
+    assert figures["startup"] == pytest.approx(sum(v for k, v in figures.items() if k != "startup"))
+    assert clock.first_batch() == figures   # closed: a second call changes nothing
+
+
+def test_a_prefetched_listing_is_taken_once_and_its_error_raised_where_taken(tmp_path):
+    calls = []
+
+    def listing(name):
+        calls.append(name)
+        if name == "bad":
+            raise MissingFileError(f"{name}: absent")
+        return name.upper()
+
+    startup.prefetch(listing, "a")
+    startup.prefetch(listing, "bad")
+    assert startup.take(listing, "a") == "A"
+    with pytest.raises(MissingFileError, match="bad: absent"):
+        startup.take(listing, "bad")
+    assert startup.take(listing, "a") == "A"   # not prefetched any more: computed here
+    assert sorted(calls) == ["a", "a", "bad"]
+
+
+def test_the_process_start_lies_before_now_and_after_the_boot():
+    age = startup.process_age()
+    if age is None:
+        pytest.skip("no /proc/self/stat here: the clock counts from xmesh.cli's import")
+    boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert 0.0 <= age <= boot
+    assert startup.process_start() <= time.perf_counter() - age + 0.02
+
+
+def test_a_library_call_after_a_command_in_the_same_process_starts_its_own_clock(data, tmp_path):
+    """A command that runs no dataset (here one that fails) leaves no clock behind for a later call."""
+    assert cli.main(["eval", "--images", str(tmp_path / "absent"), "--gt", str(tmp_path), "--list",
+                     str(data["test_list"]), "--weights", "synthetic:1", "--out", str(tmp_path / "e")]) == 2
+    time.sleep(0.3)
+    before = time.perf_counter()
+    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
+                               tmp_path / "out", batch_size=2, workers=0, progress=False)
+    assert summary["run"]["timing"]["startup"] <= time.perf_counter() - before
