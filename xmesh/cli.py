@@ -7,7 +7,7 @@ import sys
 
 from .errors import XmeshError
 
-COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "bench")
+COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "bench", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
