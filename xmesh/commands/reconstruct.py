@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None, metavar="N", help="with --list: only the first N samples")
     p.add_argument("--no-progress", action="store_true", help="with --list: do not draw the progress bar")
     p.add_argument("--coarse-out", default=None, help="also write the stage-1 coarse mesh here")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="send the images and --cameras or --poses to a running 'xmesh serve' at URL instead of "
+                        "reconstructing here (the model options are then the server's)")
     add_model_options(p)
     add_cluster_option(p)
     p.set_defaults(run=run)
@@ -60,7 +63,11 @@ def run(args) -> int:
     from ..reconstruct import Reconstructor
 
     if args.list is not None:
+        if args.server is not None:
+            raise InputError("--server sends one object (three images); --list runs here")
         return run_list(args)
+    if args.server is not None:
+        return run_remote(args)
     if args.cluster is not None:
         raise InputError("--cluster goes with --list FILE (a whole list); one object runs here")
     if args.images_root is not None:
@@ -84,6 +91,29 @@ def run(args) -> int:
         _write(mesh.coarse(), coarse_writer, "--coarse-out", args.coarse_out)
     print(f"wrote {args.out} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces) in "
           f"{time.perf_counter() - start:.2f} s with {describe_weights(args.weights)} on {args.backend}", file=sys.stderr)
+    return 0
+
+
+def run_remote(args) -> int:
+    """One object reconstructed by the server at --server: the same request as xmesh.serve.client's."""
+    from ..serve.client import remote_mesh, request_fields
+
+    source = camera_source(args)
+    extra = [name for name in ("--colmap", "--coarse-out", "--masks", "--center", "--radius", "--up", "--first-azimuth")
+             if getattr(args, name[2:].replace("-", "_")) is not None]
+    if extra or source == "--colmap":
+        raise InputError(f"--server takes --cameras or --poses (the server's fields); {', '.join(extra)} only run here")
+    if len(args.images) != 3:
+        raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
+    out_writer = writer(args.out)
+    _check_output("--out", args.out)
+    start = time.perf_counter()
+    fields = request_fields(cameras=args.cameras, views=args.views) if source == "--cameras" else request_fields(poses=args.poses)
+    mesh, headers = remote_mesh(args.server, args.images, fields)
+    _write(mesh, out_writer, "--out", args.out)
+    print(f"wrote {args.out} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces) in "
+          f"{time.perf_counter() - start:.2f} s from {args.server} (a batch of {headers.get('X-Xmesh-Batch-Size', '?')})",
+          file=sys.stderr)
     return 0
 
 

@@ -74,15 +74,16 @@ def request_fields(cameras: Any = None, poses: Any = None, views: Sequence[int] 
 
 
 def post(url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "glb",
-         timeout: float = 300.0) -> tuple[bytes, dict]:
-    """POST the request to ``{url}/v1/reconstruct?format=fmt``: (body, headers) of a success; else ServerError."""
+         timeout: float = 300.0) -> tuple[bytes, Any]:
+    """POST the request to ``{url}/v1/reconstruct?format=fmt``: (body, headers) of a success (the headers
+    looked up case-insensitively); else ServerError."""
     files = [_image(item, i) for i, item in enumerate(images)]
     body, content_type = multipart_body(files, fields)
     target = url.rstrip("/") + "/v1/reconstruct?" + urllib.parse.urlencode({"format": fmt})
     request = urllib.request.Request(target, data=body, method="POST", headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.read(), dict(response.headers)
+            return response.read(), response.headers
     except urllib.error.HTTPError as exc:
         try:
             detail = json.loads(exc.read())
@@ -96,11 +97,16 @@ def post(url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "gl
         raise ServerError(f"server {url}: cannot be reached ({reason}); expected a running xmesh serve") from None
 
 
+def remote_mesh(url: str, images: Sequence[Any], fields: dict[str, str], timeout: float = 300.0) -> tuple[Mesh, Any]:
+    """(the mesh, the answer's headers) of the request with ``fields`` (:func:`request_fields`)."""
+    body, headers = post(url, images, fields, "glb", timeout)
+    vertices, faces = read_glb(body, f"the answer of {url}")
+    return Mesh(np.array(vertices), faces), headers
+
+
 def reconstruct_remote(url: str, images: Sequence[Any], cameras: Any = None, poses: Any = None,
                        views: Sequence[int] | None = None, timeout: float = 300.0) -> Mesh:
     """The mesh ``xmesh serve`` at ``url`` reconstructs from 3 images (paths or file bytes) and their
-    ``cameras`` (rows or a camera file) or ``poses`` (a poses.json path or content); exactly the
-    mesh a local ``xmesh.reconstruct`` gives for the same inputs and weights (on the NumPy backend)."""
-    body, _ = post(url, images, request_fields(cameras, poses, views), "glb", timeout)
-    vertices, faces = read_glb(body, f"the answer of {url}")
-    return Mesh(np.array(vertices), faces)
+    ``cameras`` (rows or a camera file) or ``poses`` (a poses.json path or content): on the NumPy
+    backend, exactly the mesh a local ``xmesh.reconstruct`` gives for the same inputs and weights."""
+    return remote_mesh(url, images, request_fields(cameras, poses, views), timeout)[0]

@@ -1,0 +1,383 @@
+"""xmesh serve: a real server on 127.0.0.1 (NumPy backend, synthetic weights) answers concurrent requests in
+one batch with exactly the offline meshes, refuses every bad request with a 4xx naming the field (and
+keeps serving), answers 503 when full, finishes its requests on SIGTERM, and serves its page."""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+pytest.importorskip("litserve")
+
+import browser  # noqa: E402
+import xmesh  # noqa: E402
+from xmesh.backends import get_backend  # noqa: E402
+from xmesh.io.cameras import load_cameras  # noqa: E402
+from xmesh.io.gltf import read_glb  # noqa: E402
+from xmesh.io.weights import weights_fingerprint  # noqa: E402
+from xmesh.io.weights import synthetic_weights  # noqa: E402
+from xmesh.mesh import read_obj, read_ply  # noqa: E402
+from xmesh.serve.client import ServerError, multipart_body, reconstruct_remote  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 180
+BATCH_WAIT_MS = 2000      # the test server waits this long to gather a batch (a NumPy sample takes seconds here)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tmp: Path, *options: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        command = [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--port", str(self.port),
+                   "--http-processes", "1", *options]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"xmesh serve exited: {self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError(f"xmesh serve did not become healthy: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(90)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def info(self) -> dict:
+        with urllib.request.urlopen(self.url + "/v1/info", timeout=10) as response:
+            return json.loads(response.read())
+
+
+def post(url: str, body: bytes, content_type: str | None, path: str = "/v1/reconstruct", headers=None):
+    """(status, headers, body) of a POST, without raising on 4xx/5xx."""
+    connection = http.client.HTTPConnection(url.split("//")[1], timeout=600)
+    all_headers = {"Content-Type": content_type} if content_type else {}
+    all_headers.update(headers or {})
+    try:
+        connection.request("POST", path, body=body, headers=all_headers)
+    except (BrokenPipeError, ConnectionResetError):
+        pass   # a server that refuses a body may answer and close before all of it is sent
+    response = connection.getresponse()
+    answer = (response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    connection.close()
+    return answer
+
+
+def form(images, fields) -> tuple[bytes, str]:
+    return multipart_body([(Path(p).name, Path(p).read_bytes()) if not isinstance(p, tuple) else p for p in images],
+                          fields)
+
+
+@pytest.fixture(scope="module")
+def inputs(demo_dir):
+    paths = [demo_dir / f"plane{i}.png" for i in (1, 2, 3)]
+    rows = load_cameras(demo_dir / "cameras.txt")
+    order = [2, 0, 1]
+    return {"a": (paths, rows), "b": ([paths[i] for i in order], rows[order])}
+
+
+@pytest.fixture(scope="module")
+def offline(inputs):
+    """The meshes ``xmesh reconstruct`` computes for samples a and b: one sample per call."""
+    model = xmesh.Reconstructor(synthetic_weights(1))
+    return {key: model(paths, rows) for key, (paths, rows) in inputs.items()}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("serve"), "--max-batch", "8", "--batch-timeout-ms", str(BATCH_WAIT_MS),
+                 "--max-body-mb", "8", "--read-timeout-s", "1", "--max-queue", "64")
+    yield srv
+    srv.stop()
+
+
+def cameras_field(rows) -> dict:
+    return {"cameras": json.dumps(np.asarray(rows, dtype=np.float64).tolist())}
+
+
+def png_bytes(image) -> bytes:
+    return cv2.imencode(".png", image)[1].tobytes()
+
+
+# ------------------------------------------------------------------------------------------ batching
+
+
+def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(server, inputs, offline, tmp_path):
+    (paths_a, rows_a), (paths_b, rows_b) = inputs["a"], inputs["b"]
+    np.savetxt(tmp_path / "cams_b.txt", rows_b)
+    results: dict = {}
+
+    def raw(key, paths, rows, query="", headers=None):
+        body, kind = form(paths, cameras_field(rows))
+        results[key] = post(server.url, body, kind, "/v1/reconstruct" + query, headers)
+
+    def remote():
+        results["remote"] = reconstruct_remote(server.url, paths_a, cameras=rows_a)
+
+    def cli():
+        results["cli"] = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths_b), "--cameras",
+                                         str(tmp_path / "cams_b.txt"), "--server", server.url, "--out",
+                                         str(tmp_path / "b.ply")], capture_output=True, text=True, cwd=ROOT)
+
+    bad_body, bad_kind = form(paths_a, {"cameras": "[[0, 25, 0, 0.8, NaN], [1, 2, 0, 1, 25], [1, 2, 0, 1, 25]]"})
+    jobs = [lambda: raw("obj", paths_a, rows_a),
+            lambda: raw("ply", paths_b, rows_b, headers={"Accept": "application/x-ply"}),
+            lambda: raw("preview", paths_a, rows_a, "?format=preview"),
+            remote, cli,
+            lambda: results.setdefault("bad", post(server.url, bad_body, bad_kind)),
+            lambda: raw("two", paths_a[:2], rows_a)]
+    threads = [threading.Thread(target=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join(600)
+
+    # the bad requests beside them were refused on their own
+    assert results["bad"][0] == 400 and json.loads(results["bad"][2])["field"] == "cameras"
+    assert results["two"][0] == 400 and json.loads(results["two"][2])["field"] == "images"
+    # the good ones ran batched, and each equals the offline mesh bit for bit
+    statuses = {key: results[key][0] for key in ("obj", "ply", "preview")}
+    assert statuses == {"obj": 200, "ply": 200, "preview": 200}, results
+    sizes = [int(results[key][1]["x-xmesh-batch-size"]) for key in ("obj", "ply", "preview")]
+    assert max(sizes) > 1, sizes
+    assert all(float(results[key][1]["x-xmesh-server-ms"]) > 0 for key in ("obj", "ply", "preview"))
+    assert results["obj"][1]["content-type"] == "model/obj"
+    (tmp_path / "a.obj").write_bytes(results["obj"][2])
+    (tmp_path / "b_served.ply").write_bytes(results["ply"][2])
+    expected_a, expected_b = offline["a"], offline["b"]
+    for mesh, expected in ((read_obj(tmp_path / "a.obj"), expected_a), (read_ply(tmp_path / "b_served.ply"), expected_b),
+                           (results["remote"], expected_a)):
+        np.testing.assert_array_equal(mesh.vertices, expected.vertices)
+        np.testing.assert_array_equal(mesh.faces, expected.faces)
+    assert results["obj"][2] == expected_a.encode("obj")
+    assert results["cli"].returncode == 0, results["cli"].stderr
+    expected_b.to_ply(tmp_path / "b_local.ply")
+    assert (tmp_path / "b.ply").read_bytes() == (tmp_path / "b_local.ply").read_bytes()
+    # the page's preview: a picture and the three files
+    preview = json.loads(results["preview"][2])
+    picture = cv2.imdecode(np.frombuffer(base64.b64decode(preview["picture"]), np.uint8), cv2.IMREAD_COLOR)
+    assert picture.shape[1] > 4 * picture.shape[0] / 2 and picture.std() > 10
+    vertices, faces = read_glb(base64.b64decode(preview["files"]["glb"]))
+    np.testing.assert_array_equal(vertices, expected_a.vertices)
+    assert base64.b64decode(preview["files"]["obj"]) == expected_a.encode("obj")
+
+
+def test_info_names_the_weights_fingerprint_and_devices(server):
+    info = server.info()
+    assert info["weights"]["synthetic"] is True
+    assert info["weights"]["sha256"] == weights_fingerprint(synthetic_weights(1))
+    assert info["devices"] == ["cpu"] and info["precision"] == "fp32" and info["max_batch"] == 8
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def png_bomb(side: int = 30000) -> bytes:
+    """A complete grey PNG of side x side zero pixels: a few MB that decode to side**2 bytes."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(1)
+    rows = bytes((side + 1) * 1000)
+    idat = b"".join([packer.compress(rows) for _ in range(side // 1000)] + [packer.flush()])
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def bad_requests(paths, rows):
+    good = [(p.name, p.read_bytes()) for p in paths]
+    cams = cameras_field(rows)
+    return {
+        "malformed multipart": (b"--zz\r\nContent-Disposition: form-data\r\n\r\ngarbage", "multipart/form-data; boundary=yy",
+                                400, "body"),
+        "no boundary": (b"garbage", "multipart/form-data", 400, "body"),
+        "json body": (b'{"images": []}', "application/json", 415, "body"),
+        "two images": (*multipart_body(good[:2], cams), 400, "images"),
+        "four images": (*multipart_body(good + good[:1], cams), 400, "images"),
+        "undecodable image": (*multipart_body([("x.png", b"\x89PNG\r\n\x1a\n" + bytes(40))] + good[1:], cams), 400,
+                              "images[0] ('x.png')"),
+        "not an image": (*multipart_body([("notes.txt", b"hello")] + good[1:], cams), 400, "images[0] ('notes.txt')"),
+        "empty image": (*multipart_body(good[:2] + [("c.png", b"")], cams), 400, "images[2] ('c.png')"),
+        "decompression bomb": (*multipart_body([("bomb.png", png_bomb())] + good[1:], cams), 413, "images[0] ('bomb.png')"),
+        "cameras not numbers": (*multipart_body(good, {"cameras": '[["a", 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]'}),
+                                400, "cameras"),
+        "cameras NaN": (*multipart_body(good, {"cameras": "[[NaN, 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}),
+                        400, "cameras"),
+        "cameras two rows": (*multipart_body(good, {"cameras": "[[0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}), 400, "cameras"),
+        "cameras not JSON": (*multipart_body(good, {"cameras": "0 25 0 0.8 25"}), 400, "cameras"),
+        "no cameras": (*multipart_body(good, {}), 400, "cameras"),
+        "cameras and poses": (*multipart_body(good, {**cams, "poses": "{}"}), 400, "cameras"),
+        "poses without views": (*multipart_body(good, {"poses": '{"convention": "opencv"}'}), 400, "poses"),
+        "unknown field": (*multipart_body(good, {**cams, "camera": "x"}), 400, "camera"),
+        "body over the limit": (*multipart_body(good + [("big.png", bytes(9 * 2**20))], cams), 413, "body"),
+    }
+
+
+def test_every_bad_request_is_a_4xx_naming_its_field_and_the_server_keeps_serving(server, inputs):
+    cases = bad_requests(*inputs["a"])
+    for name, (body, kind, status, field) in cases.items():
+        got, headers, answer = post(server.url, body, kind)
+        assert got == status, (name, got, answer[:300])
+        detail = json.loads(answer)
+        assert detail["field"] == field and detail["status"] == status and detail["error"], (name, detail)
+        assert b"Traceback" not in answer
+    unknown_format = post(server.url, *form(inputs["a"][0], cameras_field(inputs["a"][1])), "/v1/reconstruct?format=stl")
+    assert unknown_format[0] == 400 and json.loads(unknown_format[2])["field"] == "format"
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
+        assert response.status == 200
+    assert server.info()["in_server"] == 0
+
+
+def test_a_body_without_length_over_the_limit_is_cut_off(server):
+    body, kind = multipart_body([("big.png", bytes(9 * 2**20))], {})
+    connection = http.client.HTTPConnection(f"127.0.0.1:{server.port}", timeout=60)
+    connection.request("POST", "/v1/reconstruct", body=iter([body[i:i + 2**20] for i in range(0, len(body), 2**20)]),
+                       headers={"Content-Type": kind}, encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["field"] == "body"
+
+
+def raw_request(port: int, declared_length: int) -> socket.socket:
+    """A connection that has sent a request's headers and the start of its body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(f"POST /v1/reconstruct HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=zz\r\n"
+                 f"Content-Length: {declared_length}\r\n\r\n--zz\r\n".encode("ascii"))
+    return sock
+
+
+def test_a_client_that_stops_sending_gets_408_and_one_that_leaves_costs_nothing(server, inputs):
+    slow = raw_request(server.port, 100_000)
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+        data = slow.recv(65536)
+        if not data:
+            break
+        answer += data
+    slow.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["field"] == "body"
+    for _ in range(3):
+        gone = raw_request(server.port, 100_000)
+        gone.sendall(b"Content-Disposition: form-data; name=\"images\"")
+        gone.close()
+    time.sleep(0.5)
+    got = post(server.url, *form(inputs["a"][0][:2], cameras_field(inputs["a"][1])))
+    assert got[0] == 400 and json.loads(got[2])["field"] == "images"
+    assert server.info()["in_server"] == 0
+
+
+# ------------------------------------------------------------------------------------------ full, stopped
+
+
+def test_a_full_server_answers_503_and_sigterm_finishes_the_requests_in_flight(tmp_path, inputs, offline):
+    srv = Server(tmp_path, "--max-queue", "1", "--batch-timeout-ms", "0")
+    try:
+        paths, rows = inputs["a"]
+        body, kind = form(paths, cameras_field(rows))
+        first: dict = {}
+        thread = threading.Thread(target=lambda: first.setdefault("answer", post(srv.url, body, kind)))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while srv.info()["in_server"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, headers, answer = post(srv.url, body, kind)
+        assert status == 503 and headers["retry-after"] == "1" and json.loads(answer)["status"] == 503
+        srv.process.send_signal(signal.SIGTERM)
+        thread.join(300)
+        status, headers, answer = first["answer"]
+        assert status == 200, answer[:300]
+        assert answer == offline["a"].encode("obj")
+        srv.process.wait(120)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(srv.url + "/health", timeout=5)
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------------------------------ the page
+
+
+@pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium: apt-get install chromium (see README)")
+def test_the_page_renders_in_a_browser_and_loads_nothing_from_elsewhere(server, tmp_path):
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+        html = response.read().decode("utf-8")
+    for outside in ("http://", "https://", "//", "@import", "url("):
+        assert outside not in html.replace("http://127.0.0.1", ""), outside
+    page = tmp_path / "page.html"
+    page.write_text(html, encoding="utf-8")
+    seen = browser.probe(page)
+    assert seen["title"] == "xmesh serve" and seen["text"] > 200
+    shot = cv2.imread(str(browser.screenshot(page, tmp_path / "page.png", 1000, 700)))
+    assert shot is not None and shot.std() > 5   # something drawn, not a blank window
+
+
+# ------------------------------------------------------------------------------------------ without a server
+
+
+def test_a_failing_sample_fails_alone_and_out_of_memory_is_503():
+    from xmesh.errors import DeviceOutOfMemoryError
+    from xmesh.serve.upload import Sample
+    from xmesh.serve.worker import ReconstructAPI
+
+    class Model:
+        backend = get_backend("numpy")
+
+        def run(self, images, cameras):
+            if np.isnan(images).any():
+                raise FloatingPointError("simulated: a sample the network cannot run")
+            if (cameras[:, 0, 0] < 0).any():
+                raise DeviceOutOfMemoryError("simulated")
+            return images[:, 0, :2, 0], images[:, 0, :2, 1]
+
+    api = ReconstructAPI.__new__(ReconstructAPI)
+    api.model = Model()
+    rng = np.random.default_rng(0)
+    samples = [Sample(rng.random((3, 224, 224, 3), dtype=np.float32), np.ones((3, 5), np.float32)) for _ in range(3)]
+    samples[1].images[0, 0, 0, 0] = np.nan
+    answers = api.predict(samples)
+    assert [("error" in a) for a in answers] == [False, True, False]
+    assert answers[1]["status"] == 500 and answers[0]["batch"] == 1
+    np.testing.assert_array_equal(answers[2]["coarse"], samples[2].images[0, :2, 0])
+    samples[1].images[0, 0, 0, 0], samples[1].rows[0, 0] = 0.5, -1.0
+    assert [a.get("status") for a in api.predict(samples)] == [None, 503, None]
+    assert api.predict(samples[::2])[0]["batch"] == 2
+
+
+def test_reconstruct_remote_names_an_unreachable_server():
+    with pytest.raises(ServerError, match="cannot be reached"):
+        reconstruct_remote(f"http://127.0.0.1:{free_port()}", [b"x"] * 3, cameras=np.ones((3, 5)))
