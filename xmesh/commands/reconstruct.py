@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--server", default=None, metavar="URL",
                    help="send the images and --cameras or --poses to a running 'xmesh serve' at URL instead of "
                         "reconstructing here (the model options are then the server's)")
-    add_model_options(p)
+    add_model_options(p, weights_required=False)
     add_cluster_option(p)
     p.set_defaults(run=run)
 
@@ -65,9 +65,13 @@ def run(args) -> int:
     if args.list is not None:
         if args.server is not None:
             raise InputError("--server sends one object (three images); --list runs here")
+        if args.weights is None:
+            raise InputError("--weights is required with --list")
         return run_list(args)
     if args.server is not None:
         return run_remote(args)
+    if args.weights is None:
+        raise InputError("--weights is required (or --server URL, a running 'xmesh serve' that has its own)")
     if args.cluster is not None:
         raise InputError("--cluster goes with --list FILE (a whole list); one object runs here")
     if args.images_root is not None:
@@ -101,8 +105,11 @@ def run_remote(args) -> int:
     source = camera_source(args)
     extra = [name for name in ("--colmap", "--coarse-out", "--masks", "--center", "--radius", "--up", "--first-azimuth")
              if getattr(args, name[2:].replace("-", "_")) is not None]
+    if args.weights is not None:
+        extra.append("--weights (the server has its own)")
     if extra or source == "--colmap":
-        raise InputError(f"--server takes --cameras or --poses (the server's fields); {', '.join(extra)} only run here")
+        raise InputError(f"--server takes the three images and --cameras or --poses; {', '.join(extra) or '--colmap'} "
+                         "cannot go with it")
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
     out_writer = writer(args.out)

@@ -8,6 +8,7 @@ import json
 import cv2
 import numpy as np
 
+from xmesh.io.images import images_to_unit
 from xmesh.mesh import Mesh
 from xmesh.pictures.panels import caption, framed_border, hstack, vstack
 from xmesh.pictures.views import PANEL_SIZE, image_panel, mesh_panel
@@ -34,8 +35,9 @@ def choose_format(query: str | None, accept: str | None) -> str:
 
 
 def _network_view(image: np.ndarray) -> np.ndarray:
-    """A network input view (224, 224, 3) BGR float in [0, 1] -> RGB uint8."""
-    return np.ascontiguousarray((np.clip(image, 0.0, 1.0)[:, :, ::-1] * 255.0).round().astype(np.uint8))
+    """A network input view (224, 224, 3) BGR, uint8 or float in [0, 1] -> RGB uint8."""
+    unit = images_to_unit(np, image)
+    return np.ascontiguousarray((np.clip(unit, 0.0, 1.0)[:, :, ::-1] * 255.0).round().astype(np.uint8))
 
 
 def picture(sample: Sample, network_mesh: Mesh, weights_line: str) -> bytes:

@@ -19,7 +19,7 @@ import numpy as np
 
 from xmesh.errors import InputError, XmeshError
 from xmesh.io.cameras import load_cameras
-from xmesh.io.images import NUM_VIEWS, decode_image_bytes, load_images
+from xmesh.io.images import NUM_VIEWS, decode_image_bytes, load_images, prepare_image_u8
 
 MAX_PIXELS = 64_000_000      # a 48-megapixel phone photo fits; a 30000x30000 "bomb" does not
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -41,8 +41,10 @@ class UploadError(InputError):
 
 @dataclass
 class Sample:
-    """What a worker needs for one request (picklable): the network's ``images`` (3, 224, 224, 3) float32
-    and camera ``rows`` (3, 5) float32; ``photo_cameras`` (posed photos) puts the mesh in their world."""
+    """What a worker needs for one request (picklable): the network's ``images`` (3, 224, 224, 3), uint8
+    where the photos are 8-bit (a quarter of the bytes to queue; ``xmesh.io.images.images_to_unit``
+    gives the float32 input, bit for bit), else float32; camera ``rows`` (3, 5) float32;
+    ``photo_cameras`` (posed photos) puts the mesh in their world."""
 
     images: np.ndarray
     rows: np.ndarray
@@ -127,6 +129,9 @@ def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: str | No
     decoded = [decode_upload(data, f"images[{i}] ({name!r})") for i, (name, data) in enumerate(files)]
     if rows is not None:
         try:
+            ready = [prepare_image_u8(image, f"images[{i}]") for i, image in enumerate(decoded)]
+            if all(view is not None for view in ready):
+                return Sample(np.stack(ready), rows)
             return Sample(load_images(decoded), rows)
         except InputError as exc:
             raise UploadError("images", str(exc)) from None

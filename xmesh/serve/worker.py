@@ -19,6 +19,7 @@ import litserve as ls
 import numpy as np
 
 from xmesh.errors import DeviceOutOfMemoryError
+from xmesh.io.images import images_to_unit
 
 log = logging.getLogger("xmesh.serve")
 
@@ -80,7 +81,7 @@ class ReconstructAPI(ls.LitAPI):
     def predict(self, samples) -> list[dict]:
         start = time.perf_counter()
         try:
-            coarse, refined = self.model.run(np.stack([s.images for s in samples]), np.stack([s.rows for s in samples]))
+            coarse, refined = self.model.run(self._images(samples), np.stack([s.rows for s in samples]))
             coarse, refined = self.model.backend.to_numpy(coarse), self.model.backend.to_numpy(refined)
         except Exception as exc:  # noqa: BLE001 - every request gets an answer; the worker keeps serving
             if len(samples) == 1:
@@ -88,6 +89,14 @@ class ReconstructAPI(ls.LitAPI):
             return [self.predict([sample])[0] for sample in samples]
         ms = (time.perf_counter() - start) * 1000.0
         return [{"coarse": coarse[b], "refined": refined[b], "batch": len(samples), "ms": ms} for b in range(len(samples))]
+
+    def _images(self, samples):
+        """The batch's network input: 8-bit views go to the device as they are and become float32 there."""
+        views = [s.images for s in samples]
+        if all(v.dtype == np.uint8 for v in views):
+            backend = self.model.backend
+            return images_to_unit(backend.xp, backend.asarray(np.stack(views), dtype=np.uint8))
+        return np.stack([images_to_unit(np, v) for v in views])
 
     def unbatch(self, output):
         return output
