@@ -111,10 +111,37 @@ def inputs(demo_dir):
 
 
 @pytest.fixture(scope="module")
-def offline(inputs):
+def model():
+    return xmesh.Reconstructor(synthetic_weights(1))
+
+
+@pytest.fixture(scope="module")
+def offline(inputs, model):
     """The meshes ``xmesh reconstruct`` computes for samples a and b: one sample per call."""
-    model = xmesh.Reconstructor(synthetic_weights(1))
     return {key: model(paths, rows) for key, (paths, rows) in inputs.items()}
+
+
+@pytest.fixture(scope="module")
+def posed(tmp_path_factory, model):
+    """RGBA photos of a synthetic capture (alpha: the object), their poses JSON (camera-to-world,
+    OpenGL axes, intrinsics), and the mesh ``xmesh reconstruct --poses`` makes of them."""
+    from photo_scene import make_scene, network_intrinsics, network_photos
+
+    from xmesh.cameras import from_poses
+
+    scene, folder = make_scene(2), tmp_path_factory.mktemp("posed")
+    paths, views = [], []
+    for i, photo in enumerate(network_photos(scene, 137)):
+        paths.append(folder / f"IMG_{i}.png")
+        cv2.imwrite(str(paths[-1]), photo)
+        rot, centre = scene.input_pose(i)
+        pose = np.eye(4)
+        pose[:3, :3], pose[:3, 3] = rot.T @ np.diag([1.0, -1.0, -1.0]), centre
+        k = network_intrinsics(137)
+        views.append({"image": paths[-1].name, "camera_to_world": pose.tolist(), "fx": k.fx, "fy": k.fy,
+                      "cx": k.cx, "cy": k.cy, "width": 137, "height": 137})
+    poses = {"convention": "opengl", "views": views, "center": scene.shift.tolist(), "radius": 0.24 * scene.sigma}
+    return paths, json.dumps(poses), model(paths, from_poses(poses, [p.name for p in paths]))
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +163,7 @@ def png_bytes(image) -> bytes:
 # ------------------------------------------------------------------------------------------ batching
 
 
-def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(server, inputs, offline, tmp_path):
+def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(server, inputs, offline, posed, tmp_path):
     (paths_a, rows_a), (paths_b, rows_b) = inputs["a"], inputs["b"]
     np.savetxt(tmp_path / "cams_b.txt", rows_b)
     results: dict = {}
@@ -158,6 +185,7 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
             lambda: raw("ply", paths_b, rows_b, headers={"Accept": "application/x-ply"}),
             lambda: raw("preview", paths_a, rows_a, "?format=preview"),
             remote, cli,
+            lambda: results.setdefault("poses", post(server.url, *form(posed[0], {"poses": posed[1]}), "/v1/reconstruct?format=glb")),
             lambda: results.setdefault("bad", post(server.url, bad_body, bad_kind)),
             lambda: raw("two", paths_a[:2], rows_a)]
     threads = [threading.Thread(target=job) for job in jobs]
@@ -185,6 +213,9 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
         np.testing.assert_array_equal(mesh.vertices, expected.vertices)
         np.testing.assert_array_equal(mesh.faces, expected.faces)
     assert results["obj"][2] == expected_a.encode("obj")
+    assert results["poses"][0] == 200, results["poses"][2][:300]
+    vertices, faces = read_glb(results["poses"][2])      # in the poses' world, as xmesh reconstruct --poses
+    np.testing.assert_array_equal(vertices, posed[2].vertices)
     assert results["cli"].returncode == 0, results["cli"].stderr
     expected_b.to_ply(tmp_path / "b_local.ply")
     assert (tmp_path / "b.ply").read_bytes() == (tmp_path / "b_local.ply").read_bytes()
@@ -347,6 +378,20 @@ def test_the_page_renders_in_a_browser_and_loads_nothing_from_elsewhere(server, 
 
 
 # ------------------------------------------------------------------------------------------ without a server
+
+
+@pytest.mark.parametrize("encoding", [".png", ".jpg", "progressive .jpg"])
+def test_the_size_of_a_photo_is_read_from_its_header(encoding):
+    from xmesh.serve.upload import image_size
+
+    rng = np.random.default_rng(1)
+    for height, width in ((1, 1), (37, 411), (300, 200)):
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        flags = [cv2.IMWRITE_JPEG_PROGRESSIVE, 1] if encoding.startswith("progressive") else []
+        data = cv2.imencode(encoding.split()[-1], image, flags)[1].tobytes()
+        assert image_size(data, "images[0]") == (width, height)
+        assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED).shape[:2] == (height, width)
+
 
 
 def test_a_failing_sample_fails_alone_and_out_of_memory_is_503():
