@@ -62,8 +62,9 @@ async def _connection(port: int, payload: bytes, warm_until: float, stop_at: flo
         status = int(lines[0].split()[1])
         headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
         await reader.readexactly(int(headers.get("content-length", 0)))
-        if started >= warm_until:
-            out.append((time.perf_counter() - started, status, int(headers.get("x-xmesh-batch-size", 0))))
+        finished = time.perf_counter()
+        if started >= warm_until and finished <= stop_at:   # the measured window holds whole requests only
+            out.append((finished - started, status, int(headers.get("x-xmesh-batch-size", 0))))
         if headers.get("connection", "").lower() == "close":
             writer.close()
             writer = None
