@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("litserve")
 
 import browser  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
 import xmesh  # noqa: E402
 from xmesh.backends import get_backend  # noqa: E402
 from xmesh.io.cameras import load_cameras  # noqa: E402
@@ -358,6 +359,40 @@ def test_a_full_server_answers_503_and_sigterm_finishes_the_requests_in_flight(t
             urllib.request.urlopen(srv.url + "/health", timeout=5)
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+
+GPU_ATOL, GPU_MAX_FRACTION = 1e-4, 0.01   # as tests/test_cupy_backend.py's end-to-end checks
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_on_a_gpu_served_meshes_are_the_local_ones_within_the_fp32_tolerance(tmp_path, inputs):
+    srv = Server(tmp_path, "--backend", "cupy", "--precision", "fp32", "--devices", "0", "--max-batch", "8",
+                 "--batch-timeout-ms", "300")
+    try:
+        answers: dict = {}
+        jobs = [(key, i) for key in ("a", "b") for i in range(3)]
+
+        def send(key, i):
+            answers[key, i] = post(srv.url, *form(inputs[key][0], cameras_field(inputs[key][1])), "/v1/reconstruct?format=glb")
+
+        threads = [threading.Thread(target=send, args=job) for job in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        srv.stop()
+    local = xmesh.Reconstructor(synthetic_weights(1), backend="cupy", precision="fp32")
+    assert max(int(answers[job][1]["x-xmesh-batch-size"]) for job in jobs) > 1
+    for key, i in jobs:
+        status, _, body = answers[key, i]
+        assert status == 200, body[:300]
+        expected = local(*inputs[key]).vertices
+        vertices, _ = read_glb(body)
+        assert float((np.abs(vertices - expected).max(axis=1) > GPU_ATOL).mean()) <= GPU_MAX_FRACTION
 
 
 # ------------------------------------------------------------------------------------------ the page
