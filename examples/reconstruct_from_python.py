@@ -2,8 +2,9 @@
 
     python examples/reconstruct_from_python.py [OUT_DIR] [--backend cupy]
 
-Uses the synthetic test weights (seed 1) unless XMESH_WEIGHTS names real ones (an .npz, or the
-two official checkpoint prefixes separated by a comma).
+Uses synthetic weights (seed 1 of the test recipe's small-move variant, as ``xmesh demo``) unless
+XMESH_WEIGHTS names real ones (an .npz, or the two official checkpoint prefixes separated by a comma).
+The picture shows the inputs beside the coarse and refined meshes, with a caption naming the weights.
 """
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import time
 from pathlib import Path
 
 import xmesh
+from xmesh.io.cameras import load_cameras
 from xmesh.io.weights import synthetic_weights
+from xmesh.pictures.demo import weights_caption, write_demo_picture
 from xmesh.synthetic.dataset import demo_inputs
-from xmesh.synthetic.render import render_mesh_file
+
+RECIPE = "the test recipe's small-move variant"
 
 
 def main() -> None:
@@ -25,14 +29,18 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     images, cameras = demo_inputs(out / "inputs")
-    weights = os.environ.get("XMESH_WEIGHTS")
-    weights = weights.split(",") if weights else synthetic_weights(1)
+    named = os.environ.get("XMESH_WEIGHTS")
+    named = named.split(",") if named else None
+    weights = named or synthetic_weights(1, small_moves=True)
     model = xmesh.Reconstructor(weights, backend=args.backend)   # weights + template stay loaded
     start = time.perf_counter()
     mesh = model(images, cameras)
-    print(f"reconstructed {len(mesh.vertices)} vertices in {time.perf_counter() - start:.2f} s on {args.backend}")
+    elapsed = time.perf_counter() - start
+    print(f"reconstructed {len(mesh.vertices)} vertices in {elapsed:.2f} s on {args.backend}")
     path = mesh.to_obj(out / "mesh.obj")
-    print("wrote", path, render_mesh_file(path, cameras, out / "mesh.png", size=224))
+    picture = write_demo_picture(out / "mesh.png", images, load_cameras(cameras), mesh,
+                                 weights_caption(named, 1, RECIPE), f"reconstructed in {elapsed:.2f} s on {args.backend}")
+    print("wrote", path, picture)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #   bash scripts/device_checks.sh tests16    # the 16-bit modes' chained layers and their one-layer reference
 #   bash scripts/device_checks.sh precision  # each precision mode's error against the golden data
 #   bash scripts/device_checks.sh bench      # `xmesh bench` (CuPy b=1/16/64 and NumPy b=1 in one run)
+#   bash scripts/device_checks.sh profile    # per-kernel roofline tables under Nsight Compute (ncu on the PATH)
 # Expects: .whl/base (the array-api-compat wheel) and .devdata/shared (golden + demo copies).
 set -u
 export PYTHONUNBUFFERED=1
@@ -34,5 +35,8 @@ import json, sys
 from xmesh.benchmarking import format_table
 print(format_table(json.load(open(sys.argv[1]))))
 PY
+  ;;
+profile)
+  python3 scripts/kernel_profile.py --modes --budget 540 --out "$OUT/profile" 2>&1 | tail -150
   ;;
 esac

@@ -610,7 +610,7 @@ def test_convert_bad_output_paths(ckpt, tmp_path, capsys):
     check_message(message, "a_folder", "is a folder", "expected the path of a file")
     (tmp_path / "a_file").write_text("x")
     message = cli_error(capsys, ["convert", str(ckpt), str(tmp_path / "a_file" / "out.npz")])
-    check_message(message, "a_file/out.npz", "cannot write", "expected a writable file path")
+    check_message(message, "a_file/out.npz", "cannot be written", "a_file is a file, not a folder")
     message = cli_error(capsys, ["convert", str(tmp_path / "nothing_here"), str(tmp_path / "o.npz")])
     check_message(message, "nothing_here.index", "checkpoint index not found")
 

@@ -1,7 +1,9 @@
 """xmesh.benchmarking, `xmesh bench` and the asv suite in asv_benchmarks/ (the same timing code)."""
 from __future__ import annotations
 
+import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +59,32 @@ def test_run_bench_report_is_sane():
     assert "gflop_per_s" in entry["stages"]["graph_block_1"]
     assert "total_ms" not in entry                            # total was not asked for
     assert "graph_block_1" in bm.format_table(report)
+
+
+def test_run_bench_reports_every_call_against_the_planned_count():
+    seen = []
+    bm.run_bench("numpy", [1], repeat=2, warmup=1, stages=CHEAP, progress=lambda *call: seen.append(call))
+    planned = len(CHEAP) * (2 + 1)
+    assert {p for _, _, p in seen} == {planned}
+    done = [d for _, d, _ in seen]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == planned
+    assert [w for w, d, _ in seen if d in (0, 3)][:2] == [f"numpy batch 1: {CHEAP[0]}", f"numpy batch 1: {CHEAP[0]}"]
+    assert seen[-1][0] == f"numpy batch 1: {CHEAP[1]}"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_cli_shows_a_bar_with_the_time_left_on_a_terminal_and_lines_elsewhere(monkeypatch, capsys):
+    argv = ["bench", "--backend", "numpy", "--stages", *CHEAP, "--repeat", "1", "--warmup", "0", "--batch-sizes", "1"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == [f"xmesh bench: numpy batch 1: {stage}" for stage in CHEAP]
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 0
+    assert re.search(r"graph_projection: 100%.* 2/2 \[\d\d:\d\d<\d\d:\d\d", terminal.getvalue()), terminal.getvalue()
 
 
 def test_unknown_stage_is_refused():

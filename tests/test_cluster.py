@@ -70,7 +70,7 @@ def test_eval_on_two_workers_writes_the_rows_and_meshes_of_the_single_process_ru
     assert sorted(_rows(spread)) == sorted(data["ids"][:2])
     assert _rows(spread) == _rows(tmp_path / "alone")
     assert _files(spread / "predict") == _files(tmp_path / "alone" / "predict")
-    assert len(_files(spread / "predict")) == 4
+    assert len(_files(spread / "predict")) == 6   # 2 samples: prediction .xyz and .obj, ground truth .xyz
 
 
 def test_toy_rows_meshes_and_reconstruct_list_equal_the_single_process_run(data, client, tmp_path):
@@ -86,7 +86,8 @@ def test_toy_rows_meshes_and_reconstruct_list_equal_the_single_process_run(data,
     assert sorted(_rows(tmp_path / "spread")) == sorted(data["ids"])
     assert _rows(tmp_path / "spread") == _rows(tmp_path / "alone")
     assert _files(tmp_path / "spread" / "predict") == _files(tmp_path / "alone" / "predict")
-    assert info["evaluated"] == 12 and _files(tmp_path / "listed") == _files(tmp_path / "alone" / "predict")
+    meshes = {name: data for name, data in _files(tmp_path / "alone" / "predict").items() if "_predict." in name}
+    assert info["evaluated"] == 12 and _files(tmp_path / "listed") == meshes   # no ground truth without --gt
     again = evaluate_dataset(ToySpec(), data["test_list"], root, gt, tmp_path / "spread", batch_size=2, progress=False,
                              client=client)
     assert again["run"]["skipped"] == 12 and again["run"]["evaluated"] == 0
@@ -230,19 +231,19 @@ def _eval_args(data, out, *extra):
 def test_cluster_without_dask_fails_at_once_naming_the_extra(data, tmp_path, monkeypatch, capsys, cluster, backend,
                                                              missing, extra):
     monkeypatch.setitem(sys.modules, missing, None)   # `import` of it then fails, as when it is not installed
-    with pytest.raises(BackendUnavailableError, match=f'pip install "xmesh\\[{extra}\\]"'):
+    with pytest.raises(BackendUnavailableError, match=f'pip install "xmesh-p2mpp\\[{extra}\\]"'):
         with open_client(cluster):
             pass
     start = time.monotonic()
     assert cli.main(_eval_args(data, tmp_path / "out", "--cluster", cluster, "--backend", backend)) == 2
     assert time.monotonic() - start < 10
     err = capsys.readouterr().err
-    assert f'pip install "xmesh[{extra}]"' in err and f"--cluster {cluster}" in err
+    assert f'pip install "xmesh-p2mpp[{extra}]"' in err and f"--cluster {cluster}" in err
     assert not (tmp_path / "out").exists()   # nothing started, nothing written
     listed = ["reconstruct", "--list", str(data["test_list"]), "--images", str(data["root"]), "--weights",
               "synthetic:1", "--out", str(tmp_path / "rec"), "--cluster", cluster, "--backend", backend]
     assert cli.main(listed) == 2
-    assert f'pip install "xmesh[{extra}]"' in capsys.readouterr().err
+    assert f'pip install "xmesh-p2mpp[{extra}]"' in capsys.readouterr().err
 
 
 def test_local_cuda_with_the_numpy_backend_is_refused(data, tmp_path, capsys):

@@ -28,7 +28,7 @@ def test_missing_cupy_names_what_to_install(monkeypatch):
     with pytest.raises(BackendUnavailableError) as info:
         CupyBackend()
     message = str(info.value)
-    assert "pip install cupy-cuda12x" in message and "xmesh[cupy]" in message
+    assert "pip install cupy-cuda12x" in message and "xmesh-p2mpp[cupy]" in message
 
 
 def test_unknown_precision_is_rejected():

@@ -191,8 +191,19 @@ def test_summary_of_known_rows_and_csv_repair(tmp_path):
     assert summary["mean_over_samples"]["chamfer"] == pytest.approx(0.005)
     assert summary["mean_over_categories"]["fscore"]["0.0001"] == pytest.approx(20.0)
     assert summary["mean_ms_per_sample"] == pytest.approx(20.0)
+    # the original's f_score.py averages all 13 categories, an absent one as 0: (3 + 9) / 13 x1000, (30 + 10) / 13
+    over_13 = summary["mean_over_13_categories"]
+    assert over_13["count"] == 3 and over_13["chamfer_x1000"] == pytest.approx(12.0 / 13)
+    assert over_13["fscore"]["0.0001"] == pytest.approx(40.0 / 13)
     table = format_table(summary)
-    assert "airplane" in table and "3.0000" in table and "30.00" in table and "mean" in table
+    assert "airplane" in table and "3.0000" in table and "30.00" in table
+    # the table's mean lines: label, then count, CD, CD x1000, F(tau), F(2tau)
+    lines = {line[:23].split(None, 1)[1].strip(): [float(v) for v in line[23:].split()]
+             for line in table.splitlines() if line.startswith("mean ")}
+    assert lines["(present)"][2] == pytest.approx(6.0) and lines["(present)"][3] == 20.0
+    assert lines["(all 13)"][2] == pytest.approx(12.0 / 13, abs=1e-4)
+    assert lines["(all 13)"][3] == pytest.approx(40.0 / 13, abs=0.005)
+    assert "absent ones as 0" in table
 
     path.write_text(text + "c_1_00.dat,02691156,1,2\n")
     with pytest.raises(FileFormatError, match="line 5: 4 fields"):

@@ -7,6 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drawings import assert_same_drawing, edge_band
+
 from xmesh import cli
 from xmesh.mesh import Mesh, read_obj
 from xmesh.model.camera import camera_to_world, world_to_camera
@@ -147,3 +149,45 @@ def test_demo_picture_shows_the_inputs_beside_both_meshes_and_names_the_weights(
     assert weights_caption(["a.ckpt-50", "b.ckpt-10"]) == "weights: a.ckpt-50, b.ckpt-10"
     real = demo_picture(images, cameras, mesh, weights_caption(["a.ckpt-50", "b.ckpt-10"]), size=size)
     assert np.array_equal(real[:size], picture[:size]) and not np.array_equal(real[size:], picture[size:])
+
+
+def test_drawings_of_one_mesh_compare_equal_through_last_bit_moves_but_not_another_mesh():
+    vertices, faces = shapes.superquadric((0.05, 0.03, 0.02), exponent=0.7, subdivisions=6)
+    vertices = world_to_camera(vertices, ROW)  # in camera 0's frame, as the network's meshes are
+
+    def drawing(points):
+        panel, framing = mesh_panel(points.astype(np.float32), faces, ROW, SIZE, camera0_row=ROW)
+        return panel, framing
+
+    panel, framing = drawing(vertices)
+    xy, _, _ = framing.screen(camera_to_world(vertices, ROW), SIZE)
+    band = edge_band(xy, faces, (SIZE, SIZE))
+    rng = np.random.default_rng(0)
+    for moved in (1e-6, 1e-5):  # what another BLAS does to the network's vertices, relative to their size
+        assert_same_drawing(drawing(vertices * (1 + moved * rng.standard_normal(vertices.shape)))[0], panel, band)
+    for other in (vertices * [1.1, 1.0, 1.0], vertices * [1.0, 0.9, 1.0]):  # 10% wider or flatter
+        with pytest.raises(AssertionError):
+            assert_same_drawing(drawing(other)[0], panel, band)
+
+
+def test_xmesh_demo_shows_both_meshes_as_shaded_surfaces_and_says_the_weights_are_synthetic(tmp_path):
+    """The demo's synthetic weights (the small-move variant) deform the template without collapsing
+    it: each mesh panel is a surface covering a good share of the panel in both directions (a thin
+    line covers a sliver), shaded in many tones (its faces visible), with the SYNTHETIC caption."""
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--out", str(out)]) == 0
+    picture = cv2.cvtColor(cv2.imread(str(out / "mesh.png")), cv2.COLOR_BGR2RGB)
+    size = (picture.shape[1] - 4 * 4) // 5
+    for index in (3, 4):   # the coarse and the refined mesh
+        panel = picture[1:size - 1, index * (size + 4) + 1: index * (size + 4) + size - 1]
+        covered = _non_white(panel, 18)
+        side, area = _span(covered, size)
+        assert 0.4 <= side <= 0.95 and area > 0.2, (index, side, area)
+        rows, cols = np.nonzero(covered)
+        spread = np.sqrt(np.linalg.eigvalsh(np.cov(np.stack([rows, cols]).astype(np.float64))))
+        assert spread[0] > 0.5 * spread[1], (index, spread)   # as wide one way as the other, not a line
+        tones = np.unique(panel[: covered.shape[0]][covered].astype(np.int64) @ [65536, 256, 1])
+        assert len(tones) > 30, (index, len(tones))   # shaded facets, not one flat colour
+    caption = picture[size:]
+    assert np.any(caption < 128)
+    assert "SYNTHETIC" in weights_caption(None, 1, "the test recipe's small-move variant")

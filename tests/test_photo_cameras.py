@@ -12,6 +12,7 @@ from photo_scene import make_scene, network_intrinsics, roll, write_colmap
 import xmesh
 from xmesh.errors import InputError, MissingFileError
 from xmesh.photo import colmap, frame
+from xmesh.photo.enclosing_sphere import smallest_enclosing_sphere
 from xmesh.photo.intrinsics import Intrinsics, from_model
 
 NAMES = ["IMG_0001.jpg", "IMG_0002.jpg", "IMG_0003.jpg"]
@@ -97,12 +98,46 @@ def test_object_sphere_drops_strays_and_is_equivariant():
     points /= np.linalg.norm(points, axis=1, keepdims=True)
     noisy = np.concatenate([points * 2.0 + 5.0, [[500.0, 0, 0], [0, -900.0, 0]]])
     centre, radius = frame.object_sphere(noisy)
-    sphere = points * 2.0 + 5.0    # the strays far off are dropped: the sphere's own mean and extent remain
-    assert np.allclose(centre, sphere.mean(axis=0), atol=1e-12)
-    assert radius == pytest.approx(np.linalg.norm(sphere - centre, axis=1).max(), rel=1e-12)
+    sphere = points * 2.0 + 5.0    # the strays far off are dropped: the sphere's own enclosing sphere remains
+    expected_centre, expected_radius = smallest_enclosing_sphere(sphere)
+    assert np.allclose(centre, expected_centre, atol=1e-12) and radius == pytest.approx(expected_radius, rel=1e-12)
+    assert np.allclose(centre, 5.0, atol=0.02) and radius == pytest.approx(2.0, rel=0.01)
     q = np.linalg.qr(rng.normal(size=(3, 3)))[0]
     c2, r2 = frame.object_sphere(3.0 * noisy @ q.T + 1.0)
     assert np.allclose(c2, 3.0 * q @ centre + 1.0) and r2 == pytest.approx(3.0 * radius)
+
+
+def test_object_centre_does_not_follow_a_dense_cluster_of_points():
+    """Points uniform on a sphere plus five times as many crowded on one cap (as SIFT crowds points on
+    a textured side): their mean moves a fifth of the radius, the enclosing sphere's centre stays
+    within 1% of the true centre and its radius within 1%."""
+    rng = np.random.default_rng(4)
+    truth, true_radius = np.array([0.3, -1.2, 2.0]), 0.7
+    even = rng.normal(size=(800, 3))
+    cap = rng.normal(size=(4000, 3)) * 0.25 + [0.0, 0.0, 1.0]   # directions near +z
+    directions = np.concatenate([even, cap])
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    cloud = truth + true_radius * directions
+    assert np.linalg.norm(cloud.mean(axis=0) - truth) > 0.2 * true_radius   # the mean is biased
+    centre, radius = frame.object_sphere(cloud)
+    assert np.linalg.norm(centre - truth) < 0.01 * true_radius
+    assert radius == pytest.approx(true_radius, rel=0.01)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 500])
+def test_smallest_enclosing_sphere_is_the_smallest(n):
+    """Every point inside, and the optimality condition of the smallest enclosing sphere: its centre
+    is a convex combination of the points on its surface (otherwise moving it would shrink it)."""
+    from scipy.optimize import nnls
+
+    points = np.random.default_rng(n).normal(size=(n, 3)) * [1.0, 2.0, 0.5]
+    centre, radius = smallest_enclosing_sphere(points)
+    distance = np.linalg.norm(points - centre, axis=1)
+    assert distance.max() <= radius * (1 + 1e-12)
+    on_surface = points[distance >= radius * (1 - 1e-9)]
+    system = np.vstack([on_surface.T, np.ones(len(on_surface)) * 10.0])   # sum of weights = 1, weighted
+    weights, residual = nnls(system, np.append(centre, 10.0))
+    assert residual < 1e-9 * max(1.0, radius)
 
 
 def _poses_json(scene, path, convention="opencv", names=NAMES, with_points=False):

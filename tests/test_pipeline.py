@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from xmesh.metrics.batch import evaluate_batch, pad_clouds
 from xmesh.mesh import Mesh
 from xmesh.pipeline import loading
 from xmesh.pipeline.writing import obj_text, xyz_text
-from xmesh.synthetic.dataset import write_dataset
+from xmesh.synthetic.dataset import write_dataset, write_ground_truth
 
 TESTS = Path(__file__).resolve().parent
 
@@ -194,8 +195,9 @@ def test_save_meshes_writes_the_originals_names_and_the_network_output(data, tmp
     predict = tmp_path / "eval" / "predict"
     stems = [i[: -len(".dat")] for i in data["ids"]]
     assert sorted(p.name for p in predict.iterdir()) == sorted(
-        [f"{s}_predict.xyz" for s in stems] + [f"{s}_predict.obj" for s in stems])
-    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == sorted(p.name for p in predict.iterdir())
+        [f"{s}_predict.xyz" for s in stems] + [f"{s}_predict.obj" for s in stems] + [f"{s}_ground.xyz" for s in stems])
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == sorted(
+        p.name for p in predict.iterdir() if "_predict." in p.name)   # no ground truth without it
     sample = SampleId.parse(data["ids"][4])
     images, cameras, gt, _, _ = loading.load_sample(sample, sample_paths(sample, data["root"], data["root"] / "gt"))
     _, expected = toy.run(images_to_unit(np, images)[None], cameras[None])
@@ -206,6 +208,36 @@ def test_save_meshes_writes_the_originals_names_and_the_network_output(data, tmp
     assert (tmp_path / "rec" / f"{stems[4]}_predict.obj").read_bytes() == (predict / f"{stems[4]}_predict.obj").read_bytes()
     row = {r["id"]: r for r in read_csv(tmp_path / "eval" / "samples.csv")}[data["ids"][4]]
     assert row["chamfer"] == pytest.approx(evaluate(expected[0], gt)["chamfer"], rel=1e-9)
+
+
+def _savetxt_bytes(points: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savetxt(buffer, points)
+    return buffer.getvalue()
+
+
+def test_ground_xyz_is_what_the_originals_test_script_saves(data, tmp_path):
+    """{id}_ground.xyz: np.savetxt of the .dat's points array as the original's loader reads it
+    (pickle.load with encoding 'latin1'/'bytes', then [1]), byte for byte, for float32 and float64
+    ground truth; the original's scripts pair it with {id}_predict.xyz by name."""
+    gt = tmp_path / "gt"
+    gt.mkdir()
+    for k, name in enumerate(data["ids"]):   # every other sample's points stored as float64
+        source = data["root"] / "gt" / name
+        if k % 2:
+            image, points = pickle.load(open(source, "rb"), encoding="latin1")
+            write_ground_truth(gt / name, image, points.astype(np.float64) * 1.1)
+        else:
+            (gt / name).write_bytes(source.read_bytes())
+    evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], gt, tmp_path / "eval", batch_size=5,
+                     workers=2, progress=False, save_meshes=True)
+    predict = tmp_path / "eval" / "predict"
+    for k, name in enumerate(data["ids"]):
+        points = pickle.load(open(gt / name, "rb"), encoding="latin1")[1]
+        assert points.dtype == (np.float64 if k % 2 else np.float32) and points.shape[1] == 6
+        ground = predict / name.replace(".dat", "_ground.xyz")
+        assert ground.read_bytes() == _savetxt_bytes(points)
+        assert (predict / name.replace(".dat", "_predict.xyz")).is_file()   # the name f_score.py replaces
 
 
 def _outputs(out: Path) -> tuple[list, dict]:
@@ -226,7 +258,7 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_result(data, t
     reference = tmp_path / "reference"
     assert _toy_run(data, reference).wait(timeout=300) == 0
     expected = _outputs(reference)
-    assert len(expected[0]) == 12 and len(expected[1]) == 24
+    assert len(expected[0]) == 12 and len(expected[1]) == 36
 
     rng = random.Random(11)
     out = tmp_path / "killed"
@@ -260,10 +292,11 @@ def test_resume_rewrites_missing_or_empty_mesh_files_without_repeating_rows(data
     stems = [i[: -len(".dat")] for i in data["ids"]]
     (out / "predict" / f"{stems[1]}_predict.obj").unlink()
     (out / "predict" / f"{stems[7]}_predict.xyz").write_text("")  # renamed into place, data lost
+    (out / "predict" / f"{stems[9]}_ground.xyz").unlink()
     (out / "predict" / f".{stems[2]}_predict.xyz.123.tmp").write_text("half")  # a killed writer's temporary
     summary = evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4,
                                workers=1, progress=False, save_meshes=True)
-    assert summary["run"]["evaluated"] == 2 and summary["run"]["skipped"] == 10
+    assert summary["run"]["evaluated"] == 3 and summary["run"]["skipped"] == 9
     assert _outputs(out) == (rows, files)
 
 
@@ -282,3 +315,6 @@ def test_compiled_mesh_text_is_pythons_exact_format_for_any_float32():
         numbers = tuple(block.astype(np.float64).ravel().tolist())
         assert savetxt_text(block) == ("%.18e %.18e %.18e\n" * len(block)) % numbers
         assert obj_vertex_text(block) == ("v %.9g %.9g %.9g\n" * len(block)) % numbers
+    six = values[: len(values) // 2 * 2].reshape(-1, 6)   # points with normals
+    assert savetxt_text(six) == ("%.18e %.18e %.18e %.18e %.18e %.18e\n" * len(six)) % tuple(
+        six.astype(np.float64).ravel().tolist())

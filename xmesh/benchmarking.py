@@ -349,20 +349,24 @@ class Workload:
         return getattr(self, name)
 
     # -- measuring -----------------------------------------------------------------------
-    def time(self, name: str, repeat: int = 3, warmup: int = 1) -> list[float]:
-        """Seconds per call of stage ``name``, ``repeat`` times after ``warmup`` untimed calls."""
+    def time(self, name: str, repeat: int = 3, warmup: int = 1, on_call: Callable[[], None] | None = None) -> list[float]:
+        """Seconds per call of stage ``name``, ``repeat`` times after ``warmup`` untimed calls;
+        ``on_call()`` after each call, timed or not (outside the timed region)."""
         fn = self.stage(name)
+        tick = on_call or (lambda: None)
         self.prepare(name)
         if name == "total" and self.model.graphs:
             warmup = max(warmup, 2)    # call 1 runs eagerly, call 2 captures the graph
         for _ in range(warmup):
             fn()
+            tick()
         times = []
         for _ in range(repeat):
             self.backend.synchronize()
             start = time.perf_counter()
             fn()   # synchronises before returning
             times.append(time.perf_counter() - start)
+            tick()
         return times
 
     def gpu_pool_bytes(self) -> int | None:
@@ -440,7 +444,7 @@ def _summary(times: Sequence[float], batch: int, flop: float | None) -> dict:
 
 def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int] = (1,), repeat: int = 3,
               warmup: int = 1, stages: Iterable[str] | None = None, numpy_max_batch: int | None = 2,
-              progress: Callable[[str], None] | None = None, precision: str = "fp32") -> dict:
+              progress: Callable[[str, int, int], None] | None = None, precision: str = "fp32") -> dict:
     """Time ``stages`` (default: all) on each backend and batch size; returns a JSON-ready dict.
 
     ``precision`` ("fp32", "tf32", "fp16" or "bf16") is the GPU backend's mode; NumPy always computes in
@@ -449,6 +453,9 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
     With ``backend='all'`` (or a list of several) NumPy serves as the CPU comparison for the same
     inputs in the same run; a NumPy sample takes seconds, so when a GPU backend is also measured
     NumPy runs only at batch sizes <= ``numpy_max_batch`` (None: all).
+
+    ``progress(what, calls_done, calls_planned)`` is called as each stage starts and after each call
+    of it, so a caller can show how much of the run is left.
     """
     names = resolve_backends(backend)
     stages = list(STAGES if stages is None else stages)
@@ -463,7 +470,7 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
         raise InputError(f"batch sizes {batch_sizes}: expected one or more positive whole numbers")
     if int(repeat) < 1 or int(warmup) < 0:
         raise InputError(f"repeat={repeat}, warmup={warmup}: expected repeat >= 1 and warmup >= 0")
-    say = progress or (lambda message: None)
+    say = progress or (lambda message, done, planned: None)
     host = {}
     template, template_source = default_template()
     images, cameras, input_source = default_inputs()
@@ -480,9 +487,15 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
         "results": [],
         "skipped": [],
     }
+    runs = [(name, batch) for name in names for batch in batch_sizes
+            if not (name == "numpy" and len(names) > 1 and numpy_max_batch is not None and batch > numpy_max_batch)]
+    # planned calls; a GPU's "total" warms up twice (eager, then the graph capture)
+    planned = sum(int(repeat) + (max(int(warmup), 2) if stage == "total" and name != "numpy" else int(warmup))
+                  for name, _ in runs for stage in stages)
+    done = 0
     for name in names:
         for batch in batch_sizes:
-            if name == "numpy" and len(names) > 1 and numpy_max_batch is not None and batch > numpy_max_batch:
+            if (name, batch) not in runs:
                 report["skipped"].append({"backend": name, "batch": batch,
                                           "reason": f"numpy runs only batch <= {numpy_max_batch} next to a GPU backend"})
                 continue
@@ -492,9 +505,16 @@ def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int]
             entry = {"backend": name, "precision": work.backend.precision, "device": work.device(), "batch": batch,
                      "stages": {}}
             for stage in stages:
-                say(f"{name} batch {batch}: {stage}")
+                what = f"{name} batch {batch}: {stage}"
+                say(what, done, planned)
+
+                def called(what=what):
+                    nonlocal done
+                    done += 1
+                    say(what, done, max(planned, done))
+
                 flop = sum(work.flop[k] for k in _STAGE_FLOP.get(stage, ())) or None
-                entry["stages"][stage] = _summary(work.time(stage, repeat, warmup), batch, flop)
+                entry["stages"][stage] = _summary(work.time(stage, repeat, warmup, on_call=called), batch, flop)
             if "total" in entry["stages"]:
                 total = entry["stages"]["total"]
                 entry["total_ms"] = total["median_ms"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from .errors import XmeshError
 
-COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "bench", "serve")
+COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,15 +16,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xmesh {importlib.import_module('xmesh').__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"xmesh.commands.{name}").add_parser(sub)
+        importlib.import_module(f"xmesh.commands.{name.replace('-', '_')}").add_parser(sub)
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"xmesh {args.command}: warning: {message}", file=sys.stderr, flush=True)
+
     try:
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return int(args.run(args) or 0)
     except XmeshError as exc:
         print(f"xmesh {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -155,10 +155,10 @@ def check_inputs(sample: SampleId | str, paths: SamplePaths) -> None:
             raise MissingFileError(f"sample {sample}: {what} file {str(path)!r} {state}")
 
 
-def load_ground_truth(path: str | os.PathLike) -> np.ndarray:
-    """The (N, 3) float32 ground-truth points of an official ``.dat`` (a pickle of ``(image, points)``
-    with points (N, 6) = xyz + normal), read with the restricted unpickler. A bare points array is
-    accepted too. Errors name the file."""
+def load_ground_truth_array(path: str | os.PathLike) -> np.ndarray:
+    """The points array of an official ``.dat`` as stored (N, C >= 3; (N, 6) = xyz + normal in the
+    official files, in their dtype), read with the restricted unpickler: a pickle of ``(image,
+    points)``, or a bare points array. Errors name the file."""
     path = os.fspath(path)
     data = safe_pickle.load(path, what="ground-truth")
     if isinstance(data, (tuple, list)):
@@ -175,7 +175,14 @@ def load_ground_truth(path: str | os.PathLike) -> np.ndarray:
     if points.ndim != 2 or points.shape[1] < 3 or points.shape[0] < 1:
         raise FileFormatError(f"{path}: ground-truth points have shape {points.shape}; expected (N, 6) "
                               "(xyz + normal) with N >= 1")
-    xyz = np.ascontiguousarray(points[:, :3], dtype=np.float32)
+    return points
+
+
+def load_ground_truth(path: str | os.PathLike) -> np.ndarray:
+    """The (N, 3) float32 ground-truth points of an official ``.dat`` (see
+    :func:`load_ground_truth_array`); NaN or infinite coordinates are refused, naming the file."""
+    path = os.fspath(path)
+    xyz = np.ascontiguousarray(load_ground_truth_array(path)[:, :3], dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(xyz).all(axis=1))
     if bad.size:
         raise FileFormatError(f"{path}: {bad.size} ground-truth point(s) hold NaN or infinite coordinates "

@@ -49,3 +49,8 @@ class DeviceOutOfMemoryError(XmeshError, MemoryError):
 
 class MissingExtraError(XmeshError, ImportError):
     """An optional feature needs a package of one of xmesh's extras that is not installed."""
+
+
+class UnwritableOutputError(XmeshError, PermissionError):
+    """An output file or folder cannot be written (a read-only or special file system, no permission,
+    a part of its path that is a file); found before any work is done."""

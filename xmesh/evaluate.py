@@ -12,8 +12,9 @@
   call's figures with its ``timing`` (seconds per stage); written atomically.
 - ``f_score.log`` and ``cd.log``: the original evaluation scripts' per-category lines
   (:mod:`xmesh.io.p2m_logs`).
-- with ``save_meshes``: ``predict/{id}_predict.xyz`` and ``predict/{id}_predict.obj`` per sample
-  (:mod:`xmesh.pipeline.writing`).
+- with ``save_meshes``: ``predict/{id}_predict.xyz``, ``predict/{id}_predict.obj`` and the ground
+  truth as ``predict/{id}_ground.xyz`` per sample (:mod:`xmesh.pipeline.writing`), the files the
+  original's ``f_score.py`` and ``cd_distance.py`` read.
 
 :func:`reconstruct_dataset` runs the same pipeline without ground truth and writes only the meshes.
 The pipeline itself is :mod:`xmesh.pipeline`. With ``client`` (a ``distributed.Client``) both run on
@@ -38,7 +39,8 @@ from .metrics import BACKENDS as METRIC_BACKENDS
 from .metrics import THRESHOLDS, summarize
 from .pipeline.loading import default_workers
 from .pipeline.loop import BatchResult, format_timing, run_batches
-from .pipeline.writing import (FORMATS, BatchFinisher, MeshWriter, prediction_stem, remove_stray_temporaries)
+from .pipeline.writing import (FORMATS, GROUND_SUFFIX, BatchFinisher, MeshWriter, prediction_stem,
+                               remove_stray_temporaries)
 
 CSV_NAME = "samples.csv"
 SUMMARY_JSON = "summary.json"
@@ -150,6 +152,7 @@ def summary_from_rows(rows: list[dict]) -> dict:
         "samples": len(rows),
         "categories": {cat: {"name": v["name"], **_json_means(v)} for cat, v in table["categories"].items()},
         "mean_over_categories": _json_means(table["mean_over_categories"]),
+        "mean_over_13_categories": _json_means(table["mean_over_13_categories"]),
         "mean_over_samples": _json_means(table["mean_over_samples"]),
         "mean_ms_per_sample": float(np.mean([r["ms"] for r in rows])),
     }
@@ -168,8 +171,12 @@ def format_table(summary: dict) -> str:
     for cat, m in summary["categories"].items():
         lines.append(line(cat, m["name"], m))
     lines.append("-" * len(head))
-    lines.append(line("mean", "(categories)", summary["mean_over_categories"]))
+    lines.append(line("mean", "(present)", summary["mean_over_categories"]))
+    lines.append(line("mean", "(all 13)", summary["mean_over_13_categories"]))
     lines.append(line("mean", "(samples)", summary["mean_over_samples"]))
+    present = len(summary["categories"])
+    lines.append(f"means: (present) over the {present} categor{'y' if present == 1 else 'ies'} evaluated; (all 13) over "
+                 "the original's 13 categories, absent ones as 0, as its f_score.py prints")
     lines.append(f"tau = {TAU:g}, 2 tau = {TWO_TAU:g} (squared distances); F in percent; "
                  f"mean reconstruction time {summary['mean_ms_per_sample']:.1f} ms/sample")
     return "\n".join(lines) + "\n"
@@ -261,10 +268,12 @@ def check_finite(result: BatchResult) -> None:
 
 
 def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None, commit, progress, desc,
-         views, with_gt, metric_backend, formats=("xyz", "obj"), loader_pool=None) -> dict:
+         views, with_gt, metric_backend, formats=("xyz", "obj"), loader_pool=None, ground_root=None) -> dict:
     """Run the pipeline over ``todo``; ``commit(result, text)`` is called in order from the finisher
-    thread once a batch's meshes are written. Returns this run's figures with its timing."""
-    writer = MeshWriter(predict_dir, reconstructor.faces, settings["writers"], formats) if predict_dir else None
+    thread once a batch's meshes are written (with ``ground_root``, the ground-truth text files too).
+    Returns this run's figures with its timing."""
+    writer = MeshWriter(predict_dir, reconstructor.faces, settings["writers"], formats,
+                        ground_root) if predict_dir else None
     finisher = None
     with _progress(len(todo), desc, progress) as bar:
         def finish(item) -> None:
@@ -296,7 +305,7 @@ def _run(reconstructor, todo, settings, out_dir: Path, predict_dir: Path | None,
 
 
 def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit, progress, desc, views, with_gt,
-                metric_backend, formats=("xyz", "obj"), shard_batches=None, workers=None) -> dict:
+                metric_backend, formats=("xyz", "obj"), shard_batches=None, workers=None, ground_root=None) -> dict:
     """:func:`_run` on a Dask cluster: the workers write the meshes, ``commit(text)`` the CSV lines.
     ``workers`` None: each worker chooses its loader and writer processes from its own cores."""
     from .cluster.driver import run_on_cluster
@@ -306,7 +315,7 @@ def _on_cluster(client, model, todo, settings, predict_dir: Path | None, commit,
 
     with _progress(len(todo), desc, progress) as bar:
         info = run_on_cluster(client, _cluster_spec(model), todo, settings, predict_dir, commit, bar, views, with_gt,
-                              metric_backend, formats, shard_batches)
+                              metric_backend, formats, shard_batches, ground_root)
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)   # left by a worker killed while writing
     return info
@@ -320,8 +329,9 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:func:`choose_settings`).
     Returns the summary dict (also written to summary.json): ``samples``, ``categories`` {synset:
-    {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories``,
-    ``mean_over_samples``, ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
+    {name, count, chamfer, chamfer_x1000, fscore {tau: F}}}, ``mean_over_categories`` (those present),
+    ``mean_over_13_categories`` (absent ones as 0, as the original prints), ``mean_over_samples``,
+    ``mean_ms_per_sample`` and ``run`` (this call: evaluated, skipped,
     seconds, samples_per_s, the settings, and ``timing``: seconds per stage). ``loader_pool``: an
     executor from :func:`xmesh.pipeline.loading.start_pool`, started before the model was built so
     that its start-up overlaps the model's (the command line does this).
@@ -346,7 +356,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         remove_stray_temporaries(predict_dir)
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
     todo = [(s, p) for s, p in items if str(s) not in done_ids
-            or (predict_dir is not None and not _have_files(predict_dir, s, ("xyz", "obj")))]
+            or (predict_dir is not None and not _have_files(predict_dir, s, ("xyz", "obj"), ground=True))]
     for sample, paths in todo:  # fail before any compute when a file is missing
         check_sample(sample, paths)
 
@@ -357,7 +367,8 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         try:
             run_info.update(_on_cluster(client, reconstructor, todo, settings, predict_dir,
                                         lambda text: _append_new(appender, text, done_ids), progress, "xmesh eval",
-                                        views, True, metric_backend, shard_batches=shard_batches, workers=workers))
+                                        views, True, metric_backend, shard_batches=shard_batches, workers=workers,
+                                        ground_root=gt_root if save_meshes else None))
         finally:
             appender.close()
     elif todo:
@@ -366,7 +377,8 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
             run_info.update(_run(reconstructor, todo, settings, out_dir, predict_dir,
                                  lambda result: appender.write(format_rows(result, skip=done_ids)), progress,
                                  "xmesh eval",
-                                 views, True, metric_backend, loader_pool=loader_pool))
+                                 views, True, metric_backend, loader_pool=loader_pool,
+                                 ground_root=gt_root if save_meshes else None))
         finally:
             appender.close()
 
@@ -394,10 +406,14 @@ def prediction_files(out_dir: Path, sample, formats=tuple(FORMATS)) -> list[Path
     return [Path(out_dir) / f"{stem}{FORMATS[f]}" for f in formats]
 
 
-def _have_files(folder: Path, sample, formats) -> bool:
-    """Whether every mesh file of ``sample`` is there and not empty (a power cut can leave a renamed
-    file whose data never reached the disk; a killed process cannot)."""
-    for path in prediction_files(folder, sample, formats):
+def _have_files(folder: Path, sample, formats, ground: bool = False) -> bool:
+    """Whether every mesh file of ``sample`` (with ``ground``, its ground-truth text too) is there and
+    not empty (a power cut can leave a renamed file whose data never reached the disk; a killed
+    process cannot)."""
+    paths = prediction_files(folder, sample, formats)
+    if ground:
+        paths.append(Path(folder) / f"{prediction_stem(sample)}{GROUND_SUFFIX}")
+    for path in paths:
         try:
             if path.stat().st_size == 0:
                 return False

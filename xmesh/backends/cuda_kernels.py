@@ -42,7 +42,7 @@ def require_cupy():
     except ImportError as exc:
         raise BackendUnavailableError(
             "backend='cupy' needs CuPy, which is not installed: run `pip install cupy-cuda12x` "
-            "(CUDA 12; `pip install cupy-cuda13x` for CUDA 13) or `pip install xmesh[cupy]` on a "
+            "(CUDA 12; `pip install cupy-cuda13x` for CUDA 13) or `pip install \"xmesh-p2mpp[cupy]\"` on a "
             "machine with an NVIDIA GPU, or use backend='numpy'"
         ) from exc
     return cupy
@@ -67,7 +67,7 @@ def _read_kernel_file(filename: str) -> str:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise MissingFileError(
-            f"the CUDA kernel source {path} is missing: reinstall xmesh (the package data "
+            f"the CUDA kernel source {path} is missing: reinstall xmesh-p2mpp (the package data "
             f"xmesh/kernels/*.cu and *.cuh must be installed)"
         ) from exc
 

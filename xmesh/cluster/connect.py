@@ -52,7 +52,7 @@ def require(module: str, extra: str, what: str):
         return importlib.import_module(module)
     except ImportError as exc:
         raise BackendUnavailableError(f"{what} needs {module} ({exc.msg if hasattr(exc, 'msg') else exc}); "
-                                      f'install it with: pip install "xmesh[{extra}]"') from None
+                                      f'install it with: pip install "xmesh-p2mpp[{extra}]"') from None
 
 
 def _has_dashboard() -> bool:

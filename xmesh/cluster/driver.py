@@ -46,14 +46,16 @@ def _killed_worker_error(exc: Exception, shard: list) -> XmeshError:
 
 def run_on_cluster(client, spec, todo: list, settings: dict, predict_dir, commit: Callable[[str], None],
                    progress_bar, views, with_gt: bool, metric_backend: str, formats=("xyz", "obj"),
-                   shard_batches: int | None = None) -> dict:
+                   shard_batches: int | None = None, ground_root=None) -> dict:
     """Run ``todo`` (a list of (sample, paths)) on ``client``'s workers; ``commit(text)`` gets the CSV
-    lines of each finished shard. Returns this run's figures with its timing and the cluster's."""
+    lines of each finished shard; ``ground_root``: the ground truth whose ``{id}_ground.xyz`` the
+    workers write beside the meshes. Returns this run's figures with its timing and the cluster's."""
     from ..evaluate import _batches
 
     options = ShardOptions(workers=settings["workers"], writers=settings["writers"], views=tuple(views),
                            with_gt=with_gt, metric_backend=metric_backend,
-                           predict_dir=str(predict_dir) if predict_dir is not None else None, formats=tuple(formats))
+                           predict_dir=str(predict_dir) if predict_dir is not None else None, formats=tuple(formats),
+                           ground_root=str(ground_root) if ground_root is not None else None)
     plugin = ModelPlugin(spec, tokenize(spec))
     client.register_plugin(plugin)
     pending: set = set()

@@ -33,7 +33,8 @@ PLUGIN_PREFIX = "xmesh-model-"
 class ShardOptions:
     """What every shard of a run shares: loader and writer process counts (None: each worker
     chooses from its own cores), the views, whether there is ground truth (evaluation) and how it
-    is scored, and where meshes go (None: not written)."""
+    is scored, where meshes go (None: not written) and the ground truth whose text files go with
+    them (None: none)."""
 
     workers: int | None
     writers: int | None
@@ -42,6 +43,7 @@ class ShardOptions:
     metric_backend: str
     predict_dir: str | None
     formats: tuple = ("xyz", "obj")
+    ground_root: str | None = None
 
 
 @dataclass
@@ -94,10 +96,11 @@ class WorkerModel:
             return None
         faces = self.reconstructor().faces
         writers = self.processes(options)[1]
-        key = (options.predict_dir, options.formats, writers)
+        key = (options.predict_dir, options.formats, writers, options.ground_root)
         with self.setup_lock:
             if key not in self.writers:
-                self.writers[key] = MeshWriter(Path(options.predict_dir), faces, writers, options.formats)
+                self.writers[key] = MeshWriter(Path(options.predict_dir), faces, writers, options.formats,
+                                                        options.ground_root)
             return self.writers[key]
 
     def feed(self, options: ShardOptions) -> ShardFeed:

@@ -40,20 +40,50 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..benchmarking import format_table, resolve_backends, run_bench
+    from ..errors import InputError
 
+    if args.batch_sizes and min(args.batch_sizes) < 1:
+        raise InputError(f"--batch-sizes {' '.join(map(str, args.batch_sizes))}: expected whole numbers >= 1")
     names = resolve_backends(args.backend)
     if args.explain:
         return explain(names, args.precision)
     batch_sizes = args.batch_sizes or (GPU_BATCH_SIZES if any(n != "numpy" for n in names) else CPU_BATCH_SIZES)
-    report = run_bench(names, batch_sizes, repeat=args.repeat, warmup=args.warmup, stages=args.stages,
-                       numpy_max_batch=args.numpy_max_batch, precision=args.precision,
-                       progress=lambda message: print(f"xmesh bench: {message}", file=sys.stderr, flush=True))
+    with Progress() as progress:
+        report = run_bench(names, batch_sizes, repeat=args.repeat, warmup=args.warmup, stages=args.stages,
+                           numpy_max_batch=args.numpy_max_batch, precision=args.precision, progress=progress)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_table(report))
     return 0
+
+
+class Progress:
+    """What bench shows while it runs: on a terminal a bar over the planned network calls with the time
+    left (averaged over the whole run, as stages differ in length), elsewhere one line per stage."""
+
+    def __init__(self):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=0, unit="call", file=sys.stderr, disable=None, dynamic_ncols=True, smoothing=0)
+        self.said = None
+
+    def __call__(self, what: str, done: int, planned: int) -> None:
+        if self.bar.disable:
+            if what != self.said:
+                print(f"xmesh bench: {what}", file=sys.stderr, flush=True)
+                self.said = what
+            return
+        self.bar.total = planned
+        self.bar.set_description(what, refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
 
 
 def explain(names, precision: str) -> int:

@@ -58,10 +58,18 @@ def describe_processes(chosen: dict, args, client, writer: str = "writer") -> st
     return f"{chosen['workers']} loader and {chosen['writers']} {writer} process(es)"
 
 
+def check_batch_size(args) -> None:
+    """--batch-size, where given, is a whole number >= 1 (every command refuses 0 the same way)."""
+    if args.batch_size is not None and args.batch_size < 1:
+        raise InputError(f"--batch-size {args.batch_size}: expected a whole number >= 1 (default: 64 on the GPU, "
+                         "1 on the CPU)")
+
+
 def add_cluster_option(parser) -> None:
     parser.add_argument("--cluster", default=None, metavar="SPEC",
                         help="run on a Dask cluster: local:N (N worker processes here), local-cuda (one worker per "
-                             "GPU), or tcp://HOST:PORT (a running scheduler); needs pip install \"xmesh[dask]\"")
+                             "GPU), tcp://HOST:PORT (a running scheduler), or a scheduler file such as sched.json (written by "
+                             "dask scheduler --scheduler-file); needs pip install \"xmesh-p2mpp[dask]\"")
     parser.add_argument("--shard-batches", type=int, default=None, metavar="K",
                         help="with --cluster: batches per task sent to a worker (default: 8 on the GPU, 4 on the CPU, fewer "
                              "so that every worker gets one)")

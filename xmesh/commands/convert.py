@@ -13,9 +13,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..io.checkpoint import convert, read_index
+    from ..io.writable import check_writable_file
     from .common import output_errors
 
     count = len(read_index(args.checkpoint))
+    check_writable_file(args.out, "output")
     with output_errors(f"{args.out}: writing the .npz"):
         path = convert(args.checkpoint, args.out)
     print(f"wrote {path}: {count} variables", file=sys.stderr)

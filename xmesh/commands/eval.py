@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_cluster_option, add_model_options, describe_processes, describe_weights, run_dataset_command
+from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
+                     run_dataset_command)
 
 
 def add_parser(sub) -> None:
@@ -32,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     p.add_argument("--report", action="store_true",
                    help="also write OUT/report.html (charts, timing, a gallery) and its pictures in OUT/report/; "
-                        'needs the report extra: pip install "xmesh[report]"')
+                        'needs the report extra: pip install "xmesh-p2mpp[report]"')
     add_model_options(p)
     add_cluster_option(p)
     p.set_defaults(run=run)
@@ -40,6 +41,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..evaluate import choose_settings
+    from ..io.writable import check_writable_folder
+
+    check_batch_size(args)
+    check_writable_folder(args.out)
 
     if args.report:  # fail at once, before any work, where matplotlib is missing
         from ..report import require_matplotlib
@@ -81,5 +86,6 @@ def _run(args, chosen, model, pool, client) -> int:
         from ..report import write_report
         # on a cluster the gallery's predictions come from predict/, or a model built here for them
         painter = model if client is None else (None if args.save_meshes else model.build())
-        print(f"wrote {write_report(args.out, args.images, args.gt, painter, args.views)} and its pictures")
+        page = write_report(args.out, args.images, args.gt, painter, args.views, progress=not args.no_progress)
+        print(f"wrote {page} and its pictures")
     return 0

@@ -1,5 +1,6 @@
-"""``xmesh reconstruct``'s camera sources: camera rows (--cameras), or posed photos (--colmap, --poses)
-with optional masks, converted by :mod:`xmesh.photo`; the mesh then comes back in the photos' world."""
+"""The camera sources of ``xmesh reconstruct`` and ``xmesh render``: camera rows (--cameras), or posed
+photos (--colmap, --poses) with optional masks, converted by :mod:`xmesh.photo`; meshes then live in
+the photos' world."""
 from __future__ import annotations
 
 import sys
@@ -79,7 +80,7 @@ def photo_cameras(args, source: str):
                               first_azimuth=args.first_azimuth or 0.0, **options)
     else:
         cameras = from_poses(args.poses, args.images, center=center, first_azimuth=args.first_azimuth, **options)
-    print(f"xmesh reconstruct: cameras from {source} {args.colmap or args.poses}:\n{cameras.describe()}", file=sys.stderr)
+    print(f"xmesh {args.command}: cameras from {source} {args.colmap or args.poses}:\n{cameras.describe()}", file=sys.stderr)
     return cameras
 
 

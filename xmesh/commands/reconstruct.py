@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .common import (add_cluster_option, add_model_options, describe_processes, describe_weights, output_errors,
-                     resolve_weights, run_dataset_command)
+from ..io.writable import check_writable_file, check_writable_folder
+from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
+                     output_errors, resolve_weights, run_dataset_command)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
@@ -62,6 +63,7 @@ def run(args) -> int:
     from ..io.template import load_template
     from ..reconstruct import Reconstructor
 
+    check_batch_size(args)
     if args.list is not None:
         if args.server is not None:
             raise InputError("--server sends one object (three images); --list runs here")
@@ -83,6 +85,9 @@ def run(args) -> int:
     coarse_writer = writer(args.coarse_out, "--coarse-out") if args.coarse_out else None
     _check_output("--out", args.out)
     _check_output("--coarse-out", args.coarse_out)
+    check_writable_file(args.out)
+    if args.coarse_out:
+        check_writable_file(args.coarse_out, "--coarse-out")
     start = time.perf_counter()
     # validate every input before the (costly) model is built: images, cameras, template, then weights
     images, cameras, place = inputs_from_args(args)
@@ -134,6 +139,7 @@ def run_list(args) -> int:
         raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
+    check_writable_folder(args.out)
     chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
     return run_dataset_command(args, chosen, ("images_root", "out"),
                                lambda a, model, pool, client: _run(a, chosen, model, pool, client))

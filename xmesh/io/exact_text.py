@@ -19,7 +19,7 @@ _POW10 = [10 ** k for k in range(32)]  # 2**24 * 10**31 < 2**128
 POW10_HI = np.array([p >> 64 for p in _POW10], dtype=np.uint64)
 POW10_LO = np.array([p & ((1 << 64) - 1) for p in _POW10], dtype=np.uint64)
 POW10_U64 = np.array([10 ** k for k in range(20)], dtype=np.uint64)
-ROW_BYTES = 3 * 26 + 3  # at most: '-d.dddddddddddddddddde-xxx' three times, two spaces, a newline
+FIELD_BYTES = 27  # at most: '-d.dddddddddddddddddde-xxx' and a space or a newline
 
 
 @numba.njit(cache=True)
@@ -199,7 +199,8 @@ def _format_rows(words, out, general, prefix, pow_hi, pow_lo, pow_u64, failed):
         for c in prefix:
             out[pos] = c
             pos += 1
-        for j in range(3):
+        columns = words.shape[1]
+        for j in range(columns):
             start = pos
             if general:
                 pos = _format_g9(words[i, j], out, pos, pow_hi, pow_lo, pow_u64)
@@ -208,14 +209,14 @@ def _format_rows(words, out, general, prefix, pow_hi, pow_lo, pow_u64, failed):
             if pos < 0:
                 failed[0] = i
                 return start
-            out[pos] = 32 if j < 2 else 10
+            out[pos] = 32 if j < columns - 1 else 10
             pos += 1
     return pos
 
 
 def _rows_text(vertices: np.ndarray, general: bool, prefix: str) -> str:
     values = np.ascontiguousarray(vertices, dtype=np.float32)
-    out = np.empty(len(values) * (ROW_BYTES + len(prefix)), dtype=np.uint8)
+    out = np.empty(len(values) * (values.shape[1] * FIELD_BYTES + len(prefix)), dtype=np.uint8)
     failed = np.array([-1], dtype=np.int64)
     end = _format_rows(values.view(np.uint32), out, general, np.frombuffer(prefix.encode("ascii"), np.uint8),
                        POW10_HI, POW10_LO, POW10_U64, failed)
@@ -225,7 +226,7 @@ def _rows_text(vertices: np.ndarray, general: bool, prefix: str) -> str:
     # a value the compiled path leaves to Python: that row and the rest in Python
     rest = values[failed[0]:]
     spec = "%.9g" if general else "%.18e"
-    row = f"{prefix}{spec} {spec} {spec}\n"
+    row = prefix + " ".join([spec] * values.shape[1]) + "\n"
     return head[: head.rfind("\n") + 1] + (row * len(rest)) % tuple(rest.astype(np.float64).ravel().tolist())
 
 
@@ -234,6 +235,7 @@ def obj_vertex_text(vertices: np.ndarray) -> str:
     return _rows_text(vertices, True, "v ")
 
 
-def savetxt_text(vertices: np.ndarray) -> str:
-    """``'%.18e %.18e %.18e\n'`` of each row of float32 (N, 3) ``vertices``, as np.savetxt writes."""
-    return _rows_text(vertices, False, "")
+def savetxt_text(rows: np.ndarray) -> str:
+    """``'%.18e'`` of each value of float32 (N, C) ``rows``, spaces between and a newline after each
+    row, as ``np.savetxt`` writes them (e.g. C = 3 for vertices, 6 for points with normals)."""
+    return _rows_text(rows, False, "")

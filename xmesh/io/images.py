@@ -19,7 +19,10 @@ Note: like the original, EXIF orientation tags are ignored.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,6 +34,33 @@ from xmesh.errors import FileFormatError, InputError, MissingFileError
 NUM_VIEWS = 3
 IMAGE_SIZE = 224
 NETWORK_SHAPE = (NUM_VIEWS, IMAGE_SIZE, IMAGE_SIZE, 3)
+WHITE_SHARE = 0.9  # a rim pixel is white when every channel is at least this share of full scale
+WHITE_RIM = 0.9  # share of an image's outermost pixels that must be white when it has no alpha
+
+
+_QUIET_LOCK = threading.Lock()
+_quiet_depth = 0
+_saved_level = None
+
+
+@contextlib.contextmanager
+def quiet_opencv():
+    """OpenCV's own log lines (e.g. "[ WARN] ... PNG input buffer is incomplete") silenced while
+    xmesh decodes, so a bad file shows only xmesh's error; the caller's level comes back after."""
+    global _quiet_depth, _saved_level
+    logging = cv2.utils.logging
+    with _QUIET_LOCK:
+        if _quiet_depth == 0:
+            _saved_level = logging.getLogLevel()
+            logging.setLogLevel(logging.LOG_LEVEL_ERROR)
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                logging.setLogLevel(_saved_level)
 
 
 def _decode_file(path: Path) -> np.ndarray:
@@ -53,7 +83,8 @@ def decode_image_bytes(data, name: str) -> np.ndarray:
     if data.size == 0:
         raise FileFormatError(f"{name} is empty (0 bytes); expected an image file")
     try:
-        image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+        with quiet_opencv():
+            image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
     except cv2.error as exc:  # OpenCV raises for some malformed inputs instead of returning None
         image = None
         reason = f" ({str(exc).strip().splitlines()[-1]})"
@@ -129,12 +160,39 @@ def prepare_image(image: np.ndarray, name: str = "image") -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def load_image(path: str | os.PathLike) -> np.ndarray:
-    """Load one image file as the network sees it: (224, 224, 3) float32 BGR in [0, 1]."""
+def unlike_a_rendering(image: np.ndarray) -> list[str]:
+    """How a decoded image differs from the renderings the network was trained on (ShapeNet's: square,
+    colour, the object alone on white or on transparency): reasons to warn, empty when it looks like one."""
+    reasons = []
+    height, width = image.shape[:2]
+    channels = 1 if image.ndim == 2 else image.shape[2]
+    if height != width:
+        reasons.append(f"it is {width}x{height}, not square, so it is stretched to {IMAGE_SIZE}x{IMAGE_SIZE}")
+    if channels <= 2:
+        reasons.append("it is greyscale")
+    if channels in (1, 3):  # no alpha: the background must be white already
+        top = np.iinfo(image.dtype).max if np.issubdtype(image.dtype, np.integer) else 1.0
+        rim = np.concatenate([image[0], image[-1], image[:, 0], image[:, -1]]).reshape(-1, channels)
+        if np.mean(np.all(rim >= WHITE_SHARE * top, axis=1)) < WHITE_RIM:
+            reasons.append("its background is not white (and it has no alpha channel)")
+    return reasons
+
+
+def load_image(path: str | os.PathLike, view: int | None = None) -> np.ndarray:
+    """Load one image file as the network sees it: (224, 224, 3) float32 BGR in [0, 1]. A file unlike
+    the renderings the network was trained on (:func:`unlike_a_rendering`) gives a warning naming
+    ``view`` (1-based) and the file."""
     if not isinstance(path, (str, os.PathLike)):
         raise InputError(f"load_image: path must be a str or os.PathLike, not {type(path).__name__}")
     path = Path(path)
-    return prepare_image(_decode_file(path), name=f"image file {str(path)!r}")
+    image = _decode_file(path)
+    reasons = unlike_a_rendering(image) if image.ndim in (2, 3) and min(image.shape[:2]) > 0 else []
+    if reasons:
+        which = f"view {view} ({path})" if view is not None else str(path)
+        warnings.warn(f"{which}: {'; '.join(reasons)}. The network expects renderings like ShapeNet's: "
+                      f"{IMAGE_SIZE}x{IMAGE_SIZE} (or 137x137) colour pictures of the object alone on white; for "
+                      "photos give their camera poses instead (--colmap or --poses, xmesh.cameras)", stacklevel=2)
+    return prepare_image(image, name=f"image file {str(path)!r}")
 
 
 def _from_network_array(array: np.ndarray) -> np.ndarray:
@@ -190,7 +248,7 @@ def load_images(images: Any) -> np.ndarray:
     out = np.empty(NETWORK_SHAPE, dtype=np.float32)
     for i, item in enumerate(images):
         if isinstance(item, (str, os.PathLike)):
-            out[i] = load_image(item)
+            out[i] = load_image(item, view=i + 1)
         elif isinstance(item, np.ndarray):
             out[i] = prepare_image(item, name=f"load_images: image {i}")
         else:

@@ -124,15 +124,47 @@ def _draw(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     return u
 
 
-def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2)) -> dict[str, np.ndarray]:
-    """Weights drawn by the recipe of ``golden/README.md`` (float64 draws stored as float32)."""
+def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2), small_moves: bool = False) -> dict[str, np.ndarray]:
+    """Weights drawn by the recipe of ``golden/README.md`` (float64 draws stored as float32).
+
+    ``small_moves``: the demo's variant, whose stage-1 graph convolutions carry each vertex's
+    coordinates through (:func:`_carry_coordinates`) beside the recipe's draws scaled by
+    :data:`SMALL_MOVE_SCALE`, so the template comes out visibly deformed by the images rather than
+    collapsed; stage 2 is the recipe's."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"seed: expected a non-negative integer, got {seed!r}")
     out: dict[str, np.ndarray] = {}
     for stage in _check_stages(stages):
         for name, shape in expected_variables(stage).items():
-            out[name] = _draw(name, shape, int(seed)).astype(np.float32)
+            value = _draw(name, shape, int(seed))
+            if small_moves and stage == 1 and "graph_conv_blk" in name:
+                value = _carry_coordinates(name, SMALL_MOVE_SCALE * value)
+            out[name] = value.astype(np.float32)
     return out
+
+
+SMALL_MOVE_SCALE = 0.02   # the demo variant's share of the recipe's draws in stage 1's graph convolutions
+
+
+def _carry_coordinates(name: str, drawn: np.ndarray) -> np.ndarray:
+    """A stage-1 graph-convolution variable that also passes the coordinates on: a block's first
+    layer puts x and -x (its input's first three channels, the coordinates) in hidden channels
+    0-5, which every hidden layer keeps (ReLU leaves them as relu(x), relu(-x)) and the block's
+    last layer turns back into x."""
+    carried = drawn.copy()
+    if not name.endswith("weights_0:0"):   # the neighbours' weights and the biases: the draws alone
+        return carried
+    fin, fout = carried.shape
+    eye = np.eye(3)
+    if fout == 3:    # last layer of a block: x = relu(x) - relu(-x)
+        carried[0:3] += eye
+        carried[3:6] -= eye
+    elif fin == _HIDDEN:    # a hidden layer keeps channels 0-5
+        carried[0:6, 0:6] += np.eye(6)
+    else:    # a block's first layer, after a projection (coordinates first)
+        carried[0:3, 0:3] += eye
+        carried[0:3, 3:6] -= eye
+    return carried
 
 
 def normalize_name(key: str) -> str:

@@ -23,7 +23,7 @@ def require_cupy():
     except ImportError as exc:
         raise BackendUnavailableError(
             "backend='cupy' needs CuPy, which is not installed: run `pip install cupy-cuda12x` "
-            "(or `pip install xmesh[cupy]`) on a machine with an NVIDIA GPU, or use backend='scipy'"
+            "(or `pip install \"xmesh-p2mpp[cupy]\"`) on a machine with an NVIDIA GPU, or use backend='scipy'"
         ) from exc
     return cupy
 

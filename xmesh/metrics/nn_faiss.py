@@ -33,7 +33,7 @@ def _faiss():
     except ImportError as exc:
         raise BackendUnavailableError(
             "backend='faiss' needs the faiss package, which is not installed: "
-            "run `pip install faiss-cpu` (or `pip install xmesh[faiss]`), or use backend='scipy'"
+            "run `pip install faiss-cpu` (or `pip install \"xmesh-p2mpp[faiss]\"`), or use backend='scipy'"
         ) from exc
     return faiss
 

@@ -77,6 +77,15 @@ def _means(rows: list[Mapping], taus: tuple[float, ...]) -> dict:
     }
 
 
+def _mean_over_13(categories: Mapping[str, Mapping], taus: tuple[float, ...]) -> dict:
+    """The plain mean over the 13 :data:`CATEGORIES` of each one's means, an absent category's as 0."""
+    zero = {"count": 0, "chamfer": 0.0, "fscore": dict.fromkeys(taus, 0.0)}
+    rows = [categories.get(cat, zero) for cat in CATEGORIES]
+    means = _means(rows, taus)
+    means["count"] = sum(row["count"] for row in rows)
+    return means
+
+
 def summarize(rows: Iterable[Mapping]) -> dict:
     """Per-category means of per-sample results, as in the paper's tables.
 
@@ -85,8 +94,11 @@ def summarize(rows: Iterable[Mapping]) -> dict:
     thresholds in every row), e.g. ``{"category": cat, **evaluate(pred, gt)}``.
 
     Returns ``{"categories": {synset: {"name", "count", "chamfer", "chamfer_x1000", "fscore"}},
-    "mean_over_categories": {...}, "mean_over_samples": {...}}`` with categories in synset order (the
-    order of the paper's tables). Means are exact (the original divides by count + 1e-6).
+    "mean_over_categories": {...}, "mean_over_13_categories": {...}, "mean_over_samples": {...}}``
+    with categories in synset order (the order of the paper's tables). ``mean_over_categories``
+    averages the categories present; ``mean_over_13_categories`` the 13 of :data:`CATEGORIES`, absent
+    ones counted as 0 (the last line the original's ``f_score.py`` prints), its count the rows in
+    them. Means are exact (the original divides by count + 1e-6).
     """
     rows = list(rows)
     if not rows:
@@ -110,5 +122,6 @@ def summarize(rows: Iterable[Mapping]) -> dict:
     return {
         "categories": categories,
         "mean_over_categories": _means(list(categories.values()), taus),
+        "mean_over_13_categories": _mean_over_13(categories, taus),
         "mean_over_samples": _means(rows, taus),
     }

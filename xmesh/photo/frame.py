@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from xmesh.errors import InputError
+from xmesh.photo.enclosing_sphere import smallest_enclosing_sphere
 from xmesh.synthetic.shapes import DEFAULT_RADIUS
 
 TARGET_RADIUS = DEFAULT_RADIUS
 STRAY_DISTANCE = 4.0           # points beyond this many median distances from the centre are strays
-SPHERE_PASSES = 3              # strays far off pull the first mean, not the later ones
+SPHERE_PASSES = 3              # each pass measures the strays from the last pass's centre
 DEGENERATE_UP = 1e-3           # second-smallest eigenvalue share below which the right axes fix no up
 OPENCV_FROM_NETWORK = np.diag([1.0, -1.0, -1.0])   # network camera axes (y up, z back) -> OpenCV (y down, z forward)
 
@@ -26,20 +27,24 @@ def _unit(v) -> np.ndarray:
 
 
 def object_sphere(points, centre=None) -> tuple[np.ndarray, float]:
-    """(centre, radius) of an object's 3D points. Points farther from the centre than
-    :data:`STRAY_DISTANCE` times the median distance are strays; the centre is the mean of the
-    others, found in :data:`SPHERE_PASSES` passes from the mean of all (or kept at ``centre``, when
-    given), and the radius their largest distance from it."""
+    """(centre, radius) of an object's 3D points: the smallest sphere enclosing those that are not
+    strays, whose centre does not follow the points' density (feature detectors crowd points on
+    textured parts). Points farther from the centre than :data:`STRAY_DISTANCE` times the median
+    distance are strays, found in :data:`SPHERE_PASSES` passes from the points' coordinate-wise
+    median. With ``centre`` given it is kept, and the radius is the largest distance from it of
+    the points that are not strays."""
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) < 4:
         raise InputError(f"object points: shape {points.shape}; at least 4 points (N, 3) are needed to place the object")
-    middle = points.mean(axis=0) if centre is None else np.asarray(centre, dtype=np.float64)
-    for _ in range(SPHERE_PASSES if centre is None else 1):
+    if centre is not None:
+        middle = np.asarray(centre, dtype=np.float64)
         distance = np.linalg.norm(points - middle, axis=1)
-        kept = points[distance <= STRAY_DISTANCE * np.median(distance)]
-        if centre is None:
-            middle = kept.mean(axis=0)
-    return middle, float(np.linalg.norm(kept - middle, axis=1).max())
+        return middle, float(distance[distance <= STRAY_DISTANCE * np.median(distance)].max())
+    middle = np.median(points, axis=0)
+    for _ in range(SPHERE_PASSES):
+        distance = np.linalg.norm(points - middle, axis=1)
+        middle, radius = smallest_enclosing_sphere(points[distance <= STRAY_DISTANCE * np.median(distance)])
+    return middle, radius
 
 
 def nearest_to_axes(centres, directions) -> np.ndarray:

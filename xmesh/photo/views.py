@@ -97,6 +97,12 @@ class PhotoCameras:
         world = np.asarray(points, dtype=np.float64) @ np.linalg.inv(axes.T.astype(np.float64)) + origin
         return self.to_input(world).astype(np.float32)
 
+    def input_to_camera0(self, points) -> np.ndarray:
+        """The inverse of :meth:`camera0_to_input`: input-world points -> camera 0's frame (float32)."""
+        axes, origin = camera_frame(self.rows[0])
+        network = self.to_network(points)
+        return ((network - origin.astype(np.float64)) @ axes.T.astype(np.float64)).astype(np.float32)
+
     def place(self, mesh):
         """A network mesh (camera 0's frame) -> the same mesh in the input world, to overlay the
         photos' own reconstruction. A similarity keeps the faces' orientation."""

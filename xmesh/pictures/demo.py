@@ -14,11 +14,11 @@ from xmesh.synthetic.render import save_png
 MESH_COLOR = (0.55, 0.68, 0.85)
 
 
-def weights_caption(weights=None, seed: int | None = None) -> str:
-    """The caption line naming the weights: the files given, or the synthetic recipe's ``seed``."""
+def weights_caption(weights=None, seed: int | None = None, recipe: str = "the test recipe") -> str:
+    """The caption line naming the weights: the files given, or the synthetic ``recipe`` and ``seed``."""
     if weights:
         return "weights: " + ", ".join(str(w) for w in weights)
-    return (f"weights: SYNTHETIC (the test recipe, seed {seed}; random, NOT trained): the pipeline working, "
+    return (f"weights: SYNTHETIC ({recipe}, seed {seed}; random, NOT trained): the pipeline working, "
             "not a reconstruction. --weights takes the real ones")
 
 

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 
 from xmesh.errors import FileFormatError, InputError, MissingFileError
+from xmesh.io.images import quiet_opencv
 from xmesh.pictures.panels import on_white, put_label
 from xmesh.synthetic.framing import fit_framing
 from xmesh.synthetic.render import DEFAULT_COLOR, GT_COLOR, render_mesh, render_points, to_world
@@ -62,7 +63,8 @@ def read_rgba(path) -> np.ndarray:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise MissingFileError(f"image {path!r} does not exist")
-    image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    with quiet_opencv():
+        image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if image is None or image.ndim not in (2, 3):
         raise FileFormatError(f"image {path!r}: OpenCV cannot decode it; expected a PNG or JPEG picture")
     if image.dtype != np.uint8:

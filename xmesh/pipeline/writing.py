@@ -4,12 +4,16 @@ background thread once their meshes are on disk.
 File names follow the original's test script: ``{id}_predict.xyz`` (the vertices as NumPy's
 ``savetxt`` writes them by default, which the original's ``f_score.py`` and ``cd_distance.py``
 read) and ``{id}_predict.obj`` (with the template's faces, as :meth:`xmesh.mesh.Mesh.to_obj`
-writes), ``{id}`` being the list entry without ``.dat``. Every file is written atomically, so a
+writes), ``{id}`` being the list entry without ``.dat``. With ground truth, ``{id}_ground.xyz`` beside
+them: the ``.dat``'s points array as the original's test script saves it (``np.savetxt`` of the whole
+array, xyz and normals, in its stored dtype), which its scripts read with the prediction. Every
+file is written atomically, so a
 file that exists is whole; a killed run can leave only hidden temporary files, which
 :func:`remove_stray_temporaries` deletes before the next run.
 """
 from __future__ import annotations
 
+import io
 import os
 import queue
 import threading
@@ -20,12 +24,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..dataset import load_ground_truth_array
 from ..io.exact_text import obj_vertex_text, savetxt_text
 from .heap import keep_batch_memory
 from .loading import start_pool
 
 XYZ_SUFFIX = "_predict.xyz"
 OBJ_SUFFIX = "_predict.obj"
+GROUND_SUFFIX = "_ground.xyz"
 FORMATS = {"xyz": XYZ_SUFFIX, "obj": OBJ_SUFFIX}
 _CHUNK = 8
 
@@ -40,6 +46,16 @@ def xyz_text(vertices: np.ndarray) -> str:
     """The float32 vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a
     line), formatted by compiled code (:mod:`xmesh.io.exact_text`)."""
     return savetxt_text(vertices)
+
+
+def ground_text(points: np.ndarray) -> str:
+    """``np.savetxt(path, points)``'s text of a ground-truth points array, byte for byte: float32
+    through :mod:`xmesh.io.exact_text`, any other dtype through NumPy itself."""
+    if points.dtype == np.float32:
+        return savetxt_text(points)
+    buffer = io.StringIO()
+    np.savetxt(buffer, points)
+    return buffer.getvalue()
 
 
 def faces_text(faces: np.ndarray) -> str:
@@ -87,10 +103,15 @@ def _replace_file(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_predictions(folder: str, stems: Sequence[str], vertices: np.ndarray, formats: Sequence[str]) -> float:
-    """Write each sample's files (in a writer process); returns the seconds it took."""
+def write_predictions(folder: str, stems: Sequence[str], vertices: np.ndarray, formats: Sequence[str],
+                      ground_root: str | None = None) -> float:
+    """Write each sample's files (in a writer process), with ``ground_root`` (the folder of the
+    ``{id}.dat`` ground truth) also ``{id}_ground.xyz``; returns the seconds it took."""
     start = time.perf_counter()
     for stem, verts in zip(stems, vertices):
+        if ground_root is not None:
+            points = load_ground_truth_array(Path(ground_root) / f"{stem}.dat")
+            _replace_file(Path(folder) / f"{stem}{GROUND_SUFFIX}", ground_text(points))
         if "xyz" in formats:
             _replace_file(Path(folder) / f"{stem}{XYZ_SUFFIX}", xyz_text(verts))
         if "obj" in formats:
@@ -99,17 +120,20 @@ def write_predictions(folder: str, stems: Sequence[str], vertices: np.ndarray, f
 
 
 class MeshWriter:
-    """Writer processes for predicted meshes (``workers`` of them; threads inside a daemon process)."""
+    """Writer processes for predicted meshes (``workers`` of them; threads inside a daemon process);
+    with ``ground_root``, each sample's ``{id}_ground.xyz`` too."""
 
-    def __init__(self, folder: Path, faces: np.ndarray, workers: int, formats: Sequence[str] = ("xyz", "obj")):
+    def __init__(self, folder: Path, faces: np.ndarray, workers: int, formats: Sequence[str] = ("xyz", "obj"),
+                 ground_root: str | os.PathLike | None = None):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.formats = tuple(formats)
+        self.ground_root = None if ground_root is None else os.fspath(ground_root)
         self.pool = start_pool(max(1, int(workers)), initializer=_init_writer, initargs=(np.asarray(faces),))
 
     def submit(self, stems: Sequence[str], vertices: np.ndarray) -> list[Future]:
         return [self.pool.submit(write_predictions, str(self.folder), list(stems[i:i + _CHUNK]),
-                                 np.ascontiguousarray(vertices[i:i + _CHUNK]), self.formats)
+                                 np.ascontiguousarray(vertices[i:i + _CHUNK]), self.formats, self.ground_root)
                 for i in range(0, len(stems), _CHUNK)]
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 :func:`write_report` reads ``OUT/samples.csv`` (every sample, so a resumed run's report covers
 them all) and ``OUT/summary.json`` (the weights and the run's throughput and timing), draws the
-charts with matplotlib (the ``report`` extra: ``pip install "xmesh[report]"``) and the gallery
+charts with matplotlib (the ``report`` extra: ``pip install "xmesh-p2mpp[report]"``) and the gallery
 with xmesh's own renderer, and writes a page that needs nothing from the network to be viewed.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from xmesh.errors import FileFormatError, InputError, MissingExtraError, Missing
 
 REPORT_HTML = "report.html"
 REPORT_FOLDER = "report"
-EXTRA_HINT = 'pip install "xmesh[report]"'
+EXTRA_HINT = 'pip install "xmesh-p2mpp[report]"'
 
 
 def require_matplotlib() -> None:
@@ -50,11 +50,12 @@ def is_synthetic(meta: dict) -> bool:
 
 
 def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, reconstructor=None,
-                 views: Sequence[int] = DEFAULT_VIEWS) -> Path:
+                 views: Sequence[int] = DEFAULT_VIEWS, progress: bool = True) -> Path:
     """Write ``out_dir/report.html`` and its pictures in ``out_dir/report/`` from the evaluation in
     ``out_dir``; returns the page's path. ``images_root`` / ``gt_root`` (the dataset, as given to
     ``xmesh eval``) give the gallery its input views and ground truth; predictions are read from
-    ``out_dir/predict/`` or, where absent, made again by ``reconstructor``."""
+    ``out_dir/predict/`` or, where absent, made again by ``reconstructor`` (with a progress bar on a
+    terminal unless ``progress`` is False)."""
     require_matplotlib()
     from xmesh.evaluate import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
     from xmesh.report import charts, gallery, page
@@ -80,7 +81,7 @@ def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, rec
     if isinstance(run.get("timing"), dict) and "wall" in run["timing"]:
         timing_chart = charts.timing_bars(run["timing"], folder / "timing.png")
     picks = gallery.draw_gallery(gallery.pick_samples(rows), out_dir, folder, images_root, gt_root, reconstructor,
-                                 views)
+                                 views, progress)
     keep = {bars.name, spread.name, *(p.picture.name for c in picks.values() for p in c if p.picture)}
     if timing_chart is not None:
         keep.add(timing_chart.name)

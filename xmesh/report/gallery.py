@@ -6,6 +6,7 @@ them; the others are reconstructed again (the gallery's samples only) when a rec
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -70,24 +71,34 @@ def _saved_prediction(out_dir: Path, sample_id: str):
     return None
 
 
-def _reconstruct(reconstructor, picks: list[Pick], images_root, views) -> dict[str, object]:
+def _reconstruct(reconstructor, picks: list[Pick], images_root, views, progress: bool) -> dict[str, object]:
+    """The picks' meshes, reconstructed in batches on the GPU and one at a time on the CPU (where a
+    batch is no faster), under a progress bar on a terminal."""
+    from tqdm import tqdm
+
+    on_gpu = getattr(getattr(reconstructor, "backend", None), "name", "numpy") == "cupy"
+    size = RECONSTRUCT_CHUNK if on_gpu else 1
     meshes: dict[str, object] = {}
-    for start in range(0, len(picks), RECONSTRUCT_CHUNK):
-        chunk = picks[start:start + RECONSTRUCT_CHUNK]
-        paths = [sample_paths(p.row["id"], images_root, ".", views) for p in chunk]
-        results = reconstructor.reconstruct_batch([list(p.images) for p in paths], [p.cameras for p in paths],
-                                                  views=list(views))
-        for pick, mesh in zip(chunk, results):
-            meshes[pick.row["id"]] = mesh
+    with tqdm(total=len(picks), desc="report: reconstructing the gallery", unit="sample", file=sys.stderr,
+              disable=None if progress else True, dynamic_ncols=True) as bar:
+        for start in range(0, len(picks), size):
+            chunk = picks[start:start + size]
+            paths = [sample_paths(p.row["id"], images_root, ".", views) for p in chunk]
+            results = reconstructor.reconstruct_batch([list(p.images) for p in paths], [p.cameras for p in paths],
+                                                      views=list(views))
+            for pick, mesh in zip(chunk, results):
+                meshes[pick.row["id"]] = mesh
+            bar.update(len(chunk))
     return meshes
 
 
 def draw_gallery(picks: dict[str, list[Pick]], out_dir, report_dir, images_root=None, gt_root=None,
-                 reconstructor=None, views: Sequence[int] = DEFAULT_VIEWS) -> dict[str, list[Pick]]:
+                 reconstructor=None, views: Sequence[int] = DEFAULT_VIEWS, progress: bool = True) -> dict[str, list[Pick]]:
     """Draw one picture per pick into ``report_dir`` (``gallery_{id}.png``): input view 1, the
     prediction and the ground truth framed from camera 1's direction, and both from camera 1 itself.
     Missing pieces (no images root, no prediction, an unreadable file) leave a note in ``problems``
-    and a picture of what there is. Returns ``picks`` with ``picture`` and ``source`` filled in."""
+    and a picture of what there is; predictions made again show a progress bar on a terminal unless
+    ``progress`` is False. Returns ``picks`` with ``picture`` and ``source`` filled in."""
     out_dir, report_dir = Path(out_dir), Path(report_dir)
     every = [p for category in picks.values() for p in category]
     meshes: dict[str, object] = {}
@@ -98,7 +109,7 @@ def draw_gallery(picks: dict[str, list[Pick]], out_dir, report_dir, images_root=
     missing = [p for p in every if p.row["id"] not in meshes]
     if missing and reconstructor is not None and images_root is not None:
         try:
-            meshes.update(_reconstruct(reconstructor, missing, images_root, views))
+            meshes.update(_reconstruct(reconstructor, missing, images_root, views, progress))
             for pick in missing:
                 pick.source = "reconstructed again for this report"
         except XmeshError as exc:

@@ -239,8 +239,14 @@ def render_mesh_file(mesh_path, cameras_path, out_png, gt_points=None, *, size: 
     mesh = read_mesh(mesh_path)
     if len(mesh.faces) == 0:
         raise FileFormatError(f"{mesh_path}: the mesh has no faces; nothing to render")
-    cameras = load_cameras(cameras_path, views)
     points = None if gt_points is None else load_points(gt_points)
+    return render_mesh_picture(mesh, load_cameras(cameras_path, views), out_png, points, size=size, frame=frame,
+                               camera_view=camera_view)
+
+
+def render_mesh_picture(mesh, cameras, out_png, points=None, *, size: int = SHAPENET_SIZE, frame: str = "camera0",
+                        camera_view: bool = False) -> Path:
+    """:func:`render_mesh_file` for a :class:`xmesh.mesh.Mesh`, the (3, 5) camera rows and (N, 3) points."""
     if camera_view:
         images = render_views(mesh.vertices, mesh.faces, cameras, size=size, points=points, frame=frame,
                               camera0_row=cameras[0])

@@ -1,0 +1,138 @@
+"""The command line's smaller promises: one-line refusals of --batch-size 0, OpenCV kept quiet, warnings
+for images unlike the renderings the network knows, help and ignore files that say what they should."""
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from xmesh import cli
+from xmesh.io.images import load_images
+from xmesh.mesh import Mesh
+from xmesh.reconstruct import Reconstructor
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def demo_files(demo_dir):
+    return [str(demo_dir / f"plane{i}.png") for i in (1, 2, 3)], str(demo_dir / "cameras.txt")
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(Reconstructor, "__init__", forbidden)
+
+
+def one_error_line(capfd, argv) -> str:
+    rc = cli.main(argv)
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"xmesh {argv[0]}: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["eval", "reconstruct", "reconstruct --list"])
+def test_batch_size_0_is_refused_the_same_way_everywhere(command, demo_files, tmp_path, capfd, no_model):
+    images, cameras = demo_files
+    argv = {"eval": ["eval", "--images", str(tmp_path), "--gt", str(tmp_path), "--list", cameras],
+            "reconstruct": ["reconstruct", *images, "--cameras", cameras],
+            "reconstruct --list": ["reconstruct", "--list", cameras, "--images", str(tmp_path)]}[command]
+    line = one_error_line(capfd, argv + ["--weights", "synthetic:1", "--out", str(tmp_path / "o.obj"),
+                                         "--batch-size", "0"])
+    assert line.endswith("error: --batch-size 0: expected a whole number >= 1 (default: 64 on the GPU, 1 on the CPU)")
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_refuses_batch_size_0_in_one_line(capfd, no_model):
+    assert "--batch-sizes 1 0: expected whole numbers >= 1" in one_error_line(
+        capfd, ["bench", "--backend", "numpy", "--batch-sizes", "1", "0"])
+
+
+def test_an_undecodable_image_shows_only_xmeshs_line(demo_files, tmp_path, capfd, no_model):
+    images, cameras = demo_files
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(Path(images[0]).read_bytes()[:300])  # OpenCV logs a WARN for it unless silenced
+    level = cv2.utils.logging.getLogLevel()
+    line = one_error_line(capfd, ["reconstruct", str(truncated), *images[1:], "--cameras", cameras,
+                                  "--weights", "synthetic:1", "--out", str(tmp_path / "m.obj")])
+    assert "truncated.png" in line and "could not be decoded" in line
+    assert cv2.utils.logging.getLogLevel() == level  # the caller's level is back
+
+
+def _photos(tmp_path):
+    rng = np.random.default_rng(0)
+    wide = tmp_path / "wide.jpg"
+    cv2.imwrite(str(wide), (rng.random((1080, 1920, 3)) * 255).astype(np.uint8))
+    grey = tmp_path / "grey.png"
+    cv2.imwrite(str(grey), np.full((100, 100), 255, np.uint8))
+    return str(wide), str(grey)
+
+
+def test_images_unlike_renderings_warn_naming_the_view(demo_files, tmp_path):
+    images, _ = demo_files
+    wide, grey = _photos(tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        load_images([images[0], wide, grey])
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2
+    assert messages[0].startswith(f"view 2 ({wide}): it is 1920x1080, not square") and "not white" in messages[0]
+    assert messages[1].startswith(f"view 3 ({grey}): it is greyscale") and "not white" not in messages[1]
+    assert all("224x224 (or 137x137) colour pictures of the object alone on white" in m for m in messages)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_images(images)  # ShapeNet renderings (137x137 RGBA) are what the network knows
+
+
+def test_the_cli_prints_each_image_warning_on_one_line(demo_files, tmp_path, capfd, monkeypatch):
+    images, cameras = demo_files
+    wide, grey = _photos(tmp_path)
+
+    class Model:  # stands in for the network: the warnings come before it
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __call__(self, images, cameras):
+            return Mesh(np.zeros((3, 3), np.float32), np.array([[0, 1, 2]]))
+
+    monkeypatch.setattr(sys.modules["xmesh.reconstruct"], "Reconstructor", Model)  # xmesh.reconstruct is also a function
+    assert cli.main(["reconstruct", wide, grey, images[2], "--cameras", cameras, "--weights", "synthetic:1",
+                     "--out", str(tmp_path / "m.obj")]) == 0
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert [line[:len("xmesh reconstruct: warning: view 1")] for line in lines[:2]] == [
+        "xmesh reconstruct: warning: view 1", "xmesh reconstruct: warning: view 2"]
+    assert lines[2].startswith("wrote ") and len(lines) == 3
+
+
+def _help(capsys, command: str) -> str:
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["eval", "reconstruct"])
+def test_cluster_help_names_every_spec_form(command, capsys):
+    text = _help(capsys, command)
+    for form in ("local:N", "local-cuda", "tcp://HOST:PORT", "scheduler file such as sched.json"):
+        assert form in text, form
+
+
+def test_what_the_demo_readme_and_examples_write_is_git_ignored():
+    ignored = set((ROOT / ".gitignore").read_text().split())
+    readme = (ROOT / "README.md").read_text()
+    demo_default = cli.build_parser()._subparsers._group_actions[0].choices["demo"].get_default("out")
+    written = {demo_default, "synth", "synth-eval"}  # the demo and the README's evaluation commands
+    for example in (ROOT / "examples").glob("*.py"):  # the examples' default output folders
+        written |= set(re.findall(r'add_argument\("(?:out|--keep)"[^)]*default="([^"]+)"', example.read_text()))
+    assert {"xmesh-demo", "example-out", "xmesh-photos"} <= written
+    assert {f"/{name}/" for name in written} <= ignored
+    shots = re.findall(r"--screenshot=(\S+)", readme)
+    assert shots and not any(shot.startswith("docs/") for shot in shots)  # the tracked docs/ picture stays
