@@ -412,6 +412,44 @@ def test_the_page_renders_in_a_browser_and_loads_nothing_from_elsewhere(server, 
     assert shot is not None and shot.std() > 5   # something drawn, not a blank window
 
 
+PAGE_DRIVER = """<script>
+window.addEventListener('load', function () {
+  var files = %s, transfer = new DataTransfer();
+  files.forEach(function (f) {
+    var bytes = Uint8Array.from(atob(f[1]), function (c) { return c.charCodeAt(0); });
+    transfer.items.add(new File([bytes], f[0], {type: 'image/png'}));
+  });
+  document.getElementById('images').files = transfer.files;
+  document.getElementById('cameras').value = %s;
+  document.getElementById('form').requestSubmit();
+});
+</script>"""
+
+
+@pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium: apt-get install chromium (see README)")
+def test_the_page_sends_three_photos_and_shows_the_picture_and_the_downloads(server, inputs, tmp_path):
+    """A script puts the demo photos and cameras into the page's form and submits it, as a person would;
+    the page's own code sends the request and shows the answer."""
+    import re
+
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+        html = response.read().decode("utf-8")
+    paths, rows = inputs["a"]
+    files = [[p.name, base64.b64encode(p.read_bytes()).decode("ascii")] for p in paths]
+    driver = PAGE_DRIVER % (json.dumps(files), json.dumps(json.dumps(np.asarray(rows, np.float64).tolist())))
+    page = tmp_path / "driven.html"   # a file page talking to the server: its origin differs, hence the flag
+    page.write_text(html.replace("<head>", f'<head><base href="{server.url}/">', 1).replace("</body>", driver + "</body>", 1),
+                    encoding="utf-8")
+    dom = browser.dom_after(page, "--disable-web-security", f"--user-data-dir={tmp_path / 'profile'}", budget_ms=120000)
+    status = re.search(r'<div id="status"[^>]*>(.*?)</div>', dom, re.S).group(1)
+    assert status.startswith("2466 vertices, 4928 faces; batch of "), status
+    assert re.findall(r'download="([^"]+)"', dom) == ["mesh.obj", "mesh.ply", "mesh.glb"]
+    picture = re.search(r'id="picture"[^>]*src="data:image/png;base64,([^"]+)"', dom)
+    picture = picture or re.search(r'src="data:image/png;base64,([^"]+)"[^>]*id="picture"', dom)
+    image = cv2.imdecode(np.frombuffer(base64.b64decode(picture.group(1)), np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None and image.shape[1] > 2 * image.shape[0] and image.std() > 10
+
+
 # ------------------------------------------------------------------------------------------ without a server
 
 
