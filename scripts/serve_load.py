@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import resource
 import signal
 import socket

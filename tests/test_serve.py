@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import signal
 import socket
 import struct
@@ -30,6 +29,7 @@ import xmesh  # noqa: E402
 from xmesh.backends import get_backend  # noqa: E402
 from xmesh.io.cameras import load_cameras  # noqa: E402
 from xmesh.io.gltf import read_glb  # noqa: E402
+from xmesh.io.images import UINT8_TO_UNIT  # noqa: E402
 from xmesh.io.weights import weights_fingerprint  # noqa: E402
 from xmesh.io.weights import synthetic_weights  # noqa: E402
 from xmesh.mesh import read_obj, read_ply  # noqa: E402
@@ -494,6 +494,33 @@ def test_a_failing_sample_fails_alone_and_out_of_memory_is_503():
     samples[1].images[0, 0, 0, 0], samples[1].rows[0, 0] = 0.5, -1.0
     assert [a.get("status") for a in api.predict(samples)] == [None, 503, None]
     assert api.predict(samples[::2])[0]["batch"] == 2
+
+
+def test_a_batch_that_runs_out_of_memory_is_split_and_every_request_answered(model, monkeypatch):
+    from xmesh.serve.upload import Sample
+    from xmesh.serve.worker import ReconstructAPI
+
+    sizes: list = []
+
+    def run_once(images, cameras, trace):     # memory for at most 2 samples; answers carry each sample's key
+        sizes.append(len(cameras))
+        if len(cameras) > 2:
+            raise MemoryError(f"simulated: {len(cameras)} samples do not fit")
+        key = np.asarray(images, np.float32)[:, 0, 0, :1, :]
+        return key, key + cameras[:, :1, :3]
+
+    monkeypatch.setattr(model, "_run_once", run_once)
+    monkeypatch.setattr(model, "max_batch", None)
+    api = ReconstructAPI.__new__(ReconstructAPI)
+    api.model = model
+    rng = np.random.default_rng(3)
+    samples = [Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
+               for _ in range(5)]
+    answers = api.predict(samples)
+    assert sizes[0] == 5 and sum(n for n in sizes if n <= 2) == 5 and model.max_batch == 2
+    for sample, answer in zip(samples, answers):
+        assert answer["batch"] == 5
+        np.testing.assert_array_equal(answer["coarse"], UINT8_TO_UNIT[sample.images[0, 0, :1]])
 
 
 def test_reconstruct_remote_names_an_unreachable_server():

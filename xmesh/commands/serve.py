@@ -72,10 +72,10 @@ def _check(args) -> None:
 
 
 def run(args) -> int:
-    try:
-        import litserve  # noqa: F401
-    except ImportError:
-        raise InputError(f"xmesh serve needs LitServe and python-multipart: {EXTRA_HINT}") from None
+    import importlib.util
+
+    if importlib.util.find_spec("litserve") is None or importlib.util.find_spec("python_multipart") is None:
+        raise InputError(f"xmesh serve needs LitServe and python-multipart: {EXTRA_HINT}")
     import numpy as np
 
     from .. import __version__

@@ -52,8 +52,7 @@ def picture(sample: Sample, network_mesh: Mesh, weights_line: str) -> bytes:
     lines = ["xmesh serve: the 3 views as the network saw them -> the coarse and refined meshes, framed to fit",
              weights_line]
     image = vstack([row, caption(row.shape[1], lines)])
-    ok, png = cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
-    return png.tobytes()
+    return cv2.imencode(".png", cv2.cvtColor(image, cv2.COLOR_RGB2BGR))[1].tobytes()
 
 
 def answer(fmt: str, sample: Sample, network_mesh: Mesh, weights_line: str) -> bytes:
