@@ -73,8 +73,15 @@ def decode_file(path: Path) -> np.ndarray:
         data = np.fromfile(str(path), dtype=np.uint8)
     except OSError as exc:
         raise MissingFileError(f"image file {str(path)!r} cannot be read ({exc}); expected a readable image file") from exc
+    return decode_image_bytes(data, f"image file {str(path)!r}")
+
+
+def decode_image_bytes(data, name: str) -> np.ndarray:
+    """Decode an image file's bytes exactly as stored (cv2.IMREAD_UNCHANGED), as a file of them is read;
+    ``name`` says where they came from in errors."""
+    data = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
     if data.size == 0:
-        raise FileFormatError(f"image file {str(path)!r} is empty (0 bytes); expected an image file")
+        raise FileFormatError(f"{name} is empty (0 bytes); expected an image file")
     try:
         with quiet_opencv():
             image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
@@ -85,7 +92,7 @@ def decode_file(path: Path) -> np.ndarray:
         reason = ""
     if image is None:
         raise FileFormatError(
-            f"image file {str(path)!r} ({data.size} bytes) could not be decoded{reason}: it is corrupt, "
+            f"{name} ({data.size} bytes) could not be decoded{reason}: it is corrupt, "
             "truncated or not an image format OpenCV reads; expected e.g. a PNG or JPEG file"
         )
     return image
