@@ -27,7 +27,7 @@ import json, sys, time
 sys.path.insert(0, {tests!r})
 from pipeline_toy import ToyReconstructor
 import xmesh.commands.common as common
-import xmesh.evaluate as evaluate
+import xmesh.pipeline.executor as executor
 from xmesh.pipeline import startup
 from xmesh import cli
 
@@ -39,9 +39,9 @@ def first_batch_seen(*a, **k):
     json.dump({{"age": startup.process_age()}}, open({seen!r}, "w"))
     return loop(*a, **k)
 
-loop = evaluate.run_batches
+loop = executor.run_batches
 common.reconstructor_from_args = slow_build
-evaluate.run_batches = first_batch_seen
+executor.run_batches = first_batch_seen
 sys.exit(cli.main({argv!r}))
 """
 

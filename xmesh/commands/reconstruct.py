@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
+from ..io.weight_sources import describe_weights
 from ..io.writable import check_writable_file, check_writable_folder
-from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
-                     output_errors, resolve_weights, run_dataset_command)
+from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, output_errors,
+                     resolve_weights, run_dataset_command)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
@@ -130,7 +131,7 @@ def run_remote(args) -> int:
 
 
 def run_list(args) -> int:
-    from ..evaluate import choose_settings
+    from ..pipeline.settings import RunSettings
 
     reject_photo_options(args)
     if args.images:
@@ -140,7 +141,7 @@ def run_list(args) -> int:
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     check_writable_folder(args.out)
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
+    chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
     from ..dataset import listing_args
 
     listing = listing_args(args.list, args.images_root, args.out, args.views or (0, 6, 7), args.limit, False)
@@ -153,7 +154,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..pipeline.startup import format_startup
 
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
-          f"batch size {chosen['batch_size']}, {describe_processes(chosen, args, client)}",
+          f"batch size {chosen.batch_size}, {describe_processes(chosen, args, client)}",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,

@@ -5,7 +5,8 @@ import os
 import sys
 
 from ..errors import InputError
-from .common import SYNTHETIC_PREFIX, add_model_options, describe_weights, resolve_weights
+from ..io.weight_sources import SYNTHETIC_PREFIX, describe_weights
+from .common import add_model_options, resolve_weights
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 EXTRA_HINT = 'pip install "xmesh-p2mpp[serve]" (or pip install ".[serve]" from a checkout)'
