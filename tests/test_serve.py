@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import signal
 import socket
 import struct
@@ -20,6 +21,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 pytest.importorskip("litserve")
 
@@ -40,6 +42,16 @@ START_TIMEOUT_S = 180
 BATCH_WAIT_MS = 2000      # the test server waits this long to gather a batch (a NumPy sample takes seconds here)
 
 
+# BLAS single-threaded in the servers, the CLI and the offline references alike: NumPy's float32
+# products can round differently with another thread count, and an earlier test (Dask) may have
+# left single-threaded settings in this process's environment for the children to inherit.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def child_env() -> dict:
+    return dict(os.environ, **ONE_THREAD)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,7 +66,7 @@ class Server:
         command = [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--port", str(self.port),
                    "--http-processes", "1", *options]
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"xmesh serve exited: {self.log.read_text()[-3000:]}"
@@ -119,7 +131,8 @@ def model():
 @pytest.fixture(scope="module")
 def offline(inputs, model):
     """The meshes ``xmesh reconstruct`` computes for samples a and b: one sample per call."""
-    return {key: model(paths, rows) for key, (paths, rows) in inputs.items()}
+    with threadpool_limits(1):
+        return {key: model(paths, rows) for key, (paths, rows) in inputs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +155,8 @@ def posed(tmp_path_factory, model):
         views.append({"image": paths[-1].name, "camera_to_world": pose.tolist(), "fx": k.fx, "fy": k.fy,
                       "cx": k.cx, "cy": k.cy, "width": 137, "height": 137})
     poses = {"convention": "opengl", "views": views, "center": scene.shift.tolist(), "radius": 0.24 * scene.sigma}
-    return paths, json.dumps(poses), model(paths, from_poses(poses, [p.name for p in paths]))
+    with threadpool_limits(1):
+        return paths, json.dumps(poses), model(paths, from_poses(poses, [p.name for p in paths]))
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +193,8 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
     def cli():
         results["cli"] = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths_b), "--cameras",
                                          str(tmp_path / "cams_b.txt"), "--server", server.url, "--out",
-                                         str(tmp_path / "b.ply")], capture_output=True, text=True, cwd=ROOT)
+                                         str(tmp_path / "b.ply")], capture_output=True, text=True, cwd=ROOT,
+                                        env=child_env())
 
     bad_body, bad_kind = form(paths_a, {"cameras": "[[0, 25, 0, 0.8, NaN], [1, 2, 0, 1, 25], [1, 2, 0, 1, 25]]"})
     jobs = [lambda: raw("obj", paths_a, rows_a),
