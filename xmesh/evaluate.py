@@ -390,8 +390,10 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     summary["run"] = run_info
     if meta:
         summary["meta"] = dict(meta)
-    _write_summary(out_dir, summary)
     write_logs(out_dir, rows)
+    if "timing" in run_info:
+        run_info["timing"].update(clock.after_last_batch(run_info["seconds"]))
+    _write_summary(out_dir, summary)
     return summary
 
 
@@ -460,6 +462,8 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
         info.update(_run(reconstructor, todo, settings, out_dir, out_dir, lambda result: None, progress,
                          "xmesh reconstruct", views, False, "auto", tuple(formats), loader_pool=loader_pool,
                          clock=clock))
+    if "timing" in info:
+        info["timing"].update(clock.after_last_batch(info["seconds"]))
     return info
 
 
