@@ -14,8 +14,9 @@
    cluster run, and the whole command's seconds (process start to exit) with how many times sooner
    than the plain command it finished; then the start-up split (summary.json's ``startup_*``:
    seconds from the process's start to the first batch), the seconds after the last batch (the
-   run's ``finish``: outputs written; the rest: the cluster closed, the process's exit), the shards, each worker's loader processes
-   and set-up, the per-worker stage timing, and whether every row equals the plain run's.
+   run's ``finish``: outputs written; the rest: the cluster closed, the process's exit), the
+   shards, each worker's loader processes and set-up, the per-worker stage timing, and whether
+   every row equals the plain run's.
 Full outputs go to ``$OUT`` (or /tmp/gpu_scaling).
 """
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 :func:`probe` loads a page with a small script added to a copy of it (the page itself holds none)
 and returns what the script saw after the load event: every image's natural size, the sections
-and the page height. :func:`screenshot` takes a picture of the page at a given window size.
+and the page height. :func:`dom_after` returns a page's DOM after it has run a while (e.g. a form
+a script filled in and sent). :func:`screenshot` takes a picture of the page at a given window size.
 """
 from __future__ import annotations
 
@@ -62,6 +63,13 @@ def probe(page: Path) -> dict:
         raise AssertionError(f"chromium did not run the probe (rc {done.returncode}): {done.stderr[-2000:]}")
     return json.loads(match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
                       .replace("&amp;", "&"))
+
+
+def dom_after(page: Path, *flags: str, budget_ms: int = 10000) -> str:
+    """The DOM of ``page`` once it has run for ``budget_ms`` of virtual time (network fetches pending
+    hold that time still), loaded with Chromium's extra ``flags``."""
+    done = _run([*flags, f"--virtual-time-budget={budget_ms}", "--dump-dom", Path(page).resolve().as_uri()])
+    return done.stdout
 
 
 def screenshot(page: Path, out: Path, width: int, height: int) -> Path:

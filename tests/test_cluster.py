@@ -277,11 +277,11 @@ def _feed_items(root: Path, list_file: Path) -> list:
 
 def _feed(delay: float = 0.0):
     from xmesh.cluster.feed import ShardFeed
-    from xmesh.cluster.worker import ShardOptions
     from xmesh.pipeline.loop import LoopBuffers
+    from xmesh.pipeline.settings import RunSettings
 
-    options = ShardOptions(workers=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto", predict_dir=None)
-    return ShardFeed(ToyReconstructor(delay), options, 0, None, None, LoopBuffers())
+    settings = RunSettings(batch_size=2, loaders=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto")
+    return ShardFeed(ToyReconstructor(delay), settings, 0, None, None, LoopBuffers())
 
 
 def _through_feed(feed, shards: list) -> tuple[list, dict]:
@@ -307,12 +307,14 @@ def test_one_loop_fed_shard_after_shard_gives_the_rows_of_one_run(data):
     shard, with the chamfer of a single run over the whole list, and the shards' timings add up to
     the loop's."""
     from xmesh.pipeline.loop import run_batches
+    from xmesh.pipeline.settings import RunSettings
 
     items = _feed_items(data["root"], data["test_list"])
     batches = [items[i:i + 2] for i in range(0, len(items), 2)]
     expected = {}
     run_batches(ToyReconstructor(), batches, lambda r: expected.update(zip(map(str, r.samples),
-                                                                            r.scores["chamfer"].tolist())), workers=0)
+                                                                            r.scores["chamfer"].tolist())),
+                RunSettings(batch_size=2, loaders=0, writers=0))
     feed = _feed(delay=0.02)
     try:
         shards, rows = _through_feed(feed, [batches[0:2], batches[2:4], batches[4:6]])
@@ -355,22 +357,23 @@ class _FailsOnce(ToyReconstructor):
 def test_a_loop_stopped_by_another_error_fails_its_shard_and_the_next_shard_runs_on_a_new_loop(data):
     """Not an XmeshError (e.g. a device fault): the shard raises it, so Dask retries it, and the
     worker starts a new loop for the retry."""
-    from xmesh.cluster.worker import ShardOptions, WorkerModel
+    from xmesh.cluster.worker import WorkerModel
+    from xmesh.pipeline.settings import RunSettings
     from xmesh.pipeline.writing import BatchFinisher
 
     items = _feed_items(data["root"], data["test_list"])
     batches = [items[i:i + 2] for i in range(0, 4, 2)]
-    options = ShardOptions(workers=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto", predict_dir=None)
+    settings = RunSettings(batch_size=2, loaders=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto")
     state = WorkerModel(ToySpec())
     state.model = _FailsOnce()
     try:
-        first = state.feed(options)
+        first = state.feed(settings)
         with pytest.raises(RuntimeError, match="a device error"):
             first.run(batches, BatchFinisher(lambda r: None))
         rows = []
         finisher = BatchFinisher(lambda r: rows.extend(map(str, r.samples)))
-        assert state.feed(options) is not first
-        assert state.feed(options).run(batches, finisher).error is None
+        assert state.feed(settings) is not first
+        assert state.feed(settings).run(batches, finisher).error is None
         finisher.close()
         assert rows == [str(s) for s, _ in items[:4]]
     finally:

@@ -174,6 +174,27 @@ def test_prefetching_loader_yields_the_inline_batches_in_order(data):
 # ------------------------------------------------------------------------------------ CSV + summary
 
 
+def test_run_settings_defaults_and_overrides(monkeypatch):
+    """One frozen value per run: the CPU's and the GPU's defaults, ``workers`` setting the loaders
+    (and, with meshes, as many writers), the cluster's per-worker choice, and batches cut by size."""
+    from xmesh.pipeline import settings as settings_module
+    from xmesh.pipeline.settings import GPU_BATCH, RunSettings
+
+    monkeypatch.setattr(settings_module, "default_workers", lambda gpu, writers: (7, 2) if gpu and writers else (5, 0))
+    cpu = RunSettings.choose(False)
+    assert (cpu.batch_size, cpu.loaders, cpu.writers, cpu.views, cpu.with_gt) == (1, 5, 0, (0, 6, 7), True)
+    gpu = RunSettings.choose(True, save_meshes=True, views=[1, 2, 3], mesh_dir="out")
+    assert (gpu.batch_size, gpu.loaders, gpu.writers, gpu.views) == (GPU_BATCH, 7, 2, (1, 2, 3))
+    assert RunSettings.choose(True, 8, 0, save_meshes=True).as_summary() == {"batch_size": 8, "workers": 0, "writers": 1}
+    assert RunSettings.choose(True, 8, 3).as_summary() == {"batch_size": 8, "workers": 3, "writers": 0}
+    per_worker = gpu.chosen_by_workers()
+    assert (per_worker.loaders, per_worker.writers, per_worker.mesh_dir) == (None, None, "out")
+    assert gpu == RunSettings.choose(True, save_meshes=True, views=(1, 2, 3), mesh_dir="out")   # lists kept as tuples
+    with pytest.raises(AttributeError):
+        gpu.batch_size = 2
+    assert RunSettings.choose(False, 4).batches(list(range(10))) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
 def test_summary_of_known_rows_and_csv_repair(tmp_path):
     path = tmp_path / "samples.csv"
     rows = [("a_1_00.dat", "02691156", 10.0, 0.002, (10, 20, 30, 40)),

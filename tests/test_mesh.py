@@ -6,6 +6,7 @@ import pytest
 
 import xmesh.mesh as mesh_module
 from xmesh.errors import FileFormatError, InputError, MissingFileError
+from xmesh.io.gltf import read_glb
 from xmesh.mesh import Mesh, read_mesh, read_obj, read_obj_faces, read_ply, read_xyz
 
 
@@ -287,3 +288,68 @@ def test_writers_overwrite_and_return_path(tmp_path, tricky_mesh):
     Mesh(tricky_mesh.vertices[:3], [[0, 1, 2]]).to_obj(target)
     assert target.read_bytes() != first and len(read_obj(target).vertices) == 3
     assert sorted(p.name for p in target.parent.iterdir()) == ["m.obj"]
+
+
+# binary glTF -----------------------------------------------------------------------------------
+
+
+def _glb_parts(data: bytes):
+    """The GLB's header fields and chunks, read as the glTF 2.0 specification lays them out."""
+    import json
+    import struct
+
+    magic, version, length = struct.unpack_from("<III", data, 0)
+    json_length, json_type = struct.unpack_from("<II", data, 12)
+    document = json.loads(data[20:20 + json_length])
+    bin_length, bin_type = struct.unpack_from("<II", data, 20 + json_length)
+    binary = data[28 + json_length:28 + json_length + bin_length]
+    return (magic, version, length, json_length, json_type, bin_length, bin_type), document, binary, data[20:20 + json_length]
+
+
+def test_glb_follows_the_binary_gltf_layout_and_reads_back_bit_for_bit(tricky_mesh, tmp_path):
+    mesh = tricky_mesh
+    data = mesh.encode("glb")
+    (magic, version, length, json_length, json_type, bin_length, bin_type), document, binary, raw_json = _glb_parts(data)
+    assert (magic, version, length) == (0x46546C67, 2, len(data))
+    assert (json_type, bin_type) == (0x4E4F534A, 0x004E4942)
+    assert json_length % 4 == 0 and bin_length % 4 == 0 and 28 + json_length + bin_length == len(data)
+    assert raw_json.rstrip(b" ") == raw_json.rstrip()   # JSON padded with spaces
+    positions = document["accessors"][document["meshes"][0]["primitives"][0]["attributes"]["POSITION"]]
+    view = document["bufferViews"][positions["bufferView"]]
+    stored = np.frombuffer(binary, "<f4", positions["count"] * 3, view["byteOffset"]).reshape(-1, 3)
+    np.testing.assert_array_equal(_bits(stored), _bits(mesh.vertices))
+    assert positions["min"] == stored.min(axis=0).tolist() and positions["max"] == stored.max(axis=0).tolist()
+    indices = document["accessors"][document["meshes"][0]["primitives"][0]["indices"]]
+    assert indices["componentType"] == 5125 and indices["count"] == mesh.faces.size
+    vertices, faces = read_glb(data)
+    np.testing.assert_array_equal(_bits(vertices), _bits(mesh.vertices))
+    np.testing.assert_array_equal(faces, mesh.faces)
+    assert mesh.to_glb(tmp_path / "m.glb").read_bytes() == data
+
+
+@pytest.mark.parametrize("damage", ["magic", "length", "chunk type", "index past the vertices", "truncated"])
+def test_a_damaged_glb_is_refused(tricky_mesh, damage):
+    import struct
+
+    data = bytearray(tricky_mesh.encode("glb"))
+    if damage == "magic":
+        data[0:4] = b"gltf"
+    elif damage == "length":
+        data[8:12] = struct.pack("<I", len(data) + 4)
+    elif damage == "chunk type":
+        data[16:20] = b"JSOM"
+    elif damage == "index past the vertices":
+        data[-4:] = struct.pack("<I", 10**6)
+    else:
+        data = data[:-8]
+    with pytest.raises(FileFormatError):
+        read_glb(bytes(data))
+
+
+def test_encode_gives_the_bytes_the_writers_write(tricky_mesh, tmp_path):
+    mesh = tricky_mesh
+    assert mesh.encode("obj") == mesh.to_obj(tmp_path / "m.obj").read_bytes()
+    assert mesh.encode("ply") == mesh.to_ply(tmp_path / "b.ply", binary=True).read_bytes()
+    assert mesh.encode("ply-ascii") == mesh.to_ply(tmp_path / "a.ply").read_bytes()
+    with pytest.raises(InputError, match="stl"):
+        mesh.encode("stl")

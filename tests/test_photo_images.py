@@ -12,7 +12,8 @@ from xmesh.io.cameras import load_cameras
 from xmesh.photo import frame
 from xmesh.photo.intrinsics import Intrinsics
 from xmesh.photo.prepare import bilinear_white, prepare_photo
-from xmesh.photo.views import PhotoView, convert
+from xmesh.photo.posed import PhotoView
+from xmesh.photo.views import convert
 
 
 def _network_views(rows, intrinsics, turns=None):

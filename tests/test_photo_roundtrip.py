@@ -13,13 +13,12 @@ from photo_scene import make_scene, network_intrinsics, network_photos, write_co
 
 import xmesh
 from xmesh.cli import main
-from xmesh.commands.common import resolve_weights
 from xmesh.io.images import load_images
 from xmesh.mesh import read_obj
 from xmesh.model.camera import camera_to_world
 
 NAMES = ["IMG_0001.png", "IMG_0002.png", "IMG_0003.png"]
-WEIGHTS = "synthetic:1"   # the CLI's synthetic weights
+WEIGHTS = "synthetic:1"   # the synthetic test recipe, as the CLI and the Python API take it
 TOLERANCE = 1e-4
 
 pytestmark = pytest.mark.slow
@@ -38,7 +37,7 @@ def capture(tmp_path_factory):
         cv2.imwrite(str(folder / "photos" / name), photo)
         paths.append(folder / "photos" / name)
     write_colmap(scene, folder / "sparse", NAMES)
-    model = xmesh.Reconstructor(resolve_weights([WEIGHTS]))
+    model = xmesh.Reconstructor(WEIGHTS)
     original = model(load_images(paths), scene.rows)
     world = camera_to_world(original.vertices, scene.rows[0]).astype(np.float64)
     coarse = camera_to_world(original.coarse_vertices, scene.rows[0]).astype(np.float64)
@@ -74,7 +73,7 @@ def test_python_entry_point_with_default_azimuth(capture):
     an object of radius 0.24)."""
     cams = xmesh.cameras.from_colmap(capture["folder"] / "sparse", capture["paths"])
     assert cams.table[0, 0] == 0.0
-    mesh = xmesh.reconstruct(capture["paths"], cams, weights=resolve_weights([WEIGHTS]))
+    mesh = xmesh.reconstruct(capture["paths"], cams, weights=WEIGHTS)
     back = capture["scene"].from_input(mesh.vertices)
     error = np.abs(back - capture["world"]).max(axis=1)
     assert np.median(error) < 1e-5 and np.quantile(error, 0.8) < TOLERANCE and error.max() < 5e-3

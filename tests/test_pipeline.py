@@ -19,7 +19,7 @@ from conftest import requires_cuda
 from pipeline_toy import ToyReconstructor
 from xmesh.dataset import SampleId, sample_paths
 from xmesh.evaluate import evaluate_dataset, read_csv, reconstruct_dataset
-from xmesh.io import p2m_logs
+from xmesh.results import p2m_logs
 from xmesh.io.images import images_to_unit
 from xmesh.metrics import THRESHOLDS, evaluate
 from xmesh.metrics.batch import evaluate_batch, pad_clouds

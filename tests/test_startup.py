@@ -27,7 +27,7 @@ import json, sys, time
 sys.path.insert(0, {tests!r})
 from pipeline_toy import ToyReconstructor
 import xmesh.commands.common as common
-import xmesh.evaluate as evaluate
+import xmesh.pipeline.executor as executor
 from xmesh.pipeline import startup
 from xmesh import cli
 
@@ -39,9 +39,9 @@ def first_batch_seen(*a, **k):
     json.dump({{"age": startup.process_age()}}, open({seen!r}, "w"))
     return loop(*a, **k)
 
-loop = evaluate.run_batches
+loop = executor.run_batches
 common.reconstructor_from_args = slow_build
-evaluate.run_batches = first_batch_seen
+executor.run_batches = first_batch_seen
 sys.exit(cli.main({argv!r}))
 """
 
@@ -118,15 +118,15 @@ SLOW_LOGS_S = 0.4
 def test_the_seconds_after_the_last_batch_are_the_runs_finish(data, tmp_path, monkeypatch):
     """run.timing's ``finish``: from the last batch to the summary written; the logs written slowly by
     0.4 s show there, and start-up + pipeline + finish fit in the call's own time."""
-    import xmesh.evaluate as evaluate
+    import xmesh.results.store as store
 
-    write_logs = evaluate.write_logs
+    write_logs = store.write_logs
 
     def slow_logs(*args):
         time.sleep(SLOW_LOGS_S)
         write_logs(*args)
 
-    monkeypatch.setattr(evaluate, "write_logs", slow_logs)
+    monkeypatch.setattr(store, "write_logs", slow_logs)
     before = time.perf_counter()
     summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
                                tmp_path / "out", batch_size=2, workers=0, progress=False)

@@ -211,10 +211,11 @@ def test_demo_vertices_projected_by_the_network_fall_inside_each_silhouette(tmp_
 
 def test_render_mesh_file_agrees_with_the_official_demo(demo_dir, tmp_path):
     from xmesh.mesh import read_obj
+    from xmesh.pictures.views import render_mesh_file
 
     gt = read_obj(demo_dir / "predict.obj").vertices[::10]
-    out = render.render_mesh_file(demo_dir / "predict.obj", demo_dir / "cameras.txt", tmp_path / "views.png",
-                                  gt_points=gt, camera_view=True)
+    out = render_mesh_file(demo_dir / "predict.obj", demo_dir / "cameras.txt", tmp_path / "views.png",
+                           gt_points=gt, camera_view=True)
     tiled = cv2.imread(str(out), cv2.IMREAD_UNCHANGED)
     assert tiled.shape == (137, 3 * 137, 4)
     for view in range(3):

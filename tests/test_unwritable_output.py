@@ -35,7 +35,7 @@ def nothing_computed(monkeypatch):
         return record
 
     monkeypatch.setattr(Reconstructor, "__init__", forbidden("Reconstructor"))
-    monkeypatch.setattr("xmesh.synthetic.render.render_mesh_file", forbidden("render_mesh_file"))
+    monkeypatch.setattr("xmesh.pictures.views.render_mesh_file", forbidden("render_mesh_file"))
     monkeypatch.setattr("xmesh.io.checkpoint.convert", forbidden("convert"))
     monkeypatch.setattr("xmesh.synthetic.dataset.demo_inputs", forbidden("demo_inputs"))
     monkeypatch.setattr("xmesh.pipeline.loading.start_pool", forbidden("start_pool"))

@@ -189,3 +189,35 @@ def test_missing_files_and_bad_sources(tmp_path):
         load_weights([])
     with pytest.raises(InputError, match="stages"):
         load_weights({}, stages=(3,))
+
+
+# ----------------------------------------------------------------------------- weights arguments
+
+
+def test_synthetic_weights_argument(seed5, monkeypatch):
+    """'synthetic:SEED' (alone or as a one-element list) resolves to the recipe's arrays in the
+    library, so the Python API takes it as the command line does; other values pass through."""
+    import importlib
+
+    from xmesh.io.weight_sources import describe_weights, resolve_weights
+    from xmesh.reconstruct import ModelSpec
+
+    for given in ("synthetic:5", ["synthetic:5"]):
+        arrays = resolve_weights(given)
+        assert sorted(arrays) == sorted(seed5)
+        assert all(np.array_equal(arrays[k], seed5[k]) for k in seed5)
+    assert resolve_weights(["a.npz"]) == "a.npz" and resolve_weights(["a", "b"]) == ["a", "b"]
+    assert resolve_weights(seed5) is seed5
+    with pytest.raises(InputError, match=r"weights 'synthetic:x5': expected synthetic:N"):
+        resolve_weights("synthetic:x5")
+    with pytest.raises(InputError, match=r"--weights 'synthetic:-1'"):
+        resolve_weights(["synthetic:-1"], option="--weights")
+    assert "NOT the trained" in describe_weights("synthetic:5") and describe_weights(["a", "b"]) == "weights from a, b"
+
+    reconstruct_module = importlib.import_module("xmesh.reconstruct")   # the package's name is the function
+    received = []
+    real = reconstruct_module.load_weights
+    monkeypatch.setattr(reconstruct_module, "load_weights", lambda source: received.append(source) or real(source))
+    model = ModelSpec.of(["synthetic:5"]).build()
+    assert model.spec.weights == "synthetic:5"   # the recipe's name travels, not its arrays
+    assert all(np.array_equal(received[0][k], seed5[k]) for k in seed5)

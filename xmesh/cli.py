@@ -9,7 +9,7 @@ import warnings
 from .errors import XmeshError
 from .pipeline import startup
 
-COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench")
+COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The output mesh: ``Mesh`` (vertices, faces, coarse_vertices) with OBJ / XYZ / PLY writers and readers.
+"""The output mesh: ``Mesh`` (vertices, faces, coarse_vertices) with OBJ / XYZ / PLY / GLB writers and OBJ / PLY readers.
 
 In memory: vertices (V, 3) float32, faces (F, 3) int64, 0-based. OBJ files are 1-based. Writers go
 through ``atomic_write`` (the old file survives a failed write) and print coordinates with '%.9g',
@@ -9,6 +9,7 @@ and a face list ``vertex_indices`` or ``vertex_index``).
 """
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 
 from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.atomic import atomic_output
+from xmesh.io.gltf import glb_bytes
 
 FLOAT_FORMAT = "%.9g"  # 9 significant digits round-trip any float32
 
@@ -93,10 +95,13 @@ class Mesh:
     def to_obj(self, path: str | os.PathLike) -> Path:
         """Write a Wavefront OBJ: 'v x y z' ('%.9g') then 'f a b c' (1-based)."""
         with atomic_output(path, "w", "OBJ") as handle:
-            handle.write(f"# xmesh: {len(self.vertices)} vertices, {len(self.faces)} faces\n")
-            _write_rows(handle, "v " + " ".join([FLOAT_FORMAT] * 3), self.vertices)
-            _write_rows(handle, "f %d %d %d", self.faces + 1)
+            self._write_obj(handle)
         return Path(path)
+
+    def _write_obj(self, handle: IO[str]) -> None:
+        handle.write(f"# xmesh: {len(self.vertices)} vertices, {len(self.faces)} faces\n")
+        _write_rows(handle, "v " + " ".join([FLOAT_FORMAT] * 3), self.vertices)
+        _write_rows(handle, "f %d %d %d", self.faces + 1)
 
     def to_xyz(self, path: str | os.PathLike) -> Path:
         """Write the vertices as a point cloud, one 'x y z' ('%.9g') per line."""
@@ -106,6 +111,36 @@ class Mesh:
 
     def to_ply(self, path: str | os.PathLike, binary: bool = False) -> Path:
         """Write a PLY: ASCII by default, binary_little_endian with ``binary=True``."""
+        with atomic_output(path, "wb" if binary else "w", "PLY") as handle:
+            self._write_ply(handle, binary)
+        return Path(path)
+
+    def to_glb(self, path: str | os.PathLike) -> Path:
+        """Write a binary glTF 2.0 file (``.glb``, :mod:`xmesh.io.gltf`)."""
+        with atomic_output(path, "wb", "GLB") as handle:
+            handle.write(glb_bytes(self.vertices, self.faces))
+        return Path(path)
+
+    def encode(self, fmt: str) -> bytes:
+        """The bytes of the file the writer of ``fmt`` writes: "obj", "ply" (binary little-endian),
+        "ply-ascii" or "glb"."""
+        if fmt == "obj":
+            text = io.StringIO()
+            self._write_obj(text)
+            return text.getvalue().encode("ascii")
+        if fmt == "ply-ascii":
+            text = io.StringIO()
+            self._write_ply(text, binary=False)
+            return text.getvalue().encode("ascii")
+        if fmt == "ply":
+            data = io.BytesIO()
+            self._write_ply(data, binary=True)
+            return data.getvalue()
+        if fmt == "glb":
+            return glb_bytes(self.vertices, self.faces)
+        raise InputError(f"Mesh.encode: format {fmt!r}; expected one of obj, ply, ply-ascii, glb")
+
+    def _write_ply(self, handle, binary: bool) -> None:
         if len(self.vertices) > np.iinfo(np.int32).max:
             raise InputError(f"Mesh.to_ply: {len(self.vertices)} vertices exceed PLY int32 face indices")
         header = (
@@ -122,16 +157,13 @@ class Mesh:
             face_records = np.empty(len(self.faces), dtype=[("n", "u1"), ("idx", "<i4", (3,))])
             face_records["n"] = 3
             face_records["idx"] = self.faces
-            with atomic_output(path, "wb", "PLY") as handle:
-                handle.write(header.encode("ascii"))
-                _write_binary(handle, self.vertices.astype("<f4"))
-                _write_binary(handle, face_records)
+            handle.write(header.encode("ascii"))
+            _write_binary(handle, self.vertices.astype("<f4"))
+            _write_binary(handle, face_records)
         else:
-            with atomic_output(path, "w", "PLY") as handle:
-                handle.write(header)
-                _write_rows(handle, " ".join([FLOAT_FORMAT] * 3), self.vertices)
-                _write_rows(handle, "3 %d %d %d", self.faces)
-        return Path(path)
+            handle.write(header)
+            _write_rows(handle, " ".join([FLOAT_FORMAT] * 3), self.vertices)
+            _write_rows(handle, "3 %d %d %d", self.faces)
 
 
 def _write_rows(handle: IO[str], fmt: str, rows: np.ndarray) -> None:

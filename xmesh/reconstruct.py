@@ -1,4 +1,5 @@
-"""The public entry points: ``Reconstructor`` (weights and template loaded once) and ``reconstruct``."""
+"""The public entry points: ``Reconstructor`` (weights and template loaded once) and ``reconstruct``,
+and :class:`ModelSpec`, the picklable recipe from which another process builds the same model."""
 from __future__ import annotations
 
 import os
@@ -8,10 +9,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends import get_backend
-from .cluster.spec import ModelSpec
 from .errors import DeviceOutOfMemoryError, InputError
 from .io.images import NUM_VIEWS
 from .io.template import Template, load_template
+from .io.weight_sources import SYNTHETIC_PREFIX, resolve_weights
 from .io.weights import load_weights
 from .mesh import Mesh
 from .model import architecture as arch
@@ -36,6 +37,50 @@ class CapturedNetwork:
     tf: DeviceTransforms
 
 
+def _absolute(value: Any) -> Any:
+    """Paths -> absolute text paths ('synthetic:N' and arrays as they are); lists element-wise."""
+    if isinstance(value, (list, tuple)):
+        return [_absolute(v) for v in value]
+    if isinstance(value, os.PathLike) or (isinstance(value, str) and not value.startswith(SYNTHETIC_PREFIX)):
+        return os.path.abspath(os.fspath(value))
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The arguments of :class:`Reconstructor` as a small picklable value: ``weights`` (a path, a list
+    of paths, a dict of arrays, or ``"synthetic:SEED"`` for the synthetic test recipe), ``template``
+    (None for the built-in ellipsoid, a path, or a Template), ``backend`` ("numpy" or "cupy"),
+    ``precision``, ``view_quirk`` and ``graphs``. A Dask cluster's workers (:mod:`xmesh.cluster`)
+    each build their own model from it; paths are made absolute, since a worker's working folder may
+    differ from the client's (the files must be readable from the workers)."""
+
+    weights: Any
+    template: Any = None
+    backend: str = "numpy"
+    precision: str = "fp32"
+    view_quirk: bool = True
+    graphs: bool = True
+
+    @classmethod
+    def of(cls, weights, template=None, backend: str = "numpy", precision: str = "fp32", view_quirk: bool = True,
+           graphs: bool = True) -> "ModelSpec":
+        """A spec with its paths made absolute; ``weights`` as one-element lists are unwrapped."""
+        if isinstance(weights, (list, tuple)) and len(weights) == 1:
+            weights = weights[0]
+        return cls(_absolute(weights), _absolute(template), str(backend), str(precision), bool(view_quirk),
+                   bool(graphs))
+
+    @property
+    def gpu(self) -> bool:
+        return self.backend == "cupy"
+
+    def build(self) -> "Reconstructor":
+        """The Reconstructor this spec describes."""
+        return Reconstructor(self.weights, template=self.template, backend=self.backend, precision=self.precision,
+                             view_quirk=self.view_quirk, graphs=self.graphs)
+
+
 def _template(template) -> Template:
     if template is None:
         return generate_template()
@@ -51,13 +96,13 @@ class Reconstructor:
 
     ``weights``: an ``.npz`` keyed by the official checkpoint names, a TensorFlow checkpoint prefix,
     a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
-    stage). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
+    stage); ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
     maps), which the published weights were trained with; turn it off only for weights trained
     without it. ``graphs`` (CuPy backend, fp32 and tf32): the second call with a given batch size
     (up to ``graph_max_batch``) captures the whole reconstruction as four CUDA Graphs and later
     calls with that size replay them, which removes the launch overhead that dominates small
     batches (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``).
-    ``spec`` records these arguments (:class:`~xmesh.cluster.ModelSpec`), so that the workers of a
+    ``spec`` records these arguments (:class:`ModelSpec`), so that the workers of a
     Dask cluster can each build the same model (``evaluate_dataset(model, ..., client=...)``).
     """
 
@@ -72,7 +117,7 @@ class Reconstructor:
         self.spec = ModelSpec.of(weights, template, self.backend.name, getattr(self.backend, "precision", precision),
                                  view_quirk, graphs)
         self.template = _template(template)
-        arrays = load_weights(weights)
+        arrays = load_weights(resolve_weights(weights))
         self.stage1 = prepare_stage1(self.backend, arrays, self.template)
         self.stage2 = prepare_stage2(self.backend, arrays, self.template)
         self.view_quirk = bool(view_quirk)

@@ -15,12 +15,12 @@ import queue
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from concurrent.futures import Executor
 
 from ..errors import XmeshError
-from ..evaluate import check_finite
 from ..pipeline.loading import PREFETCH_DEPTH, assemble, decoded, submit_batch
-from ..pipeline.loop import BatchResult, LoopBuffers, Timing, run_batches
+from ..pipeline.loop import BatchResult, LoopBuffers, Timing, check_finite, run_batches
 from ..pipeline.writing import BatchFinisher, MeshWriter, prediction_stem
 
 
@@ -114,13 +114,13 @@ class StreamLoader:
 
 
 class ShardFeed:
-    """One worker's loop for one run's options; :meth:`run` queues a shard and waits for it."""
+    """One worker's loop for one run's settings; :meth:`run` queues a shard and waits for it."""
 
-    def __init__(self, model, options, loaders: int, pool: Executor | None, writer: MeshWriter | None,
+    def __init__(self, model, settings, loaders: int, pool: Executor | None, writer: MeshWriter | None,
                  buffers: LoopBuffers):
-        self.model, self.options, self.loaders, self.writer, self.buffers = model, options, loaders, writer, buffers
+        self.model, self.settings, self.loaders, self.writer, self.buffers = model, settings, loaders, writer, buffers
         self.inbox: queue.Queue = queue.Queue()
-        self.loader = StreamLoader(self.inbox, pool, loaders, options.views, options.with_gt)
+        self.loader = StreamLoader(self.inbox, pool, loaders, settings.views, settings.with_gt)
         self.timing = Timing()
         self.lock = threading.Lock()
         self.shards: set[Shard] = set()
@@ -145,10 +145,8 @@ class ShardFeed:
 
     def _loop(self) -> None:
         try:
-            run_batches(self.model, [], self._on_batch, workers=self.loaders, views=self.options.views,
-                        with_gt=self.options.with_gt, keep_vertices=self.writer is not None,
-                        metric_backend=self.options.metric_backend, loader=self.loader, buffers=self.buffers,
-                        timing=self.timing)
+            run_batches(self.model, [], self._on_batch, replace(self.settings, loaders=self.loaders),
+                        loader=self.loader, buffers=self.buffers, timing=self.timing)
         except BaseException as exc:   # handed to every shard waiting, and to the next one to come
             with self.lock:
                 self.broken = exc

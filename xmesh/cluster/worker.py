@@ -1,6 +1,6 @@
 """What runs on a Dask worker: the model, built once per worker, and shards of whole batches.
 
-:class:`ModelPlugin` carries a :class:`~xmesh.cluster.spec.ModelSpec` to every worker, those that
+:class:`ModelPlugin` carries a :class:`~xmesh.reconstruct.ModelSpec` to every worker, those that
 join later included. Its :class:`WorkerModel` builds the Reconstructor on first use and keeps it,
 with its captured graphs, its loader pool and its mesh writers, until the plugin is removed.
 
@@ -23,27 +23,12 @@ from ..errors import XmeshError
 from ..pipeline.heap import keep_batch_memory
 from ..pipeline.loading import default_workers, host_share, start_pool
 from ..pipeline.loop import BatchResult, LoopBuffers
+from ..pipeline.settings import RunSettings
 from ..pipeline.writing import BatchFinisher, MeshWriter
+from ..results.samples_csv import format_rows
 from .feed import ShardFeed
 
 PLUGIN_PREFIX = "xmesh-model-"
-
-
-@dataclass(frozen=True)
-class ShardOptions:
-    """What every shard of a run shares: loader and writer process counts (None: each worker
-    chooses from its own cores), the views, whether there is ground truth (evaluation) and how it
-    is scored, where meshes go (None: not written) and the ground truth whose text files go with
-    them (None: none)."""
-
-    workers: int | None
-    writers: int | None
-    views: tuple
-    with_gt: bool
-    metric_backend: str
-    predict_dir: str | None
-    formats: tuple = ("xyz", "obj")
-    ground_root: str | None = None
 
 
 @dataclass
@@ -61,7 +46,7 @@ class ShardOutcome:
 
 class WorkerModel:
     """One worker's Reconstructor (built on first use), the pools its shards share and its batch
-    loop for each run's options."""
+    loop for each run's settings."""
 
     def __init__(self, spec):
         self.spec = spec
@@ -73,13 +58,13 @@ class WorkerModel:
         self.loop_buffers = LoopBuffers()   # one loop runs at a time
         self.peers = 1   # workers on this host, this one included (told by the client in ``prepare``)
 
-    def processes(self, options: ShardOptions) -> tuple[int, int]:
+    def processes(self, settings: RunSettings) -> tuple[int, int]:
         """(loader, mesh writer) processes: the run's, or this worker's defaults for its share of the
         host's cores (:func:`~xmesh.pipeline.loading.host_share`; dask-cuda also narrows a worker's
         CPU affinity to its GPU's CPUs)."""
-        if options.workers is not None:
-            return options.workers, options.writers
-        return default_workers(self.spec.gpu, options.predict_dir is not None, host_share(self.peers))
+        if settings.loaders is not None:
+            return settings.loaders, settings.writers
+        return default_workers(self.spec.gpu, settings.mesh_dir is not None, host_share(self.peers))
 
     def reconstructor(self):
         with self.setup_lock:
@@ -93,31 +78,31 @@ class WorkerModel:
                 self.loader_pools[workers] = start_pool(workers)
             return self.loader_pools.get(workers)
 
-    def mesh_writer(self, options: ShardOptions) -> MeshWriter | None:
-        if options.predict_dir is None:
+    def mesh_writer(self, settings: RunSettings) -> MeshWriter | None:
+        if settings.mesh_dir is None:
             return None
         faces = self.reconstructor().faces
-        writers = self.processes(options)[1]
-        key = (options.predict_dir, options.formats, writers, options.ground_root)
+        writers = self.processes(settings)[1]
+        key = (settings.mesh_dir, settings.formats, writers, settings.ground_root)
         with self.setup_lock:
             if key not in self.writers:
-                self.writers[key] = MeshWriter(Path(options.predict_dir), faces, writers, options.formats,
-                                                        options.ground_root)
+                self.writers[key] = MeshWriter(Path(settings.mesh_dir), faces, writers, settings.formats,
+                                               settings.ground_root)
             return self.writers[key]
 
-    def feed(self, options: ShardOptions) -> ShardFeed:
-        """The batch loop for ``options``, started on first use (again after a failure stopped it)."""
+    def feed(self, settings: RunSettings) -> ShardFeed:
+        """The batch loop for ``settings``, started on first use (again after a failure stopped it)."""
         with self.setup_lock:
             feed = self.running
-            if feed is None or feed.options != options or feed.broken is not None:
+            if feed is None or feed.settings != settings or feed.broken is not None:
                 if feed is not None:   # another run's loop, or a stopped one: done with
                     feed.close()
-                loaders = self.processes(options)[0]
-                if feed is not None and feed.options == options and loaders in self.loader_pools:
+                loaders = self.processes(settings)[0]
+                if feed is not None and feed.settings == settings and loaders in self.loader_pools:
                     self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)   # it may have stopped it
                 pool = self.loader_pool(loaders)   # its processes start while the model is built
-                self.running = feed = ShardFeed(self.reconstructor(), options, loaders, pool,
-                                                self.mesh_writer(options), self.loop_buffers)
+                self.running = feed = ShardFeed(self.reconstructor(), settings, loaders, pool,
+                                                self.mesh_writer(settings), self.loop_buffers)
             return feed
 
     def close(self) -> None:
@@ -168,36 +153,34 @@ def _state(plugin_name: str) -> WorkerModel:
     return plugin.state
 
 
-def prepare(plugin_name: str, options: ShardOptions, peers: int = 1) -> dict:
+def prepare(plugin_name: str, settings: RunSettings, peers: int = 1) -> dict:
     """Build this worker's model, load its kernels and start its pools before the first shard
     arrives; ``peers``: the workers on this worker's host. Returns what it chose and its seconds."""
     start = time.perf_counter()
     state = _state(plugin_name)
     state.peers = max(1, int(peers))
-    loaders, writers = state.processes(options)
+    loaders, writers = state.processes(settings)
     state.loader_pool(loaders)   # its processes start while the model is built
     model = state.reconstructor()
     built = time.perf_counter()
     model.backend.load_kernels()
     loaded = time.perf_counter()
-    state.feed(options)   # the mesh writers and the loop
+    state.feed(settings)   # the mesh writers and the loop
     return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3),
             "model_s": round(built - start, 3), "kernels_s": round(loaded - built, 3), "loaders": loaders,
-            "writers": writers if options.predict_dir is not None else 0, "cores": host_share(state.peers),
+            "writers": writers if settings.mesh_dir is not None else 0, "cores": host_share(state.peers),
             "peers": state.peers}
 
 
-def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions) -> ShardOutcome:
+def run_shard(plugin_name: str, index: int, batches: list, settings: RunSettings) -> ShardOutcome:
     """Reconstruct (and score) ``batches``; the outcome's rows are complete and their mesh files whole
     and synced when it returns."""
-    from ..evaluate import format_rows
-
     state = _state(plugin_name)
     rows: list[str] = []
     done: list[str] = []
 
     def commit(result: BatchResult) -> None:
-        if options.with_gt:
+        if settings.with_gt:
             rows.append(format_rows(result))
         done.extend(str(s) for s in result.samples)
 
@@ -205,7 +188,7 @@ def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions
     timing: dict = {}
     error = None
     try:
-        shard = state.feed(options).run(batches, finisher)
+        shard = state.feed(settings).run(batches, finisher)
         error, timing = shard.error, shard.timing
     except XmeshError as exc:   # the loop stopped on it (e.g. a batch the GPU cannot hold)
         error = exc
@@ -215,5 +198,5 @@ def run_shard(plugin_name: str, index: int, batches: list, options: ShardOptions
         except XmeshError as exc:
             error = error or exc
     if timing:
-        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, state.processes(options)[1])
+        timing["write"] = finisher.busy_s + finisher.mesh_s / max(1, state.processes(settings)[1])
     return ShardOutcome(index, "".join(rows), done, timing, get_worker().address, error)

@@ -7,9 +7,8 @@ import sys
 
 from ..errors import InputError, XmeshError
 from ..io.atomic import os_error_reason
-from ..io.weights import synthetic_weights
-
-SYNTHETIC_PREFIX = "synthetic:"
+from ..io import weight_sources
+from ..io.weight_sources import SYNTHETIC_PREFIX
 
 
 def add_model_options(parser, weights_required: bool = True) -> None:
@@ -24,38 +23,17 @@ def add_model_options(parser, weights_required: bool = True) -> None:
                         help="let each view sample its own stage-1 maps (only for weights trained that way)")
 
 
-def _synthetic_seed(values) -> int | None:
-    """The SEED of --weights synthetic:SEED (None for other weights); InputError when malformed."""
-    if len(values) == 1 and values[0].startswith(SYNTHETIC_PREFIX):
-        seed = values[0][len(SYNTHETIC_PREFIX):]
-        if not seed.isdigit():
-            raise InputError(f"--weights {values[0]!r}: expected {SYNTHETIC_PREFIX}N with a whole number N")
-        return int(seed)
-    return None
-
-
 def resolve_weights(values):
-    """The --weights values -> something ``load_weights`` takes; 'synthetic:SEED' draws the test recipe."""
-    values = list(values)
-    seed = _synthetic_seed(values)
-    if seed is not None:
-        return synthetic_weights(seed)
-    return values if len(values) > 1 else values[0]
+    """The --weights values -> what the model takes; 'synthetic:SEED' draws the test recipe."""
+    return weight_sources.resolve_weights(list(values), option="--weights")
 
 
-def describe_weights(values) -> str:
-    values = list(values)
-    if len(values) == 1 and values[0].startswith(SYNTHETIC_PREFIX):
-        return f"synthetic weights (recipe seed {values[0][len(SYNTHETIC_PREFIX):]}; random, NOT the trained Pixel2Mesh++ weights)"
-    return "weights from " + ", ".join(values)
-
-
-def describe_processes(chosen: dict, args, client, writer: str = "writer") -> str:
+def describe_processes(chosen, args, client, writer: str = "writer") -> str:
     """The loader and writer process counts a dataset command prints (on a cluster without
     --workers each worker chooses them from its own cores)."""
     if client is not None and args.workers is None:
         return f"loader and {writer} processes chosen by each worker from its cores"
-    return f"{chosen['workers']} loader and {chosen['writers']} {writer} process(es)"
+    return f"{chosen.loaders} loader and {chosen.writers} {writer} process(es)"
 
 
 def check_batch_size(args) -> None:
@@ -77,9 +55,9 @@ def add_cluster_option(parser) -> None:
 
 def spec_from_args(args):
     """The ModelSpec of the model options, for the workers of --cluster to build."""
-    from ..cluster.spec import ModelSpec
+    from ..reconstruct import ModelSpec
 
-    _synthetic_seed(list(args.weights))  # a malformed synthetic:SEED fails here, before any cluster starts
+    weight_sources.synthetic_seed(list(args.weights), "--weights")  # a malformed synthetic:SEED fails here, before any cluster starts
     if args.cluster == "local-cuda" and args.backend != "cupy":
         raise InputError("--cluster local-cuda starts one worker per GPU: use it with --backend cupy "
                          "(local:N runs N CPU workers for --backend numpy)")
@@ -107,7 +85,7 @@ def output_errors(what: str):
                          "expected a writable path with free space") from None
 
 
-def run_dataset_command(args, chosen: dict, path_options: tuple, body, listing: tuple | None = None) -> int:
+def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple | None = None) -> int:
     """Run ``body(args, model, pool, client)`` for a dataset command: on a Dask cluster with
     ``--cluster`` (the client made first, so a missing extra fails at once; the ``path_options`` of
     ``args`` made absolute, as the workers may run elsewhere; ``model`` the ModelSpec the workers
@@ -133,7 +111,7 @@ def run_dataset_command(args, chosen: dict, path_options: tuple, body, listing: 
             return body(args, spec, None, client)
     from ..pipeline.loading import start_pool
 
-    pool = start_pool(chosen["workers"])
+    pool = start_pool(chosen.loaders)
     startup.mark("other")
     try:
         model = reconstructor_from_args(args)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
-                     run_dataset_command)
+from ..io.weight_sources import describe_weights
+from .common import add_cluster_option, add_model_options, check_batch_size, describe_processes, run_dataset_command
 
 
 def add_parser(sub) -> None:
@@ -40,8 +40,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..evaluate import choose_settings
     from ..io.writable import check_writable_folder
+    from ..pipeline.settings import RunSettings
 
     check_batch_size(args)
     check_writable_folder(args.out)
@@ -49,7 +49,7 @@ def run(args) -> int:
     if args.report:  # fail at once, before any work, where matplotlib is missing
         from ..report import require_matplotlib
         require_matplotlib()
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
+    chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, args.save_meshes)
     from ..dataset import listing_args
 
     listing = listing_args(args.list, args.images, args.gt, args.views, args.limit, True)
@@ -62,7 +62,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..pipeline.startup import format_startup
 
     said = describe_weights(args.weights)
-    print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen['batch_size']}, "
+    print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen.batch_size}, "
           f"{describe_processes(chosen, args, client, 'mesh writer')}",
           file=sys.stderr)
     summary = evaluate_dataset(

@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
+from ..io.weight_sources import describe_weights
 from ..io.writable import check_writable_file, check_writable_folder
-from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, describe_weights,
-                     output_errors, resolve_weights, run_dataset_command)
+from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, output_errors,
+                     resolve_weights, run_dataset_command)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
@@ -34,7 +35,10 @@ def add_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None, metavar="N", help="with --list: only the first N samples")
     p.add_argument("--no-progress", action="store_true", help="with --list: do not draw the progress bar")
     p.add_argument("--coarse-out", default=None, help="also write the stage-1 coarse mesh here")
-    add_model_options(p)
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="send the images and --cameras or --poses to a running 'xmesh serve' at URL instead of "
+                        "reconstructing here (the model options are then the server's)")
+    add_model_options(p, weights_required=False)
     add_cluster_option(p)
     p.set_defaults(run=run)
 
@@ -62,7 +66,15 @@ def run(args) -> int:
 
     check_batch_size(args)
     if args.list is not None:
+        if args.server is not None:
+            raise InputError("--server sends one object (three images); --list runs here")
+        if args.weights is None:
+            raise InputError("--weights is required with --list")
         return run_list(args)
+    if args.server is not None:
+        return run_remote(args)
+    if args.weights is None:
+        raise InputError("--weights is required (or --server URL, a running 'xmesh serve' that has its own)")
     if args.cluster is not None:
         raise InputError("--cluster goes with --list FILE (a whole list); one object runs here")
     if args.images_root is not None:
@@ -92,8 +104,34 @@ def run(args) -> int:
     return 0
 
 
+def run_remote(args) -> int:
+    """One object reconstructed by the server at --server: the same request as xmesh.serve.client's."""
+    from ..serve.client import remote_mesh, request_fields
+
+    source = camera_source(args)
+    extra = [name for name in ("--colmap", "--coarse-out", "--masks", "--center", "--radius", "--up", "--first-azimuth")
+             if getattr(args, name[2:].replace("-", "_")) is not None]
+    if args.weights is not None:
+        extra.append("--weights (the server has its own)")
+    if extra or source == "--colmap":
+        raise InputError(f"--server takes the three images and --cameras or --poses; {', '.join(extra) or '--colmap'} "
+                         "cannot go with it")
+    if len(args.images) != 3:
+        raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
+    out_writer = writer(args.out)
+    _check_output("--out", args.out)
+    start = time.perf_counter()
+    fields = request_fields(cameras=args.cameras, views=args.views) if source == "--cameras" else request_fields(poses=args.poses)
+    mesh, headers = remote_mesh(args.server, args.images, fields)
+    _write(mesh, out_writer, "--out", args.out)
+    print(f"wrote {args.out} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces) in "
+          f"{time.perf_counter() - start:.2f} s from {args.server} (a batch of {headers.get('X-Xmesh-Batch-Size', '?')})",
+          file=sys.stderr)
+    return 0
+
+
 def run_list(args) -> int:
-    from ..evaluate import choose_settings
+    from ..pipeline.settings import RunSettings
 
     reject_photo_options(args)
     if args.images:
@@ -103,7 +141,7 @@ def run_list(args) -> int:
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     check_writable_folder(args.out)
-    chosen = choose_settings(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
+    chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
     from ..dataset import listing_args
 
     listing = listing_args(args.list, args.images_root, args.out, args.views or (0, 6, 7), args.limit, False)
@@ -116,7 +154,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..pipeline.startup import format_startup
 
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
-          f"batch size {chosen['batch_size']}, {describe_processes(chosen, args, client)}",
+          f"batch size {chosen.batch_size}, {describe_processes(chosen, args, client)}",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,

@@ -63,7 +63,7 @@ def quiet_opencv():
                 logging.setLogLevel(_saved_level)
 
 
-def _decode_file(path: Path) -> np.ndarray:
+def decode_file(path: Path) -> np.ndarray:
     """Read and decode one image file exactly as stored (cv2.IMREAD_UNCHANGED)."""
     if not path.exists():
         raise MissingFileError(f"image file {str(path)!r} does not exist; expected a PNG/JPEG/... image file")
@@ -73,8 +73,15 @@ def _decode_file(path: Path) -> np.ndarray:
         data = np.fromfile(str(path), dtype=np.uint8)
     except OSError as exc:
         raise MissingFileError(f"image file {str(path)!r} cannot be read ({exc}); expected a readable image file") from exc
+    return decode_image_bytes(data, f"image file {str(path)!r}")
+
+
+def decode_image_bytes(data, name: str) -> np.ndarray:
+    """Decode an image file's bytes exactly as stored (cv2.IMREAD_UNCHANGED), as a file of them is read;
+    ``name`` says where they came from in errors."""
+    data = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else data
     if data.size == 0:
-        raise FileFormatError(f"image file {str(path)!r} is empty (0 bytes); expected an image file")
+        raise FileFormatError(f"{name} is empty (0 bytes); expected an image file")
     try:
         with quiet_opencv():
             image = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
@@ -85,13 +92,13 @@ def _decode_file(path: Path) -> np.ndarray:
         reason = ""
     if image is None:
         raise FileFormatError(
-            f"image file {str(path)!r} ({data.size} bytes) could not be decoded{reason}: it is corrupt, "
+            f"{name} ({data.size} bytes) could not be decoded{reason}: it is corrupt, "
             "truncated or not an image format OpenCV reads; expected e.g. a PNG or JPEG file"
         )
     return image
 
 
-def _scale_of(image: np.ndarray, name: str) -> float:
+def scale_of(image: np.ndarray, name: str) -> float:
     """The value that maps to 1.0: 255 for 8-bit, 65535 for 16-bit, 1 for float data."""
     if image.dtype == np.uint8:
         return 255.0
@@ -113,7 +120,7 @@ def _scale_of(image: np.ndarray, name: str) -> float:
     )
 
 
-def _to_bgr_or_bgra(image: np.ndarray, name: str) -> np.ndarray:
+def to_bgr_or_bgra(image: np.ndarray, name: str) -> np.ndarray:
     """Bring an (H, W), (H, W, 1|2|3|4) image to 3 (BGR) or 4 (BGRA) channels."""
     if image.ndim == 2:
         image = image[:, :, None]
@@ -140,8 +147,8 @@ def prepare_image(image: np.ndarray, name: str = "image") -> np.ndarray:
     image = np.asarray(image)
     if image.dtype == np.bool_ or not np.issubdtype(image.dtype, np.number):
         raise InputError(f"{name}: image dtype {image.dtype} is not numeric; expected uint8, uint16 or float in [0, 1]")
-    image = _to_bgr_or_bgra(image, name)
-    scale = _scale_of(image, name)
+    image = to_bgr_or_bgra(image, name)
+    scale = scale_of(image, name)
     if image.dtype == np.float16:
         image = image.astype(np.float32)
     if image.shape[2] == 4:
@@ -178,7 +185,7 @@ def load_image(path: str | os.PathLike, view: int | None = None) -> np.ndarray:
     if not isinstance(path, (str, os.PathLike)):
         raise InputError(f"load_image: path must be a str or os.PathLike, not {type(path).__name__}")
     path = Path(path)
-    image = _decode_file(path)
+    image = decode_file(path)
     reasons = unlike_a_rendering(image) if image.ndim in (2, 3) and min(image.shape[:2]) > 0 else []
     if reasons:
         which = f"view {view} ({path})" if view is not None else str(path)
@@ -265,7 +272,7 @@ def prepare_image_u8(image: np.ndarray, name: str = "image") -> np.ndarray | Non
     image = np.asarray(image)
     if image.dtype != np.uint8:
         return None
-    image = _to_bgr_or_bgra(image, name)
+    image = to_bgr_or_bgra(image, name)
     if image.shape[2] == 4:
         transparent = cv2.compare(image[:, :, 3], 0, cv2.CMP_EQ)  # 255 where alpha == 0, else 0
         image = cv2.max(image, cv2.merge([transparent] * 4))
@@ -282,7 +289,7 @@ def load_images_u8(paths: Sequence[str | os.PathLike]) -> np.ndarray:
     decoded = []
     for item in paths:
         path = Path(item)
-        decoded.append((path, _decode_file(path)))
+        decoded.append((path, decode_file(path)))
     out = np.empty(NETWORK_SHAPE, dtype=np.uint8)
     for i, (path, image) in enumerate(decoded):
         ready = prepare_image_u8(image, name=f"image file {str(path)!r}")

@@ -7,6 +7,7 @@ checkpoint per stage, so :func:`load_weights` accepts a list of sources and merg
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import zipfile
@@ -235,6 +236,17 @@ def load_weights(source: Any, stages: Iterable[int] | int = (1, 2)) -> dict[str,
     _collect(source, wanted, raw)
     validate_weights(raw, chosen)
     return {name: np.ascontiguousarray(raw[name], dtype=np.float32) for name in sorted(raw)}
+
+
+def weights_fingerprint(weights: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 (hex) of loaded weights (:func:`load_weights`): every array's name, shape and float32
+    bytes in name order, so equal weights from an .npz or a checkpoint give the same fingerprint."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        array = np.ascontiguousarray(weights[name], dtype="<f4")
+        digest.update(f"{name}:{array.shape}\n".encode("utf-8"))
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _missing_hint(missing: list[str], chosen: tuple[int, ...]) -> str:

@@ -15,6 +15,7 @@ FOCAL = 248.0          # pixels, at the 224x224 network input
 CENTER = 112.0         # principal point
 MAX_PIXEL = 223.0      # projections are clamped to [0, MAX_PIXEL]
 IMAGE_SIZE = 224
+OBJECT_RADIUS = 0.24   # the objects' size in the network's world (xmesh.synthetic.shapes says why)
 
 
 def camera_frames(rows) -> tuple[np.ndarray, np.ndarray]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from xmesh.errors import InputError
+from xmesh.model.camera import OBJECT_RADIUS
 from xmesh.photo.enclosing_sphere import smallest_enclosing_sphere
-from xmesh.synthetic.shapes import DEFAULT_RADIUS
 
-TARGET_RADIUS = DEFAULT_RADIUS
+TARGET_RADIUS = OBJECT_RADIUS
 STRAY_DISTANCE = 4.0           # points beyond this many median distances from the centre are strays
 SPHERE_PASSES = 3              # each pass measures the strays from the last pass's centre
 DEGENERATE_UP = 1e-3           # second-smallest eigenvalue share below which the right axes fix no up

@@ -13,6 +13,9 @@ sampled bilinearly in float64; rays that miss the photo read white.
 
 Object pixels: the photo's alpha channel (alpha 0 is background, as in the original), or a mask
 (any size-matched image; nonzero above half its range is object), which replaces the alpha.
+
+``cameras`` below is a :class:`~xmesh.photo.views.PhotoCameras` (whose ``prepare_images`` calls
+:func:`prepare_photos`).
 """
 from __future__ import annotations
 
@@ -24,9 +27,9 @@ import cv2
 import numpy as np
 
 from xmesh.errors import InputError
-from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, _decode_file, _scale_of, _to_bgr_or_bgra, prepare_image
+from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, decode_file, scale_of, to_bgr_or_bgra, prepare_image
 from xmesh.model.camera import CENTER, FOCAL
-from xmesh.photo.views import PhotoCameras, view_label
+from xmesh.photo.posed import view_label
 
 RESIZE_MATCH_PX = 1e-6     # mapping within this of the plain resize: the original loader runs
 SHRINK_ABOVE = 2.0         # photo pixels per output pixel above which the photo is shrunk first
@@ -34,7 +37,7 @@ SHRINK_ABOVE = 2.0         # photo pixels per output pixel above which the photo
 
 def _decoded(item, what: str) -> np.ndarray:
     if isinstance(item, (str, os.PathLike)):
-        return _decode_file(Path(item))
+        return decode_file(Path(item))
     if isinstance(item, np.ndarray):
         return item
     raise InputError(f"{what}: a {type(item).__name__}; expected a path or an image array")
@@ -52,7 +55,7 @@ def load_mask(item, what: str, shape: tuple | None = None) -> np.ndarray:
     if shape is not None and mask.shape != tuple(shape):
         raise InputError(f"{what}: the mask is {mask.shape[1]}x{mask.shape[0]} pixels but its photo is "
                          f"{shape[1]}x{shape[0]}; expected a mask of the photo's size")
-    binary = mask.copy() if mask.dtype == np.bool_ else mask.astype(np.float64) > 0.5 * _scale_of(mask, what)
+    binary = mask.copy() if mask.dtype == np.bool_ else mask.astype(np.float64) > 0.5 * scale_of(mask, what)
     if not binary.any():
         raise InputError(f"{what} is empty (no pixel marks the object); expected the object's pixels above half "
                          "the mask's range (white on black)")
@@ -66,7 +69,7 @@ def network_rays() -> np.ndarray:
     return np.stack([(u - CENTER) / FOCAL, (v - CENTER) / FOCAL, np.ones_like(u)], axis=-1)
 
 
-def source_coordinates(cameras: PhotoCameras, index: int, intrinsics) -> tuple[np.ndarray, np.ndarray]:
+def source_coordinates(cameras, index: int, intrinsics) -> tuple[np.ndarray, np.ndarray]:
     """Per output pixel, the photo's continuous pixel coordinates (224, 224, 2) and whether the ray
     points into the photo's camera (in front of it)."""
     view = cameras.views[index]
@@ -98,14 +101,14 @@ def bilinear_white(image: np.ndarray, uv: np.ndarray, valid: np.ndarray) -> np.n
     return np.where(inside[..., None], out, 1.0)
 
 
-def prepare_photo(cameras: PhotoCameras, index: int, image, mask=None) -> np.ndarray:
+def prepare_photo(cameras, index: int, image, mask=None) -> np.ndarray:
     """One photo (path or array, any size, 1-4 channels, 8/16-bit or float) -> (224, 224, 3) float32
     BGR in [0, 1], as the network's camera for view ``index`` would have seen it on white."""
     view = cameras.views[index]
     label = view_label(index, view)
     what = f"{label}: photo {str(image)!r}" if isinstance(image, (str, os.PathLike)) else f"{label}: photo"
-    image = _to_bgr_or_bgra(np.asarray(_decoded(image, what)), what)
-    scale = _scale_of(image, what)
+    image = to_bgr_or_bgra(np.asarray(_decoded(image, what)), what)
+    scale = scale_of(image, what)
     height, width = image.shape[:2]
     if mask is not None:
         mask_what = f"{label}: mask {str(mask)!r}" if isinstance(mask, (str, os.PathLike)) else f"{label}: mask"
@@ -142,7 +145,7 @@ def _pixel_spacing(uv: np.ndarray) -> float:
     return float(np.median(np.concatenate([du.ravel(), dv.ravel()])))
 
 
-def prepare_photos(cameras: PhotoCameras, images, masks) -> np.ndarray:
+def prepare_photos(cameras, images, masks) -> np.ndarray:
     """The three photos as the network input (3, 224, 224, 3) float32; ``masks`` a sequence of 3
     (entries may be None: that photo's alpha, if any, is used)."""
     if isinstance(images, (str, bytes, os.PathLike)) or not hasattr(images, "__len__"):

@@ -25,7 +25,8 @@ from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.images import NUM_VIEWS
 from xmesh.photo import colmap, frame
 from xmesh.photo.intrinsics import Intrinsics
-from xmesh.photo.views import PhotoCameras, PhotoView, check_count, convert, view_label
+from xmesh.photo.posed import PhotoView, view_label
+from xmesh.photo.views import PhotoCameras, check_count, convert
 
 CONVENTIONS = ("opencv", "opengl")
 ORTHONORMAL_TOLERANCE = 1e-4

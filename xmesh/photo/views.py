@@ -1,6 +1,6 @@
 """Real cameras -> the network's camera rows, and the similarity between the two worlds.
 
-:func:`convert` takes three posed photos (:class:`PhotoView`: intrinsics, world -> camera rotation
+:func:`convert` takes three posed photos (:class:`~xmesh.photo.posed.PhotoView`: intrinsics, world -> camera rotation
 in OpenCV axes, camera centre) and an object centre and radius, and returns :class:`PhotoCameras`:
 the (3, 5) rows (azimuth, elevation, 0, distance, 25), the map between the input world and the
 network's, and the per-view image preparation (:mod:`xmesh.photo.prepare`).
@@ -25,31 +25,14 @@ from xmesh.errors import InputError
 from xmesh.io.images import NUM_VIEWS
 from xmesh.model.camera import camera_frame
 from xmesh.photo import frame
-from xmesh.photo.intrinsics import Intrinsics
+from xmesh.photo.posed import view_label
+from xmesh.photo.prepare import prepare_photos
 
 FIELD_OF_VIEW = 25.0                 # the fifth column of ShapeNet's rows (unused by the network)
 TRAINED_DISTANCES = (0.62, 0.88)     # ShapeNet rendering distances the network was trained on
 DISTANCE_WARNING = (0.45, 1.3)       # beyond these the object is much larger / smaller than in training
 WEAK_UP = 0.1                        # second-smallest share of the x axes' spread below which up is weakly fixed
 MAX_ELEVATION = 89.0                 # the network's camera frame is undefined straight above the object
-
-
-@dataclass(frozen=True)
-class PhotoView:
-    """One posed photo: ``rotation`` (3, 3) world -> camera with OpenCV axes (x right, y down,
-    z forward), ``centre`` (3,) the camera centre in world coordinates."""
-
-    name: str
-    intrinsics: Intrinsics
-    rotation: np.ndarray
-    centre: np.ndarray
-
-    def to_camera(self, points) -> np.ndarray:
-        return (np.asarray(points, dtype=np.float64) - self.centre) @ self.rotation.T
-
-
-def view_label(index: int, view: PhotoView) -> str:
-    return f"view {index} ({view.name})" if view.name else f"view {index}"
 
 
 @dataclass(frozen=True)
@@ -136,8 +119,6 @@ class PhotoCameras:
     def prepare_images(self, images, masks=None) -> np.ndarray:
         """The three photos (paths or arrays) resampled into the network's views: (3, 224, 224, 3)
         float32 BGR in [0, 1]; ``masks`` (else the ones given with the cameras) mark the object."""
-        from xmesh.photo.prepare import prepare_photos
-
         return prepare_photos(self, images, self.masks if masks is None else masks)
 
     def describe(self) -> str:

@@ -1,4 +1,5 @@
-"""One labelled RGB panel: a mesh or a point set framed to fit (or seen from the camera), or an input image.
+"""One labelled RGB panel: a mesh or a point set framed to fit (or seen from the camera), or an input image;
+a mesh file's three views side by side (:func:`render_mesh_file`, ``xmesh render``).
 
 Framed panels look from a camera row's direction at the middle of what they show and zoom it to
 fill ``FILL`` of the panel (:mod:`xmesh.synthetic.framing`); their label says so, with the zoom
@@ -7,15 +8,19 @@ against the camera's own view. Points given with a mesh are framed together with
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import cv2
 import numpy as np
 
 from xmesh.errors import FileFormatError, InputError, MissingFileError
+from xmesh.io.cameras import load_cameras
 from xmesh.io.images import quiet_opencv
-from xmesh.pictures.panels import on_white, put_label
+from xmesh.mesh import read_mesh
+from xmesh.pictures.panels import hstack, on_white, put_label
 from xmesh.synthetic.framing import fit_framing
-from xmesh.synthetic.render import DEFAULT_COLOR, GT_COLOR, render_mesh, render_points, to_world
+from xmesh.synthetic.render import (DEFAULT_COLOR, GT_COLOR, SHAPENET_SIZE, load_points, render_mesh, render_points,
+                                    render_views, save_png, tile, to_world)
 
 PANEL_SIZE = 224
 
@@ -86,3 +91,32 @@ def image_panel(image, size: int = PANEL_SIZE, title: str = "") -> np.ndarray:
     interpolation = cv2.INTER_AREA if side > size else cv2.INTER_LINEAR
     panel = cv2.resize(square, (size, size), interpolation=interpolation)
     return put_label(panel, title) if title else panel
+
+
+def render_mesh_file(mesh_path, cameras_path, out_png, gt_points=None, *, size: int = SHAPENET_SIZE,
+                     views=None, frame: str = "camera0", camera_view: bool = False) -> Path:
+    """Render an OBJ/PLY mesh from each of the 3 views of ``cameras_path`` (as ``load_cameras`` picks
+    them) and write the views side by side into ``out_png``. The mesh (and ``gt_points``, an array or
+    a points file, see :func:`load_points`) are in camera 0's frame, like the network's output,
+    unless ``frame="world"``. Each view is framed to fit the mesh (and points), from the camera's
+    direction, on white and labelled with its zoom; ``camera_view=True`` draws what the cameras
+    themselves see instead (transparent background, no label: the alignment with the inputs).
+    Backs ``xmesh render MESH --cameras F --out PNG``."""
+    mesh = read_mesh(mesh_path)
+    if len(mesh.faces) == 0:
+        raise FileFormatError(f"{mesh_path}: the mesh has no faces; nothing to render")
+    points = None if gt_points is None else load_points(gt_points)
+    return render_mesh_picture(mesh, load_cameras(cameras_path, views), out_png, points, size=size, frame=frame,
+                               camera_view=camera_view)
+
+
+def render_mesh_picture(mesh, cameras, out_png, points=None, *, size: int = SHAPENET_SIZE, frame: str = "camera0",
+                        camera_view: bool = False) -> Path:
+    """:func:`render_mesh_file` for a :class:`xmesh.mesh.Mesh`, the (3, 5) camera rows and (N, 3) points."""
+    if camera_view:
+        images = render_views(mesh.vertices, mesh.faces, cameras, size=size, points=points, frame=frame,
+                              camera0_row=cameras[0])
+        return save_png(out_png, tile(images))
+    panels = [mesh_panel(mesh.vertices, mesh.faces, row, size, points=points, frame=frame, camera0_row=cameras[0],
+                         title=f"view {index + 1}")[0] for index, row in enumerate(cameras)]
+    return save_png(out_png, hstack(panels))

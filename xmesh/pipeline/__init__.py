@@ -13,5 +13,8 @@ beside the others rather than after them:
 5. ``writing``: a background thread hands predicted meshes to writer processes and appends a
    batch's CSV rows (one write, one fsync) only once its mesh files are on disk.
 
-``timing`` measures each stage, so a run reports what bounds it.
+``timing`` measures each stage, so a run reports what bounds it. ``settings``: what a run does
+(:class:`~xmesh.pipeline.settings.RunSettings`); ``executor``: the interface through which a
+front-end runs a dataset, and its implementation in this process (the other is the Dask cluster's,
+:mod:`xmesh.cluster`).
 """

@@ -10,15 +10,17 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from ..dataset import DEFAULT_VIEWS, SampleId, SamplePaths
+from ..dataset import SampleId, SamplePaths
+from ..errors import XmeshError
 from ..io.images import images_to_unit
 from ..metrics import THRESHOLDS, evaluate
 from ..metrics.batch import evaluate_batch, pad_clouds
 from .loading import BatchLoader, HostBatch
+from .settings import RunSettings
 from .staging import Stager
 
 GT_ROWS_STEP = 1024   # padded ground truth grows in steps of this many points, so buffers are reused
@@ -70,6 +72,15 @@ class BatchResult:
     extra: dict = field(default_factory=dict)
 
 
+def check_finite(result: BatchResult) -> None:
+    """Refuse a scored batch whose prediction holds NaN or infinite coordinates, naming the sample."""
+    if result.scores is not None:
+        bad = np.flatnonzero(~result.scores["finite"])
+        if bad.size:
+            raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
+                             "coordinates; check the weights (and --precision) used")
+
+
 def _gt_arrays(host: HostBatch) -> tuple[np.ndarray, np.ndarray]:
     longest = max(len(g) for g in host.gts)
     size = -(-longest // GT_ROWS_STEP) * GT_ROWS_STEP
@@ -96,20 +107,21 @@ class LoopBuffers:
 
 
 def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]], on_batch: Callable[[BatchResult], None],
-                workers: int = 1, views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True,
-                keep_vertices: bool = False, metric_backend: str = "auto", loader_pool=None,
-                loader: BatchLoader | None = None, buffers: LoopBuffers | None = None,
-                timing: Timing | None = None) -> Timing:
-    """Run every batch; see the module docstring. ``metric_backend``: 'auto' scores where the network
-    ran (one batched pass), 'scipy'/'faiss' per sample on the host, 'cupy' on the GPU. ``loader``: the
-    caller's source of decoded batches instead of a BatchLoader over ``batches`` (e.g. a cluster
-    worker's, fed shard after shard).
+                settings: RunSettings, loader_pool=None, loader: BatchLoader | None = None,
+                buffers: LoopBuffers | None = None, timing: Timing | None = None) -> Timing:
+    """Run every batch; see the module docstring. ``settings`` (:class:`~xmesh.pipeline.settings.RunSettings`):
+    the loader processes, views, scoring (``metric_backend`` 'auto' scores where the network ran, in
+    one batched pass; 'scipy'/'faiss' per sample on the host; 'cupy' on the GPU), and with a
+    ``mesh_dir`` the predicted vertices are kept for the writers. ``loader``: the caller's source of
+    decoded batches instead of a BatchLoader over ``batches`` (e.g. a cluster worker's, fed shard
+    after shard).
     ``buffers``: GPU buffers kept across calls (one call at a time may use them). ``timing``: the
     Timing to add to, which another thread may read while the loop runs. A ``loader`` may yield
     None when it has nothing ready: the loop then finishes the batch in flight before waiting."""
+    with_gt, metric_backend, keep_vertices = settings.with_gt, settings.metric_backend, settings.mesh_dir is not None
     backend = reconstructor.backend
     if loader is None:
-        loader = BatchLoader(batches, workers=workers, views=views, with_gt=with_gt, pool=loader_pool)
+        loader = BatchLoader(batches, workers=settings.loaders, views=settings.views, with_gt=with_gt, pool=loader_pool)
     device = getattr(backend, "device", None)
     timing = timing if timing is not None else Timing()
     start = time.perf_counter()

@@ -41,6 +41,12 @@ def prediction_stem(sample) -> str:
     return name[: -len(".dat")] if name.endswith(".dat") else name
 
 
+def prediction_files(folder: Path, sample, formats: Sequence[str] = tuple(FORMATS)) -> list[Path]:
+    """The mesh files of ``sample`` in ``folder``, one per format."""
+    stem = prediction_stem(sample)
+    return [Path(folder) / f"{stem}{FORMATS[f]}" for f in formats]
+
+
 def xyz_text(vertices: np.ndarray) -> str:
     """The float32 vertices as ``np.savetxt(path, vertices)`` writes them ('%.18e', spaces, one row a
     line), formatted by compiled code (:mod:`xmesh.io.exact_text`, imported where meshes are written:

@@ -57,7 +57,7 @@ def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, rec
     ``out_dir/predict/`` or, where absent, made again by ``reconstructor`` (with a progress bar on a
     terminal unless ``progress`` is False)."""
     require_matplotlib()
-    from xmesh.evaluate import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
+    from xmesh.results import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
     from xmesh.report import charts, gallery, page
 
     out_dir = Path(out_dir)

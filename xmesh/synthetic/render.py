@@ -222,38 +222,3 @@ def load_points(source) -> np.ndarray:
     from xmesh.mesh import read_xyz
 
     return read_xyz(path)
-
-
-def render_mesh_file(mesh_path, cameras_path, out_png, gt_points=None, *, size: int = SHAPENET_SIZE,
-                     views=None, frame: str = "camera0", camera_view: bool = False) -> Path:
-    """Render an OBJ/PLY mesh from each of the 3 views of ``cameras_path`` (as ``load_cameras`` picks
-    them) and write the views side by side into ``out_png``. The mesh (and ``gt_points``, an array or
-    a points file, see :func:`load_points`) are in camera 0's frame, like the network's output,
-    unless ``frame="world"``. Each view is framed to fit the mesh (and points), from the camera's
-    direction, on white and labelled with its zoom; ``camera_view=True`` draws what the cameras
-    themselves see instead (transparent background, no label: the alignment with the inputs).
-    Backs ``xmesh render MESH --cameras F --out PNG``."""
-    from xmesh.io.cameras import load_cameras
-    from xmesh.mesh import read_mesh
-
-    mesh = read_mesh(mesh_path)
-    if len(mesh.faces) == 0:
-        raise FileFormatError(f"{mesh_path}: the mesh has no faces; nothing to render")
-    points = None if gt_points is None else load_points(gt_points)
-    return render_mesh_picture(mesh, load_cameras(cameras_path, views), out_png, points, size=size, frame=frame,
-                               camera_view=camera_view)
-
-
-def render_mesh_picture(mesh, cameras, out_png, points=None, *, size: int = SHAPENET_SIZE, frame: str = "camera0",
-                        camera_view: bool = False) -> Path:
-    """:func:`render_mesh_file` for a :class:`xmesh.mesh.Mesh`, the (3, 5) camera rows and (N, 3) points."""
-    if camera_view:
-        images = render_views(mesh.vertices, mesh.faces, cameras, size=size, points=points, frame=frame,
-                              camera0_row=cameras[0])
-        return save_png(out_png, tile(images))
-    from xmesh.pictures.panels import hstack
-    from xmesh.pictures.views import mesh_panel
-
-    panels = [mesh_panel(mesh.vertices, mesh.faces, row, size, points=points, frame=frame, camera0_row=cameras[0],
-                         title=f"view {index + 1}")[0] for index, row in enumerate(cameras)]
-    return save_png(out_png, hstack(panels))

@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from xmesh.errors import InputError
+from xmesh.model.camera import OBJECT_RADIUS
 
-DEFAULT_RADIUS = 0.24
+DEFAULT_RADIUS = OBJECT_RADIUS
 SHAPE_NAMES = ("airplane", "chair", "table", "car", "torus", "superquadric")
 
 

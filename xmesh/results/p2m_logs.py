@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..metrics.scores import THRESHOLDS
-from .atomic import atomic_write
+from ..io.atomic import atomic_write
 
 F_SCORE_LOG = "f_score.log"
 CD_LOG = "cd.log"

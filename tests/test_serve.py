@@ -1,0 +1,528 @@
+"""xmesh serve: a real server on 127.0.0.1 (NumPy backend, synthetic weights) answers concurrent requests in
+one batch with exactly the offline meshes, refuses every bad request with a 4xx naming the field (and
+keeps serving), answers 503 when full, finishes its requests on SIGTERM, and serves its page."""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+pytest.importorskip("litserve")
+
+import browser  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
+import xmesh  # noqa: E402
+from xmesh.backends import get_backend  # noqa: E402
+from xmesh.io.cameras import load_cameras  # noqa: E402
+from xmesh.io.gltf import read_glb  # noqa: E402
+from xmesh.io.images import UINT8_TO_UNIT  # noqa: E402
+from xmesh.io.weights import weights_fingerprint  # noqa: E402
+from xmesh.io.weights import synthetic_weights  # noqa: E402
+from xmesh.mesh import read_obj, read_ply  # noqa: E402
+from xmesh.serve.client import ServerError, multipart_body, reconstruct_remote  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 180
+BATCH_WAIT_MS = 2000      # the test server waits this long to gather a batch (a NumPy sample takes seconds here)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tmp: Path, *options: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        command = [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--port", str(self.port),
+                   "--http-processes", "1", *options]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(command, cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"xmesh serve exited: {self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError(f"xmesh serve did not become healthy: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(90)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def info(self) -> dict:
+        with urllib.request.urlopen(self.url + "/v1/info", timeout=10) as response:
+            return json.loads(response.read())
+
+
+def post(url: str, body: bytes, content_type: str | None, path: str = "/v1/reconstruct", headers=None):
+    """(status, headers, body) of a POST, without raising on 4xx/5xx."""
+    connection = http.client.HTTPConnection(url.split("//")[1], timeout=600)
+    all_headers = {"Content-Type": content_type} if content_type else {}
+    all_headers.update(headers or {})
+    try:
+        connection.request("POST", path, body=body, headers=all_headers)
+    except (BrokenPipeError, ConnectionResetError):
+        pass   # a server that refuses a body may answer and close before all of it is sent
+    response = connection.getresponse()
+    answer = (response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    connection.close()
+    return answer
+
+
+def form(images, fields) -> tuple[bytes, str]:
+    return multipart_body([(Path(p).name, Path(p).read_bytes()) if not isinstance(p, tuple) else p for p in images],
+                          fields)
+
+
+@pytest.fixture(scope="module")
+def inputs(demo_dir):
+    paths = [demo_dir / f"plane{i}.png" for i in (1, 2, 3)]
+    rows = load_cameras(demo_dir / "cameras.txt")
+    order = [2, 0, 1]
+    return {"a": (paths, rows), "b": ([paths[i] for i in order], rows[order])}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return xmesh.Reconstructor(synthetic_weights(1))
+
+
+@pytest.fixture(scope="module")
+def offline(inputs, model):
+    """The meshes ``xmesh reconstruct`` computes for samples a and b: one sample per call."""
+    return {key: model(paths, rows) for key, (paths, rows) in inputs.items()}
+
+
+@pytest.fixture(scope="module")
+def posed(tmp_path_factory, model):
+    """RGBA photos of a synthetic capture (alpha: the object), their poses JSON (camera-to-world,
+    OpenGL axes, intrinsics), and the mesh ``xmesh reconstruct --poses`` makes of them."""
+    from photo_scene import make_scene, network_intrinsics, network_photos
+
+    from xmesh.cameras import from_poses
+
+    scene, folder = make_scene(2), tmp_path_factory.mktemp("posed")
+    paths, views = [], []
+    for i, photo in enumerate(network_photos(scene, 137)):
+        paths.append(folder / f"IMG_{i}.png")
+        cv2.imwrite(str(paths[-1]), photo)
+        rot, centre = scene.input_pose(i)
+        pose = np.eye(4)
+        pose[:3, :3], pose[:3, 3] = rot.T @ np.diag([1.0, -1.0, -1.0]), centre
+        k = network_intrinsics(137)
+        views.append({"image": paths[-1].name, "camera_to_world": pose.tolist(), "fx": k.fx, "fy": k.fy,
+                      "cx": k.cx, "cy": k.cy, "width": 137, "height": 137})
+    poses = {"convention": "opengl", "views": views, "center": scene.shift.tolist(), "radius": 0.24 * scene.sigma}
+    return paths, json.dumps(poses), model(paths, from_poses(poses, [p.name for p in paths]))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("serve"), "--max-batch", "8", "--batch-timeout-ms", str(BATCH_WAIT_MS),
+                 "--max-body-mb", "8", "--read-timeout-s", "1", "--max-queue", "64")
+    yield srv
+    srv.stop()
+
+
+def cameras_field(rows) -> dict:
+    return {"cameras": json.dumps(np.asarray(rows, dtype=np.float64).tolist())}
+
+
+def png_bytes(image) -> bytes:
+    return cv2.imencode(".png", image)[1].tobytes()
+
+
+# ------------------------------------------------------------------------------------------ batching
+
+
+def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(server, inputs, offline, posed, tmp_path):
+    (paths_a, rows_a), (paths_b, rows_b) = inputs["a"], inputs["b"]
+    np.savetxt(tmp_path / "cams_b.txt", rows_b)
+    results: dict = {}
+
+    def raw(key, paths, rows, query="", headers=None):
+        body, kind = form(paths, cameras_field(rows))
+        results[key] = post(server.url, body, kind, "/v1/reconstruct" + query, headers)
+
+    def remote():
+        results["remote"] = reconstruct_remote(server.url, paths_a, cameras=rows_a)
+
+    def cli():
+        results["cli"] = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths_b), "--cameras",
+                                         str(tmp_path / "cams_b.txt"), "--server", server.url, "--out",
+                                         str(tmp_path / "b.ply")], capture_output=True, text=True, cwd=ROOT)
+
+    bad_body, bad_kind = form(paths_a, {"cameras": "[[0, 25, 0, 0.8, NaN], [1, 2, 0, 1, 25], [1, 2, 0, 1, 25]]"})
+    jobs = [lambda: raw("obj", paths_a, rows_a),
+            lambda: raw("ply", paths_b, rows_b, headers={"Accept": "application/x-ply"}),
+            lambda: raw("preview", paths_a, rows_a, "?format=preview"),
+            remote, cli,
+            lambda: results.setdefault("poses", post(server.url, *form(posed[0], {"poses": posed[1]}), "/v1/reconstruct?format=glb")),
+            lambda: results.setdefault("bad", post(server.url, bad_body, bad_kind)),
+            lambda: raw("two", paths_a[:2], rows_a)]
+    threads = [threading.Thread(target=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join(600)
+
+    # the bad requests beside them were refused on their own
+    assert results["bad"][0] == 400 and json.loads(results["bad"][2])["field"] == "cameras"
+    assert results["two"][0] == 400 and json.loads(results["two"][2])["field"] == "images"
+    # the good ones ran batched, and each equals the offline mesh bit for bit
+    statuses = {key: results[key][0] for key in ("obj", "ply", "preview")}
+    assert statuses == {"obj": 200, "ply": 200, "preview": 200}, results
+    sizes = [int(results[key][1]["x-xmesh-batch-size"]) for key in ("obj", "ply", "preview")]
+    assert max(sizes) > 1, sizes
+    assert all(float(results[key][1]["x-xmesh-server-ms"]) > 0 for key in ("obj", "ply", "preview"))
+    assert results["obj"][1]["content-type"] == "model/obj"
+    (tmp_path / "a.obj").write_bytes(results["obj"][2])
+    (tmp_path / "b_served.ply").write_bytes(results["ply"][2])
+    expected_a, expected_b = offline["a"], offline["b"]
+    for mesh, expected in ((read_obj(tmp_path / "a.obj"), expected_a), (read_ply(tmp_path / "b_served.ply"), expected_b),
+                           (results["remote"], expected_a)):
+        np.testing.assert_array_equal(mesh.vertices, expected.vertices)
+        np.testing.assert_array_equal(mesh.faces, expected.faces)
+    assert results["obj"][2] == expected_a.encode("obj")
+    assert results["poses"][0] == 200, results["poses"][2][:300]
+    vertices, faces = read_glb(results["poses"][2])      # in the poses' world, as xmesh reconstruct --poses
+    np.testing.assert_array_equal(vertices, posed[2].vertices)
+    assert results["cli"].returncode == 0, results["cli"].stderr
+    expected_b.to_ply(tmp_path / "b_local.ply")
+    assert (tmp_path / "b.ply").read_bytes() == (tmp_path / "b_local.ply").read_bytes()
+    # the page's preview: a picture and the three files
+    preview = json.loads(results["preview"][2])
+    picture = cv2.imdecode(np.frombuffer(base64.b64decode(preview["picture"]), np.uint8), cv2.IMREAD_COLOR)
+    assert picture.shape[1] > 4 * picture.shape[0] / 2 and picture.std() > 10
+    vertices, faces = read_glb(base64.b64decode(preview["files"]["glb"]))
+    np.testing.assert_array_equal(vertices, expected_a.vertices)
+    assert base64.b64decode(preview["files"]["obj"]) == expected_a.encode("obj")
+
+
+def test_info_names_the_weights_fingerprint_and_devices(server):
+    info = server.info()
+    assert info["weights"]["synthetic"] is True
+    assert info["weights"]["sha256"] == weights_fingerprint(synthetic_weights(1))
+    assert info["devices"] == ["cpu"] and info["precision"] == "fp32" and info["max_batch"] == 8
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def png_bomb(side: int = 30000) -> bytes:
+    """A complete grey PNG of side x side zero pixels: a few MB that decode to side**2 bytes."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(1)
+    rows = bytes((side + 1) * 1000)
+    idat = b"".join([packer.compress(rows) for _ in range(side // 1000)] + [packer.flush()])
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def bad_requests(paths, rows):
+    good = [(p.name, p.read_bytes()) for p in paths]
+    cams = cameras_field(rows)
+    return {
+        "malformed multipart": (b"--zz\r\nContent-Disposition: form-data\r\n\r\ngarbage", "multipart/form-data; boundary=yy",
+                                400, "body"),
+        "no boundary": (b"garbage", "multipart/form-data", 400, "body"),
+        "json body": (b'{"images": []}', "application/json", 415, "body"),
+        "two images": (*multipart_body(good[:2], cams), 400, "images"),
+        "four images": (*multipart_body(good + good[:1], cams), 400, "images"),
+        "undecodable image": (*multipart_body([("x.png", b"\x89PNG\r\n\x1a\n" + bytes(40))] + good[1:], cams), 400,
+                              "images[0] ('x.png')"),
+        "not an image": (*multipart_body([("notes.txt", b"hello")] + good[1:], cams), 400, "images[0] ('notes.txt')"),
+        "empty image": (*multipart_body(good[:2] + [("c.png", b"")], cams), 400, "images[2] ('c.png')"),
+        "decompression bomb": (*multipart_body([("bomb.png", png_bomb())] + good[1:], cams), 413, "images[0] ('bomb.png')"),
+        "cameras not numbers": (*multipart_body(good, {"cameras": '[["a", 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]'}),
+                                400, "cameras"),
+        "cameras NaN": (*multipart_body(good, {"cameras": "[[NaN, 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}),
+                        400, "cameras"),
+        "cameras two rows": (*multipart_body(good, {"cameras": "[[0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}), 400, "cameras"),
+        "cameras not JSON": (*multipart_body(good, {"cameras": "0 25 0 0.8 25"}), 400, "cameras"),
+        "no cameras": (*multipart_body(good, {}), 400, "cameras"),
+        "cameras and poses": (*multipart_body(good, {**cams, "poses": "{}"}), 400, "cameras"),
+        "poses without views": (*multipart_body(good, {"poses": '{"convention": "opencv"}'}), 400, "poses"),
+        "unknown field": (*multipart_body(good, {**cams, "camera": "x"}), 400, "camera"),
+        "body over the limit": (*multipart_body(good + [("big.png", bytes(9 * 2**20))], cams), 413, "body"),
+    }
+
+
+def test_every_bad_request_is_a_4xx_naming_its_field_and_the_server_keeps_serving(server, inputs):
+    cases = bad_requests(*inputs["a"])
+    for name, (body, kind, status, field) in cases.items():
+        got, headers, answer = post(server.url, body, kind)
+        assert got == status, (name, got, answer[:300])
+        detail = json.loads(answer)
+        assert detail["field"] == field and detail["status"] == status and detail["error"], (name, detail)
+        assert b"Traceback" not in answer
+    unknown_format = post(server.url, *form(inputs["a"][0], cameras_field(inputs["a"][1])), "/v1/reconstruct?format=stl")
+    assert unknown_format[0] == 400 and json.loads(unknown_format[2])["field"] == "format"
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
+        assert response.status == 200
+    assert server.info()["in_server"] == 0
+
+
+def test_a_body_without_length_over_the_limit_is_cut_off(server):
+    body, kind = multipart_body([("big.png", bytes(9 * 2**20))], {})
+    connection = http.client.HTTPConnection(f"127.0.0.1:{server.port}", timeout=60)
+    connection.request("POST", "/v1/reconstruct", body=iter([body[i:i + 2**20] for i in range(0, len(body), 2**20)]),
+                       headers={"Content-Type": kind}, encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["field"] == "body"
+
+
+def raw_request(port: int, declared_length: int) -> socket.socket:
+    """A connection that has sent a request's headers and the start of its body."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(f"POST /v1/reconstruct HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=zz\r\n"
+                 f"Content-Length: {declared_length}\r\n\r\n--zz\r\n".encode("ascii"))
+    return sock
+
+
+def test_a_client_that_stops_sending_gets_408_and_one_that_leaves_costs_nothing(server, inputs):
+    slow = raw_request(server.port, 100_000)
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+        data = slow.recv(65536)
+        if not data:
+            break
+        answer += data
+    slow.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["field"] == "body"
+    for _ in range(3):
+        gone = raw_request(server.port, 100_000)
+        gone.sendall(b"Content-Disposition: form-data; name=\"images\"")
+        gone.close()
+    time.sleep(0.5)
+    got = post(server.url, *form(inputs["a"][0][:2], cameras_field(inputs["a"][1])))
+    assert got[0] == 400 and json.loads(got[2])["field"] == "images"
+    assert server.info()["in_server"] == 0
+
+
+# ------------------------------------------------------------------------------------------ full, stopped
+
+
+def test_a_full_server_answers_503_and_sigterm_finishes_the_requests_in_flight(tmp_path, inputs, offline):
+    srv = Server(tmp_path, "--max-queue", "1", "--batch-timeout-ms", "0")
+    try:
+        paths, rows = inputs["a"]
+        body, kind = form(paths, cameras_field(rows))
+        first: dict = {}
+        thread = threading.Thread(target=lambda: first.setdefault("answer", post(srv.url, body, kind)))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while srv.info()["in_server"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, headers, answer = post(srv.url, body, kind)
+        assert status == 503 and headers["retry-after"] == "1" and json.loads(answer)["status"] == 503
+        srv.process.send_signal(signal.SIGTERM)
+        thread.join(300)
+        status, headers, answer = first["answer"]
+        assert status == 200, answer[:300]
+        assert answer == offline["a"].encode("obj")
+        srv.process.wait(120)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(srv.url + "/health", timeout=5)
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+
+GPU_ATOL, GPU_MAX_FRACTION = 1e-4, 0.01   # as tests/test_cupy_backend.py's end-to-end checks
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_on_a_gpu_served_meshes_are_the_local_ones_within_the_fp32_tolerance(tmp_path, inputs):
+    srv = Server(tmp_path, "--backend", "cupy", "--precision", "fp32", "--devices", "0", "--max-batch", "8",
+                 "--batch-timeout-ms", "300")
+    try:
+        answers: dict = {}
+        jobs = [(key, i) for key in ("a", "b") for i in range(3)]
+
+        def send(key, i):
+            answers[key, i] = post(srv.url, *form(inputs[key][0], cameras_field(inputs[key][1])), "/v1/reconstruct?format=glb")
+
+        threads = [threading.Thread(target=send, args=job) for job in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        srv.stop()
+    local = xmesh.Reconstructor(synthetic_weights(1), backend="cupy", precision="fp32")
+    assert max(int(answers[job][1]["x-xmesh-batch-size"]) for job in jobs) > 1
+    for key, i in jobs:
+        status, _, body = answers[key, i]
+        assert status == 200, body[:300]
+        expected = local(*inputs[key]).vertices
+        vertices, _ = read_glb(body)
+        assert float((np.abs(vertices - expected).max(axis=1) > GPU_ATOL).mean()) <= GPU_MAX_FRACTION
+
+
+# ------------------------------------------------------------------------------------------ the page
+
+
+@pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium: apt-get install chromium (see README)")
+def test_the_page_renders_in_a_browser_and_loads_nothing_from_elsewhere(server, tmp_path):
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+        html = response.read().decode("utf-8")
+    for outside in ("http://", "https://", "//", "@import", "url("):
+        assert outside not in html.replace("http://127.0.0.1", ""), outside
+    page = tmp_path / "page.html"
+    page.write_text(html, encoding="utf-8")
+    seen = browser.probe(page)
+    assert seen["title"] == "xmesh serve" and seen["text"] > 200
+    shot = cv2.imread(str(browser.screenshot(page, tmp_path / "page.png", 1000, 700)))
+    assert shot is not None and shot.std() > 5   # something drawn, not a blank window
+
+
+PAGE_DRIVER = """<script>
+window.addEventListener('load', function () {
+  var files = %s, transfer = new DataTransfer();
+  files.forEach(function (f) {
+    var bytes = Uint8Array.from(atob(f[1]), function (c) { return c.charCodeAt(0); });
+    transfer.items.add(new File([bytes], f[0], {type: 'image/png'}));
+  });
+  document.getElementById('images').files = transfer.files;
+  document.getElementById('cameras').value = %s;
+  document.getElementById('form').requestSubmit();
+});
+</script>"""
+
+
+@pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium: apt-get install chromium (see README)")
+def test_the_page_sends_three_photos_and_shows_the_picture_and_the_downloads(server, inputs, tmp_path):
+    """A script puts the demo photos and cameras into the page's form and submits it, as a person would;
+    the page's own code sends the request and shows the answer."""
+    import re
+
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+        html = response.read().decode("utf-8")
+    paths, rows = inputs["a"]
+    files = [[p.name, base64.b64encode(p.read_bytes()).decode("ascii")] for p in paths]
+    driver = PAGE_DRIVER % (json.dumps(files), json.dumps(json.dumps(np.asarray(rows, np.float64).tolist())))
+    page = tmp_path / "driven.html"   # a file page talking to the server: its origin differs, hence the flag
+    page.write_text(html.replace("<head>", f'<head><base href="{server.url}/">', 1).replace("</body>", driver + "</body>", 1),
+                    encoding="utf-8")
+    dom = browser.dom_after(page, "--disable-web-security", f"--user-data-dir={tmp_path / 'profile'}", budget_ms=120000)
+    status = re.search(r'<div id="status"[^>]*>(.*?)</div>', dom, re.S).group(1)
+    assert status.startswith("2466 vertices, 4928 faces; batch of "), status
+    assert re.findall(r'download="([^"]+)"', dom) == ["mesh.obj", "mesh.ply", "mesh.glb"]
+    picture = re.search(r'id="picture"[^>]*src="data:image/png;base64,([^"]+)"', dom)
+    picture = picture or re.search(r'src="data:image/png;base64,([^"]+)"[^>]*id="picture"', dom)
+    image = cv2.imdecode(np.frombuffer(base64.b64decode(picture.group(1)), np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None and image.shape[1] > 2 * image.shape[0] and image.std() > 10
+
+
+# ------------------------------------------------------------------------------------------ without a server
+
+
+@pytest.mark.parametrize("encoding", [".png", ".jpg", "progressive .jpg"])
+def test_the_size_of_a_photo_is_read_from_its_header(encoding):
+    from xmesh.serve.upload import image_size
+
+    rng = np.random.default_rng(1)
+    for height, width in ((1, 1), (37, 411), (300, 200)):
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        flags = [cv2.IMWRITE_JPEG_PROGRESSIVE, 1] if encoding.startswith("progressive") else []
+        data = cv2.imencode(encoding.split()[-1], image, flags)[1].tobytes()
+        assert image_size(data, "images[0]") == (width, height)
+        assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED).shape[:2] == (height, width)
+
+
+
+def test_a_failing_sample_fails_alone_and_out_of_memory_is_503():
+    from xmesh.errors import DeviceOutOfMemoryError
+    from xmesh.serve.upload import Sample
+    from xmesh.serve.worker import ReconstructAPI
+
+    class Model:
+        backend = get_backend("numpy")
+
+        def run(self, images, cameras):
+            if np.isnan(images).any():
+                raise FloatingPointError("simulated: a sample the network cannot run")
+            if (cameras[:, 0, 0] < 0).any():
+                raise DeviceOutOfMemoryError("simulated")
+            return images[:, 0, :2, 0], images[:, 0, :2, 1]
+
+    api = ReconstructAPI.__new__(ReconstructAPI)
+    api.model = Model()
+    rng = np.random.default_rng(0)
+    samples = [Sample(rng.random((3, 224, 224, 3), dtype=np.float32), np.ones((3, 5), np.float32)) for _ in range(3)]
+    samples[1].images[0, 0, 0, 0] = np.nan
+    answers = api.predict(samples)
+    assert [("error" in a) for a in answers] == [False, True, False]
+    assert answers[1]["status"] == 500 and answers[0]["batch"] == 1
+    np.testing.assert_array_equal(answers[2]["coarse"], samples[2].images[0, :2, 0])
+    samples[1].images[0, 0, 0, 0], samples[1].rows[0, 0] = 0.5, -1.0
+    assert [a.get("status") for a in api.predict(samples)] == [None, 503, None]
+    assert api.predict(samples[::2])[0]["batch"] == 2
+
+
+def test_a_batch_that_runs_out_of_memory_is_split_and_every_request_answered(model, monkeypatch):
+    from xmesh.serve.upload import Sample
+    from xmesh.serve.worker import ReconstructAPI
+
+    sizes: list = []
+
+    def run_once(images, cameras, trace):     # memory for at most 2 samples; answers carry each sample's key
+        sizes.append(len(cameras))
+        if len(cameras) > 2:
+            raise MemoryError(f"simulated: {len(cameras)} samples do not fit")
+        key = np.asarray(images, np.float32)[:, 0, 0, :1, :]
+        return key, key + cameras[:, :1, :3]
+
+    monkeypatch.setattr(model, "_run_once", run_once)
+    monkeypatch.setattr(model, "max_batch", None)
+    api = ReconstructAPI.__new__(ReconstructAPI)
+    api.model = model
+    rng = np.random.default_rng(3)
+    samples = [Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
+               for _ in range(5)]
+    answers = api.predict(samples)
+    assert sizes[0] == 5 and sum(n for n in sizes if n <= 2) == 5 and model.max_batch == 2
+    for sample, answer in zip(samples, answers):
+        assert answer["batch"] == 5
+        np.testing.assert_array_equal(answer["coarse"], UINT8_TO_UNIT[sample.images[0, 0, :1]])
+
+
+def test_reconstruct_remote_names_an_unreachable_server():
+    with pytest.raises(ServerError, match="cannot be reached"):
+        reconstruct_remote(f"http://127.0.0.1:{free_port()}", [b"x"] * 3, cameras=np.ones((3, 5)))

@@ -1,0 +1,168 @@
+"""The HTTP side of ``xmesh serve`` (FastAPI, in LitServe's server processes): ``GET /``, ``GET /v1/info``
+and ``POST /v1/reconstruct``.
+
+A reconstruction request is admitted only while fewer than ``max_queue`` are in the server (503 with
+Retry-After otherwise, counted across all server processes); its body is read with a size limit and
+a time limit per chunk (a slow or vanished client costs one connection, nothing else), parsed,
+checked and prepared (:mod:`xmesh.serve.upload`, in a thread) and only then handed to LitServe's
+queue. Every refusal is a JSON body ``{"error", "field", "status"}``.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
+
+from xmesh.mesh import Mesh
+from xmesh.serve.formats import MEDIA_TYPES, answer, choose_format
+from xmesh.serve.page import page_html
+from xmesh.serve.upload import Sample, UploadError, prepare
+
+BATCH_HEADER = "X-Xmesh-Batch-Size"
+SERVER_MS_HEADER = "X-Xmesh-Server-Ms"
+COMPUTE_MS_HEADER = "X-Xmesh-Compute-Ms"
+FIELDS = ("images", "cameras", "poses")
+MAX_PARTS = 16
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int
+    read_timeout_s: float
+    max_queue: int
+
+
+class Admission:
+    """How many reconstruction requests are in the server, shared by its processes (created before they
+    fork): ``enter`` admits one unless ``limit`` are in already."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.count = multiprocessing.Value("i", 0)
+
+    def enter(self) -> bool:
+        with self.count.get_lock():
+            if self.count.value >= self.limit:
+                return False
+            self.count.value += 1
+            return True
+
+    def leave(self) -> None:
+        with self.count.get_lock():
+            self.count.value -= 1
+
+
+def refusal(field: str | None, message: str, status: int, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field, "status": status}, status_code=status, headers=headers)
+
+
+async def _bounded_body(request: Request, limits: Limits):
+    """The body's chunks; UploadError once it passes the size limit or a chunk takes too long."""
+    received = 0
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), limits.read_timeout_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise UploadError("body", f"no data for {limits.read_timeout_s:g} s after {received} bytes; "
+                                      "send the request body without pausing", status=408) from None
+        received += len(chunk)
+        if received > limits.max_body_bytes:
+            raise UploadError("body", f"over the {limits.max_body_bytes // 2**20} MiB limit; send smaller photos "
+                                      "(the server's --max-body-mb)", status=413)
+        yield chunk
+
+
+async def read_fields(request: Request, limits: Limits) -> tuple[list[tuple[str, bytes]], str | None, str | None]:
+    """(images as (file name, bytes), cameras text, poses text) of a multipart/form-data body."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise UploadError("body", f"content type {request.headers.get('content-type')!r}; expected multipart/form-data "
+                                  "with the fields images (3 files) and cameras or poses", status=415)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise UploadError("body", f"{int(declared)} bytes, over the {limits.max_body_bytes // 2**20} MiB limit; "
+                                  "send smaller photos (the server's --max-body-mb)", status=413)
+    parser = MultiPartParser(request.headers, _bounded_body(request, limits), max_files=MAX_PARTS,
+                             max_fields=MAX_PARTS, max_part_size=1 << 20)
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise UploadError("body", f"malformed multipart/form-data ({exc.message})") from None
+    try:
+        unknown = sorted(set(form.keys()) - set(FIELDS))
+        if unknown:
+            raise UploadError(unknown[0], f"unknown field; expected {', '.join(FIELDS)}")
+        files = []
+        for item in form.getlist("images"):
+            if isinstance(item, str):
+                raise UploadError("images", "a text value; expected three files (PNG or JPEG)")
+            files.append((item.filename or "", await item.read()))
+        texts = []
+        for name in ("cameras", "poses"):
+            values = form.getlist(name)
+            if len(values) > 1:
+                raise UploadError(name, f"given {len(values)} times; expected once")
+            value = values[0] if values else None
+            if value is not None and not isinstance(value, str):
+                try:
+                    value = (await value.read()).decode("utf-8")
+                except UnicodeDecodeError:
+                    raise UploadError(name, "a file that is not UTF-8 text; expected JSON") from None
+            texts.append(value)
+        return files, texts[0], texts[1]
+    finally:
+        await form.close()
+
+
+def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces: np.ndarray, info: dict,
+               limits: Limits, admission: Admission) -> None:
+    """Register the page, /v1/info and /v1/reconstruct on ``app``; ``submit`` queues a prepared sample
+    for a worker and returns its answer."""
+    weights_line = info["weights"]["description"]
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(page_html())
+
+    @app.get("/v1/info")
+    async def about() -> JSONResponse:
+        return JSONResponse({**info, "in_server": admission.count.value})
+
+    @app.post("/v1/reconstruct")
+    async def reconstruct(request: Request) -> Response:
+        started = time.perf_counter()
+        if not admission.enter():
+            return refusal(None, f"the server holds {limits.max_queue} requests already (its --max-queue); "
+                                 f"retry after {RETRY_AFTER_S} s", 503, {"Retry-After": str(RETRY_AFTER_S)})
+        try:
+            fmt = choose_format(request.query_params.get("format"), request.headers.get("accept"))
+            files, cameras, poses = await read_fields(request, limits)
+            sample = await run_in_threadpool(prepare, files, cameras, poses)
+            result = await submit(sample)
+            if "error" in result:
+                return refusal(None, result["error"], result["status"])
+            mesh = Mesh(result["refined"], faces, result["coarse"])
+            body = await run_in_threadpool(answer, fmt, sample, mesh, weights_line)
+            headers = {BATCH_HEADER: str(result["batch"]), COMPUTE_MS_HEADER: f"{result['ms']:.3f}",
+                       SERVER_MS_HEADER: f"{(time.perf_counter() - started) * 1000.0:.3f}"}
+            return Response(body, media_type=MEDIA_TYPES[fmt], headers=headers)
+        except UploadError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        except ClientDisconnect:
+            return Response(status_code=400)   # the client is gone: nobody reads this
+        except HTTPException as exc:           # from LitServe's queue, e.g. a worker that died
+            return refusal(None, str(exc.detail), exc.status_code)
+        finally:
+            admission.leave()

@@ -1,0 +1,106 @@
+"""``xmesh serve``'s server: LitServe with one worker process per device (:mod:`xmesh.serve.worker`) and
+our routes (:mod:`xmesh.serve.routes`) in its HTTP server processes.
+
+LitServe gathers the requests of all server processes in one queue; each worker takes up to
+``max_batch`` of them, waiting at most ``batch_timeout_ms`` for more. SIGTERM to the main process
+first stops the HTTP server processes, which answer the requests they hold (uvicorn's graceful
+shutdown: no new connections, the open ones finished), then stops the workers.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import litserve as ls
+import numpy as np
+from starlette.middleware.gzip import GZipMiddleware
+
+from xmesh.serve.routes import Admission, Limits, add_routes
+from xmesh.serve.upload import Sample
+from xmesh.serve.worker import ModelSettings, ReconstructAPI
+
+API_PATH = "/v1/reconstruct"
+DRAIN_TIMEOUT_S = 60.0
+HTTP_PROCESS_PREFIX = "LitServer-"   # how LitServe names its HTTP server processes
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    devices: tuple[int, ...] | None = None     # GPU indices; None: one CPU worker
+    max_batch: int = 64
+    batch_timeout_ms: float = 2.0
+    max_body_mb: int = 64
+    max_queue: int = 2048
+    read_timeout_s: float = 30.0
+    http_processes: int = 2
+
+
+def build_server(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, info: dict) -> ls.LitServer:
+    """The LitServer with our routes in place of LitServe's own page and predict route."""
+    from litserve.server import RegularRequestHandler
+
+    api = ReconstructAPI(settings, options.max_batch, options.batch_timeout_ms / 1000.0, API_PATH)
+    if options.devices is None:
+        server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=False)
+    else:
+        server = ls.LitServer(api, accelerator="cuda", devices=list(options.devices), workers_per_device=1,
+                              timeout=False)
+    app = server.app
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/", API_PATH)]
+    # meshes go out as they are: gzip at level 9 would cost the server more than the network saves
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not GZipMiddleware]
+    handler = RegularRequestHandler(api, server)
+
+    async def submit(sample: Sample) -> dict:
+        return await handler.handle_request(sample, Sample)
+
+    limits = Limits(options.max_body_mb * 2**20, options.read_timeout_s, options.max_queue)
+    add_routes(app, submit, faces, info, limits, Admission(options.max_queue))
+    return server
+
+
+def _http_processes() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith(HTTP_PROCESS_PREFIX)]
+
+
+def _drain_then_stop(main_pid: int):
+    """The SIGTERM handler: in the main process, let the HTTP processes finish the requests they hold,
+    then stop as Ctrl+C does; in a process forked from it, SIGTERM's default action."""
+
+    def handler(signum, frame) -> None:
+        if os.getpid() != main_pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        processes = _http_processes()
+        print(f"xmesh serve: SIGTERM: finishing the requests in flight in {len(processes)} server process(es)",
+              file=sys.stderr)
+        for process in processes:
+            os.kill(process.pid, signal.SIGTERM)
+        for process in processes:
+            process.join(DRAIN_TIMEOUT_S)
+        raise KeyboardInterrupt
+
+    return handler
+
+
+def serve(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, info: dict) -> None:
+    """Run the server until SIGTERM or Ctrl+C."""
+    server = build_server(settings, options, faces, info)
+    previous = signal.signal(signal.SIGTERM, _drain_then_stop(os.getpid()))
+    logging.getLogger("litserve").setLevel(logging.WARNING)
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)   # a malformed body is answered, not logged
+    try:
+        server.run(host=options.host, port=options.port, num_api_servers=options.http_processes,
+                   generate_client_file=False, log_level="warning")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for child in multiprocessing.active_children():   # anything a stop before LitServe's own left behind
+            child.terminate()
+            child.join(5)
