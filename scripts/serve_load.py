@@ -11,7 +11,9 @@ many connections, each sending its next request when the last one is answered (H
 spread over --client-processes processes). Every request is the same three PNG-encoded demo views
 (``xmesh.benchmarking.default_inputs``) and their cameras; the answer format is --format (GLB by
 default: what a web viewer loads, and the smallest). Targets for one H100 in fp16: concurrency 1 p50 <= 8 ms;
-concurrency 256 >= 800 requests/s with p99 <= 400 ms.
+concurrency 256 >= 800 requests/s with p99 <= 400 ms. Each row also gives the medians of the server's
+X-Xmesh-Server-Ms and X-Xmesh-Compute-Ms headers and, from them, what the median request spent most of
+its time on (see ``bound``).
 """
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ async def _connection(port: int, payload: bytes, warm_until: float, stop_at: flo
         await reader.readexactly(int(headers.get("content-length", 0)))
         finished = time.perf_counter()
         if started >= warm_until and finished <= stop_at:   # the measured window holds whole requests only
-            out.append((finished - started, status, int(headers.get("x-xmesh-batch-size", 0))))
+            out.append((finished - started, status, int(headers.get("x-xmesh-batch-size", 0)),
+                        float(headers.get("x-xmesh-server-ms", "nan")), float(headers.get("x-xmesh-compute-ms", "nan"))))
         if headers.get("connection", "").lower() == "close":
             writer.close()
             writer = None
@@ -82,7 +85,8 @@ def _client(job: tuple) -> list:
     return out
 
 
-def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int, warmup: float, seconds: float) -> dict:
+def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int, warmup: float, seconds: float,
+              max_batch: int) -> dict:
     now = time.perf_counter()
     warm_until, stop_at = now + warmup, now + warmup + seconds
     used = max(1, min(processes, concurrency))
@@ -90,13 +94,33 @@ def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int,
     results = [r for part in pool.map(_client, [(port, payload, n, warm_until, stop_at) for n in shares]) for r in part]
     latencies = np.array([r[0] for r in results if r[1] == 200]) * 1000.0
     batches = np.array([r[2] for r in results if r[1] == 200])
+    server_ms = np.array([r[3] for r in results if r[1] == 200])
+    compute_ms = np.array([r[4] for r in results if r[1] == 200])
     ok = len(latencies)
+    median = (lambda a: float(np.median(a))) if ok else (lambda a: float("nan"))
     return {"concurrency": concurrency, "requests": len(results), "ok": ok, "errors": len(results) - ok,
             "per_s": ok / seconds,
             "p50_ms": float(np.percentile(latencies, 50)) if ok else float("nan"),
             "p95_ms": float(np.percentile(latencies, 95)) if ok else float("nan"),
             "p99_ms": float(np.percentile(latencies, 99)) if ok else float("nan"),
-            "mean_batch": float(batches.mean()) if ok else float("nan")}
+            "mean_batch": float(batches.mean()) if ok else float("nan"),
+            "server_p50_ms": median(server_ms), "compute_p50_ms": median(compute_ms),
+            "bound": bound(median(latencies), median(server_ms), median(compute_ms),
+                           float(batches.mean()) if ok else 0.0, max_batch)}
+
+
+def bound(latency_ms: float, server_ms: float, compute_ms: float, mean_batch: float, max_batch: int) -> str:
+    """What a run's median request spent most of its time on: the network's batch (the worker's compute,
+    X-Xmesh-Compute-Ms), the rest of the server's handling (X-Xmesh-Server-Ms less compute: parsing,
+    decoding, LitServe's queues, waiting for a batch, formatting), or outside the handler (the client-seen
+    latency less X-Xmesh-Server-Ms: the connection backlog, HTTP transfer, the client itself)."""
+    if not np.isfinite(latency_ms) or not np.isfinite(server_ms):
+        return "-"
+    parts = {"network": compute_ms, "server queue+decode": server_ms - compute_ms, "HTTP/backlog": latency_ms - server_ms}
+    name = max(parts, key=parts.get)
+    share = parts[name] / latency_ms * 100.0
+    full = " (batches near full)" if name == "network" and mean_batch >= 0.8 * max_batch else ""
+    return f"{name} {share:.0f}%{full}"
 
 
 def free_port() -> int:
@@ -139,11 +163,13 @@ def stop_server(process: subprocess.Popen) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| max batch | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean batch |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| max batch | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean batch | "
+             "server p50 ms | compute p50 ms | bound (p50) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['max_batch']} | {r['concurrency']} | {r['ok']} | {r['errors']} | {r['per_s']:.0f} | "
-                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} |")
+                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+                     f"{r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |")
     return "\n".join(lines)
 
 
@@ -176,7 +202,7 @@ def main() -> int:
                 payload = request_bytes(port, args.format)
                 for concurrency in args.concurrency:
                     row = {"max_batch": max_batch, **run_level(pool, port, payload, concurrency, args.client_processes,
-                                                                 args.warmup_seconds, args.seconds)}
+                                                                 args.warmup_seconds, args.seconds, max_batch)}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
             finally:

@@ -59,9 +59,11 @@ def test_eval_on_two_workers_writes_the_rows_and_meshes_of_the_single_process_ru
 
     with threadpool_limits(1):
         evaluate_dataset(ModelSpec.of("synthetic:1").build(), data["test_list"], data["root"], data["root"] / "gt",
-                         tmp_path / "alone", limit=2, workers=0, progress=False, save_meshes=True)
+                         tmp_path / "alone", limit=2, workers=0, progress=False, save_meshes=True,
+                         save_ground=True)
     spread = tmp_path / "spread"
-    assert cli.main(_eval_args(data, spread, "--cluster", "local:2", "--limit", "2", "--save-meshes")) == 0
+    assert cli.main(_eval_args(data, spread, "--cluster", "local:2", "--limit", "2", "--save-meshes",
+                               "--save-ground")) == 0
     assert "cluster local:2: 2 worker(s)" in capsys.readouterr().err
     assert {p.name for p in spread.iterdir()} == {"samples.csv", "summary.json", "summary.txt", "f_score.log", "cd.log",
                                                   "predict"}

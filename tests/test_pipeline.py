@@ -17,6 +17,7 @@ import pytest
 
 from conftest import requires_cuda
 from pipeline_toy import ToyReconstructor
+from xmesh.errors import InputError
 from xmesh.dataset import SampleId, sample_paths
 from xmesh.evaluate import evaluate_dataset, read_csv, reconstruct_dataset
 from xmesh.results import p2m_logs
@@ -189,7 +190,13 @@ def test_timing_has_every_stage_within_the_wall_time_and_names_a_slow_loader(dat
 def test_save_meshes_writes_the_originals_names_and_the_network_output(data, tmp_path):
     toy = ToyReconstructor()
     evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "eval", batch_size=5,
+                     workers=2, progress=False, save_meshes=True, save_ground=True)
+    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "meshes", batch_size=5,
                      workers=2, progress=False, save_meshes=True)
+    assert sorted(p.name for p in (tmp_path / "meshes" / "predict").iterdir()) == sorted(
+        [f"{i[: -len('.dat')]}_predict.{ext}" for i in data["ids"] for ext in ("xyz", "obj")])   # no ground text unasked
+    with pytest.raises(InputError, match="save_ground=True .* needs save_meshes=True"):
+        evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "x", save_ground=True)
     reconstruct_dataset(toy, data["test_list"], data["root"], tmp_path / "rec", batch_size=3, workers=1,
                         progress=False)
     predict = tmp_path / "eval" / "predict"
@@ -230,7 +237,7 @@ def test_ground_xyz_is_what_the_originals_test_script_saves(data, tmp_path):
         else:
             (gt / name).write_bytes(source.read_bytes())
     evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], gt, tmp_path / "eval", batch_size=5,
-                     workers=2, progress=False, save_meshes=True)
+                     workers=2, progress=False, save_meshes=True, save_ground=True)
     predict = tmp_path / "eval" / "predict"
     for k, name in enumerate(data["ids"]):
         points = pickle.load(open(gt / name, "rb"), encoding="latin1")[1]
@@ -287,7 +294,7 @@ def test_resume_rewrites_missing_or_empty_mesh_files_without_repeating_rows(data
     out = tmp_path / "out"
     toy = ToyReconstructor()
     evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4, workers=1,
-                     progress=False, save_meshes=True)
+                     progress=False, save_meshes=True, save_ground=True)
     rows, files = _outputs(out)
     stems = [i[: -len(".dat")] for i in data["ids"]]
     (out / "predict" / f"{stems[1]}_predict.obj").unlink()
@@ -295,7 +302,7 @@ def test_resume_rewrites_missing_or_empty_mesh_files_without_repeating_rows(data
     (out / "predict" / f"{stems[9]}_ground.xyz").unlink()
     (out / "predict" / f".{stems[2]}_predict.xyz.123.tmp").write_text("half")  # a killed writer's temporary
     summary = evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4,
-                               workers=1, progress=False, save_meshes=True)
+                               workers=1, progress=False, save_meshes=True, save_ground=True)
     assert summary["run"]["evaluated"] == 3 and summary["run"]["skipped"] == 9
     assert _outputs(out) == (rows, files)
 

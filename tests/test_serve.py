@@ -229,6 +229,30 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
     assert base64.b64decode(preview["files"]["obj"]) == expected_a.encode("obj")
 
 
+def test_a_server_of_batches_of_one_answers_each_request_as_offline(tmp_path, inputs, offline):
+    srv = Server(tmp_path, "--max-batch", "1")
+    try:
+        results: dict = {}
+
+        def send(key):
+            paths, rows = inputs[key]
+            results[key] = post(srv.url, *form(paths, cameras_field(rows)))
+
+        threads = [threading.Thread(target=send, args=(key,)) for key in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+        for key in ("a", "b"):
+            status, headers, answer = results[key]
+            assert status == 200, answer[:300]
+            assert headers["x-xmesh-batch-size"] == "1"
+            assert answer == offline[key].encode("obj")
+    finally:
+        assert srv.stop() == 0
+    assert "Traceback" not in srv.log.read_text()
+
+
 def test_info_names_the_weights_fingerprint_and_devices(server):
     info = server.info()
     assert info["weights"]["synthetic"] is True

@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
                         "up to 8 on the GPU, from the CPU count; 1 on the CPU)")
     p.add_argument("--save-meshes", action="store_true",
                    help="also write OUT/predict/{id}_predict.xyz and {id}_predict.obj for every sample")
+    p.add_argument("--save-ground", action="store_true",
+                   help="with --save-meshes, also write OUT/predict/{id}_ground.xyz (the .dat's points, as the "
+                        "original's test script writes them) so that its f_score.py and cd_distance.py read the "
+                        "folder; about 2.4 MB of text a sample")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N samples of the list")
     p.add_argument("--metric-backend", default="auto", choices=("auto", "scipy", "faiss", "cupy"),
                    help="nearest-neighbour backend of the metrics (default: auto = cupy on the GPU, else scipy)")
@@ -68,7 +72,7 @@ def _run(args, chosen, model, pool, client) -> int:
     summary = evaluate_dataset(
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
-        save_meshes=args.save_meshes, loader_pool=pool, client=client, shard_batches=args.shard_batches,
+        save_meshes=args.save_meshes, save_ground=args.save_ground, loader_pool=pool, client=client, shard_batches=args.shard_batches,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
               "template": args.template or "built-in ellipsoid", "views": list(args.views),
               "synthetic_weights": said.startswith("synthetic")},

@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
                    help="with --backend cupy: the GPUs to serve on, one worker each (default: all)")
     p.add_argument("--max-batch", type=int, default=64, help="most requests one worker runs at once (default 64)")
     p.add_argument("--batch-timeout-ms", type=float, default=2.0,
-                   help="how long a worker waits for more requests to fill a batch (default 2 ms)")
+                   help="when several requests are waiting, how long a worker waits for more to fill the batch "
+                        "(default 2 ms; a lone request runs at once)")
     p.add_argument("--max-body-mb", type=int, default=64, help="largest request body in MiB (default 64); larger: 413")
     p.add_argument("--max-queue", type=int, default=2048,
                    help="most requests in the server at once; beyond it, 503 with Retry-After (default 2048)")

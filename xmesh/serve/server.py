@@ -2,7 +2,8 @@
 our routes (:mod:`xmesh.serve.routes`) in its HTTP server processes.
 
 LitServe gathers the requests of all server processes in one queue; each worker takes up to
-``max_batch`` of them, waiting at most ``batch_timeout_ms`` for more. SIGTERM to the main process
+``max_batch`` of them (:mod:`xmesh.serve.batching`: a lone request runs at once; when several are
+waiting, the worker waits at most ``batch_timeout_ms`` for more). SIGTERM to the main process
 first stops the HTTP server processes, which answer the requests they hold (uvicorn's graceful
 shutdown: no new connections, the open ones finished), then stops the workers.
 """
@@ -13,6 +14,8 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
+from contextlib import suppress
 from dataclasses import dataclass
 
 import litserve as ls
@@ -26,6 +29,8 @@ from xmesh.serve.worker import ModelSettings, ReconstructAPI
 API_PATH = "/v1/reconstruct"
 DRAIN_TIMEOUT_S = 60.0
 HTTP_PROCESS_PREFIX = "LitServer-"   # how LitServe names its HTTP server processes
+MONITOR_THREAD = "litserve-monitoring"   # LitServe's thread that watches the workers
+MONITOR_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -41,16 +46,37 @@ class ServeOptions:
     http_processes: int = 2
 
 
+class XmeshLitServer(ls.LitServer):
+    """LitServer whose shutdown stops its worker monitor before the Manager it polls goes away (else the
+    monitor's next poll fails with ConnectionResetError and logs a traceback)."""
+
+    def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
+        # from a thread of its own: this thread's connection to the Manager may be cut in the middle of the
+        # wait() that SIGTERM or Ctrl+C interrupted
+        stopper = threading.Thread(target=self._stop_monitor, daemon=True)
+        stopper.start()
+        stopper.join(MONITOR_INTERVAL_S * 8)
+        super()._perform_graceful_shutdown(manager, uvicorn_workers, shutdown_reason)
+
+    def _stop_monitor(self) -> None:
+        with suppress(EOFError, OSError):   # a Manager already gone (Ctrl+C reaches it too) stops the monitor itself
+            self._shutdown_event.set()
+        for thread in threading.enumerate():
+            if thread.name == MONITOR_THREAD and thread is not threading.current_thread():
+                thread.join(MONITOR_INTERVAL_S * 4)
+
+
 def build_server(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, info: dict) -> ls.LitServer:
     """The LitServer with our routes in place of LitServe's own page and predict route."""
     from litserve.server import RegularRequestHandler
 
     api = ReconstructAPI(settings, options.max_batch, options.batch_timeout_ms / 1000.0, API_PATH)
     if options.devices is None:
-        server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=False)
+        server = XmeshLitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=False)
     else:
-        server = ls.LitServer(api, accelerator="cuda", devices=list(options.devices), workers_per_device=1,
+        server = XmeshLitServer(api, accelerator="cuda", devices=list(options.devices), workers_per_device=1,
                               timeout=False)
+    server.monitor_internal = MONITOR_INTERVAL_S
     app = server.app
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/", API_PATH)]
     # meshes go out as they are: gzip at level 9 would cost the server more than the network saves
@@ -90,11 +116,19 @@ def _drain_then_stop(main_pid: int):
     return handler
 
 
+class _QuietShutdown(logging.Filter):
+    """Drops LitServe's warning that an HTTP process had stopped before it stopped them: ours drained them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Already not alive" not in record.getMessage()
+
+
 def serve(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, info: dict) -> None:
     """Run the server until SIGTERM or Ctrl+C."""
     server = build_server(settings, options, faces, info)
     previous = signal.signal(signal.SIGTERM, _drain_then_stop(os.getpid()))
     logging.getLogger("litserve").setLevel(logging.WARNING)
+    logging.getLogger("litserve.server").addFilter(_QuietShutdown())
     logging.getLogger("python_multipart").setLevel(logging.ERROR)   # a malformed body is answered, not logged
     try:
         server.run(host=options.host, port=options.port, num_api_servers=options.http_processes,

@@ -20,6 +20,7 @@ import numpy as np
 
 from xmesh.errors import DeviceOutOfMemoryError
 from xmesh.io.images import images_to_unit
+from xmesh.serve.batching import PrefetchingBatchLoop
 
 log = logging.getLogger("xmesh.serve")
 
@@ -65,7 +66,8 @@ class ReconstructAPI(ls.LitAPI):
     (or {"error", "status"})."""
 
     def __init__(self, settings: ModelSettings, max_batch_size: int, batch_timeout: float, api_path: str):
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path)
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path,
+                         loop=PrefetchingBatchLoop())
         self.settings = settings
 
     def setup(self, device) -> None:

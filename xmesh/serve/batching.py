@@ -1,0 +1,84 @@
+"""How a worker of ``xmesh serve`` gathers its batches: LitServe's batched loop with the queue traffic moved
+off the worker's main thread.
+
+LitServe's own loop takes requests from its (multiprocessing Manager) queue one round trip at a time and
+stops gathering when the batch timeout has passed, so the receive time of the requests bounds the batch
+size, and the answers go back one round trip at a time while the device waits. Here one thread receives
+requests into a local queue and another sends the answers, both while the device runs a batch. A batch is
+whatever has arrived, up to ``max_batch_size``: a lone request runs at once; when more than one is waiting
+(concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+from litserve.loops.simple_loops import BatchedLoop
+
+RECEIVE_POLL_S = 1.0
+
+
+class PrefetchingBatchLoop(BatchedLoop):
+    """A ``BatchedLoop`` (every batch size, 1 included, reaches ``predict`` as a list) whose requests and
+    answers cross the process boundary in threads of their own."""
+
+    def __call__(self, lit_api, device, worker_id, request_queue, transport, *args, **kwargs):
+        self._arrived: queue.Queue = queue.Queue()
+        self._outbox: queue.Queue = queue.Queue()
+        threading.Thread(target=self._receive, args=(request_queue,), name="xmesh-receive", daemon=True).start()
+        threading.Thread(target=self._send, name="xmesh-send", daemon=True).start()
+        try:
+            super().__call__(lit_api, device, worker_id, request_queue, transport, *args, **kwargs)
+        finally:
+            self._outbox.put(None)
+
+    def _receive(self, request_queue) -> None:
+        while True:
+            try:
+                item = request_queue.get()
+            except (EOFError, OSError):     # the server's queue is gone: it is shutting down
+                item = _SENTINEL_VALUE
+            self._arrived.put(item)
+            if item == _SENTINEL_VALUE:
+                return
+
+    def _send(self) -> None:
+        while (job := self._outbox.get()) is not None:
+            try:
+                super().put_response(*job)
+            except (EOFError, OSError):     # the server's queues are gone: nobody waits for this answer
+                return
+
+    def put_response(self, transport, response_queue_id, uid, response_data, status, response_type) -> None:
+        self._outbox.put((transport, response_queue_id, uid, response_data, status, response_type))
+
+    def get_batch_requests(self, lit_api, request_queue, transport) -> tuple[list, list]:
+        try:
+            items = [self._arrived.get(timeout=RECEIVE_POLL_S)]
+        except queue.Empty:
+            return [], []
+        while len(items) < lit_api.max_batch_size:
+            try:
+                items.append(self._arrived.get_nowait())
+            except queue.Empty:
+                break
+        if 1 < len(items) < lit_api.max_batch_size and lit_api.batch_timeout > 0:
+            deadline = time.monotonic() + lit_api.batch_timeout
+            while len(items) < lit_api.max_batch_size and (left := deadline - time.monotonic()) > 0:
+                try:
+                    items.append(self._arrived.get(timeout=left))
+                except queue.Empty:
+                    break
+        if any(item == _SENTINEL_VALUE for item in items):
+            raise _StopLoopError()
+        apply_timeout = lit_api.request_timeout not in (-1, False, None)
+        payloads, timed_out = [], []
+        now = time.monotonic()
+        for response_queue_id, uid, timestamp, x_enc in items:
+            if apply_timeout and now - timestamp > lit_api.request_timeout:
+                timed_out.append((response_queue_id, uid))
+            else:
+                payloads.append((response_queue_id, uid, x_enc))
+        return payloads, timed_out
