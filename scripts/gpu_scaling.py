@@ -13,8 +13,10 @@
    first batch) with its ratio to the plain run, the speed-up and efficiency against the 1-GPU
    cluster run, and the whole command's seconds (process start to exit) with how many times sooner
    than the plain command it finished; then the start-up split (summary.json's ``startup_*``:
-   seconds from the process's start to the first batch), the shards, each worker's loader processes
-   and set-up, the per-worker stage timing, and whether every row equals the plain run's.
+   seconds from the process's start to the first batch), the seconds after the last batch (the
+   run's ``finish``: outputs written; the rest: the cluster closed, the process's exit), the
+   shards, each worker's loader processes and set-up, the per-worker stage timing, and whether
+   every row equals the plain run's.
 Full outputs go to ``$OUT`` (or /tmp/gpu_scaling).
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dask_bench import agreement, figures, rows, run  # noqa: E402
 from pipeline_bench import make_dataset  # noqa: E402
 
 STARTUP = "startup_"
+FINISH = "finish"
 
 
 def visible_gpus() -> int:
@@ -47,8 +50,20 @@ def startup_split(timing: dict) -> str:
     return f"start-up {timing['startup']:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in parts if v >= 0.005)
 
 
+def after_last_batch(timing: dict, seconds: float) -> str:
+    """The command's seconds after its last batch: the run's own ``finish`` (last rows and meshes
+    written, the summary made) and the rest (closing the cluster, the process's exit), which is the
+    command's seconds less start-up, pipeline and finish."""
+    if "startup" not in timing or FINISH not in timing:
+        return "no figures after the last batch"
+    after = seconds - timing["startup"] - timing["wall"]
+    return (f"after the last batch {after:.2f} s: outputs {timing[FINISH]:.2f}, "
+            f"close and exit {after - timing[FINISH]:.2f}")
+
+
 def stage_timing(timing: dict) -> str:
-    stages = [(k, v) for k, v in timing.items() if k != "wall" and k != "startup" and not k.startswith(STARTUP)]
+    stages = [(k, v) for k, v in timing.items()
+              if k not in ("wall", "startup", FINISH) and not k.startswith(STARTUP)]
     return ", ".join(f"{k} {v:.2f}" for k, v in sorted(stages, key=lambda kv: -kv[1]))
 
 
@@ -80,7 +95,8 @@ class Table:
                 f"{'' if speedup is None else f'{speedup:.2f}x':>7} "
                 f"{'' if speedup is None else f'{100 * speedup / gpus:.0f}%':>5} {seconds:>8.1f} {sooner:>7} "
                 f"{setup.get('shards', ''):>6}")
-        line += f"\n{'':8}{startup_split(timing)}\n{'':8}per-worker stages: {stage_timing(timing)}"
+        line += (f"\n{'':8}{startup_split(timing)}; {after_last_batch(timing, seconds)}"
+                 f"\n{'':8}per-worker stages: {stage_timing(timing)}")
         if same:
             line += f"\n{'':8}rows against plain: {same}"
         if prepared:

@@ -5,6 +5,7 @@ import json
 import math
 import pickle
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,10 +107,10 @@ def test_sample_paths_follow_the_official_layout(tmp_path):
     folder = tmp_path / "ShapeNetRendering" / "02691156" / "d004d0e86ea3d77a65a6ed5c458f6a32" / "rendering"
     for root in (tmp_path, tmp_path / "ShapeNetRendering"):  # the dataset root or ShapeNetRendering itself
         paths = sample_paths(sample, root, tmp_path / "gt")
-        assert paths.images == (folder / "00.png", folder / "06.png", folder / "07.png")
-        assert paths.cameras == folder / "rendering_metadata.txt"
-        assert paths.gt == tmp_path / "gt" / ID
-    assert sample_paths(ID, tmp_path, tmp_path, views=(1, 2, 13)).images[2].name == "13.png"
+        assert paths.images == (str(folder / "00.png"), str(folder / "06.png"), str(folder / "07.png"))
+        assert paths.cameras == str(folder / "rendering_metadata.txt")
+        assert paths.gt == str(tmp_path / "gt" / ID)
+    assert Path(sample_paths(ID, tmp_path, tmp_path, views=(1, 2, 13)).images[2]).name == "13.png"
     with pytest.raises(MissingFileError) as info:
         check_sample(sample, paths)
     assert ID in str(info.value) and "00.png" in str(info.value)

@@ -109,6 +109,34 @@ def test_a_cluster_run_counts_its_workers_set_up(data, tmp_path):
     prepared = summary["run"]["cluster"]["prepared"]
     assert len(prepared) == 2 and all(w["peers"] == 2 for w in prepared)
     assert timing[startup.PREFIX + "workers"] >= max(w["model_s"] for w in prepared)
+    assert timing[startup.FINISH] >= 0.0
+
+
+SLOW_LOGS_S = 0.4
+
+
+def test_the_seconds_after_the_last_batch_are_the_runs_finish(data, tmp_path, monkeypatch):
+    """run.timing's ``finish``: from the last batch to the summary written; the logs written slowly by
+    0.4 s show there, and start-up + pipeline + finish fit in the call's own time."""
+    import xmesh.results.store as store
+
+    write_logs = store.write_logs
+
+    def slow_logs(*args):
+        time.sleep(SLOW_LOGS_S)
+        write_logs(*args)
+
+    monkeypatch.setattr(store, "write_logs", slow_logs)
+    before = time.perf_counter()
+    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
+                               tmp_path / "out", batch_size=2, workers=0, progress=False)
+    took = time.perf_counter() - before
+    timing = summary["run"]["timing"]
+    assert timing[startup.FINISH] >= SLOW_LOGS_S
+    assert timing["startup"] + timing["wall"] + timing[startup.FINISH] <= took
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())["run"]["timing"]
+    assert written[startup.FINISH] == timing[startup.FINISH]
+    assert "from the last batch to the outputs written" in startup.format_startup(timing)
 
 
 def test_the_clock_gives_each_stretch_to_the_phase_marked_at_its_end():

@@ -13,8 +13,11 @@ too. The 3 input views are renderings (0, 6, 7) by default, as in the original e
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -69,14 +72,23 @@ class SampleId:
 
 @dataclass(frozen=True)
 class SamplePaths:
-    """The files of one sample: the 3 rendering PNGs, the camera metadata file and the ground truth."""
+    """The files of one sample as text paths: the 3 rendering PNGs, the camera metadata file and the
+    ground truth (text is quick to make for a long list and to send to a cluster's workers; paths
+    given as ``Path`` are kept as their text)."""
 
-    images: tuple[Path, Path, Path]
-    cameras: Path
-    gt: Path
+    images: tuple[str, str, str]
+    cameras: str
+    gt: str
 
-    def files(self) -> list[tuple[str, Path]]:
-        return [*((f"rendering {p.name}", p) for p in self.images), ("camera metadata", self.cameras),
+    def __post_init__(self) -> None:
+        a, b, c = self.images
+        if not (type(a) is type(b) is type(c) is type(self.cameras) is type(self.gt) is str):
+            object.__setattr__(self, "images", (os.fspath(a), os.fspath(b), os.fspath(c)))
+            object.__setattr__(self, "cameras", os.fspath(self.cameras))
+            object.__setattr__(self, "gt", os.fspath(self.gt))
+
+    def files(self) -> list[tuple[str, str]]:
+        return [*((f"rendering {os.path.basename(p)}", p) for p in self.images), ("camera metadata", self.cameras),
                 ("ground-truth", self.gt)]
 
 
@@ -125,34 +137,71 @@ def renderings_root(images_root: str | os.PathLike) -> Path:
     return root
 
 
+def _checked_views(views: Sequence[int]) -> tuple:
+    views = tuple(views)
+    if len(views) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 100
+                              for v in views):
+        raise InputError(f"views={views!r}: expected 3 rendering indices in 0..99")
+    return views
+
+
+class _Layout:
+    """Where the files of a sample are, for one images root, ground-truth root and set of views."""
+
+    def __init__(self, images_root, gt_root, views: Sequence[int]):
+        self.views = _checked_views(views)
+        self.renderings = os.path.join(renderings_root(images_root), "")   # ends in the separator
+        self.gt_root = os.path.join(gt_root, "")
+        self.image_a, self.image_b, self.image_c = (f"{int(v):02d}.png" for v in self.views)
+
+    def paths(self, sample: SampleId) -> SamplePaths:
+        folder = f"{self.renderings}{sample.synset}/{sample.item}/rendering/"
+        return SamplePaths((folder + self.image_a, folder + self.image_b, folder + self.image_c),
+                           folder + SHAPENET_METADATA_NAME, f"{self.gt_root}{sample.name}")
+
+
 def sample_paths(sample: SampleId | str, images_root: str | os.PathLike, gt_root: str | os.PathLike,
                  views: Sequence[int] = DEFAULT_VIEWS) -> SamplePaths:
     """Where the files of ``sample`` are (nothing is checked; see :func:`check_sample`)."""
     if not isinstance(sample, SampleId):
         sample = SampleId.parse(sample)
-    views = tuple(views)
-    if len(views) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 100
-                              for v in views):
-        raise InputError(f"views={views!r}: expected 3 rendering indices in 0..99")
-    folder = renderings_root(images_root) / sample.synset / sample.item / "rendering"
-    images = tuple(folder / f"{int(v):02d}.png" for v in views)
-    return SamplePaths(images=images, cameras=folder / SHAPENET_METADATA_NAME, gt=Path(gt_root) / sample.name)
+    return _Layout(images_root, gt_root, views).paths(sample)
+
+
+# stat() errors that mean "not there" (as pathlib's is_file and exists read them); others are raised
+_ABSENT = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
+def missing_file(sample: SampleId | str, paths: SamplePaths, with_gt: bool = True) -> MissingFileError | None:
+    """The MissingFileError naming the sample and the path of its first absent file (the ground truth
+    looked for only ``with_gt``), or None when every file is there."""
+    files = (*paths.images, paths.cameras, paths.gt) if with_gt else (*paths.images, paths.cameras)
+    for index, path in enumerate(files):
+        try:
+            if stat.S_ISREG(os.stat(path).st_mode):
+                continue
+            state = "is not a file"
+        except OSError as exc:
+            if exc.errno not in _ABSENT:
+                raise
+            state = "does not exist"
+        what = paths.files()[index][0]
+        return MissingFileError(f"sample {sample}: {what} file {path!r} {state}")
+    return None
 
 
 def check_sample(sample: SampleId | str, paths: SamplePaths) -> None:
     """MissingFileError naming the sample and the path when any of its files is absent."""
-    for what, path in paths.files():
-        if not path.is_file():
-            state = "is not a file" if path.exists() else "does not exist"
-            raise MissingFileError(f"sample {sample}: {what} file {str(path)!r} {state}")
+    problem = missing_file(sample, paths)
+    if problem is not None:
+        raise problem
 
 
 def check_inputs(sample: SampleId | str, paths: SamplePaths) -> None:
     """As :func:`check_sample` for the network's inputs only (renderings and camera metadata)."""
-    for what, path in paths.files()[:-1]:
-        if not path.is_file():
-            state = "is not a file" if path.exists() else "does not exist"
-            raise MissingFileError(f"sample {sample}: {what} file {str(path)!r} {state}")
+    problem = missing_file(sample, paths, with_gt=False)
+    if problem is not None:
+        raise problem
 
 
 def load_ground_truth_array(path: str | os.PathLike) -> np.ndarray:
@@ -199,18 +248,27 @@ def list_samples(list_file: str | os.PathLike, images_root: str | os.PathLike, g
     samples = read_list(list_file)
     if limit is not None:
         samples = samples[: int(limit)]
-    images_root, gt_root = os.path.abspath(images_root), os.path.abspath(gt_root)
-    check = check_sample if with_gt else check_inputs
-    listed = []
-    for sample in samples:
-        paths = sample_paths(sample, images_root, gt_root, views)
-        try:
-            check(sample, paths)
-            problem = None
-        except MissingFileError as exc:
-            problem = exc
-        listed.append((sample, paths, problem))
-    return listed
+    layout = _Layout(os.path.abspath(images_root), os.path.abspath(gt_root), views)
+    listed = [(sample, layout.paths(sample)) for sample in samples]
+    problems = _look_for_files(listed, with_gt)
+    return [(sample, paths, problem) for (sample, paths), problem in zip(listed, problems)]
+
+
+LISTING_CHUNK = 1024   # samples per task of the listing's threads
+LISTING_THREADS = 4    # beside a model build in the same process, 4 threads halve the listing; more add nothing
+
+
+def _look_for_files(listed: list, with_gt: bool) -> list:
+    """:func:`missing_file` of every (sample, paths), in order; long lists in a few threads, whose
+    stat() calls (most of the time on a warm cache, all of it on a network file system) overlap."""
+    def look(chunk):
+        return [missing_file(sample, paths, with_gt) for sample, paths in chunk]
+
+    chunks = [listed[i:i + LISTING_CHUNK] for i in range(0, len(listed), LISTING_CHUNK)]
+    if len(chunks) == 1:
+        return look(listed)
+    with ThreadPoolExecutor(min(len(chunks), LISTING_THREADS), thread_name_prefix="xmesh-listing") as pool:
+        return [problem for found in pool.map(look, chunks) for problem in found]
 
 
 def listing_args(list_file, images_root, gt_root, views: Sequence[int] = DEFAULT_VIEWS, limit: int | None = None,

@@ -179,7 +179,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
         with store:
             run_info.update(_run(executor, todo, run_settings, store.append, progress, "xmesh eval", clock))
-    return store.finish(run_info, meta)
+    return store.finish(run_info, meta, clock)
 
 
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
@@ -210,6 +210,8 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
         info.update(_run(executor, todo, run_settings, lambda text: None, progress, "xmesh reconstruct", clock))
+        if "timing" in info:
+            info["timing"].update(clock.after_last_batch(info["seconds"]))
     return info
 
 

@@ -91,7 +91,7 @@ def _run(args, chosen, model, pool, client) -> int:
     if "timing" in info:
         print(f"xmesh eval: {format_timing(info['timing'])}")
         if "startup" in info["timing"]:
-            print(f"xmesh eval: {format_startup(info['timing'])} to the first batch")
+            print(f"xmesh eval: {format_startup(info['timing'])}")
     if args.report:
         from ..report import write_report
         # on a cluster the gallery's predictions come from predict/, or a model built here for them

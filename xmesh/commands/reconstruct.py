@@ -165,5 +165,5 @@ def _run(args, chosen, model, pool, client) -> int:
     if "timing" in info:
         print(f"xmesh reconstruct: {format_timing(info['timing'])}", file=sys.stderr)
         if "startup" in info["timing"]:
-            print(f"xmesh reconstruct: {format_startup(info['timing'])} to the first batch", file=sys.stderr)
+            print(f"xmesh reconstruct: {format_startup(info['timing'])}", file=sys.stderr)
     return 0

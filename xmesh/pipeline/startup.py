@@ -11,7 +11,8 @@ Phases: ``import`` (process start to ``xmesh.cli.main``), ``cluster`` (a local c
 ``model`` (weights read, the model built), ``kernels`` (its kernels loaded: built or read from
 the caches), ``workers`` (a cluster's workers building their models and pools) and ``other``
 (argument parsing, pools, what is left). :func:`begin` starts the command's clock; a library call
-gets one that starts when it is made (:func:`adopt`).
+gets one that starts when it is made (:func:`adopt`). The same clock gives the seconds after the
+last batch (``finish``: the last meshes and rows written, the summary made).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 
 PHASES = ("import", "cluster", "listing", "model", "kernels", "workers", "other")
 PREFIX = "startup_"   # run.timing's keys: "startup" (the total) and "startup_<phase>"
+FINISH = "finish"     # run.timing's seconds from the last batch to the outputs written
 
 _IMPORTED = time.perf_counter()
 _lock = threading.Lock()
@@ -69,6 +71,13 @@ class StartupClock:
             self.total = self.last - self.origin
         return {"startup": self.total, **{PREFIX + k: v for k, v in self.seconds.items()}}
 
+    def after_last_batch(self, wall: float) -> dict:
+        """run.timing's ``finish``: the seconds from the last batch (the first one's moment plus the
+        pipeline's ``wall``) to now; nothing when no batch ran."""
+        if self.total is None:
+            return {}
+        return {FINISH: max(0.0, time.perf_counter() - (self.last + float(wall)))}
+
 
 def begin() -> StartupClock:
     """Start the command's clock, from the process's start (from now on a later call in the same
@@ -108,11 +117,16 @@ def adopt() -> StartupClock:
 
 
 def format_startup(timing: dict) -> str:
-    """'start-up 1.23 s: model 0.61, import 0.40, ...' (phases over 5 ms, largest first); '' without."""
+    """'start-up 1.23 s: model 0.61, import 0.40, ... to the first batch' (phases over 5 ms, largest
+    first), then '; 0.12 s from the last batch to the outputs written'; '' without."""
     if "startup" not in timing:
         return ""
     phases = sorted(((k[len(PREFIX):], v) for k, v in timing.items() if k.startswith(PREFIX)), key=lambda kv: -kv[1])
-    return f"start-up {timing['startup']:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in phases if v >= 0.005)
+    text = (f"start-up {timing['startup']:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in phases if v >= 0.005)
+            + " to the first batch")
+    if FINISH in timing:
+        text += f"; {timing[FINISH]:.2f} s from the last batch to the outputs written"
+    return text
 
 
 class _Prefetch(threading.Thread):

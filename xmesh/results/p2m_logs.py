@@ -29,13 +29,18 @@ ORIGINAL_NAMES = {
 
 
 def _totals(rows: list[dict]) -> dict[str, list]:
-    """{synset: [count, sum of Chamfer, sum of F-score vectors]} in the original's category order."""
-    totals = {cat: [0, 0.0, np.zeros(len(THRESHOLDS))] for cat in ORIGINAL_NAMES}
+    """{synset: [count, sum of Chamfer, sum of F-score vectors]} in the original's category order; the
+    sums run row after row in float64, as the original's do."""
+    totals = {cat: [0, 0.0, [0.0] * len(THRESHOLDS)] for cat in ORIGINAL_NAMES}
     for row in rows:
-        entry = totals.setdefault(str(row["category"]), [0, 0.0, np.zeros(len(THRESHOLDS))])
+        entry = totals.get(row["category"]) or totals.setdefault(str(row["category"]), [0, 0.0, [0.0] * len(THRESHOLDS)])
         entry[0] += 1
         entry[1] += float(row["chamfer"])
-        entry[2] = entry[2] + np.array([row["fscore"][t] for t in THRESHOLDS], dtype=np.float64)
+        sums, scores = entry[2], row["fscore"]
+        for k, tau in enumerate(THRESHOLDS):
+            sums[k] += float(scores[tau])
+    for entry in totals.values():
+        entry[2] = np.array(entry[2], dtype=np.float64)
     return totals
 
 

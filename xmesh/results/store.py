@@ -48,8 +48,10 @@ class ResultsStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def finish(self, run_info: dict, meta: dict | None = None) -> dict:
-        """The summary of every row in samples.csv with ``run`` (and ``meta``), written with the logs."""
+    def finish(self, run_info: dict, meta: dict | None = None, clock=None) -> dict:
+        """The summary of every row in samples.csv with ``run`` (and ``meta``), written with the logs.
+        ``clock``: the run's :class:`~xmesh.pipeline.startup.StartupClock`; ``run.timing`` then gains
+        ``finish``, the seconds from the last batch to the summary written."""
         rows = read_csv(self.csv_path) if self.csv_path.exists() else []
         if not rows:
             raise InputError(f"{self.csv_path}: no evaluated samples to summarise")
@@ -57,6 +59,8 @@ class ResultsStore:
         summary["run"] = run_info
         if meta:
             summary["meta"] = dict(meta)
-        write_summary(self.out_dir, summary)
         write_logs(self.out_dir, rows)
+        if clock is not None and "timing" in run_info:
+            run_info["timing"].update(clock.after_last_batch(run_info["seconds"]))
+        write_summary(self.out_dir, summary)
         return summary
