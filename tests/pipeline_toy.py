@@ -54,10 +54,10 @@ def main(argv: list[str]) -> None:
 
         with open_client(argv[3]) as client:
             evaluate_dataset(ToySpec(delay=0.25), list_file, root, f"{root}/gt", out, batch_size=2, workers=1,
-                             progress=False, save_meshes=True, client=client, shard_batches=1)
+                             progress=False, save_meshes=True, save_ground=True, client=client, shard_batches=1)
         return
     evaluate_dataset(ToyReconstructor(delay=0.25), list_file, root, f"{root}/gt", out, batch_size=2, workers=2,
-                     progress=False, save_meshes=True)
+                     progress=False, save_meshes=True, save_ground=True)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def _toy_client_run(data, out: Path) -> subprocess.Popen:
 @pytest.mark.slow
 def test_a_client_killed_with_its_cluster_resumes_to_the_uninterrupted_result(data, tmp_path):
     evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt", tmp_path / "alone",
-                     batch_size=2, workers=0, progress=False, save_meshes=True)
+                     batch_size=2, workers=0, progress=False, save_meshes=True, save_ground=True)
     out = tmp_path / "spread"
     csv_path = out / "samples.csv"
     proc = _toy_client_run(data, out)
