@@ -39,6 +39,7 @@ def nothing_computed(monkeypatch):
     monkeypatch.setattr("xmesh.io.checkpoint.convert", forbidden("convert"))
     monkeypatch.setattr("xmesh.synthetic.dataset.demo_inputs", forbidden("demo_inputs"))
     monkeypatch.setattr("xmesh.pipeline.loading.start_pool", forbidden("start_pool"))
+    monkeypatch.setattr("xmesh.ground_truth.write_object_ground_truth", forbidden("write_object_ground_truth"))
     yield called
     assert not called
 
@@ -88,10 +89,13 @@ def _commands(place: str, dataset, demo_dir, golden_dir):
                    "--out", place + ".png"],
         "demo": ["demo", "--out", place],
         "convert": ["convert", str(golden_dir / "tf_ckpt" / "meshnet_subset.ckpt-5"), place + ".npz"],
+        "ground-truth": ["ground-truth", str(demo_dir / "predict.obj"), "--synset", "02691156", "--images", root,
+                         "--out", place],
     }
 
 
-COMMANDS = ("eval", "reconstruct --list", "reconstruct", "reconstruct --coarse-out", "render", "demo", "convert")
+COMMANDS = ("eval", "reconstruct --list", "reconstruct", "reconstruct --coarse-out", "render", "demo", "convert",
+            "ground-truth")
 
 
 # with --coarse-out on a read-only file system, --out is refused first (as another test's case shows)

@@ -30,11 +30,13 @@ def run(args) -> int:
 
     from ..errors import InputError
     from ..ground_truth import write_object_ground_truth
+    from ..io.writable import check_writable_folder
     from .common import output_errors
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {args.out}: is a file; expected a folder (made if missing)")
+    check_writable_folder(out)
     with output_errors(f"--out {args.out}: making the folder"):
         out.mkdir(parents=True, exist_ok=True)
     for mesh in args.meshes:
