@@ -142,9 +142,10 @@ def run_list(args) -> int:
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     check_writable_folder(args.out)
     chosen = RunSettings.choose(args.backend == "cupy", args.batch_size, args.workers, save_meshes=True)
-    from ..dataset import listing_args
+    from ..dataset import DEFAULT_VIEWS, listing_args
 
-    listing = listing_args(args.list, args.images_root, args.out, args.views or (0, 6, 7), args.limit, False)
+    args.views = args.views or DEFAULT_VIEWS   # one value for the listing started ahead and the run that takes it
+    listing = listing_args(args.list, args.images_root, args.out, args.views, args.limit, False)
     return run_dataset_command(args, chosen, ("images_root", "out"),
                                lambda a, model, pool, client: _run(a, chosen, model, pool, client), listing)
 
@@ -158,7 +159,7 @@ def _run(args, chosen, model, pool, client) -> int:
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,
-                               views=args.views or (0, 6, 7), loader_pool=pool, client=client,
+                               views=args.views, loader_pool=pool, client=client,
                                shard_batches=args.shard_batches)
     print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
