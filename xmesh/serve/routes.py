@@ -66,6 +66,11 @@ def refusal(field: str | None, message: str, status: int, headers: dict | None =
     return JSONResponse({"error": message, "field": field, "status": status}, status_code=status, headers=headers)
 
 
+def _too_large(size: str, limits: Limits) -> UploadError:
+    return UploadError("body", f"{size}over the {limits.max_body_bytes // 2**20} MiB limit; send smaller photos "
+                               "(the server's --max-body-mb)", status=413)
+
+
 async def _bounded_body(request: Request, limits: Limits):
     """The body's chunks; UploadError once it passes the size limit or a chunk takes too long."""
     received = 0
@@ -80,8 +85,7 @@ async def _bounded_body(request: Request, limits: Limits):
                                       "send the request body without pausing", status=408) from None
         received += len(chunk)
         if received > limits.max_body_bytes:
-            raise UploadError("body", f"over the {limits.max_body_bytes // 2**20} MiB limit; send smaller photos "
-                                      "(the server's --max-body-mb)", status=413)
+            raise _too_large("", limits)
         yield chunk
 
 
@@ -92,8 +96,7 @@ async def read_fields(request: Request, limits: Limits) -> tuple[list[tuple[str,
                                   "with the fields images (3 files) and cameras or poses", status=415)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise UploadError("body", f"{int(declared)} bytes, over the {limits.max_body_bytes // 2**20} MiB limit; "
-                                  "send smaller photos (the server's --max-body-mb)", status=413)
+        raise _too_large(f"{int(declared)} bytes, ", limits)
     parser = MultiPartParser(request.headers, _bounded_body(request, limits), max_files=MAX_PARTS,
                              max_fields=MAX_PARTS, max_part_size=1 << 20)
     try:
