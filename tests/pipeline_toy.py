@@ -43,6 +43,26 @@ class ToySpec:
         return ToyReconstructor(self.delay)
 
 
+@dataclass(frozen=True)
+class GatedSpec:
+    """The toy, built at once by the first worker to build it and by every other one only once the
+    file ``folder/gate`` exists (each build claims ``folder/claim``; the first to make it goes on)."""
+
+    folder: str
+    backend: str = "numpy"
+
+    def build(self) -> ToyReconstructor:
+        import os
+
+        try:
+            os.close(os.open(os.path.join(self.folder, "claim"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(self.folder, "gate")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return ToyReconstructor()
+
+
 def main(argv: list[str]) -> None:
     """``python pipeline_toy.py LIST ROOT OUT [CLUSTER]``: evaluate with the toy network, saving meshes;
     with CLUSTER (e.g. local:2) on that Dask cluster, one batch per shard."""

@@ -228,7 +228,7 @@ def _eval_args(data, out, *extra):
 
 @pytest.mark.parametrize("cluster, backend, missing, extra", [
     ("local:2", "numpy", "distributed", "dask"),
-    ("local-cuda", "cupy", "dask_cuda", "dask-cuda"),
+    ("local-cuda", "cupy", "distributed", "dask"),
 ])
 def test_cluster_without_dask_fails_at_once_naming_the_extra(data, tmp_path, monkeypatch, capsys, cluster, backend,
                                                              missing, extra):
@@ -255,7 +255,6 @@ def test_local_cuda_with_the_numpy_backend_is_refused(data, tmp_path, capsys):
 
 @requires_cuda
 def test_local_cuda_rows_equal_the_single_process_run(data, tmp_path):
-    pytest.importorskip("dask_cuda")
     listed = tmp_path / "four.txt"
     listed.write_text("".join(f"{i}\n" for i in data["ids"][:4]))
     spec = ModelSpec.of("synthetic:1", backend="cupy")

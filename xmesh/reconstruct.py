@@ -3,6 +3,7 @@ and :class:`ModelSpec`, the picklable recipe from which another process builds t
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -112,12 +113,16 @@ class Reconstructor:
 
     def __init__(self, weights: Any, template: Any = None, backend: Any = "numpy", precision: str = "fp32",
                  view_quirk: bool = True, graphs: bool = True):
+        # the template and the weights are read (or made) in a thread while the backend starts (on the
+        # GPU: CuPy's import and the CUDA context)
+        host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xmesh-model-host")
+        inputs = host.submit(lambda: (_template(template), load_weights(resolve_weights(weights))))
+        host.shutdown(wait=False)
         self.backend = get_backend(backend, precision=precision) if isinstance(backend, str) else get_backend(backend)
         # how to build this model again in another process (a cluster worker: xmesh.cluster)
         self.spec = ModelSpec.of(weights, template, self.backend.name, getattr(self.backend, "precision", precision),
                                  view_quirk, graphs)
-        self.template = _template(template)
-        arrays = load_weights(resolve_weights(weights))
+        self.template, arrays = inputs.result()
         self.stage1 = prepare_stage1(self.backend, arrays, self.template)
         self.stage2 = prepare_stage2(self.backend, arrays, self.template)
         self.view_quirk = bool(view_quirk)

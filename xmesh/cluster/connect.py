@@ -3,14 +3,15 @@
 SPEC is one of
 
 - ``local:N``: N worker processes on this machine, one thread each (the NumPy backend);
-- ``local-cuda``: one worker per visible GPU through dask-cuda's ``LocalCUDACluster`` (which sets
-  each worker's ``CUDA_VISIBLE_DEVICES`` and CPU affinity), two threads each so that a worker
-  decodes its next shard while the current one computes; its worker processes are not daemons, so
-  the loader and mesh writers run in processes there as in the single-process run;
+- ``local-cuda``: one worker per visible GPU (each worker's ``CUDA_VISIBLE_DEVICES`` names its GPU
+  first, its CPU affinity is that GPU's CPUs where known), two threads each so that a worker
+  decodes its next shard while the current one computes;
 - ``tcp://HOST:PORT`` (or ``tls://``): a running scheduler, e.g. one started by dask-jobqueue on
   SLURM or by the Dask Kubernetes operator;
 - a ``.json`` file: a scheduler file (``dask scheduler --scheduler-file``).
 
+The two local forms are started here (:mod:`.local`) with worker processes that are not daemons,
+so the loader and mesh writers run in processes there as in the single-process run.
 Dask is an optional extra: without it :func:`open_client` fails at once, naming the extra.
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import logging
 import re
 from pathlib import Path
 
@@ -55,64 +55,73 @@ def require(module: str, extra: str, what: str):
                                       f'install it with: pip install "xmesh-p2mpp[{extra}]"') from None
 
 
-def _has_dashboard() -> bool:
-    return importlib.util.find_spec("bokeh") is not None   # the dashboard's pages need bokeh
+@contextlib.contextmanager
+def open_client(spec: str, option: str = "--cluster", model=None):
+    """A ``distributed.Client`` for ``spec``; a local cluster started here is closed on exit.
+    ``model``: the :class:`~xmesh.reconstruct.ModelSpec` of the run, whose plugin the workers get as
+    they join, so that each starts building its model at once (the run registers the same plugin
+    again, which then changes nothing)."""
+    kind, value = parse_cluster_spec(spec, option)
+    require("distributed", "dask", f"{option} {spec}")
+    plugins = ()
+    if model is not None:
+        from .worker import model_plugin
+
+        plugins = (model_plugin(model),)
+    if kind in ("local", "local-cuda"):
+        with _local_cluster(kind, value, plugins, option, spec) as client:
+            yield client
+        return
+    import distributed
+
+    try:
+        if kind == "file":
+            if not Path(value).is_file():
+                raise InputError(f"{option} {spec}: no such scheduler file; expected the JSON file that "
+                                 "`dask scheduler --scheduler-file` writes")
+            client = distributed.Client(scheduler_file=value, timeout=CONNECT_TIMEOUT)
+        else:
+            client = distributed.Client(value, timeout=CONNECT_TIMEOUT)
+    except (OSError, TimeoutError) as exc:
+        raise InputError(f"{option} {spec}: no scheduler answered within {CONNECT_TIMEOUT} ({exc}); "
+                         "start one (dask scheduler, dask-jobqueue, the Dask Kubernetes operator) "
+                         "and give its address") from None
+    try:
+        for plugin in plugins:
+            client.register_plugin(plugin)
+        yield client
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager
-def open_client(spec: str, option: str = "--cluster"):
-    """A ``distributed.Client`` for ``spec``; a local cluster started here is closed on exit."""
-    kind, value = parse_cluster_spec(spec, option)
-    distributed = require("distributed", "dask", f"{option} {spec}")
-    cluster = None
-    restore = None
-    try:
-        if kind == "local":
-            cluster = distributed.LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
-                                               dashboard_address=":0", silence_logs=logging.ERROR)
-        elif kind == "local-cuda":
-            dask_cuda = require("dask_cuda", "dask-cuda", f"{option} {spec}")
-            import dask
+def _local_cluster(kind: str, count, plugins, option: str, spec: str):
+    """A client of a cluster started here (:mod:`.local`), its worker processes not daemons while
+    it runs (they start loader and writer processes)."""
+    import dask
 
-            restore = dask.config.get("distributed.worker.daemon", True)
-            dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
-            try:
-                cluster = dask_cuda.LocalCUDACluster(threads_per_worker=2, dashboard_address=":0",
-                                                     silence_logs=logging.ERROR)
-            except Exception as exc:
-                raise BackendUnavailableError(f"{option} {spec}: could not start one worker per GPU "
-                                              f"({type(exc).__name__}: {exc}); is a CUDA GPU visible?") from None
-        if cluster is not None:
-            client = distributed.Client(cluster)
-        else:
-            try:
-                if kind == "file":
-                    if not Path(value).is_file():
-                        raise InputError(f"{option} {spec}: no such scheduler file; expected the JSON file that "
-                                         "`dask scheduler --scheduler-file` writes")
-                    client = distributed.Client(scheduler_file=value, timeout=CONNECT_TIMEOUT)
-                else:
-                    client = distributed.Client(value, timeout=CONNECT_TIMEOUT)
-            except (OSError, TimeoutError) as exc:
-                raise InputError(f"{option} {spec}: no scheduler answered within {CONNECT_TIMEOUT} ({exc}); "
-                                 "start one (dask scheduler, dask-jobqueue, the Dask Kubernetes operator) "
-                                 "and give its address") from None
+    from .local import close_local, start_local, worker_specs
+
+    specs = worker_specs(kind, count)
+    restore = dask.config.get("distributed.worker.daemon", True)
+    dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
+    try:
+        try:
+            cluster, client = start_local(specs, plugins)
+        except (OSError, TimeoutError, RuntimeError) as exc:
+            raise BackendUnavailableError(f"{option} {spec}: could not start its {len(specs)} worker process(es) "
+                                          f"({type(exc).__name__}: {exc})") from None
         try:
             yield client
         finally:
-            client.close()
+            close_local(cluster, client)
     finally:
-        if cluster is not None:
-            cluster.close()
-        if restore is not None:
-            import dask
-
-            dask.config.set({"distributed.worker.daemon": restore})
+        dask.config.set({"distributed.worker.daemon": restore})
 
 
 def describe(client) -> str:
     """'N workers (T threads) at ADDRESS' and the dashboard link where there is one."""
     threads = client.nthreads()
     text = f"{len(threads)} worker(s), {sum(threads.values())} thread(s), scheduler {client.scheduler.address}"
-    link = getattr(client, "dashboard_link", None) if _has_dashboard() else None
+    link = getattr(client, "dashboard_link", None) if importlib.util.find_spec("bokeh") else None
     return text + (f", dashboard {link}" if link else "")

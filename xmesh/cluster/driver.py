@@ -1,9 +1,12 @@
 """The client's side of a run on a Dask cluster: shards out, rows in, one writer.
 
-:class:`DaskExecutor` (the cluster's :class:`~xmesh.pipeline.executor.Executor`) registers the model's plugin, has every worker build its model and start
-its pools (outside the timed part, as the single-process run builds its model before it starts the
-clock), then keeps a window of shards in flight: each shard is a few whole batches, and as shards
-finish (in any order) their rows go to ``commit`` on the client, the one writer of samples.csv.
+:class:`DaskExecutor` (the cluster's :class:`~xmesh.pipeline.executor.Executor`) registers the
+model's plugin (whose set-up starts each worker's model build, where the cluster did not already
+start it) and asks every worker to have its model, kernels and pools ready. As soon as the first
+one is (the clock's first batch, as the single-process run starts it once its model is built), it
+sends shards to the workers ready so far, one per thread, and once all are ready keeps a window of
+two per thread in flight. Each shard is a few whole batches, and as shards finish (in any order)
+their rows go to ``commit`` on the client, the one writer of samples.csv.
 A worker that dies mid-shard leaves its shard to the scheduler, which runs it again on another
 worker; its rows come back once, with that shard's result. A shard that kills
 ``distributed.scheduler.allowed-failures`` workers in a row is reported with its samples.
@@ -16,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dask.base import tokenize
 from distributed import KilledWorker, as_completed, wait
 
 from ..errors import XmeshError
@@ -24,7 +26,7 @@ from ..pipeline.loop import Timing
 from ..pipeline.settings import RunSettings
 from ..pipeline.startup import StartupClock
 from ..pipeline.writing import remove_stray_temporaries
-from .worker import ModelPlugin, prepare, run_shard
+from .worker import model_plugin, prepare, run_shard
 
 # batches per shard at most (GPU, CPU): small enough to spread and to rerun, long enough that the
 # network's pause between two shards (the last batch's results, the next one's upload) stays ~1%
@@ -92,20 +94,29 @@ class DaskExecutor:
     def _run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
              clock: StartupClock) -> dict:
         client, spec = self.client, self.spec
-        plugin = ModelPlugin(spec, tokenize(spec))
-        client.register_plugin(plugin)
+        plugin = model_plugin(spec)
+        client.register_plugin(plugin)   # nothing new where the cluster was started with it
         pending: set = set()
+        preparing: set = set()
         try:
             setup_start = time.perf_counter()
-            ready = [client.submit(prepare, plugin.name, settings, peers, workers=[address], allow_other_workers=True,
-                                   pure=False)
-                     for address, peers in _peers(client).items()]
+            peers = _peers(client)
+            for address, count in peers.items():
+                preparing.add(client.submit(prepare, plugin.name, settings, count, workers=[address],
+                                            allow_other_workers=True, pure=False, priority=1))
             try:
-                wait(ready, timeout=PREPARE_TIMEOUT_S)
+                done, _ = wait(list(preparing), timeout=PREPARE_TIMEOUT_S, return_when="FIRST_COMPLETED")
             except (TimeoutError, asyncio.TimeoutError):   # the same class from Python 3.11 on
-                raise XmeshError(f"the workers did not build their model within {PREPARE_TIMEOUT_S} s; see the workers' "
+                raise XmeshError(f"no worker built its model within {PREPARE_TIMEOUT_S} s; see the workers' "
                                  "logs (the dashboard's, or `dask worker`'s output)") from None
-            ready = client.gather(ready)   # a model that cannot be built fails here, once
+            prepared: list[dict] = []
+
+            def take_prepared(future) -> None:
+                preparing.discard(future)
+                prepared.append(future.result())   # a model that cannot be built fails here
+
+            for future in done:
+                take_prepared(future)
             setup_s = time.perf_counter() - setup_start
             clock.mark("workers")
 
@@ -113,21 +124,27 @@ class DaskExecutor:
             most = self.shard_batches or SHARD_BATCHES[spec.backend == "cupy"]
             per = shard_size(len(batches), _threads(client), most)
             shards, first = [], 0
-            for size in shard_plan(len(batches), len(ready), per):
+            for size in shard_plan(len(batches), len(peers), per):
                 shards.append(batches[first:first + size])
                 first += size
             waiting = iter(enumerate(shards))
-            running = as_completed()
+            running = as_completed(list(preparing))   # the workers still building, then the shards
             shard_of: dict = {}
 
             def top_up() -> None:
-                window = max(4, 2 * _threads(client))
+                """Two shards per worker thread in flight (at least 4) once every worker is ready;
+                before, one per thread of the workers ready, on those workers."""
+                everyone = not preparing
+                threads = client.nthreads()
+                ready = None if everyone else [w["worker"] for w in prepared]
+                window = max(4, 2 * sum(threads.values())) if everyone else sum(threads.get(w, 1) for w in ready)
                 while len(pending) < window:
                     nxt = next(waiting, None)
                     if nxt is None:
                         return
                     index, shard = nxt
-                    future = client.submit(run_shard, plugin.name, index, shard, settings, pure=False, retries=RETRIES)
+                    future = client.submit(run_shard, plugin.name, index, shard, settings, peers, pure=False,
+                                           retries=RETRIES, workers=ready, allow_other_workers=ready is not None)
                     shard_of[future.key] = shard
                     pending.add(future)
                     running.add(future)
@@ -138,6 +155,12 @@ class DaskExecutor:
             start = time.perf_counter()
             top_up()
             for future in running:
+                if future in preparing:
+                    take_prepared(future)
+                    top_up()
+                    continue
+                if future not in pending:
+                    continue
                 pending.discard(future)
                 try:
                     outcome = future.result()
@@ -152,9 +175,11 @@ class DaskExecutor:
                 for k in stages:
                     stages[k] += outcome.timing.get(k, 0.0)
                 top_up()
+                if not pending:
+                    break   # every shard is in; a worker still building has nothing left to do
             wall = time.perf_counter() - start
         finally:
-            for future in pending:
+            for future in (*pending, *preparing):
                 future.cancel()
             try:
                 client.unregister_worker_plugin(plugin.name)
@@ -164,5 +189,5 @@ class DaskExecutor:
         timing = {"wall": wall, **{k: v / share for k, v in stages.items()}, **started}
         return {"evaluated": len(todo), "seconds": wall, "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
                 "timing": timing,
-                "cluster": {"scheduler": client.scheduler.address, "workers": len(ready), "workers_used": len(workers_seen),
-                            "shards": len(shards), "batches_per_shard": per, "setup_s": setup_s, "prepared": ready}}
+                "cluster": {"scheduler": client.scheduler.address, "workers": len(peers), "workers_used": len(workers_seen),
+                            "shards": len(shards), "batches_per_shard": per, "setup_s": setup_s, "prepared": prepared}}

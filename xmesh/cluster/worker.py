@@ -45,35 +45,55 @@ class ShardOutcome:
 
 
 class WorkerModel:
-    """One worker's Reconstructor (built on first use), the pools its shards share and its batch
-    loop for each run's settings."""
+    """One worker's Reconstructor (built with its kernels in a thread from :meth:`start_build`, or
+    on first use), the pools its shards share and its batch loop for each run's settings."""
 
     def __init__(self, spec):
         self.spec = spec
         self.model = None
+        self.model_lock = threading.Lock()   # taken inside setup_lock, never around it
         self.setup_lock = threading.RLock()
+        self.build_s = {"model_s": 0.0, "kernels_s": 0.0}
         self.loader_pools: dict[int, object] = {}
         self.writers: dict[tuple, MeshWriter] = {}
         self.running: ShardFeed | None = None   # the loop of the run under way
         self.loop_buffers = LoopBuffers()   # one loop runs at a time
         self.peers = 1   # workers on this host, this one included (told by the client in ``prepare``)
+        self.closed = False   # torn down: a task still running (a late ``prepare``) starts nothing more
 
     def processes(self, settings: RunSettings) -> tuple[int, int]:
         """(loader, mesh writer) processes: the run's, or this worker's defaults for its share of the
-        host's cores (:func:`~xmesh.pipeline.loading.host_share`; dask-cuda also narrows a worker's
-        CPU affinity to its GPU's CPUs)."""
+        host's cores (:func:`~xmesh.pipeline.loading.host_share`; ``local-cuda`` also narrows a
+        worker's CPU affinity to its GPU's CPUs)."""
         if settings.loaders is not None:
             return settings.loaders, settings.writers
         return default_workers(self.spec.gpu, settings.mesh_dir is not None, host_share(self.peers))
 
     def reconstructor(self):
-        with self.setup_lock:
+        """The model with its kernels loaded (built here if no build ran or the one started failed)."""
+        with self.model_lock:
             if self.model is None:
-                self.model = self.spec.build()
+                start = time.perf_counter()
+                model = self.spec.build()
+                built = time.perf_counter()
+                model.backend.load_kernels()
+                self.build_s = {"model_s": round(built - start, 3), "kernels_s": round(time.perf_counter() - built, 3)}
+                self.model = model
             return self.model
+
+    def start_build(self) -> None:
+        """Build the model in a thread now (a failure is raised again by the next :meth:`reconstructor`)."""
+        def build():
+            try:
+                self.reconstructor()
+            except BaseException:   # the task that needs the model builds it again and reports the error
+                pass
+
+        threading.Thread(target=build, name="xmesh-model-build", daemon=True).start()
 
     def loader_pool(self, workers: int):
         with self.setup_lock:
+            self._check_open()
             if workers > 0 and workers not in self.loader_pools:
                 self.loader_pools[workers] = start_pool(workers)
             return self.loader_pools.get(workers)
@@ -93,6 +113,7 @@ class WorkerModel:
     def feed(self, settings: RunSettings) -> ShardFeed:
         """The batch loop for ``settings``, started on first use (again after a failure stopped it)."""
         with self.setup_lock:
+            self._check_open()
             feed = self.running
             if feed is None or feed.settings != settings or feed.broken is not None:
                 if feed is not None:   # another run's loop, or a stopped one: done with
@@ -105,8 +126,13 @@ class WorkerModel:
                                                 self.mesh_writer(settings), self.loop_buffers)
             return feed
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this worker's model plugin was removed (the run is over)")
+
     def close(self) -> None:
         with self.setup_lock:
+            self.closed = True
             if self.running is not None:
                 self.running.close()
                 self.running = None
@@ -138,11 +164,19 @@ class ModelPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         keep_batch_memory(one_arena=True)   # the nanny's MALLOC_TRIM_THRESHOLD_; the loop runs in a thread
         self.state = WorkerModel(self.spec)
+        self.state.start_build()   # while the other workers join and the client lists the samples
 
     def teardown(self, worker) -> None:
         if self.state is not None:
             self.state.close()
             self.state = None
+
+
+def model_plugin(spec) -> ModelPlugin:
+    """The plugin of ``spec`` (a :class:`~xmesh.reconstruct.ModelSpec`), named by its token."""
+    from dask.base import tokenize
+
+    return ModelPlugin(spec, tokenize(spec))
 
 
 def _state(plugin_name: str) -> WorkerModel:
@@ -154,28 +188,29 @@ def _state(plugin_name: str) -> WorkerModel:
 
 
 def prepare(plugin_name: str, settings: RunSettings, peers: int = 1) -> dict:
-    """Build this worker's model, load its kernels and start its pools before the first shard
-    arrives; ``peers``: the workers on this worker's host. Returns what it chose and its seconds."""
+    """Start this worker's pools and batch loop before its first shard arrives, with its model built
+    and its kernels loaded (the build started with the plugin, so mostly waited for here);
+    ``peers``: the workers on this worker's host. Returns what it chose, the seconds of this task and
+    those of the model's build and kernels."""
     start = time.perf_counter()
     state = _state(plugin_name)
     state.peers = max(1, int(peers))
     loaders, writers = state.processes(settings)
     state.loader_pool(loaders)   # its processes start while the model is built
-    model = state.reconstructor()
-    built = time.perf_counter()
-    model.backend.load_kernels()
-    loaded = time.perf_counter()
+    state.reconstructor()
     state.feed(settings)   # the mesh writers and the loop
-    return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3),
-            "model_s": round(built - start, 3), "kernels_s": round(loaded - built, 3), "loaders": loaders,
-            "writers": writers if settings.mesh_dir is not None else 0, "cores": host_share(state.peers),
-            "peers": state.peers}
+    return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3), **state.build_s,
+            "loaders": loaders, "writers": writers if settings.mesh_dir is not None else 0,
+            "cores": host_share(state.peers), "peers": state.peers}
 
 
-def run_shard(plugin_name: str, index: int, batches: list, settings: RunSettings) -> ShardOutcome:
+def run_shard(plugin_name: str, index: int, batches: list, settings: RunSettings, peers: dict | None = None) -> ShardOutcome:
     """Reconstruct (and score) ``batches``; the outcome's rows are complete and their mesh files whole
-    and synced when it returns."""
+    and synced when it returns. ``peers``: each worker's number of workers on its host, as
+    :func:`prepare` takes it (a shard may reach a worker whose ``prepare`` has not run yet)."""
     state = _state(plugin_name)
+    if peers:
+        state.peers = max(1, int(peers.get(get_worker().address, state.peers)))
     rows: list[str] = []
     done: list[str] = []
 

@@ -103,7 +103,7 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
 
         spec = spec_from_args(args)
         startup.mark("other")
-        with open_client(args.cluster) as client:
+        with open_client(args.cluster, model=spec) as client:
             startup.mark("cluster")
             print(f"xmesh {args.command}: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
             for name in path_options:

@@ -12,6 +12,7 @@ import math
 import os
 import zipfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -132,14 +133,23 @@ def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2), small_mov
     collapsed; stage 2 is the recipe's."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"seed: expected a non-negative integer, got {seed!r}")
-    out: dict[str, np.ndarray] = {}
-    for stage in _check_stages(stages):
-        for name, shape in expected_variables(stage).items():
-            value = _draw(name, shape, int(seed))
-            if small_moves and stage == 1 and "graph_conv_blk" in name:
-                value = _carry_coordinates(name, SMALL_MOVE_SCALE * value)
-            out[name] = value.astype(np.float32)
-    return out
+    def one(stage: int, name: str, shape: tuple) -> np.ndarray:
+        value = _draw(name, shape, int(seed))
+        if small_moves and stage == 1 and "graph_conv_blk" in name:
+            value = _carry_coordinates(name, SMALL_MOVE_SCALE * value)
+        return value.astype(np.float32)
+
+    variables = [(stage, name, shape) for stage in _check_stages(stages)
+                 for name, shape in expected_variables(stage).items()]
+    # each variable has its own generator, so drawing them in threads (NumPy fills arrays without
+    # the GIL) gives the same arrays; the largest first, so that the threads finish together
+    largest = sorted(variables, key=lambda v: -math.prod(v[2]))
+    with ThreadPoolExecutor(max_workers=_DRAW_THREADS, thread_name_prefix="xmesh-draw") as pool:
+        drawn = dict(zip((v[1] for v in largest), pool.map(lambda v: one(*v), largest)))
+    return {name: drawn[name] for _, name, _ in variables}
+
+
+_DRAW_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 SMALL_MOVE_SCALE = 0.02   # the demo variant's share of the recipe's draws in stage 1's graph convolutions

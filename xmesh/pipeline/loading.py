@@ -111,8 +111,10 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xmesh-pool")
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        # imported once, in the forkserver (numba's import with the mesh text formatting, which this process skips)
-        context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing", "xmesh.io.exact_text"])
+        # imported once, in the forkserver (numba's import with the mesh text formatting, which this process
+        # skips), and its quick end
+        context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing", "xmesh.io.exact_text",
+                                        "xmesh.pipeline.server_exit"])
     else:
         context = multiprocessing.get_context("spawn")
     return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=initializer, initargs=initargs)

@@ -9,9 +9,10 @@ with :func:`prefetch`) counts only where the command waits for it.
 Phases: ``import`` (process start to ``xmesh.cli.main``), ``cluster`` (a local cluster's start),
 ``listing`` (the list read, every sample's files checked, the output folder and the resume rule),
 ``model`` (weights read, the model built), ``kernels`` (its kernels loaded: built or read from
-the caches), ``workers`` (a cluster's workers building their models and pools) and ``other``
-(argument parsing, pools, what is left). :func:`begin` starts the command's clock; a library call
-gets one that starts when it is made (:func:`adopt`). The same clock gives the seconds after the
+the caches), ``workers`` (until the first of a cluster's workers has its model built and its pools
+started; the workers start building as they join, within ``cluster`` for a cluster started here)
+and ``other`` (argument parsing, pools, what is left). :func:`begin` starts the command's clock; a
+library call gets one that starts when it is made (:func:`adopt`). The same clock gives the seconds after the
 last batch (``finish``: the last meshes and rows written, the summary made).
 """
 from __future__ import annotations

@@ -1,0 +1,129 @@
+"""The clusters started on this machine: ``local:N`` and ``local-cuda``, on Dask's own ``SpecCluster``.
+
+Each worker is a ``distributed.Nanny`` (which restarts a worker process that dies): ``local:N`` gives
+N workers of one thread; ``local-cuda`` one worker per visible GPU (:mod:`.gpus`), two threads each
+so that a worker decodes its next shard while the current one computes, its
+``CUDA_VISIBLE_DEVICES`` naming its GPU first and its threads kept to that GPU's CPUs where the
+machine says which they are (:class:`CpuAffinity`). Every worker gets an equal share of the
+machine's memory as its limit. Nothing here touches CUDA: a worker's first CUDA call is its
+model's.
+
+:func:`start_local` starts the scheduler, registers the given worker plugins (e.g. the model's,
+whose set-up starts the model build) and only then the workers, so that each worker starts
+building as soon as it has joined, while the others start.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+
+from distributed import Client, Nanny, Scheduler, SpecCluster, Status, WorkerPlugin
+from distributed.system import MEMORY_LIMIT
+
+from ..errors import BackendUnavailableError
+from .gpus import gpu_cpus, visible_gpus, worker_devices
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 120   # every worker process started and joined (they import Python packages)
+LOG_LEVEL = logging.ERROR
+
+
+class CpuAffinity(WorkerPlugin):
+    """Keeps every thread of the worker process (those started later inherit it) on ``cpus``."""
+
+    name = "xmesh-cpu-affinity"
+
+    def __init__(self, cpus):
+        self.cpus = sorted(cpus)
+
+    def setup(self, worker) -> None:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(task), self.cpus)
+            except OSError:   # a thread that ended meanwhile, or CPUs taken away since the spec was made
+                pass
+
+
+class ExitAtClose(WorkerPlugin):
+    """Once the worker has closed (its plugins torn down: the model's pools and writers are shut and
+    every result was sent), its process ends without the interpreter's clean-up, which takes a
+    few tenths of a second with the model's libraries loaded and frees nothing the operating
+    system would not. A worker that closes for any other reason than being closed ends normally."""
+
+    name = "xmesh-exit-at-close"
+
+    def teardown(self, worker) -> None:
+        if worker.status in (Status.closing, Status.closing_gracefully):
+            atexit.register(_exit_now)   # run first: atexit runs the last one registered first
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _nanny(threads: int, memory_limit: int, env: dict | None = None, cpus: set | None = None) -> dict:
+    plugins = {ExitAtClose()}
+    if cpus:
+        plugins.add(CpuAffinity(cpus))
+    options = {"nthreads": threads, "memory_limit": memory_limit, "host": HOST, "silence_logs": LOG_LEVEL,
+               "dashboard": False, "plugins": plugins}
+    if env:
+        options["env"] = env
+    return {"cls": Nanny, "options": options}
+
+
+def worker_specs(kind: str, count: int | None = None, environ=None) -> dict:
+    """SpecCluster's worker specs: ``kind`` 'local' (``count`` workers of one thread) or 'local-cuda'
+    (one worker per GPU of :func:`~.gpus.visible_gpus`); BackendUnavailableError without a GPU."""
+    if kind == "local":
+        return {i: _nanny(1, MEMORY_LIMIT // count) for i in range(count)}
+    devices = visible_gpus(environ)
+    if not devices:
+        raise BackendUnavailableError("--cluster local-cuda: no GPU visible (CUDA_VISIBLE_DEVICES is empty, or the "
+                                      "NVIDIA driver lists none); run on a machine with an NVIDIA GPU, or use "
+                                      "local:N with --backend numpy")
+    specs = {}
+    for i, device in enumerate(devices):
+        cpus = gpu_cpus(device)
+        specs[i] = _nanny(2, MEMORY_LIMIT // len(devices), env={"CUDA_VISIBLE_DEVICES": worker_devices(devices, i)},
+                          cpus=cpus)
+    return specs
+
+
+def _scheduler() -> dict:
+    import importlib.util
+
+    dashboard = importlib.util.find_spec("bokeh") is not None   # the dashboard's pages need bokeh
+    # the HTTP server (health, metrics, and the dashboard's pages with bokeh) on a free port
+    return {"cls": Scheduler, "options": {"host": HOST, "port": 0, "dashboard": dashboard, "dashboard_address": ":0"}}
+
+
+def start_local(specs: dict, plugins=()) -> tuple[SpecCluster, Client]:
+    """Start a cluster of ``specs`` (:func:`worker_specs`) with ``plugins`` registered before any worker
+    joins; returns it with its client once every worker has joined. Worker processes are not
+    daemons (they start loader and mesh-writer processes) while ``distributed.worker.daemon`` is
+    False, which the caller sets."""
+    cluster = SpecCluster(workers={}, scheduler=_scheduler(), silence_logs=LOG_LEVEL, name="xmesh")
+    client = None
+    try:
+        client = Client(cluster)
+        for plugin in plugins:
+            client.register_plugin(plugin)
+        cluster.worker_spec.update(specs)
+        cluster.scale(len(specs))
+        client.wait_for_workers(len(specs), timeout=START_TIMEOUT_S)
+    except BaseException:
+        close_local(cluster, client)
+        raise
+    return cluster, client
+
+
+def close_local(cluster: SpecCluster, client: Client | None) -> None:
+    """Close ``client`` and ``cluster``: the workers stop, then their processes are gone."""
+    if client is not None:
+        client.close()
+    cluster.close()
