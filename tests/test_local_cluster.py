@@ -1,6 +1,7 @@
 """The clusters started here (``local:N``, ``local-cuda``): the GPUs found without CUDA, each worker's
 spec, the model built as a worker joins, a run that does not wait for a worker still building, and
-a close that leaves no process and prints nothing."""
+a close that leaves no process and prints nothing, and pool processes that end once their owner
+is killed."""
 from __future__ import annotations
 
 import os
@@ -138,8 +139,11 @@ def test_the_run_starts_on_the_first_worker_ready_without_waiting_for_the_others
 def test_closing_a_local_cluster_leaves_no_process_and_prints_nothing(data, tmp_path, capfd):
     """The workers (each with its loader processes) are gone when the client's context ends, and
     neither they nor the close print a warning or a traceback."""
+    import dask
+
     root = data["root"]
-    with open_client("local:2", model=ToySpec()) as client:
+    # not daemons, as local-cuda's workers: each starts its loaders as processes
+    with dask.config.set({"distributed.worker.daemon": False}), open_client("local:2", model=ToySpec()) as client:
         evaluate_dataset(ToySpec(), data["test_list"], root, root / "gt", tmp_path / "out", batch_size=2, workers=1,
                          progress=False, save_meshes=True, client=client)
         workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
@@ -151,3 +155,30 @@ def test_closing_a_local_cluster_leaves_no_process_and_prints_nothing(data, tmp_
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Warning" not in err and "ERROR" not in err, err
     assert len(read_csv(tmp_path / "out" / "samples.csv")) == len(data["ids"])
+
+
+def test_pool_processes_end_once_their_owner_is_killed(tmp_path):
+    """A process that starts a loader pool and is killed outright (as a cluster's worker may be)
+    never shuts its pool down: its loaders, and the forkserver they came from, end on their own."""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("from xmesh.pipeline.loading import start_pool\n"
+              "import os, sys, time\n"
+              "if __name__ == '__main__':\n"
+              "    pool = start_pool(2)\n"
+              "    pids = {pool.submit(os.getpid).result() for _ in range(20)}\n"
+              "    print(' '.join(map(str, pids)), flush=True)\n"
+              "    time.sleep(120)\n")
+    (tmp_path / "owner.py").write_text(script)
+    owner = subprocess.Popen([sys.executable, str(tmp_path / "owner.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        loaders = [psutil.Process(int(pid)) for pid in owner.stdout.readline().split()]
+        family = loaders + [psutil.Process(loaders[0].ppid())]   # the forkserver
+        assert loaders and all(p.is_running() for p in family)
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    _, alive = psutil.wait_procs(family, timeout=15)
+    assert alive == []

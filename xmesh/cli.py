@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 
@@ -21,10 +22,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+QUICK_EXIT = ("eval", "reconstruct")   # commands whose every output, pool and cluster is closed when they return
+_ran: list[str] = []   # the command main() ran last
+
+
 def main(argv=None) -> int:
     startup.begin()
     parser = build_parser()
     args = parser.parse_args(argv)
+    _ran.append(args.command)
     def one_line(message, category, filename, lineno, file=None, line=None):
         print(f"xmesh {args.command}: warning: {message}", file=sys.stderr, flush=True)
 
@@ -42,5 +48,21 @@ def main(argv=None) -> int:
         startup.end()   # a later library call in this process starts its own clock
 
 
+def command() -> None:
+    """The ``xmesh`` command: :func:`main`, then the process's exit with its status. After the
+    commands of :data:`QUICK_EXIT` every output is written, synced and closed and every pool and
+    cluster shut down, so the process ends at once, without the interpreter's clean-up (a few
+    tenths of a second with NumPy, numba, CuPy or Dask loaded, freeing what the system frees anyway)."""
+    status = main()
+    if _ran and _ran[-1] in QUICK_EXIT:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):   # a reader that went away, or a closed stream
+                pass
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    command()

@@ -10,8 +10,9 @@ SPEC is one of
   SLURM or by the Dask Kubernetes operator;
 - a ``.json`` file: a scheduler file (``dask scheduler --scheduler-file``).
 
-The two local forms are started here (:mod:`.local`) with worker processes that are not daemons,
-so the loader and mesh writers run in processes there as in the single-process run.
+The two local forms are started here (:mod:`.local`); the workers of ``local-cuda`` are not
+daemon processes, so the loader and mesh writers run in processes there as in the single-process
+run (a ``local:N`` worker runs them in threads).
 Dask is an optional extra: without it :func:`open_client` fails at once, naming the extra.
 """
 from __future__ import annotations
@@ -96,15 +97,16 @@ def open_client(spec: str, option: str = "--cluster", model=None):
 
 @contextlib.contextmanager
 def _local_cluster(kind: str, count, plugins, option: str, spec: str):
-    """A client of a cluster started here (:mod:`.local`), its worker processes not daemons while
-    it runs (they start loader and writer processes)."""
+    """A client of a cluster started here (:mod:`.local`); for ``local-cuda`` its worker processes
+    are not daemons while it runs (they start loader and writer processes)."""
     import dask
 
     from .local import close_local, start_local, worker_specs
 
     specs = worker_specs(kind, count)
     restore = dask.config.get("distributed.worker.daemon", True)
-    dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
+    if kind == "local-cuda":
+        dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
     try:
         try:
             cluster, client = start_local(specs, plugins)

@@ -105,8 +105,8 @@ def _scheduler() -> dict:
 def start_local(specs: dict, plugins=()) -> tuple[SpecCluster, Client]:
     """Start a cluster of ``specs`` (:func:`worker_specs`) with ``plugins`` registered before any worker
     joins; returns it with its client once every worker has joined. Worker processes are not
-    daemons (they start loader and mesh-writer processes) while ``distributed.worker.daemon`` is
-    False, which the caller sets."""
+    daemons (they may start loader and mesh-writer processes) while ``distributed.worker.daemon``
+    is False, which the caller sets."""
     cluster = SpecCluster(workers={}, scheduler=_scheduler(), silence_logs=LOG_LEVEL, name="xmesh")
     client = None
     try:

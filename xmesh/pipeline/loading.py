@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import threading
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from .heap import keep_batch_memory
 
 PREFETCH_DEPTH = 3   # batches decoded ahead of the one computing
 CHUNK = 8            # samples per worker task
+OWNER_POLL_S = 1.0   # how often a pool process looks for its owner where the system cannot tell it
 
 
 @dataclass
@@ -117,7 +119,35 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
                                         "xmesh.pipeline.server_exit"])
     else:
         context = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=initializer, initargs=initargs)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_pool_process_start,
+                               initargs=(os.getpid(), initializer, initargs))
+
+
+def _pool_process_start(owner: int, initializer, initargs: tuple) -> None:
+    """A pool process's start: it ends itself once ``owner`` (the process whose pool it serves) has
+    gone, then runs ``initializer``. An owner killed outright never shuts its pool down, and the
+    pool's processes would otherwise wait for tasks for ever (keeping the forkserver alive too)."""
+    threading.Thread(target=_end_after, args=(owner,), name="xmesh-owner-watch", daemon=True).start()
+    initializer(*initargs)
+
+
+def _end_after(owner: int) -> None:
+    try:
+        handle = os.pidfd_open(owner)   # readable once the owner has ended
+    except (AttributeError, OSError):   # no pidfd (an old kernel), or the owner is gone already
+        handle = None
+    if handle is not None:
+        select.select([handle], [], [])
+    else:
+        while True:
+            time.sleep(OWNER_POLL_S)
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:   # alive, under another user (a reused id)
+                pass
+    os._exit(0)
 
 
 def _ready() -> int:
