@@ -42,7 +42,7 @@ def first_batch_seen(*a, **k):
 loop = executor.run_batches
 common.reconstructor_from_args = slow_build
 executor.run_batches = first_batch_seen
-sys.exit(cli.main({argv!r}))
+{run}
 """
 
 
@@ -70,7 +70,7 @@ def test_a_command_accounts_for_every_second_before_its_first_batch_and_a_slow_b
     out = tmp_path / "out"
     argv = ["eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list", str(data["test_list"]),
             "--weights", "synthetic:1", "--out", str(out), "--workers", "0", "--batch-size", "2", "--no-progress"]
-    code = COMMAND.format(tests=str(TESTS), delay=SLOW_BUILD_S, seen=str(seen), argv=argv)
+    code = COMMAND.format(tests=str(TESTS), delay=SLOW_BUILD_S, seen=str(seen), run=f"sys.exit(cli.main({argv!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     timing = json.loads((out / "summary.json").read_text())["run"]["timing"]
@@ -82,6 +82,28 @@ def test_a_command_accounts_for_every_second_before_its_first_batch_and_a_slow_b
     assert phases[startup.PREFIX + "model"] >= SLOW_BUILD_S
     assert phases[startup.PREFIX + "import"] > 0.0 and phases[startup.PREFIX + "cluster"] == 0.0
     assert "start-up " in proc.stdout and "to the first batch" in proc.stdout
+
+
+def test_the_xmesh_command_ends_with_the_runs_status_and_every_output_written(data, tmp_path):
+    """`xmesh eval` as the console script runs it (``cli.command``, which ends the process without the
+    interpreter's clean-up): its printed summary, samples.csv and summary.json are all there, and a
+    refused run still ends with status 2 and its one-line error."""
+    out = tmp_path / "out"
+    argv = ["xmesh", "eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list",
+            str(data["test_list"]), "--weights", "synthetic:1", "--out", str(out), "--workers", "1", "--no-progress"]
+    run = f"sys.argv[:] = {argv!r}\ncli.command()"
+    code = COMMAND.format(tests=str(TESTS), delay=0.0, seen=str(tmp_path / "seen.json"), run=run)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "to the first batch" in proc.stdout and proc.stdout.endswith("\n")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples"] == len(data["ids"]) and (out / "f_score.log").exists()
+    assert proc.stderr.count("\n") <= 2 and "Traceback" not in proc.stderr, proc.stderr
+    refused = run.replace(str(data["test_list"]), str(tmp_path / "missing.txt"))
+    proc = subprocess.run([sys.executable, "-c", COMMAND.format(tests=str(TESTS), delay=0.0, seen="", run=refused)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("xmesh eval: error:") and "missing.txt" in proc.stderr
 
 
 def test_a_library_call_counts_from_the_call(data, tmp_path):
@@ -97,8 +119,9 @@ def test_a_library_call_counts_from_the_call(data, tmp_path):
 
 
 def test_a_cluster_run_counts_its_workers_set_up(data, tmp_path):
-    """On a 2-process LocalCluster: the workers' set-up (model built in each) is the ``workers`` phase,
-    at least the slowest worker's build as it reports it."""
+    """On a 2-process local cluster started without the model: the ``workers`` phase lasts until the
+    first worker is ready, at least that worker's build as it reports it (its plugin, registered by
+    the run, starts the build)."""
     from xmesh.cluster import open_client
 
     with open_client("local:2") as client:
@@ -107,8 +130,8 @@ def test_a_cluster_run_counts_its_workers_set_up(data, tmp_path):
     timing = summary["run"]["timing"]
     _check_sums(timing)
     prepared = summary["run"]["cluster"]["prepared"]
-    assert len(prepared) == 2 and all(w["peers"] == 2 for w in prepared)
-    assert timing[startup.PREFIX + "workers"] >= max(w["model_s"] for w in prepared)
+    assert 1 <= len(prepared) <= 2 and all(w["peers"] == 2 for w in prepared)
+    assert timing[startup.PREFIX + "workers"] >= prepared[0]["model_s"]   # in the order they became ready
     assert timing[startup.FINISH] >= 0.0
 
 
