@@ -6,7 +6,8 @@ stops gathering when the batch timeout has passed, so the receive time of the re
 size, and the answers go back one round trip at a time while the device waits. Here one thread receives
 requests into a local queue and another sends the answers, both while the device runs a batch. A batch is
 whatever has arrived, up to ``max_batch_size``: a lone request runs at once; when more than one is waiting
-(concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch.
+(concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch. A request whose
+payload has a ``stamps`` dict gets its arrival time (``time.monotonic()``) there as ``"received"``.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class PrefetchingBatchLoop(BatchedLoop):
                 item = request_queue.get()
             except (EOFError, OSError):     # the server's queue is gone: it is shutting down
                 item = _SENTINEL_VALUE
+            if item != _SENTINEL_VALUE and isinstance(getattr(item[3], "stamps", None), dict):
+                item[3].stamps["received"] = time.monotonic()
             self._arrived.put(item)
             if item == _SENTINEL_VALUE:
                 return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,11 +44,13 @@ class Sample:
     """What a worker needs for one request (picklable): the network's ``images`` (3, 224, 224, 3), uint8
     where the photos are 8-bit (a quarter of the bytes to queue; ``xmesh.io.images.images_to_unit``
     gives the float32 input, bit for bit), else float32; camera ``rows`` (3, 5) float32;
-    ``photo_cameras`` (posed photos) puts the mesh in their world."""
+    ``photo_cameras`` (posed photos) puts the mesh in their world; ``stamps`` the ``time.monotonic()``
+    of the steps it went through (the answer's Server-Timing header)."""
 
     images: np.ndarray
     rows: np.ndarray
     photo_cameras: Any = None
+    stamps: dict = field(default_factory=dict)
 
     def place(self, mesh):
         return mesh if self.photo_cameras is None else self.photo_cameras.place(mesh)
