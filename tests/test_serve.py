@@ -167,6 +167,24 @@ def server(tmp_path_factory):
     srv.stop()
 
 
+def check_server_timing(headers: dict) -> None:
+    """An answer's Server-Timing: every step of PHASES, none negative (stamps of the HTTP process and the
+    worker on one clock), the steps adding up to the total, the total the X-Xmesh-Server-Ms header and
+    compute the X-Xmesh-Compute-Ms header (3 decimals each: a step may be 0.0005 ms off)."""
+    from xmesh.serve.routes import PHASES
+
+    steps = {}
+    for item in headers["server-timing"].split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        steps[name] = float(duration)
+    assert list(steps) == [name for name, *_ in PHASES], steps
+    assert min(steps.values()) >= 0.0, steps
+    parts = [value for name, value in steps.items() if name != "total"]
+    assert abs(sum(parts) - steps["total"]) <= 0.001 * len(parts), steps
+    assert abs(steps["total"] - float(headers["x-xmesh-server-ms"])) <= 0.001, steps
+    assert abs(steps["compute"] - float(headers["x-xmesh-compute-ms"])) <= 0.001, steps
+
+
 def cameras_field(rows) -> dict:
     return {"cameras": json.dumps(np.asarray(rows, dtype=np.float64).tolist())}
 
@@ -220,6 +238,8 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
     sizes = [int(results[key][1]["x-xmesh-batch-size"]) for key in ("obj", "ply", "preview")]
     assert max(sizes) > 1, sizes
     assert all(float(results[key][1]["x-xmesh-server-ms"]) > 0 for key in ("obj", "ply", "preview"))
+    for key in ("obj", "ply", "preview"):
+        check_server_timing(results[key][1])
     assert results["obj"][1]["content-type"] == "model/obj"
     (tmp_path / "a.obj").write_bytes(results["obj"][2])
     (tmp_path / "b_served.ply").write_bytes(results["ply"][2])

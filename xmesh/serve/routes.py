@@ -25,7 +25,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from xmesh.mesh import Mesh
-from xmesh.serve.formats import MEDIA_TYPES, answer, choose_format
+from xmesh.serve.formats import MEDIA_TYPES, QUICK_FORMATS, answer, choose_format
 from xmesh.serve.page import page_html
 from xmesh.serve.upload import Sample, UploadError, prepare
 
@@ -177,7 +177,10 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
             if "error" in result:
                 return refusal(None, result["error"], result["status"])
             mesh = Mesh(result["refined"], faces, result["coarse"])
-            body = await run_in_threadpool(answer, fmt, sample, mesh, weights_line)
+            if fmt in QUICK_FORMATS:   # quicker than the hop to a thread and back
+                body = answer(fmt, sample, mesh, weights_line)
+            else:
+                body = await run_in_threadpool(answer, fmt, sample, mesh, weights_line)
             stamps.update(result["stamps"], formatted=time.monotonic())
             headers = {BATCH_HEADER: str(result["batch"]), COMPUTE_MS_HEADER: f"{result['ms']:.3f}",
                        SERVER_MS_HEADER: f"{(stamps['formatted'] - stamps['arrived']) * 1000.0:.3f}",

@@ -39,7 +39,7 @@ class UploadError(InputError):
         return {"error": self.message, "field": self.field, "status": self.status}
 
 
-@dataclass
+@dataclass(repr=False)
 class Sample:
     """What a worker needs for one request (picklable): the network's ``images`` (3, 224, 224, 3), uint8
     where the photos are 8-bit (a quarter of the bytes to queue; ``xmesh.io.images.images_to_unit``
@@ -54,6 +54,12 @@ class Sample:
 
     def place(self, mesh):
         return mesh if self.photo_cameras is None else self.photo_cameras.place(mesh)
+
+    def __repr__(self) -> str:
+        # short: LitServe formats every request it queues into a debug message, logged or not, and NumPy's
+        # summary of the pixels would take a millisecond
+        posed = ", posed" if self.photo_cameras is not None else ""
+        return f"Sample(images {self.images.dtype}{list(self.images.shape)}{posed})"
 
 
 def image_size(data: bytes, field: str) -> tuple[int, int]:
