@@ -36,7 +36,7 @@ TIMING_HEADER = "Server-Timing"
 # (name, from stamp, to stamp, what it is) of each step of an answered request
 PHASES = (("read", "arrived", "read", "the body read and its multipart fields parsed"),
           ("decode", "read", "prepared", "the images decoded and the fields checked"),
-          ("queue", "prepared", "received", "to the worker: LitServe's request queue"),
+          ("queue", "prepared", "received", "to the worker through the request queue"),
           ("wait", "received", "start", "in the worker until its batch starts"),
           ("compute", "start", "end", "the batch's network"),
           ("back", "end", "answered", "the answer back to the HTTP process"),
