@@ -13,7 +13,11 @@ spread over --client-processes processes). Every request is the same three PNG-e
 default: what a web viewer loads, and the smallest). Targets for one H100 in fp16: concurrency 1 p50 <= 8 ms;
 concurrency 256 >= 800 requests/s with p99 <= 400 ms. Each row also gives the medians of the server's
 X-Xmesh-Server-Ms and X-Xmesh-Compute-Ms headers and, from them, what the median request spent most of
-its time on (see ``bound``).
+its time on (see ``bound``). A second table gives, per run, the median milliseconds of each step of the
+server's Server-Timing header (``xmesh.serve.routes.PHASES``) and "outside", the client's latency less the
+server's total (uvicorn's HTTP handling, the transfer, the client). For a lone request's breakdown on a CPU:
+
+    python3 scripts/serve_load.py --backend numpy --concurrency 1 --max-batches 64 --seconds 40
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from xmesh.benchmarking import default_inputs  # noqa: E402
 from xmesh.serve.client import multipart_body  # noqa: E402
+from xmesh.serve.routes import PHASES  # noqa: E402
 
 
 def request_bytes(port: int, fmt: str) -> bytes:
@@ -66,12 +71,23 @@ async def _connection(port: int, payload: bytes, warm_until: float, stop_at: flo
         finished = time.perf_counter()
         if started >= warm_until and finished <= stop_at:   # the measured window holds whole requests only
             out.append((finished - started, status, int(headers.get("x-xmesh-batch-size", 0)),
-                        float(headers.get("x-xmesh-server-ms", "nan")), float(headers.get("x-xmesh-compute-ms", "nan"))))
+                        float(headers.get("x-xmesh-server-ms", "nan")), float(headers.get("x-xmesh-compute-ms", "nan")),
+                        phases(headers.get("server-timing", ""))))
         if headers.get("connection", "").lower() == "close":
             writer.close()
             writer = None
     if writer is not None:
         writer.close()
+
+
+def phases(header: str) -> dict[str, float]:
+    """{name: ms} of a Server-Timing header ("read;dur=0.412, decode;dur=1.2, ...")."""
+    out = {}
+    for item in header.split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        if duration:
+            out[name] = float(duration)
+    return out
 
 
 def _client(job: tuple) -> list:
@@ -98,6 +114,8 @@ def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int,
     compute_ms = np.array([r[4] for r in results if r[1] == 200])
     ok = len(latencies)
     median = (lambda a: float(np.median(a))) if ok else (lambda a: float("nan"))
+    timings = [{**r[5], "outside": r[0] * 1000.0 - r[5]["total"]} for r in results if r[1] == 200 and "total" in r[5]]
+    steps = [name for name, *_ in PHASES] + ["outside"]
     return {"concurrency": concurrency, "requests": len(results), "ok": ok, "errors": len(results) - ok,
             "per_s": ok / seconds,
             "p50_ms": float(np.percentile(latencies, 50)) if ok else float("nan"),
@@ -105,6 +123,8 @@ def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int,
             "p99_ms": float(np.percentile(latencies, 99)) if ok else float("nan"),
             "mean_batch": float(batches.mean()) if ok else float("nan"),
             "server_p50_ms": median(server_ms), "compute_p50_ms": median(compute_ms),
+            "phases_p50_ms": {name: float(np.median([t[name] for t in timings])) if timings else float("nan")
+                              for name in steps},
             "bound": bound(median(latencies), median(server_ms), median(compute_ms),
                            float(batches.mean()) if ok else 0.0, max_batch)}
 
@@ -173,6 +193,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def phase_table(rows: list[dict]) -> str:
+    names = list(rows[0]["phases_p50_ms"]) if rows else []
+    lines = ["| max batch | concurrency | " + " | ".join(names) + " |", "| --- | --- |" + " ---: |" * len(names)]
+    for r in rows:
+        lines.append(f"| {r['max_batch']} | {r['concurrency']} | "
+                     + " | ".join(f"{r['phases_p50_ms'][n]:.2f}" for n in names) + " |")
+    legend = "; ".join(f"{name}: {what}" for name, _, _, what in PHASES)
+    return ("Median ms of each step (Server-Timing; " + legend + "; outside: the client's latency less total)\n"
+            + "\n".join(lines))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", default="synthetic:1")
@@ -212,6 +243,7 @@ def main() -> int:
           f"{args.batch_timeout_ms:g} ms, {args.seconds:g} s per run after {args.warmup_seconds:g} s of warm-up; "
           f"{time.monotonic() - started:.0f} s in all")
     print(table(rows))
+    print(phase_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

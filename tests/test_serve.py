@@ -167,6 +167,24 @@ def server(tmp_path_factory):
     srv.stop()
 
 
+def check_server_timing(headers: dict) -> None:
+    """An answer's Server-Timing: every step of PHASES, none negative (stamps of the HTTP process and the
+    worker on one clock), the steps adding up to the total, the total the X-Xmesh-Server-Ms header and
+    compute the X-Xmesh-Compute-Ms header (3 decimals each: a step may be 0.0005 ms off)."""
+    from xmesh.serve.routes import PHASES
+
+    steps = {}
+    for item in headers["server-timing"].split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        steps[name] = float(duration)
+    assert list(steps) == [name for name, *_ in PHASES], steps
+    assert min(steps.values()) >= 0.0, steps
+    parts = [value for name, value in steps.items() if name != "total"]
+    assert abs(sum(parts) - steps["total"]) <= 0.001 * len(parts), steps
+    assert abs(steps["total"] - float(headers["x-xmesh-server-ms"])) <= 0.001, steps
+    assert abs(steps["compute"] - float(headers["x-xmesh-compute-ms"])) <= 0.001, steps
+
+
 def cameras_field(rows) -> dict:
     return {"cameras": json.dumps(np.asarray(rows, dtype=np.float64).tolist())}
 
@@ -220,6 +238,8 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
     sizes = [int(results[key][1]["x-xmesh-batch-size"]) for key in ("obj", "ply", "preview")]
     assert max(sizes) > 1, sizes
     assert all(float(results[key][1]["x-xmesh-server-ms"]) > 0 for key in ("obj", "ply", "preview"))
+    for key in ("obj", "ply", "preview"):
+        check_server_timing(results[key][1])
     assert results["obj"][1]["content-type"] == "model/obj"
     (tmp_path / "a.obj").write_bytes(results["obj"][2])
     (tmp_path / "b_served.ply").write_bytes(results["ply"][2])
@@ -265,7 +285,9 @@ def test_a_server_of_batches_of_one_answers_each_request_as_offline(tmp_path, in
             assert answer == offline[key].encode("obj")
     finally:
         assert srv.stop() == 0
-    assert "Traceback" not in srv.log.read_text()
+    log = srv.log.read_text()
+    assert "Traceback" not in log
+    assert "leaked" not in log and "resource_tracker" not in log   # every queue's semaphores released
 
 
 def test_info_names_the_weights_fingerprint_and_devices(server):
@@ -560,6 +582,54 @@ def test_a_batch_that_runs_out_of_memory_is_split_and_every_request_answered(mod
     for sample, answer in zip(samples, answers):
         assert answer["batch"] == 5
         np.testing.assert_array_equal(answer["coarse"], UINT8_TO_UNIT[sample.images[0, 0, :1]])
+
+
+def _answer_first_request(request_queue, transport) -> None:
+    """A stand-in worker (spawned): answers the first request with its pixels' sum, to its server process."""
+    response_queue_id, uid, _, sample = request_queue.get()
+    transport.send((uid, (int(sample.images.sum(dtype=np.int64)), sample.stamps)), consumer_id=response_queue_id)
+
+
+def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
+    """The server's queues are pipe queues, not a Manager's, and work from a spawned process (as LitServe
+    starts workers): a request put as the server process puts it comes back to that process's queue."""
+    import asyncio
+    import multiprocessing
+    from multiprocessing.queues import Queue as PipeQueue
+
+    from xmesh.serve.server import API_PATH, ServeOptions, build_server
+    from xmesh.serve.upload import Sample
+    from xmesh.serve.worker import ModelSettings
+
+    info = {"weights": {"description": "synthetic"}}
+    server = build_server(ModelSettings(synthetic_weights(1)), ServeOptions(), np.zeros((1, 3), np.int64), info)
+    manager = server._init_manager(2)
+    try:
+        requests, transport = server.litapi_request_queues[API_PATH], server._transport
+        assert isinstance(requests, PipeQueue) and all(isinstance(q, PipeQueue) for q in transport._queues)
+        worker = multiprocessing.get_context("spawn").Process(target=_answer_first_request, args=(requests, transport))
+        worker.start()
+        images = np.random.default_rng(5).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+        requests.put((1, "uid-1", time.monotonic(), Sample(images, np.ones((3, 5), np.float32))))
+        deadline, answer = time.monotonic() + 120, None
+        while answer is None and time.monotonic() < deadline:   # LitServe's receive gives None after a second
+            answer = asyncio.run(transport.areceive(consumer_id=1, timeout=60))
+        uid, (total, stamps) = answer
+        worker.join(60)
+        assert uid == "uid-1" and total == int(images.sum(dtype=np.int64)) and stamps == {}
+        assert worker.exitcode == 0
+    finally:
+        transport.close()
+        manager.shutdown()
+
+
+def test_a_sample_is_shown_without_its_pixels():
+    """LitServe formats every request it queues into a debug message, logged or not: a Sample's repr must
+    not be NumPy's summary of 150,000 pixels."""
+    from xmesh.serve.upload import Sample
+
+    text = repr(Sample(np.zeros((3, 224, 224, 3), np.uint8), np.ones((3, 5), np.float32)))
+    assert text == "Sample(images uint8[3, 224, 224, 3])"
 
 
 def test_reconstruct_remote_names_an_unreachable_server():

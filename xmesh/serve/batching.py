@@ -1,12 +1,14 @@
-"""How a worker of ``xmesh serve`` gathers its batches: LitServe's batched loop with the queue traffic moved
+"""How a worker of ``xmesh serve`` gathers its batches: LitServe's batched loop with the requests received
 off the worker's main thread.
 
-LitServe's own loop takes requests from its (multiprocessing Manager) queue one round trip at a time and
-stops gathering when the batch timeout has passed, so the receive time of the requests bounds the batch
-size, and the answers go back one round trip at a time while the device waits. Here one thread receives
-requests into a local queue and another sends the answers, both while the device runs a batch. A batch is
-whatever has arrived, up to ``max_batch_size``: a lone request runs at once; when more than one is waiting
-(concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch.
+LitServe's own loop takes requests from its queue one at a time and stops gathering when the batch timeout
+has passed, so the receive time of the requests (each unpickled: 450 KB of pixels) bounds the batch size.
+Here one thread receives requests into a local queue while the device runs a batch. A batch is whatever
+has arrived, up to ``max_batch_size``: a lone request runs at once; when more than one is waiting
+(concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch. Answers go out on
+the main thread: the server's answer queues are pipe queues (:class:`xmesh.serve.server.XmeshLitServer`),
+whose ``put`` hands the pickling and writing to a thread of their own. A request whose payload has a
+``stamps`` dict gets its arrival time (``time.monotonic()``) there as ``"received"``.
 """
 from __future__ import annotations
 
@@ -21,38 +23,25 @@ RECEIVE_POLL_S = 1.0
 
 
 class PrefetchingBatchLoop(BatchedLoop):
-    """A ``BatchedLoop`` (every batch size, 1 included, reaches ``predict`` as a list) whose requests and
-    answers cross the process boundary in threads of their own."""
+    """A ``BatchedLoop`` (every batch size, 1 included, reaches ``predict`` as a list) whose requests are
+    received in a thread of their own."""
 
     def __call__(self, lit_api, device, worker_id, request_queue, transport, *args, **kwargs):
         self._arrived: queue.Queue = queue.Queue()
-        self._outbox: queue.Queue = queue.Queue()
         threading.Thread(target=self._receive, args=(request_queue,), name="xmesh-receive", daemon=True).start()
-        threading.Thread(target=self._send, name="xmesh-send", daemon=True).start()
-        try:
-            super().__call__(lit_api, device, worker_id, request_queue, transport, *args, **kwargs)
-        finally:
-            self._outbox.put(None)
+        super().__call__(lit_api, device, worker_id, request_queue, transport, *args, **kwargs)
 
     def _receive(self, request_queue) -> None:
         while True:
             try:
                 item = request_queue.get()
-            except (EOFError, OSError):     # the server's queue is gone: it is shutting down
+            except (EOFError, OSError):     # the server's queue is closed: it is shutting down
                 item = _SENTINEL_VALUE
+            if item != _SENTINEL_VALUE and isinstance(getattr(item[3], "stamps", None), dict):
+                item[3].stamps["received"] = time.monotonic()
             self._arrived.put(item)
             if item == _SENTINEL_VALUE:
                 return
-
-    def _send(self) -> None:
-        while (job := self._outbox.get()) is not None:
-            try:
-                super().put_response(*job)
-            except (EOFError, OSError):     # the server's queues are gone: nobody waits for this answer
-                return
-
-    def put_response(self, transport, response_queue_id, uid, response_data, status, response_type) -> None:
-        self._outbox.put((transport, response_queue_id, uid, response_data, status, response_type))
 
     def get_batch_requests(self, lit_api, request_queue, transport) -> tuple[list, list]:
         try:

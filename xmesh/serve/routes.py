@@ -5,7 +5,9 @@ A reconstruction request is admitted only while fewer than ``max_queue`` are in 
 Retry-After otherwise, counted across all server processes); its body is read with a size limit and
 a time limit per chunk (a slow or vanished client costs one connection, nothing else), parsed,
 checked and prepared (:mod:`xmesh.serve.upload`, in a thread) and only then handed to LitServe's
-queue. Every refusal is a JSON body ``{"error", "field", "status"}``.
+queue. Every refusal is a JSON body ``{"error", "field", "status"}``. An answer's ``Server-Timing``
+header gives the milliseconds of each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken
+in the HTTP process and the worker (one clock for all processes of a machine).
 """
 from __future__ import annotations
 
@@ -23,13 +25,23 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from xmesh.mesh import Mesh
-from xmesh.serve.formats import MEDIA_TYPES, answer, choose_format
+from xmesh.serve.formats import MEDIA_TYPES, QUICK_FORMATS, answer, choose_format
 from xmesh.serve.page import page_html
 from xmesh.serve.upload import Sample, UploadError, prepare
 
 BATCH_HEADER = "X-Xmesh-Batch-Size"
 SERVER_MS_HEADER = "X-Xmesh-Server-Ms"
 COMPUTE_MS_HEADER = "X-Xmesh-Compute-Ms"
+TIMING_HEADER = "Server-Timing"
+# (name, from stamp, to stamp, what it is) of each step of an answered request
+PHASES = (("read", "arrived", "read", "the body read and its multipart fields parsed"),
+          ("decode", "read", "prepared", "the images decoded and the fields checked"),
+          ("queue", "prepared", "received", "to the worker through the request queue"),
+          ("wait", "received", "start", "in the worker until its batch starts"),
+          ("compute", "start", "end", "the batch's network"),
+          ("back", "end", "answered", "the answer back to the HTTP process"),
+          ("format", "answered", "formatted", "the mesh written as the answer's file"),
+          ("total", "arrived", "formatted", "all of it: X-Xmesh-Server-Ms"))
 FIELDS = ("images", "cameras", "poses")
 MAX_PARTS = 16
 RETRY_AFTER_S = 1
@@ -60,6 +72,11 @@ class Admission:
     def leave(self) -> None:
         with self.count.get_lock():
             self.count.value -= 1
+
+
+def server_timing(stamps: dict[str, float]) -> str:
+    """The Server-Timing header of ``PHASES`` from their stamps (seconds)."""
+    return ", ".join(f"{name};dur={(stamps[end] - stamps[begin]) * 1000.0:.3f}" for name, begin, end, _ in PHASES)
 
 
 def refusal(field: str | None, message: str, status: int, headers: dict | None = None) -> JSONResponse:
@@ -145,21 +162,29 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
 
     @app.post("/v1/reconstruct")
     async def reconstruct(request: Request) -> Response:
-        started = time.perf_counter()
+        stamps = {"arrived": time.monotonic()}
         if not admission.enter():
             return refusal(None, f"the server holds {limits.max_queue} requests already (its --max-queue); "
                                  f"retry after {RETRY_AFTER_S} s", 503, {"Retry-After": str(RETRY_AFTER_S)})
         try:
             fmt = choose_format(request.query_params.get("format"), request.headers.get("accept"))
             files, cameras, poses = await read_fields(request, limits)
+            stamps["read"] = time.monotonic()
             sample = await run_in_threadpool(prepare, files, cameras, poses)
+            stamps["prepared"] = time.monotonic()
             result = await submit(sample)
+            stamps["answered"] = time.monotonic()
             if "error" in result:
                 return refusal(None, result["error"], result["status"])
             mesh = Mesh(result["refined"], faces, result["coarse"])
-            body = await run_in_threadpool(answer, fmt, sample, mesh, weights_line)
+            if fmt in QUICK_FORMATS:   # quicker than the hop to a thread and back
+                body = answer(fmt, sample, mesh, weights_line)
+            else:
+                body = await run_in_threadpool(answer, fmt, sample, mesh, weights_line)
+            stamps.update(result["stamps"], formatted=time.monotonic())
             headers = {BATCH_HEADER: str(result["batch"]), COMPUTE_MS_HEADER: f"{result['ms']:.3f}",
-                       SERVER_MS_HEADER: f"{(time.perf_counter() - started) * 1000.0:.3f}"}
+                       SERVER_MS_HEADER: f"{(stamps['formatted'] - stamps['arrived']) * 1000.0:.3f}",
+                       TIMING_HEADER: server_timing(stamps)}
             return Response(body, media_type=MEDIA_TYPES[fmt], headers=headers)
         except UploadError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)

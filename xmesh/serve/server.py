@@ -1,7 +1,10 @@
 """``xmesh serve``'s server: LitServe with one worker process per device (:mod:`xmesh.serve.worker`) and
 our routes (:mod:`xmesh.serve.routes`) in its HTTP server processes.
 
-LitServe gathers the requests of all server processes in one queue; each worker takes up to
+LitServe gathers the requests of all server processes in one queue; here it and the queues of the answers
+back to each server process are pipe-based ``multiprocessing`` queues rather than LitServe's default of a
+multiprocessing Manager's (every put and get a round trip through the Manager's process, a request's
+pixels pickled twice on the way), see :class:`XmeshLitServer`. Each worker takes up to
 ``max_batch`` of them (:mod:`xmesh.serve.batching`: a lone request runs at once; when several are
 waiting, the worker waits at most ``batch_timeout_ms`` for more). SIGTERM to the main process
 first stops the HTTP server processes, which answer the requests they hold (uvicorn's graceful
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import litserve as ls
 import numpy as np
+from litserve.transport.process_transport import MPQueueTransport
 from starlette.middleware.gzip import GZipMiddleware
 
 from xmesh.serve.routes import Admission, Limits, add_routes
@@ -47,8 +51,24 @@ class ServeOptions:
 
 
 class XmeshLitServer(ls.LitServer):
-    """LitServer whose shutdown stops its worker monitor before the Manager it polls goes away (else the
-    monitor's next poll fails with ConnectionResetError and logs a traceback)."""
+    """LitServer whose request queue and answer queues are pipe-based ``multiprocessing`` queues (created
+    before the server processes fork, passed to the spawned workers as LitServe passes its own), and
+    whose shutdown stops its worker monitor before the Manager it polls goes away (else the monitor's
+    next poll fails with ConnectionResetError and logs a traceback).
+
+    A pipe queue's ``put`` returns at once (a thread of the putting process pickles and writes), its
+    ``get`` reads the pipe directly. LitServe's ``fast_queue=True`` would use ZeroMQ for the answers,
+    but in LitServe 0.2.19 it is ignored (LitServe issue 751), and it leaves the request queue a
+    Manager's. The Manager stays for what LitServe keeps in it: the workers' status and the shutdown
+    event."""
+
+    def _init_manager(self, num_api_servers: int):
+        manager = super()._init_manager(num_api_servers)
+        context = multiprocessing.get_context("spawn")   # spawn-made locks may go to forked and spawned processes
+        for path in self.litapi_request_queues:
+            self.litapi_request_queues[path] = context.Queue()
+        self._transport = MPQueueTransport(None, [context.Queue() for _ in range(num_api_servers)])
+        return manager
 
     def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
         # from a thread of its own: this thread's connection to the Manager may be cut in the middle of the

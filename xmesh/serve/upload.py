@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,19 +39,27 @@ class UploadError(InputError):
         return {"error": self.message, "field": self.field, "status": self.status}
 
 
-@dataclass
+@dataclass(repr=False)
 class Sample:
     """What a worker needs for one request (picklable): the network's ``images`` (3, 224, 224, 3), uint8
     where the photos are 8-bit (a quarter of the bytes to queue; ``xmesh.io.images.images_to_unit``
     gives the float32 input, bit for bit), else float32; camera ``rows`` (3, 5) float32;
-    ``photo_cameras`` (posed photos) puts the mesh in their world."""
+    ``photo_cameras`` (posed photos) puts the mesh in their world; ``stamps`` the ``time.monotonic()``
+    of the steps it went through (the answer's Server-Timing header)."""
 
     images: np.ndarray
     rows: np.ndarray
     photo_cameras: Any = None
+    stamps: dict = field(default_factory=dict)
 
     def place(self, mesh):
         return mesh if self.photo_cameras is None else self.photo_cameras.place(mesh)
+
+    def __repr__(self) -> str:
+        # short: LitServe formats every request it queues into a debug message, logged or not, and NumPy's
+        # summary of the pixels would take a millisecond
+        posed = ", posed" if self.photo_cameras is not None else ""
+        return f"Sample(images {self.images.dtype}{list(self.images.shape)}{posed})"
 
 
 def image_size(data: bytes, field: str) -> tuple[int, int]:

@@ -62,8 +62,9 @@ def failure(exc: BaseException) -> dict:
 
 
 class ReconstructAPI(ls.LitAPI):
-    """Batches of :class:`~xmesh.serve.upload.Sample` -> per sample {"coarse", "refined", "batch", "ms"}
-    (or {"error", "status"})."""
+    """Batches of :class:`~xmesh.serve.upload.Sample` -> per sample {"coarse", "refined", "batch", "ms",
+    "stamps"} (or {"error", "status"}); "stamps" holds the sample's arrival in the worker and the batch's
+    start and end (``time.monotonic()``)."""
 
     def __init__(self, settings: ModelSettings, max_batch_size: int, batch_timeout: float, api_path: str):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path,
@@ -81,7 +82,7 @@ class ReconstructAPI(ls.LitAPI):
         return list(inputs)
 
     def predict(self, samples) -> list[dict]:
-        start = time.perf_counter()
+        start = time.monotonic()
         try:
             coarse, refined = self.model.run(self._images(samples), np.stack([s.rows for s in samples]))
             coarse, refined = self.model.backend.to_numpy(coarse), self.model.backend.to_numpy(refined)
@@ -89,8 +90,10 @@ class ReconstructAPI(ls.LitAPI):
             if len(samples) == 1:
                 return [failure(exc)]
             return [self.predict([sample])[0] for sample in samples]
-        ms = (time.perf_counter() - start) * 1000.0
-        return [{"coarse": coarse[b], "refined": refined[b], "batch": len(samples), "ms": ms} for b in range(len(samples))]
+        end = time.monotonic()
+        return [{"coarse": coarse[b], "refined": refined[b], "batch": len(samples), "ms": (end - start) * 1000.0,
+                 "stamps": {"received": sample.stamps.get("received", start), "start": start, "end": end}}
+                for b, sample in enumerate(samples)]
 
     def _images(self, samples):
         """The batch's network input: 8-bit views go to the device as they are and become float32 there."""
