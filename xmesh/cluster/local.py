@@ -50,7 +50,7 @@ class ExitAtClose(WorkerPlugin):
     """Once the worker has closed (its plugins torn down: the model's pools and writers are shut and
     every result was sent), its process ends without the interpreter's clean-up, which takes a
     few tenths of a second with the model's libraries loaded and frees nothing the operating
-    system would not. A worker that closes for any other reason than being closed ends normally."""
+    system would not. Removed from a running worker (no close under way), it does nothing."""
 
     name = "xmesh-exit-at-close"
 
