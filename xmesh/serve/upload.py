@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,19 @@ def parse_cameras(text: str) -> np.ndarray:
         raise UploadError("cameras", str(exc)) from None
 
 
+_DECODE_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+
+
+def _decoders() -> ThreadPoolExecutor:
+    """The threads that decode a request's images side by side (OpenCV lets go of the GIL while it decodes);
+    made on first use, in the server process that uses them."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_DECODE_THREADS, thread_name_prefix="xmesh-decode")
+    return _pool
+
+
 def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: str | None) -> Sample:
     """The checked network inputs of one request: ``files`` the (file name, bytes) of field ``images``."""
     if (cameras is None) == (poses is None):
@@ -134,7 +148,8 @@ def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: str | No
     if len(files) != NUM_VIEWS:
         raise UploadError("images", f"{len(files)} file(s); Pixel2Mesh++ needs exactly {NUM_VIEWS} photos, in view order")
     rows = parse_cameras(cameras) if cameras is not None else None
-    decoded = [decode_upload(data, f"images[{i}] ({name!r})") for i, (name, data) in enumerate(files)]
+    decoded = list(_decoders().map(decode_upload, [data for _, data in files],
+                                   [f"images[{i}] ({name!r})" for i, (name, _) in enumerate(files)]))
     if rows is not None:
         try:
             ready = [prepare_image_u8(image, f"images[{i}]") for i, image in enumerate(decoded)]
