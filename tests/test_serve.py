@@ -597,6 +597,7 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
     import multiprocessing
     from multiprocessing.queues import Queue as PipeQueue
 
+    from xmesh.serve.batching import WorkerQueues
     from xmesh.serve.server import API_PATH, ServeOptions, build_server
     from xmesh.serve.upload import Sample
     from xmesh.serve.worker import ModelSettings
@@ -605,7 +606,9 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
     server = build_server(ModelSettings(synthetic_weights(1)), ServeOptions(), np.zeros((1, 3), np.int64), info)
     manager = server._init_manager(2)
     try:
-        requests, transport = server.litapi_request_queues[API_PATH], server._transport
+        queues, transport = server.litapi_request_queues[API_PATH], server._transport
+        assert isinstance(queues, WorkerQueues) and len(queues.queues) == 1
+        requests = queues.of_worker(0)
         assert isinstance(requests, PipeQueue) and all(isinstance(q, PipeQueue) for q in transport._queues)
         worker = multiprocessing.get_context("spawn").Process(target=_answer_first_request, args=(requests, transport))
         worker.start()
@@ -621,6 +624,24 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
     finally:
         transport.close()
         manager.shutdown()
+
+
+def test_each_server_process_fills_the_workers_queues_in_turn():
+    """With several workers each has a request queue; a server process puts its requests into them in turn,
+    starting at a worker chosen by its process id, so that the server processes do not all start at one."""
+    from xmesh.serve.batching import WorkerQueues
+
+    class Box(list):
+        put = list.append
+
+    boxes = [Box() for _ in range(4)]
+    queues = WorkerQueues(boxes)
+    for n in range(10):
+        queues.put(n)
+    assert sorted(len(b) for b in boxes) == [2, 2, 3, 3] and sorted(sum(boxes, [])) == list(range(10))
+    first = next(i for i, b in enumerate(boxes) if 0 in b)
+    assert first == (os.getpid() + 1) % 4 and boxes[(first + 1) % 4][0] == 1
+    assert queues.of_worker(2) is boxes[2]
 
 
 def test_a_sample_is_shown_without_its_pixels():

@@ -2,7 +2,9 @@
 and :class:`ModelSpec`, the picklable recipe from which another process builds the same model."""
 from __future__ import annotations
 
+import importlib
 import os
+from contextlib import suppress
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -115,6 +117,11 @@ class Reconstructor:
                  view_quirk: bool = True, graphs: bool = True):
         # the template and the weights are read (or made) in a thread while the backend starts (on the
         # GPU: CuPy's import and the CUDA context)
+        if isinstance(backend, str) and backend.lower() == "cupy":
+            # SciPy (the template's eigensolver, in the thread below) looks CuPy up in sys.modules: one
+            # half-imported by this thread meanwhile fails it, so the import comes first
+            with suppress(ImportError):
+                importlib.import_module("cupy")
         host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xmesh-model-host")
         inputs = host.submit(lambda: (_template(template), load_weights(resolve_weights(weights))))
         host.shutdown(wait=False)

@@ -1,11 +1,12 @@
 """``xmesh serve``'s server: LitServe with one worker process per device (:mod:`xmesh.serve.worker`) and
 our routes (:mod:`xmesh.serve.routes`) in its HTTP server processes.
 
-LitServe gathers the requests of all server processes in one queue; here it and the queues of the answers
-back to each server process are pipe-based ``multiprocessing`` queues rather than LitServe's default of a
+LitServe gathers the requests of all server processes in one queue; here each worker has a queue of its
+own, which the server processes fill in turn, and the answers go back to each server process through
+queues of their own, all pipe-based ``multiprocessing`` queues rather than LitServe's default of a
 multiprocessing Manager's (every put and get a round trip through the Manager's process, a request's
 pixels pickled twice on the way), see :class:`XmeshLitServer`. Each worker takes up to
-``max_batch`` of them (:mod:`xmesh.serve.batching`: a lone request runs at once; when several are
+``max_batch`` of its requests (:mod:`xmesh.serve.batching`: a lone request runs at once; when several are
 waiting, the worker waits at most ``batch_timeout_ms`` for more). SIGTERM to the main process
 first stops the HTTP server processes, which answer the requests they hold (uvicorn's graceful
 shutdown: no new connections, the open ones finished), then stops the workers.
@@ -26,6 +27,7 @@ import numpy as np
 from litserve.transport.process_transport import MPQueueTransport
 from starlette.middleware.gzip import GZipMiddleware
 
+from xmesh.serve.batching import WorkerQueues
 from xmesh.serve.routes import Admission, Limits, add_routes
 from xmesh.serve.upload import Sample
 from xmesh.serve.worker import ModelSettings, ReconstructAPI
@@ -51,7 +53,8 @@ class ServeOptions:
 
 
 class XmeshLitServer(ls.LitServer):
-    """LitServer whose request queue and answer queues are pipe-based ``multiprocessing`` queues (created
+    """LitServer whose request queues (one a worker, :class:`~xmesh.serve.batching.WorkerQueues`) and answer
+    queues are pipe-based ``multiprocessing`` queues (created
     before the server processes fork, passed to the spawned workers as LitServe passes its own), and
     whose shutdown stops its worker monitor before the Manager it polls goes away (else the monitor's
     next poll fails with ConnectionResetError and logs a traceback).
@@ -66,7 +69,8 @@ class XmeshLitServer(ls.LitServer):
         manager = super()._init_manager(num_api_servers)
         context = multiprocessing.get_context("spawn")   # spawn-made locks may go to forked and spawned processes
         for path in self.litapi_request_queues:
-            self.litapi_request_queues[path] = context.Queue()
+            workers = len(self._inference_workers_config_for_api(path))
+            self.litapi_request_queues[path] = WorkerQueues([context.Queue() for _ in range(workers)])
         self._transport = MPQueueTransport(None, [context.Queue() for _ in range(num_api_servers)])
         return manager
 
