@@ -280,3 +280,21 @@ def test_list_of_arrays_and_mixed(demo_dir, golden_dir):
         load_images([raw[0], np.full((4, 4, 3), 3), raw[2]])
     with pytest.raises(InputError, match="not understood"):
         load_images(x for x in raw)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+def test_the_8bit_path_gives_the_originals_float_input_bit_for_bit(channels):
+    """The loaders' 8-bit path (alpha dropped before the resize, the division by 255 left to the device)
+    against the original's order in ``prepare_image`` (alpha == 0 set to white on all four channels,
+    the four resized, the first three divided): equal bits, for sizes below, at and above 224."""
+    from xmesh.io.images import UINT8_TO_UNIT, prepare_image, prepare_image_u8
+
+    rng = np.random.default_rng(channels)
+    for height, width in [(137, 137), (224, 224), (300, 211), (1, 5)]:
+        shape = (height, width) if channels == 1 else (height, width, channels)
+        image = rng.integers(0, 256, shape, dtype=np.uint8)
+        if channels in (2, 4):
+            image[..., -1][rng.random((height, width)) < 0.3] = 0
+        fast = prepare_image_u8(image)
+        assert fast.dtype == np.uint8 and fast.shape == (224, 224, 3) and fast.flags.c_contiguous
+        np.testing.assert_array_equal(UINT8_TO_UNIT[fast], prepare_image(image))
