@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from xmesh.benchmarking import default_inputs  # noqa: E402
 from xmesh.serve.client import multipart_body  # noqa: E402
-from xmesh.serve.routes import PHASES  # noqa: E402
+from xmesh.serve.routes import PHASES, parse_server_timing  # noqa: E402
 
 
 def request_bytes(port: int, fmt: str) -> bytes:
@@ -72,22 +72,12 @@ async def _connection(port: int, payload: bytes, warm_until: float, stop_at: flo
         if started >= warm_until and finished <= stop_at:   # the measured window holds whole requests only
             out.append((finished - started, status, int(headers.get("x-xmesh-batch-size", 0)),
                         float(headers.get("x-xmesh-server-ms", "nan")), float(headers.get("x-xmesh-compute-ms", "nan")),
-                        phases(headers.get("server-timing", ""))))
+                        parse_server_timing(headers.get("server-timing", ""))))
         if headers.get("connection", "").lower() == "close":
             writer.close()
             writer = None
     if writer is not None:
         writer.close()
-
-
-def phases(header: str) -> dict[str, float]:
-    """{name: ms} of a Server-Timing header ("read;dur=0.412, decode;dur=1.2, ...")."""
-    out = {}
-    for item in header.split(","):
-        name, _, duration = item.strip().partition(";dur=")
-        if duration:
-            out[name] = float(duration)
-    return out
 
 
 def _client(job: tuple) -> list:

@@ -171,12 +171,9 @@ def check_server_timing(headers: dict) -> None:
     """An answer's Server-Timing: every step of PHASES, none negative (stamps of the HTTP process and the
     worker on one clock), the steps adding up to the total, the total the X-Xmesh-Server-Ms header and
     compute the X-Xmesh-Compute-Ms header (3 decimals each: a step may be 0.0005 ms off)."""
-    from xmesh.serve.routes import PHASES
+    from xmesh.serve.routes import PHASES, parse_server_timing
 
-    steps = {}
-    for item in headers["server-timing"].split(","):
-        name, _, duration = item.strip().partition(";dur=")
-        steps[name] = float(duration)
+    steps = parse_server_timing(headers["server-timing"])
     assert list(steps) == [name for name, *_ in PHASES], steps
     assert min(steps.values()) >= 0.0, steps
     parts = [value for name, value in steps.items() if name != "total"]

@@ -79,6 +79,16 @@ def server_timing(stamps: dict[str, float]) -> str:
     return ", ".join(f"{name};dur={(stamps[end] - stamps[begin]) * 1000.0:.3f}" for name, begin, end, _ in PHASES)
 
 
+def parse_server_timing(header: str) -> dict[str, float]:
+    """{name: ms} of a Server-Timing header ("read;dur=0.412, decode;dur=1.200, ..."), in its order."""
+    steps = {}
+    for item in header.split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        if duration:
+            steps[name] = float(duration)
+    return steps
+
+
 def refusal(field: str | None, message: str, status: int, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field, "status": status}, status_code=status, headers=headers)
 
