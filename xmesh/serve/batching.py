@@ -7,8 +7,9 @@ Here one thread receives requests into a local queue while the device runs a bat
 has arrived, up to ``max_batch_size``: a lone request runs at once; when more than one is waiting
 (concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch. Answers go out on
 the main thread: the server's answer queues are pipe queues (:class:`xmesh.serve.server.XmeshLitServer`),
-whose ``put`` hands the pickling and writing to a thread of their own. A request whose payload has a
-``stamps`` dict gets its arrival time (``time.monotonic()``) there as ``"received"``.
+whose ``put`` hands the pickling and writing to a thread of their own. Each request's
+:class:`~xmesh.serve.upload.Sample` gets its arrival time (``time.monotonic()``) in its ``stamps`` as
+``"received"``.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class PrefetchingBatchLoop(BatchedLoop):
 
     def __call__(self, lit_api, device, worker_id, request_queue, transport, *args, **kwargs):
         self._arrived: queue.Queue = queue.Queue()
-        own = request_queue.of_worker(worker_id) if isinstance(request_queue, WorkerQueues) else request_queue
+        own = request_queue.of_worker(worker_id)   # XmeshLitServer's WorkerQueues
         threading.Thread(target=self._receive, args=(own,), name="xmesh-receive", daemon=True).start()
         super().__call__(lit_api, device, worker_id, request_queue, transport, *args, **kwargs)
 
@@ -59,7 +60,7 @@ class PrefetchingBatchLoop(BatchedLoop):
                 item = request_queue.get()
             except (EOFError, OSError):     # the server's queue is closed: it is shutting down
                 item = _SENTINEL_VALUE
-            if item != _SENTINEL_VALUE and isinstance(getattr(item[3], "stamps", None), dict):
+            if item != _SENTINEL_VALUE:
                 item[3].stamps["received"] = time.monotonic()
             self._arrived.put(item)
             if item == _SENTINEL_VALUE:
