@@ -21,7 +21,7 @@ from ..metrics import THRESHOLDS, evaluate
 from ..metrics.batch import evaluate_batch, pad_clouds
 from .loading import BatchLoader, HostBatch
 from .settings import RunSettings
-from .staging import Stager
+from .staging import Stager, copy_to_host
 
 GT_ROWS_STEP = 1024   # padded ground truth grows in steps of this many points, so buffers are reused
 
@@ -179,13 +179,6 @@ class _InFlight:
     host_scores: np.ndarray | None
 
 
-def _copy_to_pinned(cupy, device_array, pinned: np.ndarray) -> None:
-    """Queue an asynchronous device-to-host copy on the current stream."""
-    stream = cupy.cuda.get_current_stream()
-    cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, device_array.data.ptr, device_array.nbytes,
-                                  cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-
-
 def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend,
               kept: LoopBuffers) -> None:
     import cupyx
@@ -255,10 +248,10 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
                 events.append(metric_stream.record())
                 if need_vertices:
                     host_vertices = _pinned(cupyx, buffers, "vertices", refined.shape, np.float32)
-                    _copy_to_pinned(cupy, cupy.ascontiguousarray(refined, dtype=cupy.float32), host_vertices)
+                    copy_to_host(cupy, cupy.ascontiguousarray(refined, dtype=cupy.float32), host_vertices)
                 if packed is not None:
                     host_scores = _pinned(cupyx, buffers, "scores", packed.shape, np.float64)
-                    _copy_to_pinned(cupy, packed, host_scores)
+                    copy_to_host(cupy, packed, host_scores)
                 events.append(metric_stream.record())
             stager.release(slot, events[-1])  # the slot's buffers are read until the metrics end
             job = _InFlight(host, slot, events, refined, packed, host_vertices, host_scores)

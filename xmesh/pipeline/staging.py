@@ -1,7 +1,8 @@
-"""Upload host batches to the GPU through pinned buffers on a side stream.
+"""Upload host batches to the GPU through pinned buffers on a side stream, and copy results back
+into pinned host memory.
 
-A batch's arrays (images, padded ground truth) are copied into the pinned host buffers of one of
-two slots, used in turn, and uploaded on a non-blocking stream, so batch k+1 goes up while batch k
+A batch's arrays (images, padded ground truth; or a list of equal arrays, stacked straight into
+the buffer) are copied into the pinned host buffers of one of two slots, used in turn, and uploaded on a non-blocking stream, so batch k+1 goes up while batch k
 computes. All ordering is by CUDA events: a slot's pinned buffers are refilled only after its last
 upload finished (``copied``); its device buffers are overwritten only after the compute that read
 them (``consumed``, recorded by :meth:`Stager.release`); the compute waits for the upload
@@ -12,6 +13,9 @@ soon as they are freed: work queued there may still be using the block. So befor
 the side stream waits for everything queued on the compute stream so far.
 """
 from __future__ import annotations
+
+import math
+from typing import Sequence
 
 import numpy as np
 
@@ -34,22 +38,23 @@ class Stager:
         self.slots = [_Slot() for _ in range(self.SLOTS)]
         self.turn = 0
 
-    def _buffers(self, slot: _Slot, name: str, array: np.ndarray):
-        """Pinned and device buffers of at least ``array``'s size and its dtype, as views of its shape."""
+    def _buffers(self, slot: _Slot, name: str, shape: tuple, dtype):
+        """Pinned and device buffers of at least ``shape``'s size and ``dtype``, as views of that shape."""
         import cupyx
 
+        size = math.prod(shape)
         have = slot.pinned.get(name)
-        if have is None or have.dtype != array.dtype or have.size < array.size:
+        if have is None or have.dtype != dtype or have.size < size:
             if have is not None:  # the old buffers may still be read or written: let that finish first
                 self.cupy.cuda.Device().synchronize()
-            slot.pinned[name] = cupyx.empty_pinned((array.size,), dtype=array.dtype)
-            slot.device[name] = self.cupy.empty((array.size,), dtype=array.dtype)
+            slot.pinned[name] = cupyx.empty_pinned((size,), dtype=dtype)
+            slot.device[name] = self.cupy.empty((size,), dtype=dtype)
             self.stream.wait_event(self.cupy.cuda.get_current_stream().record())   # see the module docstring
-        return (slot.pinned[name][: array.size].reshape(array.shape),
-                slot.device[name][: array.size].reshape(array.shape))
+        return slot.pinned[name][:size].reshape(shape), slot.device[name][:size].reshape(shape)
 
-    def stage(self, arrays: dict[str, np.ndarray]) -> tuple[int, dict]:
-        """Start uploading ``arrays``; returns (slot number, {name: device array of the same shape})."""
+    def stage(self, arrays: dict[str, np.ndarray | Sequence[np.ndarray]]) -> tuple[int, dict]:
+        """Start uploading ``arrays`` (a list of equal arrays is uploaded as their stack); returns
+        (slot number, {name: device array of the same shape})."""
         number = self.turn % self.SLOTS
         self.turn += 1
         slot = self.slots[number]
@@ -60,8 +65,12 @@ class Stager:
         slot.started = self.stream.record()
         out = {}
         for name, array in arrays.items():
-            host, device = self._buffers(slot, name, array)
-            np.copyto(host, array)
+            if isinstance(array, np.ndarray):
+                host, device = self._buffers(slot, name, array.shape, array.dtype)
+                np.copyto(host, array)
+            else:
+                host, device = self._buffers(slot, name, (len(array),) + array[0].shape, array[0].dtype)
+                np.stack(array, out=host)
             device.set(host, stream=self.stream)
             out[name] = device
         slot.copied = self.stream.record()
@@ -83,3 +92,12 @@ class Stager:
 
     def close(self) -> None:
         self.stream.synchronize()
+
+
+def copy_to_host(cupy, device_array, pinned: np.ndarray) -> None:
+    """Queue an asynchronous copy of the contiguous ``device_array`` into the pinned host array
+    ``pinned`` (of its size) on the current stream; ``pinned`` holds it once that stream gets past
+    the copy (an event recorded after it)."""
+    stream = cupy.cuda.get_current_stream()
+    cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, device_array.data.ptr, device_array.nbytes,
+                                  cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)

@@ -2,16 +2,17 @@
 :class:`~xmesh.Reconstructor`; the requests LitServe gathers run as one batch.
 
 Requests reach a worker already checked and prepared (:mod:`xmesh.serve.upload`), so one batch
-holds only valid samples. The batch runs as ``Reconstructor.reconstruct_batch`` runs it: one
-``Reconstructor.run`` on the stacked images and cameras, which splits a batch that runs out of
-GPU memory. Should a batch fail anyway, its samples run one by one, so a failure stays with its own
+holds only valid samples. A batch runs in two halves (:mod:`xmesh.serve.inflight`): ``launch``
+stacks its views, starts their upload and queues one ``Reconstructor.run`` on them (which splits a
+batch that runs out of GPU memory), ``collect`` waits for its results; the worker's loop
+(:class:`~xmesh.serve.batching.PrefetchingBatchLoop`) launches the next batch before it collects
+the last. Should a batch fail anyway, its samples run one by one, so a failure stays with its own
 request. A worker answers each request with its vertices (the server process formats the mesh).
 """
 from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 from xmesh.errors import DeviceOutOfMemoryError
 from xmesh.io.images import images_to_unit
 from xmesh.serve.batching import PrefetchingBatchLoop
+from xmesh.serve.inflight import batches_for
 
 log = logging.getLogger("xmesh.serve")
 
@@ -61,10 +63,20 @@ def failure(exc: BaseException) -> dict:
     return {"error": f"the reconstruction failed ({type(exc).__name__}: {exc})", "status": 500}
 
 
+@dataclass
+class Launched:
+    """A batch handed to the device: its samples and the job to collect, or the error that stopped its launch."""
+
+    samples: list
+    job: Any = None
+    error: BaseException | None = None
+
+
 class ReconstructAPI(ls.LitAPI):
     """Batches of :class:`~xmesh.serve.upload.Sample` -> per sample {"coarse", "refined", "batch", "ms",
-    "stamps"} (or {"error", "status"}); "stamps" holds the sample's arrival in the worker and the batch's
-    start and end (``time.monotonic()``)."""
+    "stamps"} (or {"error", "status"}); "stamps" holds the sample's arrival in the worker and the times
+    its batch began on the device and had its results on the host (``time.monotonic()``).
+    ``launch`` and ``collect`` are the two halves of ``predict``, which the worker's loop calls apart."""
 
     def __init__(self, settings: ModelSettings, max_batch_size: int, batch_timeout: float, api_path: str):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path,
@@ -75,33 +87,55 @@ class ReconstructAPI(ls.LitAPI):
         select_device(str(device))
         self.model = self.settings.build()
 
+    @property
+    def batches(self):
+        """The model's two halves (:func:`xmesh.serve.inflight.batches_for`), made at first use."""
+        if getattr(self, "_batches", None) is None:
+            self._batches = batches_for(self.model)
+        return self._batches
+
     def decode_request(self, request):
         return request
 
     def batch(self, inputs):
         return list(inputs)
 
-    def predict(self, samples) -> list[dict]:
-        start = time.monotonic()
+    def launch(self, samples) -> Launched:
+        """Start the batch on the device; returns before its network has run."""
         try:
-            coarse, refined = self.model.run(self._images(samples), np.stack([s.rows for s in samples]))
-            coarse, refined = self.model.backend.to_numpy(coarse), self.model.backend.to_numpy(refined)
+            return Launched(samples, self.batches.launch(self._views(samples), np.stack([s.rows for s in samples])))
+        except Exception as exc:  # noqa: BLE001 - answered by collect
+            return Launched(samples, error=exc)
+
+    def collect(self, launched: Launched) -> list[dict]:
+        """The answers of a launched batch, once its results are on the host; a failed batch runs again
+        sample by sample."""
+        samples = launched.samples
+        try:
+            if launched.error is not None:
+                raise launched.error
+            result = self.batches.collect(launched.job)
         except Exception as exc:  # noqa: BLE001 - every request gets an answer; the worker keeps serving
             if len(samples) == 1:
                 return [failure(exc)]
             return [self.predict([sample])[0] for sample in samples]
-        end = time.monotonic()
-        return [{"coarse": coarse[b], "refined": refined[b], "batch": len(samples), "ms": (end - start) * 1000.0,
+        start, end = result.start, result.end
+        return [{"coarse": result.coarse[b], "refined": result.refined[b], "batch": len(samples),
+                 "ms": (end - start) * 1000.0,
                  "stamps": {"received": sample.stamps.get("received", start), "start": start, "end": end}}
                 for b, sample in enumerate(samples)]
 
-    def _images(self, samples):
-        """The batch's network input: 8-bit views go to the device as they are and become float32 there."""
+    def predict(self, samples) -> list[dict]:
+        return self.collect(self.launch(samples))
+
+    @staticmethod
+    def _views(samples) -> list[np.ndarray]:
+        """Each sample's views as the network's input goes to the device: 8-bit views as they are (they
+        become float32 there), else every sample's as float32."""
         views = [s.images for s in samples]
         if all(v.dtype == np.uint8 for v in views):
-            backend = self.model.backend
-            return images_to_unit(backend.xp, backend.asarray(np.stack(views), dtype=np.uint8))
-        return np.stack([images_to_unit(np, v) for v in views])
+            return views
+        return [images_to_unit(np, v) for v in views]
 
     def unbatch(self, output):
         return output
