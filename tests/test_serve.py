@@ -7,6 +7,7 @@ import base64
 import http.client
 import json
 import os
+import pickle
 import signal
 import socket
 import struct
@@ -453,6 +454,41 @@ def test_on_a_gpu_served_meshes_are_the_local_ones_within_the_fp32_tolerance(tmp
         assert float((np.abs(vertices - expected).max(axis=1) > GPU_ATOL).mean()) <= GPU_MAX_FRACTION
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_on_a_gpu_batches_in_flight_together_equal_the_same_batches_run_alone(precision):
+    """The worker's two halves on CuPy with two batches in flight, as its loop runs them: batch 1 (float32
+    views: the network reads the staged buffer itself) and batch 2 (8-bit views) launched before either
+    is collected, batch 3 launched into batch 1's staging slot while batch 2 runs (and captured as CUDA
+    graphs then: its size is seen a second time). Each equals the same samples run as one batch by
+    ``Reconstructor.run`` from the host, within the end-to-end tolerance of tests/test_cupy_backend.py."""
+    from xmesh.serve.upload import Sample
+    from xmesh.serve.worker import ReconstructAPI
+
+    api = ReconstructAPI.__new__(ReconstructAPI)
+    api.model = xmesh.Reconstructor(synthetic_weights(1), backend="cupy", precision=precision)
+    rng = np.random.default_rng(11)
+    batches = [[Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8),
+                       np.float32([[rng.uniform(0, 360), 25, 0, 0.8, 25]] * 3)) for _ in range(size)]
+               for size in (3, 2, 3)]
+    for sample in batches[0]:
+        sample.images = UINT8_TO_UNIT[sample.images]
+    first, second = api.launch(batches[0]), api.launch(batches[1])
+    answers = [api.collect(first)]
+    third = api.launch(batches[2])
+    answers += [api.collect(second), api.collect(third)]
+    for samples, got in zip(batches, answers):
+        views = np.stack([s.images if s.images.dtype == np.float32 else UINT8_TO_UNIT[s.images] for s in samples])
+        coarse, refined = (api.model.backend.to_numpy(a) for a in api.model.run(views, np.stack([s.rows for s in samples])))
+        for b, answer in enumerate(got):
+            assert "error" not in answer, answer
+            assert answer["batch"] == len(samples) and answer["ms"] > 0
+            for name, want in (("coarse", coarse[b]), ("refined", refined[b])):
+                far = np.abs(answer[name] - want).max(axis=1) > GPU_ATOL
+                assert float(far.mean()) <= GPU_MAX_FRACTION, (name, float(np.abs(answer[name] - want).max()))
+
+
 # ------------------------------------------------------------------------------------------ the page
 
 
@@ -579,6 +615,174 @@ def test_a_batch_that_runs_out_of_memory_is_split_and_every_request_answered(mod
     for sample, answer in zip(samples, answers):
         assert answer["batch"] == 5
         np.testing.assert_array_equal(answer["coarse"], UINT8_TO_UNIT[sample.images[0, 0, :1]])
+
+
+class Gate:
+    """A model whose network waits at a gate: ``entered`` holds the batches (their first camera value) in
+    the order the network began them; a batch leaves once ``opened`` is set. Its output: each sample's first
+    pixels, as a coarse and a refined mesh would be. Views of another size fail it, as they would the network."""
+
+    backend = get_backend("numpy")
+
+    def __init__(self):
+        self.entered: list[float] = []
+        self.inside, self.opened = threading.Event(), threading.Event()
+
+    def run(self, images, cameras):
+        if images.shape[1:] != (3, 224, 224, 3):
+            raise ValueError(f"simulated: the network needs (B, 3, 224, 224, 3) views, got {images.shape}")
+        self.entered.append(float(cameras[0, 0, 0]))
+        self.inside.set()
+        assert self.opened.wait(60), "the test never opened the gate"
+        return images[:, 0, 0, :4], images[:, 1, 0, :4] + cameras[:, :1, :3]
+
+
+def gate_api(model):
+    from xmesh.serve.worker import ReconstructAPI
+
+    api = ReconstructAPI.__new__(ReconstructAPI)
+    api.model = model
+    return api
+
+
+def u8_samples(seed: int, count: int, first_camera: float = 0.0):
+    from xmesh.serve.upload import Sample
+
+    rng = np.random.default_rng(seed)
+    samples = [Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
+               for _ in range(count)]
+    samples[0].rows[0, 0] = first_camera
+    return samples
+
+
+def test_a_batch_is_launched_while_the_one_before_is_in_the_network():
+    """On the CPU the network runs in a thread of its own: launching batch 2 (its views stacked) returns
+    while batch 1 is still inside the network, batch 2 runs after batch 1, and each answer is its own
+    sample's output."""
+    model = Gate()
+    api = gate_api(model)
+    first, second = u8_samples(1, 3, first_camera=1.0), u8_samples(2, 2, first_camera=2.0)
+    launched_first = api.launch(first)
+    assert model.inside.wait(60)
+    launched_second = api.launch(second)        # returns although batch 1 is held at the gate
+    assert model.entered == [1.0] and launched_second.error is None
+    model.opened.set()
+    answers = api.collect(launched_first) + api.collect(launched_second)
+    assert model.entered == [1.0, 2.0]
+    for sample, answer, size in zip(first + second, answers, [3, 3, 3, 2, 2]):
+        assert answer["batch"] == size
+        np.testing.assert_array_equal(answer["coarse"], UINT8_TO_UNIT[sample.images[0, 0, :4]])
+        stamps = answer["stamps"]
+        assert stamps["start"] <= stamps["end"] and answer["ms"] == (stamps["end"] - stamps["start"]) * 1000.0
+    # batch 2 began in the network only after batch 1 had left it
+    assert answers[0]["stamps"]["end"] <= answers[3]["stamps"]["start"]
+
+
+def test_a_bad_sample_launched_beside_good_ones_fails_alone():
+    """A sample whose views cannot be stacked with the others stops its batch's launch; the batch then runs
+    sample by sample and only that request gets an error."""
+    from xmesh.serve.upload import Sample
+
+    model = Gate()
+    model.opened.set()
+    api = gate_api(model)
+    samples = u8_samples(4, 3)
+    samples.insert(1, Sample(np.zeros((3, 224, 200, 3), np.uint8), np.ones((3, 5), np.float32)))
+    launched = api.launch(samples)
+    assert isinstance(launched.error, ValueError)
+    answers = api.collect(launched)
+    assert [a.get("status") for a in answers] == [None, 500, None, None]
+    for sample, answer in zip(samples[::2] + samples[3:], answers[::2] + answers[3:]):
+        assert answer["batch"] == 1
+        np.testing.assert_array_equal(answer["coarse"], UINT8_TO_UNIT[sample.images[0, 0, :4]])
+
+
+class LoopAPI:
+    """A stand-in API for the worker's loop, its requests' inputs plain numbers: records each launch and
+    collect, and puts ``arrivals[(step, first number)]`` into the loop's local queue at that step, as if
+    those requests arrived meanwhile. A batch holding request 13 fails when collected."""
+
+    max_batch_size, batch_timeout, request_timeout = 4, 0.0, False
+
+    def __init__(self, loop, arrivals: dict):
+        self.loop, self.arrivals, self.events = loop, arrivals, []
+
+    decode_request = batch = unbatch = encode_response = staticmethod(lambda x: x)
+
+    def _step(self, step: str, numbers: list) -> None:
+        self.events.append((step, numbers))
+        for item in self.arrivals.get((step, numbers[0]), []):
+            self.loop._arrived.put(item)
+
+    def launch(self, numbers):
+        self._step("launch", list(numbers))
+        return list(numbers)
+
+    def collect(self, numbers):
+        self._step("collect", numbers)
+        if 13 in numbers:
+            raise RuntimeError("simulated: the batch failed")
+        return [n * 10 for n in numbers]
+
+
+class Sent(list):
+    def send(self, item, consumer_id):
+        self.append((consumer_id, item))
+
+    def answers(self) -> dict:
+        return {uid: (consumer, answer, status) for consumer, (uid, (answer, status, *_)) in self}
+
+
+def request(number: int):
+    return (number % 2, f"uid-{number}", time.monotonic(), number)
+
+
+def run_loop(arrivals: dict, first: int):
+    """The worker's batch loop over LoopAPI, from request ``first``, until the stop (the sentinel) arrives."""
+    import queue
+
+    from litserve.callbacks import CallbackRunner
+
+    from xmesh.serve.batching import PrefetchingBatchLoop
+
+    loop, sent = PrefetchingBatchLoop(), Sent()
+    api = LoopAPI(loop, arrivals)
+    loop._arrived = queue.Queue()
+    loop._arrived.put(request(first))
+    worker = threading.Thread(target=loop.run_batched_loop, args=(api, None, sent, CallbackRunner()), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the loop did not stop at the sentinel"
+    return api.events, sent.answers()
+
+
+def test_the_worker_loop_launches_a_batch_before_it_answers_the_one_before():
+    """Requests 2 and 13 arrive while batch [1] is launched: batch [2, 13] is launched before [1] is
+    collected (two batches in flight); likewise [4]. With nothing waiting, the batch in flight is answered
+    at once. A batch that fails answers each of its requests with the error; the others are answered."""
+    from litserve.loops.base import _SENTINEL_VALUE
+    from litserve.utils import LitAPIStatus
+
+    events, answers = run_loop({("launch", 1): [request(2), request(13)], ("launch", 2): [request(4)],
+                                ("collect", 4): [_SENTINEL_VALUE]}, first=1)
+    assert events == [("launch", [1]), ("launch", [2, 13]), ("collect", [1]), ("launch", [4]),
+                      ("collect", [2, 13]), ("collect", [4])]
+    assert {uid: answers[uid] for uid in ("uid-1", "uid-4")} == {"uid-1": (1, 10, LitAPIStatus.OK),
+                                                                  "uid-4": (0, 40, LitAPIStatus.OK)}
+    for uid, consumer in (("uid-2", 0), ("uid-13", 1)):
+        assert answers[uid][0] == consumer and answers[uid][2] == LitAPIStatus.ERROR
+        assert "simulated: the batch failed" in str(pickle.loads(answers[uid][1]))
+
+
+def test_the_worker_loop_answers_every_request_in_flight_when_it_is_stopped():
+    """The stop arrives with requests 2 and 3 while batch [1] is in flight: [2, 3] still runs, and both
+    batches are answered before the loop ends."""
+    from litserve.loops.base import _SENTINEL_VALUE
+    from litserve.utils import LitAPIStatus
+
+    events, answers = run_loop({("launch", 1): [request(2), request(3), _SENTINEL_VALUE]}, first=1)
+    assert events == [("launch", [1]), ("launch", [2, 3]), ("collect", [1]), ("collect", [2, 3])]
+    assert answers == {f"uid-{n}": (n % 2, n * 10, LitAPIStatus.OK) for n in (1, 2, 3)}
 
 
 def _answer_first_request(request_queue, transport) -> None:
