@@ -37,9 +37,10 @@ TIMING_HEADER = "Server-Timing"
 PHASES = (("read", "arrived", "read", "the body read and its multipart fields parsed"),
           ("decode", "read", "prepared", "the images decoded and the fields checked"),
           ("queue", "prepared", "received", "to the worker through the request queue"),
-          ("wait", "received", "start", "in the worker until its batch starts"),
-          ("compute", "start", "end", "the batch's network"),
-          ("back", "end", "answered", "the answer back to the HTTP process"),
+          ("wait", "received", "start", "in the worker until its batch begins on the device: the batch "
+                                         "gathered, its views stacked and uploaded, the batch before it done"),
+          ("compute", "start", "end", "the batch on the device: its network and the results' copy back"),
+          ("back", "end", "answered", "the answer back to the HTTP process, from its results on the host"),
           ("format", "answered", "formatted", "the mesh written as the answer's file"),
           ("total", "arrived", "formatted", "all of it: X-Xmesh-Server-Ms"))
 FIELDS = ("images", "cameras", "poses")
