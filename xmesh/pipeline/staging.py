@@ -2,11 +2,12 @@
 into pinned host memory.
 
 A batch's arrays (images, padded ground truth; or a list of equal arrays, stacked straight into
-the buffer) are copied into the pinned host buffers of one of two slots, used in turn, and uploaded on a non-blocking stream, so batch k+1 goes up while batch k
-computes. All ordering is by CUDA events: a slot's pinned buffers are refilled only after its last
-upload finished (``copied``); its device buffers are overwritten only after the compute that read
-them (``consumed``, recorded by :meth:`Stager.release`); the compute waits for the upload
-(:meth:`Stager.wait`). Buffers grow to the largest batch seen and are reused.
+the buffer) are copied into the pinned host buffers of one of two slots, used in turn, and uploaded
+on a non-blocking stream, so batch k+1 goes up while batch k computes. All ordering is by CUDA
+events: a slot's pinned buffers are refilled only after its last upload finished (``copied``); its
+device buffers are overwritten only after the compute that read them (``consumed``, recorded by
+:meth:`Stager.release`); the compute waits for the upload (:meth:`Stager.wait`). Buffers grow to
+the largest batch seen and are reused.
 
 A new device buffer comes from CuPy's pool, which hands out blocks freed on the compute stream as
 soon as they are freed: work queued there may still be using the block. So before its first upload

@@ -4,9 +4,8 @@ requests received off the worker's main thread and two batches in flight.
 LitServe's own loop takes requests from its queue one at a time and stops gathering when the batch timeout
 has passed, so the receive time of the requests (each unpickled: 450 KB of pixels) bounds the batch size.
 Here one thread receives requests into a local queue while the device runs a batch. A batch is whatever
-has arrived, up to ``max_batch_size``: with nothing in flight a lone request runs at once; when more than
-one is waiting, or a batch is in flight already (the new one would start after it), the loop waits up
-to ``batch_timeout`` for more to fill the batch.
+has arrived, up to ``max_batch_size``: a lone request runs at once; when more than one is waiting
+(concurrent traffic) the loop waits up to ``batch_timeout`` for more to fill the batch.
 
 LitServe's loop runs a batch from its requests to its answers before it gathers the next. Here a batch
 runs in the API's two halves (``launch``, ``collect``: :mod:`xmesh.serve.inflight`): the loop gathers
@@ -122,7 +121,7 @@ class PrefetchingBatchLoop(BatchedLoop):
                 items.append(self._arrived.get_nowait())
             except queue.Empty:
                 break
-        if (busy or len(items) > 1) and len(items) < lit_api.max_batch_size and lit_api.batch_timeout > 0:
+        if 1 < len(items) < lit_api.max_batch_size and lit_api.batch_timeout > 0:
             deadline = time.monotonic() + lit_api.batch_timeout
             while (len(items) < lit_api.max_batch_size and items[-1] != _SENTINEL_VALUE
                    and (left := deadline - time.monotonic()) > 0):

@@ -80,11 +80,12 @@ class GpuBatches:
 
         cupy, backend = self.cupy, self.model.backend
         stream = cupy.cuda.get_current_stream()
-        slot, device = self.stager.stage({"images": views})
+        name = f"images_{views[0].dtype}"   # a buffer a dtype: 8-bit and float32 batches in turn keep theirs
+        slot, device = self.stager.stage({name: views})
         self.stager.wait(slot)
         started = stream.record()
         try:
-            coarse, refined = self.model.run(images_to_unit(backend.xp, device["images"]), cameras)
+            coarse, refined = self.model.run(images_to_unit(backend.xp, device[name]), cameras)
         finally:
             # float32 views are read by the network itself: the slot is free once the network has run
             self.stager.release(slot)
