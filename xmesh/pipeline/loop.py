@@ -21,7 +21,7 @@ from ..metrics import THRESHOLDS, evaluate
 from ..metrics.batch import evaluate_batch, pad_clouds
 from .loading import BatchLoader, HostBatch
 from .settings import RunSettings
-from .staging import Stager, copy_to_host
+from .staging import Stager, copy_to_host, pinned_buffer
 
 GT_ROWS_STEP = 1024   # padded ground truth grows in steps of this many points, so buffers are reused
 
@@ -181,8 +181,6 @@ class _InFlight:
 
 def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend,
               kept: LoopBuffers) -> None:
-    import cupyx
-
     cupy = reconstructor.backend.cupy
     if kept.stager is None:
         kept.stager = Stager(cupy)
@@ -247,10 +245,10 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
                                                s["fscore"]], axis=1)
                 events.append(metric_stream.record())
                 if need_vertices:
-                    host_vertices = _pinned(cupyx, buffers, "vertices", refined.shape, np.float32)
+                    host_vertices = pinned_buffer(buffers, "vertices", refined.shape, np.float32)
                     copy_to_host(cupy, cupy.ascontiguousarray(refined, dtype=cupy.float32), host_vertices)
                 if packed is not None:
-                    host_scores = _pinned(cupyx, buffers, "scores", packed.shape, np.float64)
+                    host_scores = pinned_buffer(buffers, "scores", packed.shape, np.float64)
                     copy_to_host(cupy, packed, host_scores)
                 events.append(metric_stream.record())
             stager.release(slot, events[-1])  # the slot's buffers are read until the metrics end
@@ -263,10 +261,3 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
     finally:
         stager.close()
 
-
-def _pinned(cupyx, buffers: dict, name: str, shape: tuple, dtype) -> np.ndarray:
-    size = int(np.prod(shape))
-    have = buffers.get(name)
-    if have is None or have.size < size:
-        buffers[name] = have = cupyx.empty_pinned((size,), dtype=dtype)
-    return have[:size].reshape(shape)

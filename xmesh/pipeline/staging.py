@@ -102,3 +102,15 @@ def copy_to_host(cupy, device_array, pinned: np.ndarray) -> None:
     stream = cupy.cuda.get_current_stream()
     cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, device_array.data.ptr, device_array.nbytes,
                                   cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+
+
+def pinned_buffer(buffers: dict, name: str, shape: tuple, dtype) -> np.ndarray:
+    """A pinned host array of ``shape`` and ``dtype``: a view of ``buffers[name]``, which is replaced by a
+    larger one when it is too small (so a set of buffers grows to the largest batch and is reused)."""
+    import cupyx
+
+    size = math.prod(shape)
+    have = buffers.get(name)
+    if have is None or have.dtype != dtype or have.size < size:
+        buffers[name] = have = cupyx.empty_pinned((size,), dtype=dtype)
+    return have[:size].reshape(shape)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from xmesh.io.images import images_to_unit
-from xmesh.pipeline.staging import Stager, copy_to_host
+from xmesh.pipeline.staging import Stager, copy_to_host, pinned_buffer
 
 
 @dataclass
@@ -62,22 +62,23 @@ class HostBatches:
 class _GpuJob:
     started: Any      # event: the device begins the batch
     done: Any         # event: the results are in ``host``
-    host: tuple       # pinned (coarse, refined)
+    host: tuple       # pinned (coarse, refined), views of ``buffers``
+    buffers: dict     # the pinned buffer set the results were copied into
 
 
 class GpuBatches:
     """The CuPy backend's two halves (see the module docstring): the views go up through a Stager's
     pinned slots on its side stream; the network and the copy back run on the calling thread's current
-    stream."""
+    stream. Each batch in flight copies its results into a pinned buffer set of its own, taken at its
+    launch and given back at its collect (so there are as many sets as batches were ever in flight)."""
 
     def __init__(self, model):
         self.model = model
         self.cupy = model.backend.cupy
         self.stager = Stager(self.cupy)
+        self.free_buffers: list[dict] = []
 
     def launch(self, views: list[np.ndarray], cameras: np.ndarray) -> _GpuJob:
-        import cupyx
-
         cupy, backend = self.cupy, self.model.backend
         stream = cupy.cuda.get_current_stream()
         name = f"images_{views[0].dtype}"   # a buffer a dtype: 8-bit and float32 batches in turn keep theirs
@@ -89,19 +90,22 @@ class GpuBatches:
         finally:
             # float32 views are read by the network itself: the slot is free once the network has run
             self.stager.release(slot)
+        buffers = self.free_buffers.pop() if self.free_buffers else {}
         host = []
-        for result in (coarse, refined):
+        for key, result in (("coarse", coarse), ("refined", refined)):
             result = cupy.ascontiguousarray(result)
-            host.append(cupyx.empty_pinned(result.shape, dtype=result.dtype))
+            host.append(pinned_buffer(buffers, key, result.shape, result.dtype))
             copy_to_host(cupy, result, host[-1])
-        return _GpuJob(started, stream.record(), tuple(host))
+        return _GpuJob(started, stream.record(), tuple(host), buffers)
 
     def collect(self, job: _GpuJob) -> Computed:
         job.done.synchronize()
         end = time.monotonic()
         seconds = self.cupy.cuda.get_elapsed_time(job.started, job.done) / 1000.0
-        # copies: the pinned blocks go back to CuPy's pool now, not when the answers are dropped
-        return Computed(np.array(job.host[0]), np.array(job.host[1]), end - seconds, end)
+        # copies: the answers outlive the buffers' next use (the answer queues pickle them later)
+        computed = Computed(np.array(job.host[0]), np.array(job.host[1]), end - seconds, end)
+        self.free_buffers.append(job.buffers)
+        return computed
 
 
 def batches_for(model) -> HostBatches | GpuBatches:
