@@ -458,11 +458,12 @@ def test_on_a_gpu_served_meshes_are_the_local_ones_within_the_fp32_tolerance(tmp
 @requires_cuda
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_on_a_gpu_batches_in_flight_together_equal_the_same_batches_run_alone(precision):
-    """The worker's two halves on CuPy with two batches in flight, as its loop runs them: batch 1 (float32
-    views: the network reads the staged buffer itself) and batch 2 (8-bit views) launched before either
-    is collected, batch 3 launched into batch 1's staging slot while batch 2 runs (and captured as CUDA
-    graphs then: its size is seen a second time). Each equals the same samples run as one batch by
-    ``Reconstructor.run`` from the host, within the end-to-end tolerance of tests/test_cupy_backend.py."""
+    """The worker's two halves on CuPy with batches in flight: three launched before any is collected.
+    Batches 1 and 3 have float32 views, which the network reads in the staging buffer itself, so batch
+    3's upload into batch 1's buffer (the Stager's two slots in turn) must wait for batch 1's network;
+    batch 2 has 8-bit views; batch 3 is captured as CUDA graphs (its size seen a second time) while the
+    others run. Each equals the same samples run as one batch by ``Reconstructor.run`` from the host,
+    within the end-to-end tolerance of tests/test_cupy_backend.py."""
     from xmesh.serve.upload import Sample
     from xmesh.serve.worker import ReconstructAPI
 
@@ -472,12 +473,10 @@ def test_on_a_gpu_batches_in_flight_together_equal_the_same_batches_run_alone(pr
     batches = [[Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8),
                        np.float32([[rng.uniform(0, 360), 25, 0, 0.8, 25]] * 3)) for _ in range(size)]
                for size in (3, 2, 3)]
-    for sample in batches[0]:
+    for sample in batches[0] + batches[2]:
         sample.images = UINT8_TO_UNIT[sample.images]
-    first, second = api.launch(batches[0]), api.launch(batches[1])
-    answers = [api.collect(first)]
-    third = api.launch(batches[2])
-    answers += [api.collect(second), api.collect(third)]
+    launched = [api.launch(samples) for samples in batches]
+    answers = [api.collect(job) for job in launched]
     for samples, got in zip(batches, answers):
         views = np.stack([s.images if s.images.dtype == np.float32 else UINT8_TO_UNIT[s.images] for s in samples])
         coarse, refined = (api.model.backend.to_numpy(a) for a in api.model.run(views, np.stack([s.rows for s in samples])))
