@@ -10,18 +10,20 @@ as soon as it knows it will start a local cluster, beside its own imports and th
 
 Nothing imported there touches CUDA: CuPy's import makes no CUDA context (a forked one would be
 broken), and each worker's ``CUDA_VISIBLE_DEVICES`` is set by its nanny in the worker, before the
-worker is made and long before its model's first CUDA call. A worker has the environment of the
-process when the forkserver started, with its nanny's ``env`` on top; variables read only as a
-process starts (glibc's ``MALLOC_TRIM_THRESHOLD_``, ``PYTHONHASHSEED``) come from the forkserver's
-start, so the workers share one hash seed, and :func:`xmesh.pipeline.heap.keep_batch_memory` sets the
-heap explicitly. There is one forkserver per process: a loader pool started in the same process
-forks from the one running (this one has the loaders' modules too, through :mod:`.worker`), and a
-forkserver that a loader pool started first serves the workers, who then import what it lacks.
+worker is made and long before its model's first CUDA call. The forkserver starts with the
+variables each nanny sets before it starts a worker (:func:`nanny_environ`: one BLAS thread, read
+as NumPy is imported), so a forked worker computes as a spawned one did; ``PYTHONHASHSEED`` is the
+forkserver's, one for all the workers. There is one forkserver per process: a loader pool started
+later in the same process forks from this one (it has the loaders' modules, through
+:mod:`.worker`); where a loader pool started one first, its environment is not the nannies', and
+the workers are spawned as fresh interpreters instead.
 """
 from __future__ import annotations
 
 import importlib.util
 import multiprocessing
+import multiprocessing.forkserver
+import os
 import threading
 
 #: imported by every worker: Dask, the model's plugin and shard task, the model, and the
@@ -35,6 +37,7 @@ METHOD = "forkserver"
 
 _lock = threading.Lock()
 _starting: threading.Thread | None = None
+_pid: int | None = None   # the forkserver started here
 
 
 def available() -> bool:
@@ -54,11 +57,42 @@ def worker_modules(backend: str | None = None, main: tuple = ()) -> list[str]:
     return [*main, *WORKER_MODULES, *BACKEND_MODULES.get(str(backend).lower(), ())]
 
 
-def _ensure(modules: list[str]) -> None:
-    import multiprocessing.forkserver
+def nanny_environ() -> dict:
+    """The variables each Dask nanny sets before it starts a worker (``distributed.nanny.pre-spawn-environ``:
+    one BLAS thread, glibc's trim threshold), a variable already set keeping its value."""
+    import dask
+    import distributed  # noqa: F401  (its configuration's defaults)
 
+    wanted = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
+    return {name: os.environ.get(name, str(value)) for name, value in wanted.items() if value is not None}
+
+
+def _servers() -> set[int]:
+    import psutil   # a dependency of distributed
+
+    return {p.pid for p in psutil.Process().children() if _is_forkserver(p)}
+
+
+def _is_forkserver(process) -> bool:
+    try:
+        return any("multiprocessing.forkserver" in part for part in process.cmdline())
+    except Exception:   # gone meanwhile, or not ours to read
+        return False
+
+
+def _ensure(modules: list[str]) -> bool:
+    """Start the forkserver with ``modules`` and the nannies' environment (NumPy's BLAS reads it as
+    the forkserver imports NumPy); False where another forkserver runs already (a loader pool's,
+    started without that environment)."""
+    global _pid
+    running = _servers()
+    if running and _pid not in running:
+        return False
+    os.environ.update(nanny_environ())   # as each nanny does in this process before it starts a worker
     multiprocessing.get_context(METHOD).set_forkserver_preload(list(modules))   # read by the start below
     multiprocessing.forkserver.ensure_running()   # returns once started; its imports go on in it
+    _pid = next(iter(_servers() - running), _pid)
+    return True
 
 
 def _start_quietly(modules: list[str]) -> None:
@@ -81,8 +115,10 @@ def start(modules: list[str]) -> bool:
 
 
 def ready(modules: list[str]) -> bool:
-    """The forkserver running (the one :func:`start` started, waited for; else one started now with
-    ``modules``, or the one running already); False where there is none (:func:`available`)."""
+    """Whether a local cluster's workers are to be forked: the forkserver started by :func:`start`
+    (waited for), else one started now with ``modules``; False where the platform has none
+    (:func:`available`) or a forkserver that this module did not start runs already (one per
+    process: a loader pool's), whose environment is not the nannies'."""
     global _starting
     if not available():
         return False
@@ -90,5 +126,4 @@ def ready(modules: list[str]) -> bool:
         thread, _starting = _starting, None
     if thread is not None:
         thread.join()
-    _ensure(modules)   # nothing more where it runs; started again where it has ended
-    return True
+    return _ensure(modules)   # nothing more where ours runs; started again where it has ended
