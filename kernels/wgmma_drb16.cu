@@ -28,8 +28,8 @@
 //   - the producer warpgroup streams X in K slices of 32 columns (cp.async, a ring of ZL_X_SLOTS) and
 //     computes each slice's Z into a ring of ZL_Z_SLOTS, one slice ahead of the MMAs;
 //   - three MMA warpgroups, 64 rows x CT columns each, run m64nCTk16 wgmmas with both operands in
-//     shared memory (Z W1 first, so that Z's slot frees early), then add the bias, apply the ReLU, add
-//     the residual and store the tile in 16 bits, a quad's residual and output in 64 contiguous bytes
+//     shared memory (Z W1 first, so that Z's slot frees early) onto accumulators that start as the
+//     bias, then apply the ReLU, add the residual and store the tile in 16 bits, a quad's residual and output in 64 contiguous bytes
 //     of a row (W's columns sit in shared memory in zl_column's order for this).
 // They hand slices over through named barriers, one per ring slot and direction. The copies, Z, the
 // MMAs and the epilogue overlap little.
@@ -163,9 +163,11 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
         const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
         int q = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            // the accumulators start as the bias: accumulator column 8 j + 2 t (+ 1) holds output column
+            // col0 + 32 (j / 4) + 8 t + 2 (j % 4) (+ 1) (zl_column), in both of the thread's rows
             float acc[CT / 2];
 #pragma unroll
-            for (int i = 0; i < CT / 2; ++i) acc[i] = 0.0f;
+            for (int i = 0; i < CT / 2; ++i) acc[i] = bias_s[col0 + 32 * (i / 16) + 8 * t + 2 * ((i / 4) % 4) + (i & 1)];
             for (int ks = 0; ks < nslices; ++ks, ++q) {
                 wg_bar_sync(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -174,7 +176,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                 const unsigned w1 = w0 + KBUFS * WBUF;
 #pragma unroll
                 for (int kk = 0; kk < 2; ++kk)
-                    zl_mma<OPS>(acc, wg_desc(z_smem + a_rows + 32 * kk), wg_desc(w1 + 32 * kk), ks > 0 || kk > 0);
+                    zl_mma<OPS>(acc, wg_desc(z_smem + a_rows + 32 * kk), wg_desc(w1 + 32 * kk), 1);
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's X products are done
                 if (q >= 1 && q - 1 + ZL_X_SLOTS < total) wg_bar_arrive(ZL_X_FREE + (q - 1) % ZL_X_SLOTS, ZL_THREADS);
@@ -205,15 +207,12 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
                 }
 #pragma unroll
                 for (int k = 0; k < CT / 32; ++k) {
-                    const float4 b0 = *reinterpret_cast<const float4*>(bias_s + col0 + 32 * k + 8 * t);
-                    const float4 b1 = *reinterpret_cast<const float4*>(bias_s + col0 + 32 * k + 8 * t + 4);
-                    const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
                     const unsigned rk[4] = {rp[k].x, rp[k].y, rp[k].z, rp[k].w};
                     unsigned packed[4];
 #pragma unroll
                     for (int p = 0; p < 4; ++p) {   // columns 2 p, 2 p + 1 of the piece: accumulator column 8 (4 k + p) + 2 t
-                        float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
-                        float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
+                        float v0 = fmaxf(acc[4 * (4 * k + p) + 2 * h], 0.0f);
+                        float v1 = fmaxf(acc[4 * (4 * k + p) + 2 * h + 1], 0.0f);
                         if (res != nullptr) {
                             v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
                             v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));

@@ -25,8 +25,8 @@
 //   - three MMA warpgroups (64 rows each) stream W (pieces of 32 K rows of W1 or W0 for all 192
 //     columns, two a slice, a ring of six: two slices ahead; one thread of theirs copies a slice's two
 //     pieces with one bulk copy, which completes on the ring slot's transaction barrier), run m64n192k16
-//     wgmmas (Z W1, then the input's W0), and after a layer's last slice add the bias, apply the ReLU,
-//     add the residual and store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its
+//     wgmmas (Z W1, then the input's W0) onto accumulators that start as the bias, and after a layer's
+//     last slice apply the ReLU, add the residual and store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its
 //     residual there, each element read and written by the same thread), lc2 and lc4 into Q, lc5 to
 //     global memory.
 // Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X
@@ -73,23 +73,36 @@
 #define ZC_OUT 12                                     // + slice (< ZC_EARLY_SLICES): a layer's slice stored
 #define ZC_EARLY_SLICES 2                             // the slices so announced (the Z ring's two slots)
 
-// Piece k (output columns 32 k + 8 t .. + 7) of this thread's row h of a layer's output: relu(acc + bias)
+// The accumulators' starting value: the layer's bias, so that the wgmmas add the products to it and the
+// epilogue has no bias to read. Accumulator column 8 j + 2 t (+ 1) of quad thread t holds output column
+// 32 (j / 4) + 8 t + 2 (j % 4) (+ 1) (zl_column), in both of its rows (acc[4 j + 2 h], + 1).
+__device__ __forceinline__ void zc_bias_start(float (&acc)[96], const float* __restrict__ bias, int t) {
+#pragma unroll
+    for (int k = 0; k < ZL_COUT / 32; ++k) {
+        const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
+        const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
+        const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+        for (int p = 0; p < 4; ++p)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[4 * (4 * k + p) + e] = bk[2 * p + (e & 1)];
+    }
+}
+
+// Piece k (output columns 32 k + 8 t .. + 7) of this thread's row h of a layer's output: relu(acc)
 // (+ the residual's piece at res, 16 bits), rounded to 16 bits, as four pairs. The accumulator columns of
 // quad thread t hold output columns 32 k + 8 t .. + 7 (zl_column): accumulator column 8 (4 k + p) + 2 t and
 // the next hold the piece's columns 2 p, 2 p + 1.
 template <int OPS, bool RESIDUAL>
-__device__ __forceinline__ void zc_piece(const float (&acc)[96], const float* __restrict__ bias,
-                                         const unsigned char* res, int h, int k, int t, unsigned (&packed)[4]) {
-    const float4 b0 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t));
-    const float4 b1 = __ldg(reinterpret_cast<const float4*>(bias + 32 * k + 8 * t + 4));
-    const float bk[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+__device__ __forceinline__ void zc_piece(const float (&acc)[96], const unsigned char* res, int h, int k,
+                                         unsigned (&packed)[4]) {
     uint4 rp = make_uint4(0u, 0u, 0u, 0u);
     if (RESIDUAL) rp = *reinterpret_cast<const uint4*>(res);
     const unsigned rk[4] = {rp.x, rp.y, rp.z, rp.w};
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-        float v0 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h], bk[2 * p]), 0.0f);
-        float v1 = fmaxf(__fadd_rn(acc[4 * (4 * k + p) + 2 * h + 1], bk[2 * p + 1]), 0.0f);
+        float v0 = fmaxf(acc[4 * (4 * k + p) + 2 * h], 0.0f);
+        float v1 = fmaxf(acc[4 * (4 * k + p) + 2 * h + 1], 0.0f);
         if (RESIDUAL) {
             v0 = __fadd_rn(v0, wg_widen16<OPS>((unsigned short)(rk[p] & 0xffffu)));
             v1 = __fadd_rn(v1, wg_widen16<OPS>((unsigned short)(rk[p] >> 16)));
@@ -98,15 +111,14 @@ __device__ __forceinline__ void zc_piece(const float (&acc)[96], const float* __
     }
 }
 
-// A layer's epilogue for this thread's two rows: relu(acc + bias) (+ the residual in buffer A, a_buf),
+// A layer's epilogue for this thread's two rows: relu(acc) (+ the residual in buffer A, a_buf),
 // rounded to 16 bits, into shared buffer dst (A or B) or, for the last layer, to global memory: one
 // 16-byte piece of the row per k (zc_piece), chunk 4 (k % 2) + t of K buffer k / 2. The pieces go out
 // in column order (k outer) and, into shared memory, each of the first ZC_EARLY_SLICES 32-column
 // slices is announced as soon as it is stored (barrier ZC_OUT + k): the producer makes the next
 // layer's first Z slices from them while the rest of the epilogue runs.
 template <int OPS, bool RESIDUAL, bool GLOBAL_OUT>
-__device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float* __restrict__ bias,
-                                            unsigned char* a_buf, unsigned char* dst,
+__device__ __forceinline__ void zc_epilogue(const float (&acc)[96], unsigned char* a_buf, unsigned char* dst,
                                             unsigned short* __restrict__ out, long plane, long b, int n0, int N,
                                             int wg, int warp, int g, int t) {
 #pragma unroll
@@ -117,7 +129,7 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
             if (i < ZL_HYP && n0 + v < N) {
                 const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
                 unsigned packed[4];
-                zc_piece<OPS, RESIDUAL>(acc, bias, a_buf + s, h, k, t, packed);
+                zc_piece<OPS, RESIDUAL>(acc, a_buf + s, h, k, packed);
                 const uint4 piece = make_uint4(packed[0], packed[1], packed[2], packed[3]);
                 if (GLOBAL_OUT)
                     *reinterpret_cast<uint4*>(out + (b * ZL_HYP + i) * plane + (long)(n0 + v) * ZL_COUT + 8 * t + 32 * k) = piece;
@@ -130,14 +142,13 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], const float*
 }
 
 // lc5's epilogue when the block's score layer follows in the same kernel (zc_chain's SCORE): x5 =
-// relu(acc + bias) + x3, rounded to 16 bits as zc_epilogue rounds it, is never stored; each row's two
+// relu(acc) + x3, rounded to 16 bits as zc_epilogue rounds it, is never stored; each row's two
 // products with the score layer's float32 W (192 x 2, rows [w0 w1]), y0 = x5 W[:, 0] and y1 = x5 W[:, 1],
 // go to rows_out[(b, i, n)] as a float2 instead (8 bytes a row in place of 384). Float32 sums: each
 // thread's 48 columns in order by fmaf, then the quad's four partial sums. Every thread of a quad
 // takes part in the sums (rows past the tile's last hypothesis or vertex compute junk, never stored).
 template <int OPS>
-__device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const float* __restrict__ bias,
-                                                  const float* __restrict__ score_w, const unsigned char* a_buf,
+__device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const float* __restrict__ score_w, const unsigned char* a_buf,
                                                   float2* __restrict__ rows_out, long b, int n0, int N, int wg,
                                                   int warp, int g, int t) {
 #pragma unroll
@@ -148,7 +159,7 @@ __device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const 
         for (int k = 0; k < ZL_COUT / 32; ++k) {
             const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
             unsigned packed[4];
-            zc_piece<OPS, true>(acc, bias, a_buf + s, h, k, t, packed);
+            zc_piece<OPS, true>(acc, a_buf + s, h, k, packed);
             const float4* wk = reinterpret_cast<const float4*>(score_w + 2 * (32 * k + 8 * t));
 #pragma unroll
             for (int p = 0; p < 4; ++p) {   // columns 32 k + 8 t + 2 p, + 1
@@ -289,8 +300,7 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
 #pragma unroll 1
             for (int layer = 0; layer < ZC_LAYERS; ++layer) {
                 float acc[96];
-#pragma unroll
-                for (int i = 0; i < 96; ++i) acc[i] = 0.0f;
+                zc_bias_start(acc, bias + layer * ZL_COUT, t4);
                 const int slices = layer ? ZC_SLICES : first_slices;
                 const unsigned rows = wg * 64 * 128;   // this warpgroup's rows
 #pragma unroll 1
@@ -304,7 +314,7 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
                     const unsigned zs = z_smem + rows + 64 * (q % 2);
 #pragma unroll
                     for (int kk = 0; kk < 2; ++kk)
-                        zl_mma<OPS>(acc, wg_desc(zs + 32 * kk), wg_desc64(w1 + 32 * kk), ks > 0 || kk > 0);
+                        zl_mma<OPS>(acc, wg_desc(zs + 32 * kk), wg_desc64(w1 + 32 * kk), 1);
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // slice q - 1's products are done
                     // done with lc1's K buffer ks / 2 - 1 (both its slices): K buffer ks / 2 + 2 may go there
@@ -324,15 +334,14 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
                 for (int i = 0; i < 96; ++i) wg_pin(acc[i]);
                 // lc5's input is where the next tile's X goes: the producer fills it while this epilogue runs
                 if (layer == ZC_LAYERS - 1 && t + 1 < my_tiles) wg_bar_arrive(ZC_INPUT_FREE, ZL_THREADS);
-                const float* bl = bias + layer * ZL_COUT;
                 if (layer == 0 || layer == 1 || layer == 3)   // x1 into P, x2 and x4 into Q
-                    zc_epilogue<OPS, false, false>(acc, bl, p_buf, layer ? q_buf : p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, false, false>(acc, p_buf, layer ? q_buf : p_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else if (layer == 2)                          // x3 = lc3(x2) + x1 over x1 in P
-                    zc_epilogue<OPS, true, false>(acc, bl, p_buf, p_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, true, false>(acc, p_buf, p_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 else if (SCORE)                               // x5 = lc5(x4) + x3 into the score layer's products
-                    zc_epilogue_score<OPS>(acc, bl, score_w, p_buf, rows_out, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue_score<OPS>(acc, score_w, p_buf, rows_out, b, n0, N, wg, warp, g, t4);
                 else                                          // x5 = lc5(x4) + x3 to global memory
-                    zc_epilogue<OPS, true, true>(acc, bl, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
+                    zc_epilogue<OPS, true, true>(acc, p_buf, q_buf, out, plane, b, n0, N, wg, warp, g, t4);
                 if (layer < ZC_LAYERS - 1) {
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the next layer's wgmmas read it
                     wg_bar_arrive(ZC_LAYER_DONE, ZL_THREADS);
