@@ -204,6 +204,33 @@ def test_local_workers_are_forked_from_a_forkserver_that_imported_their_modules_
     assert seen["loader_parent"] == seen["workers"][0]["parent"]
 
 
+LOADERS_FIRST = """
+import os, sys
+from xmesh.cluster import open_client
+from xmesh.pipeline.loading import start_pool
+
+if __name__ == "__main__":
+    pool = start_pool(1)
+    loaders_server = pool.submit(os.getppid).result()
+    with open_client("local:1") as client:
+        parent, = client.run(os.getppid).values()
+    pool.shutdown()
+    print(parent == os.getpid(), parent == loaders_server)
+"""
+
+
+def test_workers_are_spawned_where_a_loader_pools_forkserver_runs_already(tmp_path):
+    """The one forkserver of a process that started a loader pool first lacks the nannies' environment
+    (one BLAS thread): the cluster's worker is then spawned by its nanny, a child of this process."""
+    import subprocess
+    import sys
+
+    (tmp_path / "first.py").write_text(LOADERS_FIRST)
+    done = subprocess.run([sys.executable, str(tmp_path / "first.py")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]
+
+
 COMMAND = """
 import sys
 import psutil
