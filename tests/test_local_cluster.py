@@ -157,6 +157,140 @@ def test_closing_a_local_cluster_leaves_no_process_and_prints_nothing(data, tmp_
     assert len(read_csv(tmp_path / "out" / "samples.csv")) == len(data["ids"])
 
 
+# the workers of local-cuda (two made-up GPUs, no model: nothing touches CUDA) asked where they came
+# from, what they have imported and which devices they see; then a loader pool of the same process
+FORKED = """
+import json, os, sys
+import psutil
+from xmesh.cluster import open_client
+from xmesh.pipeline.loading import start_pool
+
+def where():
+    return {"parent": os.getppid(), "preloaded": "xmesh.backends.cupy_backend" in sys.modules,
+            "devices": os.environ["CUDA_VISIBLE_DEVICES"]}
+
+if __name__ == "__main__":
+    with open_client("local-cuda") as client:
+        workers = list(client.run(where).values())
+    server = psutil.Process(workers[0]["parent"])
+    pool = start_pool(2)
+    loader_parent = pool.submit(os.getppid).result()
+    pool.shutdown()
+    json.dump({"workers": workers, "server": server.cmdline(), "server_parent": server.ppid(), "me": os.getpid(),
+               "server_devices": server.environ().get("CUDA_VISIBLE_DEVICES"), "loader_parent": loader_parent},
+              open(sys.argv[1], "w"))
+"""
+
+
+def test_local_workers_are_forked_from_a_forkserver_that_imported_their_modules_each_with_its_devices(tmp_path):
+    """The workers' parent is this process's forkserver, started with the workers' modules (the
+    backend's among them, in the workers' sys.modules though no task imported it); each worker
+    still sees its own GPU first (its nanny's env); a loader pool started after forks from it too."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "forked.py").write_text(FORKED)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"}
+    subprocess.run([sys.executable, str(tmp_path / "forked.py"), str(tmp_path / "out.json")], env=env, check=True,
+                   timeout=120)
+    seen = json.loads((tmp_path / "out.json").read_text())
+    server = " ".join(seen["server"])
+    assert "multiprocessing.forkserver" in server and seen["server_parent"] == seen["me"]
+    assert all(m in server for m in ("distributed", "xmesh.cluster.worker", "xmesh.backends.cupy_backend"))
+    assert {w["parent"] for w in seen["workers"]} == {seen["workers"][0]["parent"]}
+    assert all(w["preloaded"] for w in seen["workers"])
+    assert sorted(w["devices"] for w in seen["workers"]) == ["5,7", "7,5"] and seen["server_devices"] == "5,7"
+    assert seen["loader_parent"] == seen["workers"][0]["parent"]
+
+
+LOADERS_FIRST = """
+import os, sys
+from xmesh.cluster import open_client
+from xmesh.pipeline.loading import start_pool
+
+if __name__ == "__main__":
+    pool = start_pool(1)
+    loaders_server = pool.submit(os.getppid).result()
+    with open_client("local:1") as client:
+        parent, = client.run(os.getppid).values()
+    pool.shutdown()
+    print(parent == os.getpid(), parent == loaders_server)
+"""
+
+
+def test_workers_are_spawned_where_a_loader_pools_forkserver_runs_already(tmp_path):
+    """The one forkserver of a process that started a loader pool first lacks the nannies' environment
+    (one BLAS thread): the cluster's worker is then spawned by its nanny, a child of this process."""
+    import subprocess
+    import sys
+
+    (tmp_path / "first.py").write_text(LOADERS_FIRST)
+    done = subprocess.run([sys.executable, str(tmp_path / "first.py")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]
+
+
+COMMAND = """
+import sys
+import psutil
+from xmesh import cli
+
+if __name__ == "__main__":
+    code = cli.main(sys.argv[1:])
+    servers = [" ".join(p.cmdline()) for p in psutil.Process().children()]
+    print("\\n".join(s for s in servers if "multiprocessing.forkserver" in s))
+    sys.exit(code)
+"""
+
+
+def test_the_command_starts_the_workers_forkserver_with_its_own_modules(data, tmp_path):
+    """``xmesh eval --cluster local:2`` in a process of its own: the one forkserver (running until
+    the process ends) was started with the command's main module and the NumPy backend's, and the
+    rows are those of the same command without the cluster: the workers have one BLAS thread each,
+    as Dask's nannies ask, though NumPy was imported in the forkserver."""
+    import subprocess
+    import sys
+
+    from threadpoolctl import threadpool_limits
+
+    from xmesh import cli
+
+    root = data["root"]
+    args = ["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(data["test_list"]),
+            "--weights", "synthetic:1", "--limit", "2", "--no-progress"]
+    with threadpool_limits(1):   # one BLAS thread, as in Dask's workers (so the rows are bit for bit the same)
+        assert cli.main([*args, "--out", str(tmp_path / "plain")]) == 0
+    (tmp_path / "command.py").write_text(COMMAND)
+    done = subprocess.run([sys.executable, str(tmp_path / "command.py"), *args, "--out", str(tmp_path / "cluster"),
+                           "--cluster", "local:2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    servers = [line for line in done.stdout.splitlines() if "multiprocessing.forkserver" in line]
+    assert len(servers) == 1
+    assert all(m in servers[0] for m in ("xmesh.cli", "distributed", "xmesh.backends.numpy_backend"))
+    assert _rows(tmp_path / "cluster") == _rows(tmp_path / "plain")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/driver/nvidia/gpus"), reason="needs an NVIDIA GPU")
+def test_local_cuda_workers_forked_with_cupy_imported_each_use_their_own_gpu():
+    """CuPy imported in the forkserver made no CUDA context: each forked worker initialises CUDA with
+    its own CUDA_VISIBLE_DEVICES, so the workers' device 0 are different GPUs."""
+    pytest.importorskip("cupy")
+
+    def device():
+        import sys
+
+        imported = "cupy" in sys.modules
+        import cupy
+
+        return imported, cupy.cuda.runtime.getDeviceProperties(0)["pciBusID"], cupy.arange(4).sum().item()
+
+    with open_client("local-cuda") as client:
+        seen = list(client.run(device).values())
+    assert all(imported for imported, _, _ in seen)   # from the forkserver, not the task
+    assert len({bus for _, bus, _ in seen}) == len(seen) and all(total == 6 for _, _, total in seen)
+
+
 def test_pool_processes_end_once_their_owner_is_killed(tmp_path):
     """A process that starts a loader pool and is killed outright (as a cluster's worker may be)
     never shuts its pool down: its loaders, and the forkserver they came from, end on their own."""
