@@ -24,11 +24,8 @@ import re
 from pathlib import Path
 
 from ..errors import BackendUnavailableError, InputError
-from . import forkserver
 
 CONNECT_TIMEOUT = "10s"
-DAEMON = "distributed.worker.daemon"
-METHOD = "distributed.worker.multiprocessing-method"
 _FORMS = "local:N (N worker processes here), local-cuda (one worker per GPU), tcp://HOST:PORT (a running scheduler)"
 
 
@@ -59,25 +56,12 @@ def require(module: str, extra: str, what: str):
                                       f'install it with: pip install "xmesh-p2mpp[{extra}]"') from None
 
 
-def start_forkserver(spec: str, backend: str, main: tuple = ()) -> None:
-    """For a local cluster ``spec`` (``local-cuda`` with the cupy backend), start the forkserver its
-    workers will be forked from now, in a thread (:func:`.forkserver.start`); for another spec, or
-    one :func:`open_client` will refuse, nothing."""
-    try:
-        kind, _ = parse_cluster_spec(spec)
-    except InputError:
-        return
-    if kind == "local" or (kind == "local-cuda" and backend == "cupy"):
-        forkserver.start(forkserver.worker_modules(backend, main))
-
-
 @contextlib.contextmanager
-def open_client(spec: str, option: str = "--cluster", model=None, main: tuple = ()):
+def open_client(spec: str, option: str = "--cluster", model=None):
     """A ``distributed.Client`` for ``spec``; a local cluster started here is closed on exit.
     ``model``: the :class:`~xmesh.reconstruct.ModelSpec` of the run, whose plugin the workers get as
     they join, so that each starts building its model at once (the run registers the same plugin
-    again, which then changes nothing). ``main``: modules a local cluster's workers import again as
-    the parent's main script (:func:`.forkserver.worker_modules`)."""
+    again, which then changes nothing)."""
     kind, value = parse_cluster_spec(spec, option)
     require("distributed", "dask", f"{option} {spec}")
     plugins = ()
@@ -86,7 +70,7 @@ def open_client(spec: str, option: str = "--cluster", model=None, main: tuple = 
 
         plugins = (model_plugin(model),)
     if kind in ("local", "local-cuda"):
-        with _local_cluster(kind, value, plugins, option, spec, model, main) as client:
+        with _local_cluster(kind, value, plugins, option, spec) as client:
             yield client
         return
     import distributed
@@ -112,24 +96,19 @@ def open_client(spec: str, option: str = "--cluster", model=None, main: tuple = 
 
 
 @contextlib.contextmanager
-def _local_cluster(kind: str, count, plugins, option: str, spec: str, model, main: tuple):
-    """A client of a cluster started here (:mod:`.local`), its workers forked from the forkserver of
-    :mod:`.forkserver` (where the platform has one) with ``model``'s backend and ``main`` imported;
-    for ``local-cuda`` its worker processes are not daemons while it runs (they start loader and
-    writer processes)."""
+def _local_cluster(kind: str, count, plugins, option: str, spec: str):
+    """A client of a cluster started here (:mod:`.local`); for ``local-cuda`` its worker processes
+    are not daemons while it runs (they start loader and writer processes)."""
     import dask
 
     from .local import close_local, start_local, worker_specs
 
     specs = worker_specs(kind, count)
-    restore = {key: dask.config.get(key) for key in (DAEMON, METHOD)}
+    restore = dask.config.get("distributed.worker.daemon", True)
+    if kind == "local-cuda":
+        dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
     try:
         try:
-            changed = {DAEMON: False} if kind == "local-cuda" else {}   # read again by each worker (re)start
-            backend = getattr(model, "backend", "cupy" if kind == "local-cuda" else None)
-            if forkserver.ready(forkserver.worker_modules(backend, main)):
-                changed[METHOD] = forkserver.METHOD   # read by each nanny as it starts its worker
-            dask.config.set(changed)
             cluster, client = start_local(specs, plugins)
         except (OSError, TimeoutError, RuntimeError) as exc:
             raise BackendUnavailableError(f"{option} {spec}: could not start its {len(specs)} worker process(es) "
@@ -139,7 +118,7 @@ def _local_cluster(kind: str, count, plugins, option: str, spec: str, model, mai
         finally:
             close_local(cluster, client)
     finally:
-        dask.config.set(restore)
+        dask.config.set({"distributed.worker.daemon": restore})
 
 
 def describe(client) -> str:

@@ -10,10 +10,7 @@ model's.
 
 :func:`start_local` starts the scheduler, registers the given worker plugins (e.g. the model's,
 whose set-up starts the model build) and only then the workers, so that each worker starts
-building as soon as it has joined, while the others start. The nannies fork their workers from
-the forkserver of :mod:`.forkserver` (:func:`xmesh.cluster.connect.open_client` sets Dask's
-``distributed.worker.multiprocessing-method`` while the cluster runs); a nanny's ``env`` is set
-in its worker before the worker is made.
+building as soon as it has joined, while the others start.
 """
 from __future__ import annotations
 
@@ -53,9 +50,7 @@ class ExitAtClose(WorkerPlugin):
     """Once the worker has closed (its plugins torn down: the model's pools and writers are shut and
     every result was sent), its process ends without the interpreter's clean-up, which takes a
     few tenths of a second with the model's libraries loaded and frees nothing the operating
-    system would not. Removed from a running worker (no close under way), it does nothing. A worker
-    forked from the forkserver (:mod:`.forkserver`) ends so anyway; this one is for a worker
-    spawned as a fresh interpreter, where the platform has no forkserver."""
+    system would not. Removed from a running worker (no close under way), it does nothing."""
 
     name = "xmesh-exit-at-close"
 

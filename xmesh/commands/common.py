@@ -10,9 +10,6 @@ from ..io.atomic import os_error_reason
 from ..io import weight_sources
 from ..io.weight_sources import SYNTHETIC_PREFIX
 
-#: what a local cluster's worker imports again as its parent's main script (the ``xmesh`` command's)
-MAIN_MODULES = ("xmesh.cli",)
-
 
 def add_model_options(parser, weights_required: bool = True) -> None:
     parser.add_argument("--weights", required=weights_required, nargs="+", metavar="W",
@@ -97,10 +94,6 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
     thread meanwhile (the run takes the result)."""
     from ..pipeline import startup
 
-    if getattr(args, "cluster", None):
-        from ..cluster.connect import start_forkserver
-
-        start_forkserver(args.cluster, args.backend, MAIN_MODULES)   # beside the listing and the imports below
     if listing is not None:
         from ..dataset import list_samples
 
@@ -110,7 +103,7 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
 
         spec = spec_from_args(args)
         startup.mark("other")
-        with open_client(args.cluster, model=spec, main=MAIN_MODULES) as client:
+        with open_client(args.cluster, model=spec) as client:
             startup.mark("cluster")
             print(f"xmesh {args.command}: cluster {args.cluster}: {describe(client)}", file=sys.stderr)
             for name in path_options:
