@@ -151,32 +151,39 @@ template <int OPS>
 __device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const float* __restrict__ score_w, const unsigned char* a_buf,
                                                   float2* __restrict__ rows_out, long b, int n0, int N, int wg,
                                                   int warp, int g, int t) {
+    float y0[2] = {0.0f, 0.0f}, y1[2] = {0.0f, 0.0f};   // the two rows' sums
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
-        float y0 = 0.0f, y1 = 0.0f;
+    for (int k = 0; k < ZL_COUT / 32; ++k) {
+        float4 w[4];   // W[c][0], W[c][1], W[c + 1][0], W[c + 1][1] for columns c = 32 k + 8 t + 2 p: read once for both rows
+        const float4* wk = reinterpret_cast<const float4*>(score_w + 2 * (32 * k + 8 * t));
 #pragma unroll
-        for (int k = 0; k < ZL_COUT / 32; ++k) {
+        for (int p = 0; p < 4; ++p) w[p] = __ldg(wk + p);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h;
             const unsigned s = (k / 2) * ZC_KBUF_BYTES + r * 128 + (((4 * (k % 2) + t) ^ (r & 7)) << 4);
             unsigned packed[4];
             zc_piece<OPS, true>(acc, a_buf + s, h, k, packed);
-            const float4* wk = reinterpret_cast<const float4*>(score_w + 2 * (32 * k + 8 * t));
 #pragma unroll
-            for (int p = 0; p < 4; ++p) {   // columns 32 k + 8 t + 2 p, + 1
+            for (int p = 0; p < 4; ++p) {
                 const float x0 = wg_widen16<OPS>((unsigned short)(packed[p] & 0xffffu));
                 const float x1 = wg_widen16<OPS>((unsigned short)(packed[p] >> 16));
-                const float4 w = __ldg(wk + p);   // W[c][0], W[c][1], W[c + 1][0], W[c + 1][1]
-                y0 = fmaf(x0, w.x, y0);
-                y1 = fmaf(x0, w.y, y1);
-                y0 = fmaf(x1, w.z, y0);
-                y1 = fmaf(x1, w.w, y1);
+                y0[h] = fmaf(x0, w[p].x, y0[h]);
+                y1[h] = fmaf(x0, w[p].y, y1[h]);
+                y0[h] = fmaf(x1, w[p].z, y0[h]);
+                y1[h] = fmaf(x1, w[p].w, y1[h]);
             }
         }
-        y0 += __shfl_xor_sync(0xffffffffu, y0, 1);
-        y1 += __shfl_xor_sync(0xffffffffu, y1, 1);
-        y0 += __shfl_xor_sync(0xffffffffu, y0, 2);
-        y1 += __shfl_xor_sync(0xffffffffu, y1, 2);
-        if (t == 0 && i < ZL_HYP && n0 + v < N) rows_out[(b * ZL_HYP + i) * (long)N + n0 + v] = make_float2(y0, y1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = wg * 64 + (warp & 3) * 16 + g + 8 * h, i = r / ZL_VERTS, v = r % ZL_VERTS;
+        float s0 = y0[h], s1 = y1[h];
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        if (t == 0 && i < ZL_HYP && n0 + v < N) rows_out[(b * ZL_HYP + i) * (long)N + n0 + v] = make_float2(s0, s1);
     }
 }
 
