@@ -29,8 +29,9 @@
 //     computes each slice's Z into a ring of ZL_Z_SLOTS, one slice ahead of the MMAs;
 //   - three MMA warpgroups, 64 rows x CT columns each, run m64nCTk16 wgmmas with both operands in
 //     shared memory (Z W1 first, so that Z's slot frees early) onto accumulators that start as the
-//     bias, then apply the ReLU, add the residual and store the tile in 16 bits, a quad's residual and output in 64 contiguous bytes
-//     of a row (W's columns sit in shared memory in zl_column's order for this).
+//     bias, then apply the ReLU, add the residual and store the tile in 16 bits, a quad's residual
+//     and output in 64 contiguous bytes of a row (W's columns sit in shared memory in zl_column's
+//     order for this).
 // They hand slices over through named barriers, one per ring slot and direction. The copies, Z, the
 // MMAs and the epilogue overlap little.
 //

@@ -26,9 +26,9 @@
 //     columns, two a slice, a ring of six: two slices ahead; one thread of theirs copies a slice's two
 //     pieces with one bulk copy, which completes on the ring slot's transaction barrier), run m64n192k16
 //     wgmmas (Z W1, then the input's W0) onto accumulators that start as the bias, and after a layer's
-//     last slice apply the ReLU, add the residual and store the layer's output in 16 bits: lc1 and lc3 into P (lc3 over its
-//     residual there, each element read and written by the same thread), lc2 and lc4 into Q, lc5 to
-//     global memory.
+//     last slice apply the ReLU, add the residual and store the layer's output in 16 bits: lc1 and lc3
+//     into P (lc3 over its residual there, each element read and written by the same thread), lc2 and
+//     lc4 into Q, lc5 to global memory.
 // Q is lc5's input; once lc5's wgmmas are done with it, the producer copies the next tile's X
 // there while lc5's epilogue still reads its residual from P (and the next tile's lc1 epilogue,
 // which writes P, runs in the same threads after it, element for element).
@@ -148,9 +148,9 @@ __device__ __forceinline__ void zc_epilogue(const float (&acc)[96], unsigned cha
 // thread's 48 columns in order by fmaf, then the quad's four partial sums. Every thread of a quad
 // takes part in the sums (rows past the tile's last hypothesis or vertex compute junk, never stored).
 template <int OPS>
-__device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const float* __restrict__ score_w, const unsigned char* a_buf,
-                                                  float2* __restrict__ rows_out, long b, int n0, int N, int wg,
-                                                  int warp, int g, int t) {
+__device__ __forceinline__ void zc_epilogue_score(const float (&acc)[96], const float* __restrict__ score_w,
+                                                  const unsigned char* a_buf, float2* __restrict__ rows_out, long b,
+                                                  int n0, int N, int wg, int warp, int g, int t) {
     float y0[2] = {0.0f, 0.0f}, y1[2] = {0.0f, 0.0f};   // the two rows' sums
 #pragma unroll
     for (int k = 0; k < ZL_COUT / 32; ++k) {
