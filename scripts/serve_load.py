@@ -13,7 +13,8 @@ spread over --client-processes processes). Every request is the same three PNG-e
 default: what a web viewer loads, and the smallest). Targets for one H100 in fp16: concurrency 1 p50 <= 8 ms;
 concurrency 256 >= 800 requests/s with p99 <= 400 ms. Each row also gives the medians of the server's
 X-Xmesh-Server-Ms and X-Xmesh-Compute-Ms headers and, from them, what the median request spent most of
-its time on (see ``bound``). A second table gives, per run, the median milliseconds of each step of the
+its time on (see ``bound``), and how busy the host's CPUs were over the measured seconds (the client's
+processes included: they share the machine). A second table gives, per run, the median milliseconds of each step of the
 server's Server-Timing header (``xmesh.serve.routes.PHASES``) and "outside", the client's latency less the
 server's total (uvicorn's HTTP handling, the transfer, the client). For a lone request's breakdown on a CPU:
 
@@ -30,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -91,13 +93,38 @@ def _client(job: tuple) -> list:
     return out
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(busy, all) jiffies of the host's CPUs since boot (/proc/stat's first line), None where unreadable."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def host_cpu_busy(start: float, stop: float, out: dict) -> None:
+    """Put in ``out["host_cpu_pct"]`` how busy the host's CPUs were (per cent of all of them, the client's
+    processes included) between ``time.perf_counter()`` times ``start`` and ``stop``."""
+    time.sleep(max(0.0, start - time.perf_counter()))
+    first = cpu_times()
+    time.sleep(max(0.0, stop - time.perf_counter()))
+    last = cpu_times()
+    if first is not None and last is not None and last[1] > first[1]:
+        out["host_cpu_pct"] = 100.0 * (last[0] - first[0]) / (last[1] - first[1])
+
+
 def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int, warmup: float, seconds: float,
               max_batch: int) -> dict:
     now = time.perf_counter()
     warm_until, stop_at = now + warmup, now + warmup + seconds
     used = max(1, min(processes, concurrency))
     shares = [concurrency // used + (1 if i < concurrency % used else 0) for i in range(used)]
+    cpu = {"host_cpu_pct": float("nan")}
+    watcher = threading.Thread(target=host_cpu_busy, args=(warm_until, stop_at, cpu), daemon=True)
+    watcher.start()
     results = [r for part in pool.map(_client, [(port, payload, n, warm_until, stop_at) for n in shares]) for r in part]
+    watcher.join()
     latencies = np.array([r[0] for r in results if r[1] == 200]) * 1000.0
     batches = np.array([r[2] for r in results if r[1] == 200])
     server_ms = np.array([r[3] for r in results if r[1] == 200])
@@ -111,7 +138,7 @@ def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int,
             "p50_ms": float(np.percentile(latencies, 50)) if ok else float("nan"),
             "p95_ms": float(np.percentile(latencies, 95)) if ok else float("nan"),
             "p99_ms": float(np.percentile(latencies, 99)) if ok else float("nan"),
-            "mean_batch": float(batches.mean()) if ok else float("nan"),
+            "mean_batch": float(batches.mean()) if ok else float("nan"), **cpu,
             "server_p50_ms": median(server_ms), "compute_p50_ms": median(compute_ms),
             "phases_p50_ms": {name: float(np.median([t[name] for t in timings])) if timings else float("nan")
                               for name in steps},
@@ -174,11 +201,11 @@ def stop_server(process: subprocess.Popen) -> None:
 
 def table(rows: list[dict]) -> str:
     lines = ["| max batch | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean batch | "
-             "server p50 ms | compute p50 ms | bound (p50) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "host CPU % | server p50 ms | compute p50 ms | bound (p50) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['max_batch']} | {r['concurrency']} | {r['ok']} | {r['errors']} | {r['per_s']:.0f} | "
-                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | {r['host_cpu_pct']:.0f} | "
                      f"{r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |")
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@ Stage definitions: ``xmesh/benchmarking.py``. Divide by ``batch`` for the time p
 """
 from __future__ import annotations
 
-from .common import Benchmark
+from .common import Benchmark, benchmarking, require
 
 
 class CNN(Benchmark):
@@ -70,6 +70,31 @@ class Stages(Benchmark):
         self.work.total_eager()
 
 
+class Speed16(Benchmark):
+    """The whole reconstruction in the 16-bit speed modes (CuPy on a GPU with 16-bit tensor cores) at
+    batch 64, where they are used: ``xmesh bench --precision fp16 --batch-sizes 64 --stages total``."""
+
+    params = [["fp16", "bf16"], [64]]
+    param_names = ["precision", "batch"]
+    prepare = ("stage1", "stage2")
+
+    def setup(self, inputs, precision, batch):
+        from xmesh.errors import BackendUnavailableError
+
+        require("cupy", batch)
+        bm = benchmarking()
+        try:   # bf16 needs a Hopper GPU
+            self.work = bm.Workload("cupy", batch, weights=inputs["weights"], template=inputs["template"],
+                                    images=inputs["images"], cameras=inputs["cameras"], precision=precision)
+        except BackendUnavailableError as exc:
+            raise NotImplementedError(str(exc)) from exc
+        self.work.prepare(*self.prepare)
+
+    def time_total(self, inputs, precision, batch):
+        """Replays of the captured CUDA Graph (asv's warm-up calls capture it)."""
+        self.work.total()
+
+
 class Memory(Benchmark):
     """Host peak memory (RSS, setup included) of one reconstruction."""
 
@@ -92,4 +117,4 @@ class GpuMemory(Benchmark):
     track_gpu_memory.unit = "bytes"
 
 
-__all__ = ["CNN", "GraphStage1", "DeformationReasoning", "Stages", "Memory", "GpuMemory"]
+__all__ = ["CNN", "GraphStage1", "DeformationReasoning", "Stages", "Speed16", "Memory", "GpuMemory"]
