@@ -798,7 +798,7 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
     from multiprocessing.queues import Queue as PipeQueue
 
     from xmesh.serve.batching import WorkerQueues
-    from xmesh.serve.server import API_PATH, ServeOptions, build_server
+    from xmesh.serve.server import API_PATH, PIPE_BYTES, ServeOptions, build_server, pipe_bytes
     from xmesh.serve.upload import Sample
     from xmesh.serve.worker import ModelSettings
 
@@ -810,6 +810,8 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
         assert isinstance(queues, WorkerQueues) and len(queues.queues) == 1
         requests = queues.of_worker(0)
         assert isinstance(requests, PipeQueue) and all(isinstance(q, PipeQueue) for q in transport._queues)
+        if _pipes_may_grow():   # a request's views fit each pipe whole
+            assert all(pipe_bytes(q) >= PIPE_BYTES for q in [requests, *transport._queues])
         worker = multiprocessing.get_context("spawn").Process(target=_answer_first_request, args=(requests, transport))
         worker.start()
         images = np.random.default_rng(5).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
@@ -824,6 +826,43 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
     finally:
         transport.close()
         manager.shutdown()
+
+
+def _pipes_may_grow() -> bool:
+    from xmesh.serve.server import PIPE_BYTES
+
+    try:
+        return os.geteuid() == 0 or int(Path("/proc/sys/fs/pipe-max-size").read_text()) >= PIPE_BYTES
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not _pipes_may_grow(), reason="this system does not let a pipe grow to 1 MB")
+def test_a_pipe_queue_holds_a_request_whole_and_keeps_its_order():
+    """pipe_queue's pipe holds a request's views (450 KB) in one piece, and items larger than the pipe
+    still cross whole and in order (a reader in another process)."""
+    import multiprocessing
+
+    from xmesh.serve.server import PIPE_BYTES, pipe_bytes, pipe_queue
+
+    context = multiprocessing.get_context("spawn")
+    queue = pipe_queue(context)
+    assert pipe_bytes(queue) >= PIPE_BYTES > 3 * 224 * 224 * 3 and pipe_bytes(context.Queue()) < PIPE_BYTES
+    items = [np.full(n, n % 251, np.uint8) for n in (10, 3 * 224 * 224 * 3, 3 * PIPE_BYTES, 7)]
+    back = pipe_queue(context)
+    echo = context.Process(target=_echo, args=(queue, back, len(items)))
+    echo.start()
+    for item in items:
+        queue.put(item)
+    got = [back.get(timeout=60) for _ in items]
+    echo.join(60)
+    assert echo.exitcode == 0 and [len(g) for g in got] == [len(i) for i in items]
+    assert all(np.array_equal(g, i) for g, i in zip(got, items))
+
+
+def _echo(source, sink, count: int) -> None:
+    for _ in range(count):
+        sink.put(source.get())
 
 
 def test_each_server_process_fills_the_workers_queues_in_turn():
