@@ -4,7 +4,8 @@
 
 1. writes (or reuses: the dataset folder is kept) the synthetic dataset of ``scripts/pipeline_bench.py``
    (``make_dataset``); its writing is timed apart and counts in no figure;
-2. one short plain run per precision first, so that kernel compilation stays out of the figures;
+2. compiles the bytecode of the packages a run imports where it is missing (``compile_bytecode``), then
+   one short plain run per precision, so that neither kernel nor Python compilation is in the figures;
 3. per precision: the plain single-process run on GPU 0, then ``--cluster local-cuda`` with
    ``CUDA_VISIBLE_DEVICES`` set to the first 1, 2, ... GPUs, each into a fresh output folder; then each
    ``--variant`` (extra ``xmesh eval`` arguments, e.g. ``"--workers 8"`` or ``"--shard-batches 4"``)
@@ -35,6 +36,28 @@ from pipeline_bench import make_dataset  # noqa: E402
 
 STARTUP = "startup_"
 FINISH = "finish"
+
+
+# what ``xmesh eval --cluster local-cuda`` imports in its processes
+IMPORTED = ("xmesh", "distributed", "dask", "tornado", "msgpack", "cloudpickle", "toolz", "tlz", "zict", "tblib",
+            "psutil", "yaml", "jinja2", "click", "fsspec", "partd", "locket", "sortedcontainers", "array_api_compat",
+            "numpy", "scipy", "cv2", "cupy", "cupyx", "fastrlock", "tqdm")
+
+
+def compile_bytecode(names=IMPORTED) -> str:
+    """Write the bytecode of ``names``' modules where it is missing or stale, as pip's install does: an
+    interpreter that does not write it (PYTHONDONTWRITEBYTECODE, set on some shared GPU machines) compiles
+    every module from source in every process, which on an H100 machine added 0.9 s to a one-GPU
+    cluster's start and 0.2 s to a plain run's. Returns what was done, for the log."""
+    import compileall
+    import importlib.util
+
+    folders = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        folders += list(spec.submodule_search_locations or []) if spec is not None else []
+    ok = all([compileall.compile_dir(f, quiet=2, workers=0) for f in folders])
+    return f"bytecode of {len(folders)} packages {'compiled' if ok else 'compiled where writable'}"
 
 
 def visible_gpus() -> int:
@@ -126,7 +149,7 @@ def main() -> None:
     start = time.perf_counter()
     lst = make_dataset(work, args.samples, distinct_per_category=min(32, -(-args.samples // 4)))
     print(f"dataset: {args.samples} samples ready in {time.perf_counter() - start:.1f} s (not counted); "
-          f"{available} GPU(s) visible, {os.cpu_count()} CPU cores", flush=True)
+          f"{available} GPU(s) visible, {os.cpu_count()} CPU cores; {compile_bytecode()}", flush=True)
     py = sys.executable
     common = ["--images", str(work), "--gt", str(work / "gt"), "--list", str(lst), "--weights", "synthetic:1",
               "--backend", "cupy", "--no-progress"]
