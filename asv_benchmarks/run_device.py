@@ -9,6 +9,8 @@ gives asv a stand-in repository that answers with the commit you name, then runs
 
 COMMIT: the full hash the tree was checked out at (``git rev-parse HEAD`` where git history exists);
 UNIX_SECONDS: its commit time (``git log -1 --format=%ct``; default: now). Run it from this folder.
+asv drops ``PYTHONPATH`` from the benchmarks' processes: a checkout that is not installed goes in
+``ASV_PYTHONPATH`` instead (``ASV_PYTHONPATH=/path/to/checkout python3 run_device.py ...``).
 """
 from __future__ import annotations
 
