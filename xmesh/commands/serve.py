@@ -8,7 +8,7 @@ from ..errors import InputError
 from ..io.weight_sources import SYNTHETIC_PREFIX, describe_weights
 from .common import add_model_options, resolve_weights
 
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")   # the addresses LitServe's server accepts
 EXTRA_HINT = 'pip install "xmesh-p2mpp[serve]" (or pip install ".[serve]" from a checkout)'
 
 
@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
                                    "(or one on the CPU) runs the requests that arrive together as one batch.")
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", choices=HOSTS,
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: for every interface)")
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: for every "
+                        "interface, IPv4 or IPv6)")
     p.add_argument("--port", type=int, default=8000, help="port, 1024-65535 (default 8000)")
     p.add_argument("--devices", default=None, metavar="all|I,J",
                    help="with --backend cupy: the GPUs to serve on, one worker each (default: all)")
@@ -33,6 +34,9 @@ def add_parser(sub) -> None:
                    help="most requests in the server at once; beyond it, 503 with Retry-After (default 2048)")
     p.add_argument("--read-timeout-s", type=float, default=30.0,
                    help="a client that sends no body data for this long gets 408 (default 30 s)")
+    p.add_argument("--body-timeout-s", type=float, default=120.0,
+                   help="a client whose whole body has not arrived this long after its request began gets 408 "
+                        "(default 120 s)")
     p.add_argument("--http-processes", type=int, default=None, metavar="N",
                    help="HTTP server processes, which parse, decode and format (default: half the cores, 1 to 8)")
     p.set_defaults(run=run)
@@ -61,16 +65,32 @@ def parse_devices(value: str | None, backend: str) -> tuple[int, ...] | None:
     return devices
 
 
-def _check(args) -> None:
+def check_options(args) -> None:
+    """InputError naming the first option out of range, before anything starts."""
     if not 1024 <= args.port <= 65535:
         raise InputError(f"--port {args.port}: expected a port from 1024 to 65535")
     for name in ("max_batch", "max_body_mb", "max_queue"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a whole number of at least 1")
-    if args.batch_timeout_ms < 0 or args.read_timeout_s <= 0:
-        raise InputError("--batch-timeout-ms must be >= 0 and --read-timeout-s > 0")
+    if args.batch_timeout_ms < 0 or args.read_timeout_s <= 0 or args.body_timeout_s <= 0:
+        raise InputError("--batch-timeout-ms must be >= 0, --read-timeout-s and --body-timeout-s > 0")
     if args.http_processes is not None and args.http_processes < 1:
         raise InputError(f"--http-processes {args.http_processes}: expected at least 1")
+
+
+def server_info(args, fingerprint: str, devices: tuple[int, ...] | None, http_processes: int) -> dict:
+    """What ``GET /v1/info`` answers (less the requests in the server, which the route adds)."""
+    from .. import __version__
+
+    return {
+        "xmesh": __version__,
+        "weights": {"sha256": fingerprint, "synthetic": args.weights[0].startswith(SYNTHETIC_PREFIX),
+                    "description": describe_weights(args.weights)},
+        "backend": args.backend, "precision": args.precision if args.backend == "cupy" else "fp32",
+        "devices": ["cpu"] if devices is None else [f"cuda:{d}" for d in devices],
+        "max_batch": args.max_batch, "batch_timeout_ms": args.batch_timeout_ms, "max_queue": args.max_queue,
+        "max_body_mb": args.max_body_mb, "http_processes": http_processes,
+    }
 
 
 def run(args) -> int:
@@ -80,14 +100,13 @@ def run(args) -> int:
         raise InputError(f"xmesh serve needs LitServe and python-multipart: {EXTRA_HINT}")
     import numpy as np
 
-    from .. import __version__
     from ..io.template import load_template
     from ..io.weights import load_weights, weights_fingerprint
     from ..serve.server import ServeOptions, serve
     from ..serve.worker import ModelSettings
     from ..template_gen import generate_template
 
-    _check(args)
+    check_options(args)
     devices = parse_devices(args.devices, args.backend)
     weights = resolve_weights(args.weights)
     fingerprint = weights_fingerprint(load_weights(weights))   # also checks the weights before any worker starts
@@ -95,20 +114,13 @@ def run(args) -> int:
     faces = np.asarray(template.faces_triangle[-1], dtype=np.int64)
     http = args.http_processes or max(1, min(8, (os.cpu_count() or 2) // 2))
     options = ServeOptions(args.host, args.port, devices, args.max_batch, args.batch_timeout_ms, args.max_body_mb,
-                           args.max_queue, args.read_timeout_s, http)
-    info = {
-        "xmesh": __version__,
-        "weights": {"sha256": fingerprint, "synthetic": args.weights[0].startswith(SYNTHETIC_PREFIX),
-                    "description": describe_weights(args.weights)},
-        "backend": args.backend, "precision": args.precision if args.backend == "cupy" else "fp32",
-        "devices": ["cpu"] if devices is None else [f"cuda:{d}" for d in devices],
-        "max_batch": args.max_batch, "batch_timeout_ms": args.batch_timeout_ms, "max_queue": args.max_queue,
-        "max_body_mb": args.max_body_mb, "http_processes": http,
-    }
+                           args.max_queue, args.read_timeout_s, http, args.body_timeout_s)
+    info = server_info(args, fingerprint, devices, http)
     settings = ModelSettings(weights, template, args.backend, args.precision, not args.no_view_quirk)
+    url_host = f"[{args.host}]" if ":" in args.host else args.host
     where = "the CPU" if devices is None else f"GPU(s) {', '.join(map(str, devices))}"
     print(f"xmesh serve: {describe_weights(args.weights)}; {args.backend} ({info['precision']}) on {where}, "
-          f"batches of up to {args.max_batch} within {args.batch_timeout_ms:g} ms; http://{args.host}:{args.port}/",
+          f"batches of up to {args.max_batch} within {args.batch_timeout_ms:g} ms; http://{url_host}:{args.port}/",
           file=sys.stderr)
     serve(settings, options, faces, info)
     return 0

@@ -3,7 +3,8 @@ and ``POST /v1/reconstruct``.
 
 A reconstruction request is admitted only while fewer than ``max_queue`` are in the server (503 with
 Retry-After otherwise, counted across all server processes); its body is read with a size limit and
-a time limit per chunk (a slow or vanished client costs one connection, nothing else), parsed,
+a time limit per chunk and one for the whole body (a slow, trickling or vanished client costs one
+connection for a bounded time, nothing else), parsed,
 checked and prepared (:mod:`xmesh.serve.upload`, in a thread) and only then handed to LitServe's
 queue. Every refusal is a JSON body ``{"error", "field", "status"}``. An answer's ``Server-Timing``
 header gives the milliseconds of each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken
@@ -51,8 +52,9 @@ RETRY_AFTER_S = 1
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int
-    read_timeout_s: float
+    read_timeout_s: float   # the longest pause between two chunks of a body
     max_queue: int
+    body_timeout_s: float = 120.0   # the longest a whole body may take to arrive
 
 
 class Admission:
@@ -100,15 +102,22 @@ def _too_large(size: str, limits: Limits) -> UploadError:
 
 
 async def _bounded_body(request: Request, limits: Limits):
-    """The body's chunks; UploadError once it passes the size limit or a chunk takes too long."""
+    """The body's chunks; UploadError once it passes the size limit, a chunk takes longer than
+    ``read_timeout_s`` or the whole body longer than ``body_timeout_s``."""
     received = 0
+    deadline = time.monotonic() + limits.body_timeout_s
     chunks = request.stream().__aiter__()
     while True:
+        left = deadline - time.monotonic()
         try:
-            chunk = await asyncio.wait_for(chunks.__anext__(), limits.read_timeout_s)
+            chunk = await asyncio.wait_for(chunks.__anext__(), min(limits.read_timeout_s, max(left, 0.0)))
         except StopAsyncIteration:
             return
         except asyncio.TimeoutError:
+            if left <= limits.read_timeout_s:
+                raise UploadError("body", f"not whole after {limits.body_timeout_s:g} s ({received} bytes); "
+                                          "send the request body at a steady pace (the server's --body-timeout-s)",
+                                  status=408) from None
             raise UploadError("body", f"no data for {limits.read_timeout_s:g} s after {received} bytes; "
                                       "send the request body without pausing", status=408) from None
         received += len(chunk)

@@ -52,6 +52,7 @@ class ServeOptions:
     max_queue: int = 2048
     read_timeout_s: float = 30.0
     http_processes: int = 2
+    body_timeout_s: float = 120.0
 
 
 def pipe_queue(context):
@@ -131,7 +132,7 @@ def build_server(settings: ModelSettings, options: ServeOptions, faces: np.ndarr
     async def submit(sample: Sample) -> dict:
         return await handler.handle_request(sample, Sample)
 
-    limits = Limits(options.max_body_mb * 2**20, options.read_timeout_s, options.max_queue)
+    limits = Limits(options.max_body_mb * 2**20, options.read_timeout_s, options.max_queue, options.body_timeout_s)
     add_routes(app, submit, faces, info, limits, Admission(options.max_queue))
     return server
 
