@@ -225,7 +225,7 @@ def test_a_gallery_made_again_shows_its_progress_on_a_terminal(data, tmp_path, m
     assert re.search(r"report: reconstructing the gallery: 100%.* 6/6 ", terminal.getvalue()), terminal.getvalue()
 
 
-@pytest.mark.skipif(browser.chromium() is None, reason="needs Chromium: apt-get install chromium (see README)")
+@browser.needs_chromium
 def test_report_in_a_headless_browser(resumed, tmp_path):
     seen = browser.probe(resumed["page"])
     assert seen["title"] == "xmesh evaluation report: 6 samples"
