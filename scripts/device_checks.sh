@@ -5,7 +5,11 @@
 #   bash scripts/device_checks.sh precision  # each precision mode's error against the golden data
 #   bash scripts/device_checks.sh bench      # `xmesh bench` (CuPy b=1/16/64 and NumPy b=1 in one run)
 #   bash scripts/device_checks.sh profile    # per-kernel roofline tables under Nsight Compute (ncu on the PATH)
-# Expects: .whl/base (the array-api-compat wheel) and .devdata/shared (golden + demo copies).
+#   bash scripts/device_checks.sh serve      # xmesh serve's GPU tests (a real server on the GPU, fp32 and fp16)
+# Expects: .whl/base (the array-api-compat wheel), for `serve` also .whl/serve (litserve, fastapi, starlette,
+# uvicorn, pydantic, pydantic-core, pyzmq, python-multipart and what they need that the machine lacks:
+# typing-inspection, annotated-doc, annotated-types, typing-extensions, opentelemetry-api), and
+# .devdata/shared (golden + demo copies).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/base/*.whl >/dev/null 2>&1
@@ -35,6 +39,11 @@ import json, sys
 from xmesh.benchmarking import format_table
 print(format_table(json.load(open(sys.argv[1]))))
 PY
+  ;;
+serve)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/serve/*.whl >/dev/null 2>&1
+  XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_serve.py -m gpu \
+    --durations=10 2>&1 | tee "$OUT/gpu_serve.log" | tail -30
   ;;
 profile)
   python3 scripts/kernel_profile.py --modes --budget 540 --out "$OUT/profile" 2>&1 | tail -150
