@@ -13,10 +13,12 @@ spread over --client-processes processes). Every request is the same three PNG-e
 default: what a web viewer loads, and the smallest). Targets for one H100 in fp16: concurrency 1 p50 <= 8 ms;
 concurrency 256 >= 800 requests/s with p99 <= 400 ms. Each row also gives the medians of the server's
 X-Xmesh-Server-Ms and X-Xmesh-Compute-Ms headers and, from them, what the median request spent most of
-its time on (see ``bound``), and how busy the host's CPUs were over the measured seconds (the client's
-processes included: they share the machine). A second table gives, per run, the median milliseconds of each step of the
-server's Server-Timing header (``xmesh.serve.routes.PHASES``) and "outside", the client's latency less the
-server's total (uvicorn's HTTP handling, the transfer, the client). For a lone request's breakdown on a CPU:
+its time on (see ``bound``), how busy the host's CPUs were over the measured seconds (the client's
+processes included: they share the machine) and how busy the devices were with batches (``device_busy``:
+near 100%, the devices bound the requests/s; well below, the server's intake of requests does). A
+second table gives, per run, the median milliseconds of each step of the server's Server-Timing header
+(``xmesh.serve.routes.PHASES``) and "outside", the client's latency less the server's total (uvicorn's
+HTTP handling, the transfer, the client). For a lone request's breakdown on a CPU:
 
     python3 scripts/serve_load.py --backend numpy --concurrency 1 --max-batches 64 --seconds 40
 """
@@ -115,7 +117,7 @@ def host_cpu_busy(start: float, stop: float, out: dict) -> None:
 
 
 def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int, warmup: float, seconds: float,
-              max_batch: int) -> dict:
+              max_batch: int, devices: int) -> dict:
     now = time.perf_counter()
     warm_until, stop_at = now + warmup, now + warmup + seconds
     used = max(1, min(processes, concurrency))
@@ -133,17 +135,29 @@ def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int,
     median = (lambda a: float(np.median(a))) if ok else (lambda a: float("nan"))
     timings = [{**r[5], "outside": r[0] * 1000.0 - r[5]["total"]} for r in results if r[1] == 200 and "total" in r[5]]
     steps = [name for name, *_ in PHASES] + ["outside"]
+    busy = device_busy(batches, compute_ms, seconds, devices)
     return {"concurrency": concurrency, "requests": len(results), "ok": ok, "errors": len(results) - ok,
             "per_s": ok / seconds,
             "p50_ms": float(np.percentile(latencies, 50)) if ok else float("nan"),
             "p95_ms": float(np.percentile(latencies, 95)) if ok else float("nan"),
             "p99_ms": float(np.percentile(latencies, 99)) if ok else float("nan"),
-            "mean_batch": float(batches.mean()) if ok else float("nan"), **cpu,
+            "mean_batch": float(batches.mean()) if ok else float("nan"), **cpu, "device_busy_pct": busy,
             "server_p50_ms": median(server_ms), "compute_p50_ms": median(compute_ms),
             "phases_p50_ms": {name: float(np.median([t[name] for t in timings])) if timings else float("nan")
                               for name in steps},
             "bound": bound(median(latencies), median(server_ms), median(compute_ms),
                            float(batches.mean()) if ok else 0.0, max_batch)}
+
+
+def device_busy(batches: np.ndarray, compute_ms: np.ndarray, seconds: float, devices: int) -> float:
+    """How busy the server's devices were with batches over the measured ``seconds`` (per cent of
+    ``devices`` x ``seconds``), from the answered requests' batch sizes and their batch's compute
+    milliseconds: a batch of b requests counts 1/b of its time for each of them. Near 100: the
+    devices bound the throughput; well below: the server's intake or the client does."""
+    if len(batches) == 0 or seconds <= 0 or devices < 1:
+        return float("nan")
+    device_ms = float(np.sum(compute_ms / np.maximum(batches, 1)))
+    return 100.0 * device_ms / (seconds * 1000.0 * devices)
 
 
 def bound(latency_ms: float, server_ms: float, compute_ms: float, mean_batch: float, max_batch: int) -> str:
@@ -166,7 +180,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, max_batch: int) -> tuple[subprocess.Popen, int]:
+def server_info(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/info", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def start_server(args, max_batch: int) -> tuple[subprocess.Popen, int, int]:
+    """The server's process, its port and how many devices it serves on, once it is healthy."""
     port = free_port()
     command = [sys.executable, "-m", "xmesh", "serve", "--weights", args.weights, "--backend", args.backend,
                "--port", str(port), "--max-batch", str(max_batch), "--batch-timeout-ms", str(args.batch_timeout_ms),
@@ -183,7 +203,7 @@ def start_server(args, max_batch: int) -> tuple[subprocess.Popen, int]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
                 if response.status == 200:
-                    return process, port
+                    return process, port, len(server_info(port)["devices"])
         except OSError:
             time.sleep(0.5)
     process.kill()
@@ -201,12 +221,12 @@ def stop_server(process: subprocess.Popen) -> None:
 
 def table(rows: list[dict]) -> str:
     lines = ["| max batch | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean batch | "
-             "host CPU % | server p50 ms | compute p50 ms | bound (p50) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "host CPU % | device busy % | server p50 ms | compute p50 ms | bound (p50) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['max_batch']} | {r['concurrency']} | {r['ok']} | {r['errors']} | {r['per_s']:.0f} | "
                      f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | {r['host_cpu_pct']:.0f} | "
-                     f"{r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |")
+                     f"{r['device_busy_pct']:.0f} | {r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |")
     return "\n".join(lines)
 
 
@@ -245,12 +265,12 @@ def main() -> int:
     started = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(args.client_processes) as pool:
         for max_batch in args.max_batches:
-            process, port = start_server(args, max_batch)
+            process, port, devices = start_server(args, max_batch)
             try:
                 payload = request_bytes(port, args.format)
                 for concurrency in args.concurrency:
                     row = {"max_batch": max_batch, **run_level(pool, port, payload, concurrency, args.client_processes,
-                                                                 args.warmup_seconds, args.seconds, max_batch)}
+                                                                 args.warmup_seconds, args.seconds, max_batch, devices)}
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
             finally:

@@ -1087,3 +1087,19 @@ def test_a_sample_is_shown_without_its_pixels():
 def test_reconstruct_remote_names_an_unreachable_server():
     with pytest.raises(ServerError, match="cannot be reached"):
         reconstruct_remote(f"http://127.0.0.1:{free_port()}", [b"x"] * 3, cameras=np.ones((3, 5)))
+
+
+def test_serve_load_counts_each_batch_once_in_how_busy_the_devices_were():
+    """scripts/serve_load.py's device_busy: a batch of b answered requests counts 1/b of its compute time
+    for each, so the devices' busy time is the batches' own, over the measured seconds and devices."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "scripts" / "serve_load.py")
+    serve_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve_load)
+    batches = np.array([4] * 8 + [2] * 2)                 # two batches of 4 (50 ms each) and one of 2 (30 ms)
+    compute = np.array([50.0] * 8 + [30.0] * 2)
+    assert serve_load.device_busy(batches, compute, 1.0, 1) == pytest.approx(13.0)
+    assert serve_load.device_busy(batches, compute, 0.5, 2) == pytest.approx(13.0)
+    assert serve_load.device_busy(np.array([64] * 64), np.full(64, 990.0), 1.0, 1) == pytest.approx(99.0)
+    assert np.isnan(serve_load.device_busy(np.array([]), np.array([]), 1.0, 1))
