@@ -559,7 +559,9 @@ def test_a_full_server_answers_503_and_sigterm_finishes_the_requests_in_flight(t
         status, headers, answer = first["answer"]
         assert status == 200, answer[:300]
         assert answer == offline["a"].encode("obj")
-        srv.process.wait(120)
+        assert srv.process.wait(120) == 0   # a clean stop, nothing left to clean up by hand
+        log = srv.log.read_text()
+        assert "Traceback" not in log and "leaked" not in log, log[-3000:]
         with pytest.raises(OSError):
             urllib.request.urlopen(srv.url + "/health", timeout=5)
     finally:
