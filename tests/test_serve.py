@@ -67,8 +67,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
-        command = [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--host", "127.0.0.1",
-                   "--port", str(self.port), "--http-processes", "1", *options]
+        command = [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--port", str(self.port),
+                   "--http-processes", "1", *options]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -571,6 +571,12 @@ GPU_ATOL, GPU_MAX_FRACTION = 1e-4, 0.01   # as tests/test_cupy_backend.py's end-
 SERVED_TOLERANCE = {"fp32": (GPU_ATOL, GPU_MAX_FRACTION), "fp16": (1e-3, GPU_MAX_FRACTION)}
 
 
+def assert_mostly_within(got, want, atol: float = GPU_ATOL, fraction: float = GPU_MAX_FRACTION, label=None) -> None:
+    """At most ``fraction`` of the vertices (rows) of ``got`` differ from ``want`` by more than ``atol``."""
+    error = np.abs(got - want).max(axis=1)
+    assert float((error > atol).mean()) <= fraction, (label, float(error.max()))
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -601,8 +607,7 @@ def test_on_a_gpu_served_meshes_are_the_local_ones_within_the_mode_tolerance(tmp
         assert status == 200, body[:300]
         expected = local(*inputs[key]).vertices
         vertices, _ = read_glb(body)
-        error = np.abs(vertices - expected).max(axis=1)
-        assert float((error > atol).mean()) <= fraction, (key, i, float(error.max()))
+        assert_mostly_within(vertices, expected, atol, fraction, (key, i))
 
 
 @pytest.mark.gpu
@@ -638,8 +643,7 @@ def test_on_a_gpu_a_batch_out_of_memory_is_split_and_each_answer_is_its_sample_a
         alone = [api.model.backend.to_numpy(a) for a in api.model.run(UINT8_TO_UNIT[sample.images][None],
                                                                        sample.rows[None])]
         for name, want in (("coarse", alone[0][0]), ("refined", alone[1][0])):
-            far = np.abs(answer[name] - want).max(axis=1) > GPU_ATOL
-            assert float(far.mean()) <= GPU_MAX_FRACTION, (name, float(np.abs(answer[name] - want).max()))
+            assert_mostly_within(answer[name], want, label=name)
 
 
 @pytest.mark.gpu
@@ -672,8 +676,7 @@ def test_on_a_gpu_batches_in_flight_together_equal_the_same_batches_run_alone(pr
             assert "error" not in answer, answer
             assert answer["batch"] == len(samples) and answer["ms"] > 0
             for name, want in (("coarse", coarse[b]), ("refined", refined[b])):
-                far = np.abs(answer[name] - want).max(axis=1) > GPU_ATOL
-                assert float(far.mean()) <= GPU_MAX_FRACTION, (name, float(np.abs(answer[name] - want).max()))
+                assert_mostly_within(answer[name], want, label=name)
 
 
 # ------------------------------------------------------------------------------------------ the page

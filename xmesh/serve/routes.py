@@ -54,7 +54,7 @@ class Limits:
     max_body_bytes: int
     read_timeout_s: float   # the longest pause between two chunks of a body
     max_queue: int
-    body_timeout_s: float = 120.0   # the longest a whole body may take to arrive
+    body_timeout_s: float   # the longest a whole body may take to arrive
 
 
 class Admission:
