@@ -328,6 +328,8 @@ def bad_requests(paths, rows):
                               "images[0] ('x.png')"),
         "not an image": (*multipart_body([("notes.txt", b"hello")] + good[1:], cams), 400, "images[0] ('notes.txt')"),
         "empty image": (*multipart_body(good[:2] + [("c.png", b"")], cams), 400, "images[2] ('c.png')"),
+        "two bad images": (*multipart_body(good[:1] + [("b.png", b"\x89PNG\r\n\x1a\n" + bytes(40)), ("c.png", b"")], cams),
+                           400, "images[1] ('b.png')"),   # the first at fault in view order, not the first to fail
         "decompression bomb": (*multipart_body([("bomb.png", png_bomb())] + good[1:], cams), 413, "images[0] ('bomb.png')"),
         "cameras not numbers": (*multipart_body(good, {"cameras": '[["a", 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]'}),
                                 400, "cameras"),
@@ -1072,6 +1074,39 @@ def test_each_server_process_fills_the_workers_queues_in_turn():
     first = next(i for i, b in enumerate(boxes) if 0 in b)
     assert first == (os.getpid() + 1) % 4 and boxes[(first + 1) % 4][0] == 1
     assert queues.of_worker(2) is boxes[2]
+
+
+def test_the_http_processes_and_the_workers_run_with_the_short_switch_interval(monkeypatch):
+    """serve() runs its server (whose HTTP processes fork from it) with SWITCH_INTERVAL_S and gives the
+    caller's interval back; a worker's loop sets it before its receiving thread starts."""
+    import queue
+
+    from litserve.loops.base import _SENTINEL_VALUE
+    from litserve.loops.simple_loops import BatchedLoop
+
+    from xmesh.serve import server as serve_module
+    from xmesh.serve.batching import SWITCH_INTERVAL_S, PrefetchingBatchLoop, WorkerQueues
+
+    before = sys.getswitchinterval()
+    assert before != SWITCH_INTERVAL_S
+    seen = []
+
+    class Stub:
+        def run(self, **kwargs):
+            seen.append(sys.getswitchinterval())
+
+    monkeypatch.setattr(serve_module, "build_server", lambda *args: Stub())
+    serve_module.serve(None, serve_module.ServeOptions(), np.zeros((1, 3), np.int64), {})
+    assert seen == [SWITCH_INTERVAL_S] and sys.getswitchinterval() == before
+
+    monkeypatch.setattr(BatchedLoop, "__call__", lambda self, *args, **kwargs: seen.append(sys.getswitchinterval()))
+    requests = queue.Queue()
+    requests.put(_SENTINEL_VALUE)   # the receiving thread stops at once
+    try:
+        PrefetchingBatchLoop()(None, "cpu", 0, WorkerQueues([requests]), None)
+        assert seen[1:] == [SWITCH_INTERVAL_S]
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_a_sample_is_shown_without_its_pixels():

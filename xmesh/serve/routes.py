@@ -5,7 +5,7 @@ A reconstruction request is admitted only while fewer than ``max_queue`` are in 
 Retry-After otherwise, counted across all server processes); its body is read with a size limit and
 a time limit per chunk and one for the whole body (a slow, trickling or vanished client costs one
 connection for a bounded time, nothing else), parsed,
-checked and prepared (:mod:`xmesh.serve.upload`, in a thread) and only then handed to LitServe's
+checked and prepared (:mod:`xmesh.serve.upload`, its images decoded in threads) and only then handed to LitServe's
 queue. Every refusal is a JSON body ``{"error", "field", "status"}``. An answer's ``Server-Timing``
 header gives the milliseconds of each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken
 in the HTTP process and the worker (one clock for all processes of a machine).
@@ -190,7 +190,7 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
             fmt = choose_format(request.query_params.get("format"), request.headers.get("accept"))
             files, cameras, poses = await read_fields(request, limits)
             stamps["read"] = time.monotonic()
-            sample = await run_in_threadpool(prepare, files, cameras, poses)
+            sample = await prepare(files, cameras, poses)
             stamps["prepared"] = time.monotonic()
             result = await submit(sample)
             stamps["answered"] = time.monotonic()

@@ -28,7 +28,7 @@ import numpy as np
 from litserve.transport.process_transport import MPQueueTransport
 from starlette.middleware.gzip import GZipMiddleware
 
-from xmesh.serve.batching import WorkerQueues
+from xmesh.serve.batching import SWITCH_INTERVAL_S, WorkerQueues
 from xmesh.serve.routes import Admission, Limits, add_routes
 from xmesh.serve.upload import Sample
 from xmesh.serve.worker import ModelSettings, ReconstructAPI
@@ -173,6 +173,10 @@ def serve(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, inf
     """Run the server until SIGTERM or Ctrl+C."""
     server = build_server(settings, options, faces, info)
     previous = signal.signal(signal.SIGTERM, _drain_then_stop(os.getpid()))
+    interval = sys.getswitchinterval()
+    # the HTTP processes fork from this one and keep its switch interval: their queue threads write
+    # requests and read answers beside the event loop as a worker's receiving thread reads requests
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.getLogger("litserve").setLevel(logging.WARNING)
     logging.getLogger("litserve.server").addFilter(_QuietShutdown())
     logging.getLogger("python_multipart").setLevel(logging.ERROR)   # a malformed body is answered, not logged
@@ -181,6 +185,7 @@ def serve(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, inf
                    generate_client_file=False, log_level="warning")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.setswitchinterval(interval)
         for child in multiprocessing.active_children():   # anything a stop before LitServe's own left behind
             child.terminate()
             child.join(5)
