@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -36,10 +35,6 @@ from litserve.utils import LitAPIStatus, LoopResponseType, PickleableHTTPExcepti
 log = logging.getLogger("xmesh.serve")
 
 RECEIVE_POLL_S = 1.0
-# A thread waiting for the interpreter lock gets it from one running Python after this long (the
-# interpreter's default is 5 ms): after each pipe read the receiving thread waits for it, so at 5 ms a
-# worker whose loop runs Python took in about 200 requests a second (scripts/pipe_intake.py --busy).
-SWITCH_INTERVAL_S = 0.0005
 
 
 class WorkerQueues:
@@ -78,7 +73,6 @@ class PrefetchingBatchLoop(BatchedLoop):
     outputs`` besides LitServe's methods."""
 
     def __call__(self, lit_api, device, worker_id, request_queue, transport, *args, **kwargs):
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._arrived: queue.Queue = queue.Queue()
         own = request_queue.of_worker(worker_id)   # XmeshLitServer's WorkerQueues
         threading.Thread(target=self._receive, args=(own,), name="xmesh-receive", daemon=True).start()
