@@ -41,7 +41,8 @@ MONITOR_INTERVAL_S = 0.25
 PIPE_BYTES = 1 << 20   # a request's 450 KB of views in one write and one read (Linux's default pipe: 64 KB)
 # The HTTP processes' interpreter switch interval (the default is 5 ms): how long a thread that wants the
 # interpreter lock back (a decoding thread done, a queue's thread done writing a request or reading an
-# answer) may wait while the event loop runs Python. A lone request took 0.3-1.0 ms less at 0.5 ms.
+# answer) may wait while the event loop runs Python. On an H100 host a lone request's median fell by
+# 0.9-1.0 ms with it (docs/PERFORMANCE.md, Serving).
 SWITCH_INTERVAL_S = 0.0005
 
 
