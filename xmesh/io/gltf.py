@@ -36,7 +36,7 @@ def glb_bytes(vertices: np.ndarray, faces: np.ndarray, generator: str = "xmesh")
     binary = positions.tobytes() + indices.tobytes()
     position_accessor = {"bufferView": 0, "componentType": FLOAT, "count": len(positions), "type": "VEC3"}
     if len(positions):
-        columns = np.ascontiguousarray(positions.T)   # x, y, z each contiguous: 20x quicker to reduce than (V, 3)'s axis 0
+        columns = np.ascontiguousarray(positions.T)   # x, y, z each contiguous: far quicker to reduce than (V, 3)'s axis 0
         position_accessor["min"] = columns.min(axis=1).tolist()
         position_accessor["max"] = columns.max(axis=1).tolist()
     document = {

@@ -161,9 +161,8 @@ def _loaded(decoded: list[np.ndarray], rows: np.ndarray) -> Sample:
 
 async def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: str | None) -> Sample:
     """The checked network inputs of one request: ``files`` the (file name, bytes) of field ``images``.
-    Awaited in the event loop, which hands each image to the decoding threads itself (a hop to another
-    thread first cost a quarter of a millisecond a request); the first image at fault, in view order,
-    names the refusal."""
+    Awaited in the event loop, which hands each image to the decoding threads itself (no hop to another
+    thread first); the first image at fault, in view order, names the refusal."""
     if (cameras is None) == (poses is None):
         raise UploadError("cameras", "give exactly one of the fields 'cameras' (three camera rows as JSON) "
                                      "or 'poses' (the poses JSON of xmesh reconstruct --poses)")
