@@ -141,13 +141,14 @@ def _decoders() -> ThreadPoolExecutor:
     return _pool
 
 
-def _decode_view(data: bytes, field: str, short: str, as_view: bool):
-    """(the decoded upload, the network's uint8 view of it where it is one already, else None)."""
-    image = decode_upload(data, field)
+def _decode_view(index: int, name: str, data: bytes, as_view: bool):
+    """(upload ``index`` of field images decoded, the network's uint8 view of it where it is one already,
+    else None)."""
+    image = decode_upload(data, f"images[{index}] ({name!r})")
     if not as_view:
         return image, None
     try:
-        return image, prepare_image_u8(image, short)
+        return image, prepare_image_u8(image, f"images[{index}]")
     except InputError as exc:
         raise UploadError("images", str(exc)) from None
 
@@ -170,8 +171,7 @@ async def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: st
         raise UploadError("images", f"{len(files)} file(s); Pixel2Mesh++ needs exactly {NUM_VIEWS} photos, in view order")
     rows = parse_cameras(cameras) if cameras is not None else None
     loop, pool = asyncio.get_running_loop(), _decoders()
-    outcomes = await asyncio.gather(*(loop.run_in_executor(pool, _decode_view, data, f"images[{i}] ({name!r})",
-                                                           f"images[{i}]", rows is not None)
+    outcomes = await asyncio.gather(*(loop.run_in_executor(pool, _decode_view, i, name, data, rows is not None)
                                       for i, (name, data) in enumerate(files)), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
