@@ -17,8 +17,11 @@ left out: drb_1 and drb_2 run their own local projection, whose kernels appear i
 
 The tables: per kernel (name, within a stage) above 3% of the mode's GPU time, its time, useful
 TFLOP/s against the tensor-core peak of its instruction, DRAM bytes and bandwidth, SM and memory
-throughput (the SpeedOfLight section's two figures) and the limiter those imply; then per-stage
-totals. Peaks, FLOP attribution and limiter rules are described where they are defined below and in
+throughput (the SpeedOfLight section's two figures), the limiter those imply, and two floors with
+how far the kernel is from each: its work's (useful FLOP at the tensor pipe's peak, or DRAM bytes at
+full bandwidth, whichever is longer: no design doing this work beats it) and its busiest unit's (the
+time at 100% of the busiest unit measured: what this design could reach); then per-stage totals
+and the mode's time at every kernel's floors. Peaks, FLOP attribution and limiter rules are described where they are defined below and in
 docs/PERFORMANCE.md ("Per kernel").
 """
 from __future__ import annotations
@@ -211,14 +214,22 @@ class Instruction:
     """A tensor-core instruction form and its H100 SXM dense peak (TFLOP/s of its own products).
 
     ``products``: tensor products per useful product (3 for 3xTF32 and the fp32 mode's three float16
-    products, whose useful rate is a third of the instruction's)."""
+    products, whose useful rate is a third of the instruction's). ``pipe_peak_tflops``: the tensor
+    pipe's own peak for the operand type where the instruction's is only an estimate below it
+    (mma.sync): the floors take that, so that no kernel can beat its floor."""
     name: str
     peak_tflops: float
     products: int = 1
+    pipe_peak_tflops: float | None = None
 
     @property
     def useful_peak_tflops(self) -> float:
         return self.peak_tflops / self.products
+
+    @property
+    def floor_peak_tflops(self) -> float:
+        """The useful rate no kernel with this instruction can exceed (the work floor's)."""
+        return (self.pipe_peak_tflops or self.peak_tflops) / self.products
 
     @property
     def pipe_cost(self) -> float:
@@ -243,8 +254,8 @@ _OWN_KERNELS = (
     (r"^wg_(drb|gemm).*f16", Instruction("wgmma f16", WGMMA_F16)),
     (r"^wg_(drb_layer|gemm)_3x_", Instruction("wgmma tf32", WGMMA_TF32, 3)),
     (r"^wg_(drb_layer|gemm)_1x_", Instruction("wgmma tf32", WGMMA_TF32)),
-    (r"^(gemm|conv)_3x_n", Instruction("mma.sync tf32", MMA_SYNC_TF32, 3)),
-    (r"^(gemm|conv)_1x_n", Instruction("mma.sync tf32", MMA_SYNC_TF32)),
+    (r"^(gemm|conv)_3x_n", Instruction("mma.sync tf32", MMA_SYNC_TF32, 3, WGMMA_TF32)),
+    (r"^(gemm|conv)_1x_n", Instruction("mma.sync tf32", MMA_SYNC_TF32, 1, WGMMA_TF32)),
 )
 
 
@@ -261,7 +272,7 @@ def instruction_of(kernel: str, gmma: float | None = None, hmma: float | None = 
     if gmma:
         return Instruction("wgmma tf32", WGMMA_TF32)
     if hmma:
-        return Instruction("mma.sync tf32", MMA_SYNC_TF32)
+        return Instruction("mma.sync tf32", MMA_SYNC_TF32, 1, WGMMA_TF32)
     if tensor_cycles and gmma is None and hmma is None:
         return Instruction("tensor op tf32", WGMMA_TF32)
     return None
@@ -281,6 +292,8 @@ class KernelStats:
     weight: dict = field(default_factory=lambda: defaultdict(float))
     flop: float = 0.0
     instruction: Instruction | None = None
+    busiest_ns: float = 0.0      # sum over launches of time x their busiest unit's share of its peak
+    busiest_seen_ns: float = 0.0  # the time of the launches that reported SM and memory throughput
 
     def add(self, launch: Launch) -> None:
         v = launch.values
@@ -288,6 +301,9 @@ class KernelStats:
         self.calls += 1
         self.ns += ns
         self.dram_bytes += v.get(DRAM_READ, 0.0) + v.get(DRAM_WRITE, 0.0)
+        if SM_PCT in v and MEM_PCT in v:
+            self.busiest_ns += ns * max(v[SM_PCT], v[MEM_PCT]) / 100.0
+            self.busiest_seen_ns += ns
         for name in (TENSOR_CYCLES, GMMA_INST, HMMA_INST):
             if name in v:
                 self.sums[name] += v[name]
@@ -307,6 +323,36 @@ class KernelStats:
     @property
     def tflops(self) -> float:
         return self.flop / self.ns / 1e3 if self.ns else 0.0          # FLOP per ns / 1e3 = TFLOP/s
+
+    @property
+    def flop_floor_ns(self) -> float:
+        """The useful FLOP at the tensor pipe's peak for the instruction (0 without FLOP or a tensor-core
+        instruction)."""
+        return self.flop / self.instruction.floor_peak_tflops / 1e3 if self.flop and self.instruction else 0.0
+
+    @property
+    def dram_floor_ns(self) -> float:
+        return self.dram_bytes / DRAM_PEAK_GBS
+
+    @property
+    def work_floor_ns(self) -> float:
+        """What the kernel's work needs at the GPU's peaks: its useful FLOP at the tensor pipe's peak for its
+        operands or its DRAM bytes at full bandwidth, whichever takes longer (a floor for any kernel doing this work)."""
+        return max(self.flop_floor_ns, self.dram_floor_ns)
+
+    @property
+    def work_floor_by(self) -> str:
+        return "tensor" if self.flop_floor_ns >= self.dram_floor_ns else "DRAM"
+
+    @property
+    def unit_floor_ns(self) -> float | None:
+        """The time if the busiest unit that Nsight Compute measured (the SM's busiest pipe or issue, or the
+        busiest of DRAM, L2 and L1 with shared memory) ran at its peak: a floor for this kernel's own
+        design, never under its work floor. Launches without the figures count at their time; None when
+        no launch had them."""
+        if not self.busiest_seen_ns:
+            return None
+        return max(self.busiest_ns + self.ns - self.busiest_seen_ns, self.work_floor_ns)
 
     @property
     def tensor_work(self) -> float:
@@ -334,7 +380,10 @@ def attribute_flops(stats: list[KernelStats], flop_per_call: dict[str, float]) -
     """Give each stage's FLOP (one call of the stage) to its kernels.
 
     In proportion to their tensor-pipe work (``sm__pipe_tensor_cycles_active`` over the instruction's
-    cycles per useful FLOP: x3 for the three-product forms, x2 for TF32); where no kernel of the stage
+    cycles per useful FLOP: x3 for the three-product forms, x2 for TF32), but never more than a
+    kernel's pipe could do in its time (``Instruction.floor_peak_tflops``): what a kernel cannot hold
+    goes to the stage's other kernels with tensor-pipe work, in the same proportion (pipe cycles per
+    FLOP differ between cuDNN's wgmma and xmesh's mma.sync kernels); where no kernel of the stage
     shows tensor-pipe cycles (or the counter was not collected), all to the stage's longest kernel
     that has a tensor-core instruction, else to its longest kernel."""
     by_stage = defaultdict(list)
@@ -345,13 +394,25 @@ def attribute_flops(stats: list[KernelStats], flop_per_call: dict[str, float]) -
         flop = flop_per_call.get(stage, 0.0)
         if not flop:
             continue
-        work = sum(s.tensor_work for s in members)
-        if work > 0:
-            for s in members:
-                s.flop = flop * s.tensor_work / work
-        else:
+        unfilled = [s for s in members if s.tensor_work > 0]
+        if not unfilled:
             tensor = [s for s in members if s.instruction is not None]
             max(tensor or members, key=lambda s: s.ns).flop = flop
+            continue
+        left = flop
+        while unfilled and left > 0:
+            work = sum(s.tensor_work for s in unfilled)
+            full = []
+            for s in unfilled:
+                s.flop += left * s.tensor_work / work
+                capacity = s.instruction.floor_peak_tflops * 1e3 * s.ns   # FLOP its pipe can do in its time
+                if s.flop > capacity:
+                    full.append((s, s.flop - capacity))
+                    s.flop = capacity
+            left = sum(excess for _, excess in full)
+            unfilled = [s for s in unfilled if all(s is not f for f, _ in full)]
+        if left > 0:   # more than every kernel's pipe could do: the count or the counters are off; shown as is
+            max(members, key=lambda s: s.ns).flop += left
 
 
 # ---------------------------------------------------------------------------- the limiter
@@ -410,15 +471,24 @@ class ModeReport:
         """The kernels at or above ``cut`` of the mode's time, longest first."""
         return sorted((s for s in self.stats if self.share(s) >= cut), key=lambda s: -s.ns)
 
-    def stage_totals(self) -> list[tuple[str, int, float, float]]:
-        """(stage, launches, ns, FLOP) in the profiled order; '?' (outside every range) last if present."""
+    def stage_totals(self) -> list[tuple[str, int, float, float, float, float]]:
+        """(stage, launches, ns, FLOP, work floor ns, unit floor ns) in the profiled order; '?' (outside
+        every range) last if present."""
         out = []
         for stage in (*PROFILED_STAGES, "?"):
             members = [s for s in self.stats if s.stage == stage]
             if members or stage != "?":
                 out.append((stage, sum(s.calls for s in members), sum(s.ns for s in members),
-                            self.flop_per_call.get(stage, 0.0)))
+                            self.flop_per_call.get(stage, 0.0), *floors(members)))
         return out
+
+
+def floors(stats: list[KernelStats]) -> tuple[float, float]:
+    """(work floor, unit floor) of these kernels together, in ns: each kernel's summed; a kernel without the
+    throughput figures counts at its time in the unit floor."""
+    unit = [s.unit_floor_ns for s in stats]
+    return (sum(s.work_floor_ns for s in stats),
+            sum(s.ns if u is None else u for s, u in zip(stats, unit)))
 
 
 def load_mode(csv_path, meta: dict | None = None) -> ModeReport:
@@ -442,8 +512,9 @@ def format_mode(mode: ModeReport, cut: float = SHARE_CUT) -> str:
     per_sample = f" ({total_ms / mode.batch:.3f} ms a sample)" if mode.batch else ""
     lines.append(f"GPU time of the profiled kernels: {total_ms:.3f} ms{per_sample}.")
     lines += ["", "| kernel | stage | calls | ms a call | share | TFLOP/s | instruction (peak TFLOP/s) | of peak "
-              "| DRAM MB a call | GB/s (of 3,350) | SM % | memory % | limiter |",
-              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "| DRAM MB a call | GB/s (of 3,350) | SM % | memory % | limiter | work floor ms a call (x off) "
+              "| unit floor ms a call (x off) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     rows = mode.roofline_rows(cut)
     for s in rows:
         ins = s.instruction
@@ -454,19 +525,40 @@ def format_mode(mode: ModeReport, cut: float = SHARE_CUT) -> str:
             f"| `{name}` | {s.stage} | {s.calls} | {s.ns / s.calls / 1e6:.3f} | {mode.share(s):.1%} "
             f"| {_cell(tflops, '.1f')} | {ins.label() if ins else '-'} | {_cell(of_peak, '.0%')} "
             f"| {s.dram_bytes / s.calls / 1e6:.1f} | {s.gbs:.0f} ({s.gbs / DRAM_PEAK_GBS:.0%}) "
-            f"| {_cell(s.mean(SM_PCT), '.0f')} | {_cell(s.mean(MEM_PCT), '.0f')} | {limiter(s)} |")
+            f"| {_cell(s.mean(SM_PCT), '.0f')} | {_cell(s.mean(MEM_PCT), '.0f')} | {limiter(s)} "
+            f"| {_floor_cell(s.work_floor_ns, s, s.work_floor_by + ' ')} | {_floor_cell(s.unit_floor_ns, s)} |")
     shown = {id(s) for s in rows}
     rest = [s for s in mode.stats if id(s) not in shown]
     lines += ["", f"Below {cut:.0%}: {len(rest)} kernel rows, {sum(mode.share(s) for s in rest):.1%} of the time.", ""]
-    lines += ["| stage | launches | GPU ms | share | GFLOP | TFLOP/s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for stage, launches, ns, flop in mode.stage_totals():
+    lines += ["| stage | launches | GPU ms | share | GFLOP | TFLOP/s | work floor ms | unit floor ms |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for stage, launches, ns, flop, work, unit in mode.stage_totals():
         share = ns / mode.total_ns if mode.total_ns else 0.0
         rate = f"{flop / ns / 1e3:.1f}" if flop and ns else "-"
-        lines.append(f"| {stage} | {launches} | {ns / 1e6:.3f} | {share:.1%} | {flop / 1e9:.1f} | {rate} |")
+        lines.append(f"| {stage} | {launches} | {ns / 1e6:.3f} | {share:.1%} | {flop / 1e9:.1f} | {rate} "
+                     f"| {work / 1e6:.3f} | {unit / 1e6:.3f} |")
     flop = sum(mode.flop_per_call.values())
     rate = f"{flop / mode.total_ns / 1e3:.1f}" if flop and mode.total_ns else "-"
-    lines.append(f"| all | {sum(s.calls for s in mode.stats)} | {total_ms:.3f} | 100% | {flop / 1e9:.1f} | {rate} |")
+    work, unit = floors(mode.stats)
+    lines.append(f"| all | {sum(s.calls for s in mode.stats)} | {total_ms:.3f} | 100% | {flop / 1e9:.1f} | {rate} "
+                 f"| {work / 1e6:.3f} | {unit / 1e6:.3f} |")
+    lines += ["", "At the floors, every kernel of the mode: " + _at_floor("work", work, mode)
+              + "; " + _at_floor("unit", unit, mode) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _floor_cell(floor_ns: float | None, s: KernelStats, label: str = "") -> str:
+    if floor_ns is None:
+        return "-"
+    off = f"{s.ns / floor_ns:.2f}x" if floor_ns else "-"
+    return f"{floor_ns / s.calls / 1e6:.3f} {label}({off})"
+
+
+def _at_floor(name: str, floor_ns: float, mode: ModeReport) -> str:
+    """'work floor X ms (Y x off[, Z samples/s])' of the whole mode."""
+    off = f"{mode.total_ns / floor_ns:.2f}x off" if floor_ns else "-"
+    rate = f", {mode.batch / floor_ns * 1e9:,.0f} samples/s" if mode.batch and floor_ns else ""
+    return f"{name} floor {floor_ns / 1e6:.3f} ms ({off}{rate})"
 
 
 def report(csv_path, meta_path=None, cut: float = SHARE_CUT) -> str:

@@ -179,6 +179,20 @@ def test_flop_without_tensor_counters_goes_to_the_longest_tensor_kernel():
     assert three.products == 3 and three.useful_peak_tflops == pytest.approx(989.4 / 3)
 
 
+def test_no_kernel_gets_more_flop_than_its_pipe_could_do():
+    def launch(kernel, ns, cycles):
+        return kp.Launch("cnn_stage1", kernel, {kp.TIME: ns, kp.TENSOR_CYCLES: cycles, kp.GMMA_INST: 1.0})
+    # by pipe cycles the library kernel would get 9/10 of 1e12 FLOP in 1 ms: 900 TFLOP/s, over TF32's 494.7
+    stats = kp.summarise([launch("cudnn_conv", 1e6, 9e6), launch("conv_1x_n64", 4e6, 1e6)], {"cnn_stage1": 1e12})
+    flop = {s.kernel: s.flop for s in stats}
+    assert flop["cudnn_conv"] == pytest.approx(494.7e9)                  # its pipe's peak for 1 ms
+    assert flop["conv_1x_n64"] == pytest.approx(1e12 - 494.7e9)          # the rest, within its 4 ms
+    assert all(s.work_floor_ns <= s.ns for s in stats)
+    # more than every pipe could do: shown as is, on the longest kernel
+    stats = kp.summarise([launch("cudnn_conv", 1e6, 1e6)], {"cnn_stage1": 1e12})
+    assert stats[0].flop == pytest.approx(1e12)
+
+
 def test_the_three_percent_cut_and_order(mode):
     rows = [s.kernel for s in mode.roofline_rows()]
     assert rows == ["wg_drb_chain_score_f16", "local_projection_tiled_o16", CUDNN_LABEL, "conv_1x_n64", "csr_gconv"]
@@ -194,6 +208,27 @@ def test_limiters(mode):
     assert kp.limiter(_stats(mode, "gemm_1x_n64_v")) == "-"
 
 
+def test_floors(mode):
+    chain = _stats(mode, "wg_drb_chain_score_f16")
+    # 1.2e12 FLOP at 989.4 TFLOP/s against 2 GB at 3,350 GB/s: the tensor cores bound its work
+    assert chain.work_floor_ns == pytest.approx(1.2e12 / 989.4e3) and chain.work_floor_by == "tensor"
+    # its busiest unit (SM, 45.5%) would finish sooner than its work allows: the work floor stands
+    assert chain.unit_floor_ns == pytest.approx(chain.work_floor_ns)
+    projection = _stats(mode, "local_projection_tiled_o16")
+    assert projection.work_floor_ns == pytest.approx(2.1e9 / 3350) and projection.work_floor_by == "DRAM"
+    assert projection.unit_floor_ns == pytest.approx(0.85e6)              # memory at 85% for 1 ms
+    csr = _stats(mode, "csr_gconv")                                      # three launches, SM at 65%
+    assert csr.unit_floor_ns == pytest.approx(0.65 * 150_000)
+    gemm = _stats(mode, "gemm_1x_n64_v")                                 # no DRAM, no throughput figures
+    # mma.sync's own peak is an estimate (half of wgmma's): its floor takes the TF32 pipe's peak
+    assert gemm.work_floor_ns == pytest.approx(3.3e9 / 494.7e3) and gemm.unit_floor_ns is None
+    assert gemm.instruction.useful_peak_tflops == pytest.approx(494.7 / 2)
+    work, unit = kp.floors(mode.stats)
+    assert work == pytest.approx(sum(s.work_floor_ns for s in mode.stats))
+    assert unit == pytest.approx(sum(s.unit_floor_ns or s.ns for s in mode.stats))   # the gemm at its time
+    assert work < unit < mode.total_ns
+
+
 def test_report_tables(tmp_path, capsys):
     csv_path = write_csv(tmp_path / "prof.csv")
     meta_path = tmp_path / "prof.json"
@@ -203,10 +238,14 @@ def test_report_tables(tmp_path, capsys):
     chain = next(line for line in text.splitlines() if line.startswith("| `wg_drb_chain_score_f16`"))
     cells = [c.strip() for c in chain.strip("|").split("|")]
     assert cells[1:] == ["drb_1", "1", "2.000", f"{2e6 / TOTAL_NS:.1%}", "600.0", "wgmma f16 (989)", "61%",
-                         "2000.0", "1000 (30%)", "46", "30", "latency; stall barrier 3.5"]
+                         "2000.0", "1000 (30%)", "46", "30", "latency; stall barrier 3.5",
+                         "1.213 tensor (1.65x)", "1.213 (1.65x)"]
     assert "gemm_1x_n64_v" not in text.split("Below 3%")[0]
     assert f"Below 3%: 1 kernel rows, {110_000 / TOTAL_NS:.1%} of the time." in text
     assert f"| all | 9 | {TOTAL_NS / 1e6:.3f} | 100% | {(1.2e12 + 1.5e11 + 3.3e9) / 1e9:.1f} |" in text
+    work, unit = kp.floors(kp.load_mode(csv_path, META).stats)
+    assert f"work floor {work / 1e6:.3f} ms ({TOTAL_NS / work:.2f}x off, {2 / work * 1e9:,.0f} samples/s)" in text
+    assert f"unit floor {unit / 1e6:.3f} ms ({TOTAL_NS / unit:.2f}x off" in text
     assert "| drb_1 | 2 | 3.000 |" in text and "| local_projection" not in text.split("| stage |")[1]
     assert f"GPU time of the profiled kernels: {TOTAL_NS / 1e6:.3f} ms ({TOTAL_NS / 2e6:.3f} ms a sample)" in text
 
