@@ -260,18 +260,21 @@ XM_KERNEL(drb_score_update) void __launch_bounds__(XM_SU_THREADS) drb_score_upda
 // its epilogue (wgmma_drb16_chain.cu's chain, wgmma_drb32h.cu's last wide layer), which left each
 // hypothesis row's two products (y0, y1) of x5 with the score layer's W in `parts` planes of rows
 // (B, 43, N) float2, part_stride float2s apart (the sums over column groups of x5, added here in order):
-// the scores, the softmax and the moved vertices as drb_score_update makes them from there.
-XM_KERNEL(drb_score_finish) void __launch_bounds__(XM_SU_THREADS) drb_score_finish(
+// the scores, the softmax and the moved vertices as drb_score_update makes them from there. A block
+// takes XM_SF_VERTS vertices, a thread per (hypothesis, vertex) with the vertex fastest, so that a
+// hypothesis's rows of neighbouring vertices are read in one piece and A1 comes into shared memory
+// once for XM_SF_VERTS vertices.
+XM_KERNEL(drb_score_finish) void __launch_bounds__(XM_SF_THREADS) drb_score_finish(
     const float2* __restrict__ rows, int parts, long long part_stride, const float* __restrict__ a1,
     const float* __restrict__ bias, const float* __restrict__ offsets, const float* __restrict__ centers,
     float* __restrict__ out, int B, int N) {
     __shared__ float a[XM_HYP * XM_HYP];
-    __shared__ float y1s[XM_SU_VERTS][XM_HYP];
-    __shared__ float score[XM_SU_VERTS][XM_HYP];
+    __shared__ float y1s[XM_SF_VERTS][XM_HYP];
+    __shared__ float score[XM_SF_VERTS][XM_HYP];
     for (int i = threadIdx.x; i < XM_HYP * XM_HYP; i += blockDim.x) a[i] = a1[i];
-    const int v = threadIdx.x / XM_HYP, k = threadIdx.x % XM_HYP;
-    const long long g = (long long)blockIdx.x * XM_SU_VERTS + v;   // the vertex, b * N + n
-    const bool active = v < XM_SU_VERTS && g < (long long)B * N;
+    const int k = threadIdx.x / XM_SF_VERTS, v = threadIdx.x % XM_SF_VERTS;
+    const long long g = (long long)blockIdx.x * XM_SF_VERTS + v;   // the vertex, b * N + n
+    const bool active = k < XM_HYP && g < (long long)B * N;
     float y0 = 0.0f;
     if (active) {
         const long long r = ((g / N) * XM_HYP + k) * N + g % N;   // row (b, k, n)

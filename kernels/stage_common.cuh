@@ -15,6 +15,8 @@
     || !defined(XM_LP_THREADS) \
     || !defined(XM_SU_VERTS) \
     || !defined(XM_SU_THREADS) \
+    || !defined(XM_SF_VERTS) \
+    || !defined(XM_SF_THREADS) \
     || !defined(XM_SKINNY_K) \
     || !defined(XM_SKINNY_COLS)
 #error "the stage kernels are built with the backend's -D constants (xmesh/backends/kernel_constants.py)"

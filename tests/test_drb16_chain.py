@@ -140,10 +140,10 @@ def test_score_finish_against_float64(cp, parts):
     """drb_score_finish (the block's end after a kernel with the score layer's products in its
     epilogue): from each row's (y0, y1), summed over ``parts`` planes (the fp32 mode's last layer
     leaves one per 96-column group), the scores relu(y0 + A1 y1 + b), the softmax over the 43
-    hypotheses and the moved vertices, against float64; a vertex count that leaves the last block of 4
-    vertices partial."""
+    hypotheses and the moved vertices, against float64; a vertex count that leaves the last block
+    partial."""
     from xmesh.backends.cupy_backend import CupyBackend
-    from xmesh.backends.kernel_constants import SCORE_THREADS, SCORE_VERTICES
+    from xmesh.backends.kernel_constants import SCORE_FINISH_THREADS, SCORE_FINISH_VERTICES
 
     rng = np.random.default_rng(11)
     b, n = 2, 1001
@@ -155,7 +155,7 @@ def test_score_finish_against_float64(cp, parts):
     backend = CupyBackend(precision="fp16")
     out = cp.full((b, n, 3), np.nan, dtype=cp.float32)
     backend._kernel("drb_score_finish")(
-        (-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
+        (-(-(b * n) // SCORE_FINISH_VERTICES),), (SCORE_FINISH_THREADS,),
         (cp.asarray(planes), np.int32(parts), np.int64(b * 43 * n))
         + tuple(cp.asarray(a) for a in (a1, bias, offsets, centers)) + (out, np.int32(b), np.int32(n)))
     r = planes.astype(np.float64).sum(axis=0)

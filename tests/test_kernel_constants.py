@@ -63,5 +63,9 @@ def test_gemm_shared_memory_is_what_the_host_reserves(bn, bk):
 
 
 def test_score_kernels_hold_a_vertex_tile():
-    """drb_score_update's block: a thread per (vertex, hypothesis) of its SCORE_VERTICES vertices."""
+    """drb_score_update's block: a thread per (vertex, hypothesis) of its SCORE_VERTICES vertices;
+    drb_score_finish's likewise, of its SCORE_FINISH_VERTICES, half a warp of them (16 float2 rows: 128
+    bytes a read)."""
     assert kc.SCORE_THREADS >= kc.SCORE_VERTICES * kc.HYPOTHESES and kc.SCORE_THREADS % 32 == 0
+    assert kc.SCORE_FINISH_THREADS >= kc.SCORE_FINISH_VERTICES * kc.HYPOTHESES and kc.SCORE_FINISH_THREADS % 32 == 0
+    assert kc.SCORE_FINISH_VERTICES * 8 == 128

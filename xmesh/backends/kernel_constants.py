@@ -25,10 +25,13 @@ GRAPH_POINTS, GRAPH_THREADS = 8, 256
 #: The tiled local projection (stage 2): points per block, threads per block (its launch bound), and
 #: the bytes of one point's bilinear corners at one (view, map) (sizeof(XmBilinear), not passed).
 LOCAL_POINTS, LOCAL_THREADS, LOCAL_TAP_BYTES = 32, 224, 32
-#: drb_score_update and drb_score_finish: vertices per block, threads per block (at least
-#: vertices x hypotheses); the longest input row drb_score_update and skinny_gemm16 hold their
-#: weights for, and skinny_gemm16's most output columns.
+#: drb_score_update: vertices per block, threads per block (at least vertices x hypotheses); the
+#: longest input row drb_score_update and skinny_gemm16 hold their weights for, and skinny_gemm16's
+#: most output columns.
 SCORE_VERTICES, SCORE_THREADS, SKINNY_MAX_K, SKINNY_MAX_COLS = 4, 192, 512, 8
+#: drb_score_finish: vertices per block (a warp reads a hypothesis's rows of 16 of them in one
+#: 128-byte piece) and threads per block (at least vertices x hypotheses).
+SCORE_FINISH_VERTICES, SCORE_FINISH_THREADS = 16, 704
 #: tc_gemm.cu's tile: 128 rows of C per block, K in slices of GEMM_BK (GEMM_FEW_TILES_BK for the
 #: few-tile 3xTF32 products, a second build) through a GEMM_STAGES-deep shared-memory ring, threads.
 GEMM_BM, GEMM_BK, GEMM_FEW_TILES_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3, 256
@@ -39,7 +42,8 @@ STAGE_DEFINES = {
     "XM_ROWS_F32": ROWS_F32, "XM_ROWS_F16": ROWS_F16, "XM_ROWS_BF16": ROWS_BF16,
     "XM_GP_POINTS": GRAPH_POINTS, "XM_GP_THREADS": GRAPH_THREADS,
     "XM_LP_POINTS": LOCAL_POINTS, "XM_LP_THREADS": LOCAL_THREADS,
-    "XM_SU_VERTS": SCORE_VERTICES, "XM_SU_THREADS": SCORE_THREADS,
+    "XM_SU_VERTS": SCORE_VERTICES, "XM_SU_THREADS": SCORE_THREADS, "XM_SF_VERTS": SCORE_FINISH_VERTICES,
+    "XM_SF_THREADS": SCORE_FINISH_THREADS,
     "XM_SKINNY_K": SKINNY_MAX_K, "XM_SKINNY_COLS": SKINNY_MAX_COLS,
 }
 #: tc_gemm.cu's -D names and their values but the K slice (XG_BK, one build per width).

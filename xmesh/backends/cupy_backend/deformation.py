@@ -8,8 +8,8 @@ import numpy as np
 
 from .. import cuda_kernels, kernel_manifest, plan
 from ...errors import KernelCompileError
-from ..kernel_constants import (DEFORMATION_FILE, HYPOTHESES, ROWS_BF16, ROWS_F16, ROWS_F32, SCORE_THREADS,
-                                SCORE_VERTICES, SKINNY_MAX_COLS, SKINNY_MAX_K)
+from ..kernel_constants import (DEFORMATION_FILE, HYPOTHESES, ROWS_BF16, ROWS_F16, ROWS_F32, SCORE_FINISH_THREADS,
+                                SCORE_FINISH_VERTICES, SCORE_THREADS, SCORE_VERTICES, SKINNY_MAX_COLS, SKINNY_MAX_K)
 from . import hopper as hg
 from .device import LAYER_OPERANDS, THREADS, _grid
 
@@ -242,14 +242,17 @@ class DeformationStage:
                                    cheb1, layer.bias, centers, offsets)
 
     def _move_vertices(self, kernel: str, inputs: tuple, cheb1, bias, centers, offsets):
-        """Launch a block's end kernel (``drb_score_update`` or ``drb_score_finish``: SCORE_VERTICES
-        vertices a block, a thread a hypothesis) on its leading arguments ``inputs`` and A1, the score
-        layer's bias, the offsets and the centers (B,N,3); returns the moved centers (B,N,3)."""
+        """Launch a block's end kernel on its leading arguments ``inputs`` and A1, the score layer's bias,
+        the offsets and the centers (B,N,3): ``drb_score_update`` (SCORE_VERTICES vertices a block) or
+        ``drb_score_finish`` (SCORE_FINISH_VERTICES), a thread a hypothesis of a vertex; returns the moved
+        centers (B,N,3)."""
         cp = self.cupy
         b, n = centers.shape[:2]
         out = cp.empty((b, n, 3), dtype=cp.float32)
         f32 = lambda a: cp.ascontiguousarray(a, dtype=cp.float32)
-        self._deformation_kernel(kernel)((-(-(b * n) // SCORE_VERTICES),), (SCORE_THREADS,),
+        per_block, threads = (SCORE_FINISH_VERTICES, SCORE_FINISH_THREADS) if kernel == "drb_score_finish" \
+            else (SCORE_VERTICES, SCORE_THREADS)
+        self._deformation_kernel(kernel)((-(-(b * n) // per_block),), (threads,),
                              (*inputs, f32(cheb1), f32(bias), f32(offsets), f32(centers), out, np.int32(b), np.int32(n)))
         return out
 
