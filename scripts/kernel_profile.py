@@ -21,8 +21,8 @@ throughput (the SpeedOfLight section's two figures), the limiter those imply, an
 how far the kernel is from each: its work's (useful FLOP at the tensor pipe's peak, or DRAM bytes at
 full bandwidth, whichever is longer: no design doing this work beats it) and its busiest unit's (the
 time at 100% of the busiest unit measured: what this design could reach); then per-stage totals
-and the mode's time at every kernel's floors. Peaks, FLOP attribution and limiter rules are described where they are defined below and in
-docs/PERFORMANCE.md ("Per kernel").
+and the mode's time at every kernel's floors. Peaks, FLOP attribution and limiter rules are
+described where they are defined below and in docs/PERFORMANCE.md ("Per kernel").
 """
 from __future__ import annotations
 
@@ -336,8 +336,9 @@ class KernelStats:
 
     @property
     def work_floor_ns(self) -> float:
-        """What the kernel's work needs at the GPU's peaks: its useful FLOP at the tensor pipe's peak for its
-        operands or its DRAM bytes at full bandwidth, whichever takes longer (a floor for any kernel doing this work)."""
+        """What the kernel's work needs at the GPU's peaks: its useful FLOP at the tensor pipe's peak for
+        its operands or its DRAM bytes at full bandwidth, whichever takes longer (a floor for any kernel
+        doing this work)."""
         return max(self.flop_floor_ns, self.dram_floor_ns)
 
     @property
