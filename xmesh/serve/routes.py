@@ -5,9 +5,10 @@ A reconstruction request is admitted only while fewer than ``max_queue`` are in 
 Retry-After otherwise, counted across all server processes); its body is read with a size limit and
 a time limit per chunk and one for the whole body (a slow, trickling or vanished client costs one
 connection for a bounded time, nothing else), parsed, checked and prepared (:mod:`xmesh.serve.upload`,
-its images decoded in threads) and only then handed to LitServe's queue. Every refusal is a JSON body ``{"error", "field", "status"}``. An answer's ``Server-Timing``
-header gives the milliseconds of each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken
-in the HTTP process and the worker (one clock for all processes of a machine).
+its images decoded in threads) and only then handed to LitServe's queue. Every refusal is a JSON
+body ``{"error", "field", "status"}``. An answer's ``Server-Timing`` header gives the milliseconds of
+each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken in the HTTP process and the worker
+(one clock for all processes of a machine).
 """
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ from ..kernel_constants import (DEFORMATION_FILE, HYPOTHESES, ROWS_BF16, ROWS_F1
 from . import hopper as hg
 from .device import LAYER_OPERANDS, THREADS, _grid
 
+#: A block's end kernels: (vertices, threads) a block.
+_SCORE_BLOCKS = {"drb_score_update": (SCORE_VERTICES, SCORE_THREADS),
+                 "drb_score_finish": (SCORE_FINISH_VERTICES, SCORE_FINISH_THREADS)}
+
 SOURCE = DEFORMATION_FILE
 #: The row format code (kernel_constants.ROWS_*) of each activation type the deformation.cu kernels read.
 ROW_FORMATS = {"float32": ROWS_F32, "float16": ROWS_F16, "uint16": ROWS_BF16}
@@ -250,8 +254,7 @@ class DeformationStage:
         b, n = centers.shape[:2]
         out = cp.empty((b, n, 3), dtype=cp.float32)
         f32 = lambda a: cp.ascontiguousarray(a, dtype=cp.float32)
-        per_block, threads = (SCORE_FINISH_VERTICES, SCORE_FINISH_THREADS) if kernel == "drb_score_finish" \
-            else (SCORE_VERTICES, SCORE_THREADS)
+        per_block, threads = _SCORE_BLOCKS[kernel]
         self._deformation_kernel(kernel)((-(-(b * n) // per_block),), (threads,),
                              (*inputs, f32(cheb1), f32(bias), f32(offsets), f32(centers), out, np.int32(b), np.int32(n)))
         return out
