@@ -12,7 +12,7 @@ import pytest
 
 from pipeline_toy import GatedSpec, ToyReconstructor, ToySpec
 from xmesh.cluster import open_client
-from xmesh.cluster.gpus import gpu_cpus, parse_cpu_list, visible_gpus, worker_devices
+from xmesh.cluster.gpus import gpu_cpus, parse_cpu_list, visible_gpus
 from xmesh.errors import BackendUnavailableError
 from xmesh.evaluate import evaluate_dataset, read_csv
 from xmesh.synthetic.dataset import write_dataset
@@ -59,12 +59,6 @@ def test_without_cuda_visible_devices_the_driver_lists_the_gpus(tmp_path):
     assert visible_gpus({}, tmp_path / "absent", use_nvml=False) == []
 
 
-def test_each_worker_sees_its_gpu_first_then_the_others():
-    devices = ["0", "1", "2", "3"]
-    assert [worker_devices(devices, i) for i in range(4)] == ["0,1,2,3", "1,2,3,0", "2,3,0,1", "3,0,1,2"]
-    assert worker_devices(["5", "7"], 1) == "7,5"
-
-
 def test_a_gpus_cpus_come_from_its_pci_device_in_bus_order(tmp_path):
     own = sorted(os.sched_getaffinity(0))
     buses = ["0000:B1:00.0", "0000:1b:00.0"]   # bus order: 1b first
@@ -79,18 +73,21 @@ def test_a_gpus_cpus_come_from_its_pci_device_in_bus_order(tmp_path):
 def test_local_cuda_gives_one_two_thread_worker_per_gpu_with_its_devices(monkeypatch):
     from distributed import Nanny
 
-    from xmesh.cluster.local import ExitAtClose, worker_specs
+    from xmesh.cluster.local import CudaWarmup, ExitAtClose, worker_specs
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-8e1f")
     specs = worker_specs("local-cuda")
     assert sorted(specs) == [0, 1]
-    assert [s["options"]["env"] for s in specs.values()] == [{"CUDA_VISIBLE_DEVICES": "3,1"},
-                                                               {"CUDA_VISIBLE_DEVICES": "1,3"}]
+    # each worker sees its own GPU alone
+    assert [s["options"]["env"] for s in specs.values()] == [{"CUDA_VISIBLE_DEVICES": "3"},
+                                                               {"CUDA_VISIBLE_DEVICES": "GPU-8e1f"}]
     for spec in specs.values():
         assert spec["cls"] is Nanny and spec["options"]["nthreads"] == 2
-        assert any(isinstance(p, ExitAtClose) for p in spec["options"]["plugins"])
+        kinds = {type(p) for p in spec["options"]["plugins"]}
+        assert {ExitAtClose, CudaWarmup} <= kinds
     cpu = worker_specs("local", 3)
     assert len(cpu) == 3 and all(s["options"]["nthreads"] == 1 and "env" not in s["options"] for s in cpu.values())
+    assert not any(isinstance(p, CudaWarmup) for s in cpu.values() for p in s["options"]["plugins"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(BackendUnavailableError, match="no GPU visible"):
         worker_specs("local-cuda")

@@ -3,9 +3,7 @@
 :func:`visible_gpus` lists the devices as CUDA numbers them for this process: the entries of
 ``CUDA_VISIBLE_DEVICES`` where it is set (as CUDA reads it: up to the first empty entry), else
 ``0 .. n-1`` for the GPUs the NVIDIA driver lists (NVML through nvidia-ml-py where installed, else
-the driver's ``/proc/driver/nvidia/gpus``). :func:`worker_devices` gives worker ``i`` the same list
-with its own GPU first, so that the worker's device 0 is its GPU and the others stay reachable.
-:func:`gpu_cpus` reads the CPUs near a GPU (its PCI device's ``local_cpulist``), where the driver
+the driver's ``/proc/driver/nvidia/gpus``). :func:`gpu_cpus` reads the CPUs near a GPU (its PCI device's ``local_cpulist``), where the driver
 says which PCI device it is.
 """
 from __future__ import annotations
@@ -57,11 +55,6 @@ def visible_gpus(environ=None, driver_root: Path = DRIVER_GPUS, use_nvml: bool =
     if count is None:
         count = len(driver_bus_ids(driver_root))
     return [str(i) for i in range(count)]
-
-
-def worker_devices(devices: list[str], index: int) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the worker of GPU ``index``: its entry first, then the rest in turn."""
-    return ",".join(devices[index:] + devices[:index])
 
 
 def parse_cpu_list(text: str) -> set[int]:

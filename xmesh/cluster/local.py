@@ -3,10 +3,12 @@
 Each worker is a ``distributed.Nanny`` (which restarts a worker process that dies): ``local:N`` gives
 N workers of one thread; ``local-cuda`` one worker per visible GPU (:mod:`.gpus`), two threads each
 so that a worker decodes its next shard while the current one computes, its
-``CUDA_VISIBLE_DEVICES`` naming its GPU first and its threads kept to that GPU's CPUs where the
+``CUDA_VISIBLE_DEVICES`` naming its GPU alone (it uses no other, and on some machines CUDA's start
+takes longer for each GPU a process sees) and its threads kept to that GPU's CPUs where the
 machine says which they are (:class:`CpuAffinity`). Every worker gets an equal share of the
-machine's memory as its limit. Nothing here touches CUDA: a worker's first CUDA call is its
-model's.
+machine's memory as its limit. The client's process never touches CUDA; a ``local-cuda`` worker
+starts CUDA's driver in a thread before it joins (:class:`CudaWarmup`), so that its model's build,
+which starts once it has joined, finds it started.
 
 :func:`start_local` starts the scheduler, registers the given worker plugins (e.g. the model's,
 whose set-up starts the model build) and only then the workers, so that each worker starts
@@ -22,8 +24,9 @@ import sys
 from distributed import Client, Nanny, Scheduler, SpecCluster, Status, WorkerPlugin
 from distributed.system import MEMORY_LIMIT
 
+from ..backends.cuda_driver import start_driver
 from ..errors import BackendUnavailableError
-from .gpus import gpu_cpus, visible_gpus, worker_devices
+from .gpus import gpu_cpus, visible_gpus
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120   # every worker process started and joined (they import Python packages)
@@ -46,6 +49,17 @@ class CpuAffinity(WorkerPlugin):
                 pass
 
 
+class CudaWarmup(WorkerPlugin):
+    """Starts CUDA's driver in a thread as the worker starts, before it registers with the scheduler
+    (:func:`~xmesh.backends.cuda_driver.start_driver`), so that its model's build, which starts once
+    it has joined, finds it started or under way."""
+
+    name = "xmesh-cuda-warmup"
+
+    def setup(self, worker) -> None:
+        start_driver()
+
+
 class ExitAtClose(WorkerPlugin):
     """Once the worker has closed (its plugins torn down: the model's pools and writers are shut and
     every result was sent), its process ends without the interpreter's clean-up, which takes a
@@ -65,10 +79,13 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _nanny(threads: int, memory_limit: int, env: dict | None = None, cpus: set | None = None) -> dict:
+def _nanny(threads: int, memory_limit: int, env: dict | None = None, cpus: set | None = None,
+           cuda: bool = False) -> dict:
     plugins = {ExitAtClose()}
     if cpus:
         plugins.add(CpuAffinity(cpus))
+    if cuda:
+        plugins.add(CudaWarmup())
     options = {"nthreads": threads, "memory_limit": memory_limit, "host": HOST, "silence_logs": LOG_LEVEL,
                "dashboard": False, "plugins": plugins}
     if env:
@@ -89,8 +106,7 @@ def worker_specs(kind: str, count: int | None = None, environ=None) -> dict:
     specs = {}
     for i, device in enumerate(devices):
         cpus = gpu_cpus(device)
-        specs[i] = _nanny(2, MEMORY_LIMIT // len(devices), env={"CUDA_VISIBLE_DEVICES": worker_devices(devices, i)},
-                          cpus=cpus)
+        specs[i] = _nanny(2, MEMORY_LIMIT // len(devices), env={"CUDA_VISIBLE_DEVICES": device}, cpus=cpus, cuda=True)
     return specs
 
 

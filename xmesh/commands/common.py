@@ -90,10 +90,15 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
     ``--cluster`` (the client made first, so a missing extra fails at once; the ``path_options`` of
     ``args`` made absolute, as the workers may run elsewhere; ``model`` the ModelSpec the workers
     build), else in this process with its loader pool started before the model is built, so that
-    their start-ups overlap. ``listing``: :func:`xmesh.dataset.list_samples`'s arguments, listed in a
-    thread meanwhile (the run takes the result)."""
+    their start-ups overlap (on the GPU CUDA's driver starts first, in a thread). ``listing``:
+    :func:`xmesh.dataset.list_samples`'s arguments, listed in a thread meanwhile (the run takes the
+    result)."""
     from ..pipeline import startup
 
+    if getattr(args, "backend", None) == "cupy" and not getattr(args, "cluster", None):
+        from ..backends.cuda_driver import start_driver
+
+        start_driver()   # beside the listing, the pool's start and CuPy's import
     if listing is not None:
         from ..dataset import list_samples
 
