@@ -135,6 +135,31 @@ def test_a_cluster_run_counts_its_workers_set_up(data, tmp_path):
     assert timing[startup.FINISH] >= 0.0
 
 
+class _Stop(Exception):
+    """Ends a command at its listing's start, once the test has seen what came before."""
+
+
+@pytest.mark.parametrize("extra, starts_driver", [(["--backend", "cupy"], True), (["--backend", "numpy"], False),
+                                                  (["--backend", "cupy", "--cluster", "local-cuda"], False)])
+def test_a_gpu_command_starts_cudas_driver_before_its_listing_and_a_clusters_client_does_not(
+        data, tmp_path, monkeypatch, extra, starts_driver):
+    from xmesh.backends import cuda_driver
+
+    calls = []
+    monkeypatch.setattr(cuda_driver, "start_driver", lambda: calls.append("driver"))
+
+    def listing(*args):
+        calls.append("listing")
+        raise _Stop
+
+    monkeypatch.setattr(startup, "prefetch", listing)
+    argv = ["eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list", str(data["test_list"]),
+            "--weights", "synthetic:1", "--out", str(tmp_path / "out"), "--no-progress", *extra]
+    with pytest.raises(_Stop):
+        cli.main(argv)
+    assert calls == (["driver", "listing"] if starts_driver else ["listing"])
+
+
 SLOW_LOGS_S = 0.4
 
 

@@ -3,8 +3,8 @@
 :func:`visible_gpus` lists the devices as CUDA numbers them for this process: the entries of
 ``CUDA_VISIBLE_DEVICES`` where it is set (as CUDA reads it: up to the first empty entry), else
 ``0 .. n-1`` for the GPUs the NVIDIA driver lists (NVML through nvidia-ml-py where installed, else
-the driver's ``/proc/driver/nvidia/gpus``). :func:`gpu_cpus` reads the CPUs near a GPU (its PCI device's ``local_cpulist``), where the driver
-says which PCI device it is.
+the driver's ``/proc/driver/nvidia/gpus``). :func:`gpu_cpus` reads the CPUs near a GPU (its PCI
+device's ``local_cpulist``), where the driver says which PCI device it is.
 """
 from __future__ import annotations
 
