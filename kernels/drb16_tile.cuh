@@ -4,6 +4,10 @@
 // warpgroup that makes Z = A1 X a 32-column slice at a time; W's output columns in zl_column's order.
 #include "wgmma_common.cuh"
 
+#ifndef WG_MIX_SPARSE
+#error "the 16-bit deformation layers need wg_mix_column (hopper.mixing_source) put before them"
+#endif
+
 #define ZL_HYP 43
 #define ZL_VERTS 4
 #define ZL_ROWS 192                       // 3 MMA warpgroups x 64 rows; 172 hold hypotheses
@@ -73,83 +77,21 @@ __device__ __forceinline__ unsigned zl_offset(int r, int k) {
     return r * 128 + ((((k >> 3) ^ (r & 7))) << 4) + (k & 7) * 2;
 }
 
-// Z = A1 X for one 32-column slice and one vertex v of the tile, on the tensor cores, by one warp:
-// rows 4 i + v (i < 43) of the K buffer at shared address src, its 16-byte chunks c0 .. c0 + 3 (of
-// eight a 128-byte swizzled row), into the same rows of dst, chunks d0 .. d0 + 3, rounded to the mode's
-// 16 bits. A1 runs as a 48 x 48 matrix of the mode's 16 bits (zero past 43; a1: this lane's A fragments
-// of mma.m16n8k16, tile (m, k) in a1[4 (3 m + k) ..], made by hopper.mixing_fragments), X's slice as
-// its B operand (ldmatrix.trans: K rows past 42 read row 42, which the zero columns cancel), float32
-// sums; Z's rows past 42 go to row ZL_SCRATCH_ROW, which no MMA result that is kept reads.
-#define ZL_SCRATCH_ROW (ZL_TILE_ROWS + 1)
-#ifndef ZL_MIX_NT
-#define ZL_MIX_NT 4
-#endif
+// Z = A1 X for one column of a 32-column slice and one vertex v of the tile: rows 4 i + v (i < 43) of
+// src, column ks (0..63) of its 128-byte rows, mixed as the float32 fmaf chains of wg_mix_column and
+// rounded to the mode's 16 bits into the same rows of dst, column kd. Rows of even and odd i differ in
+// their swizzle ((4 i + v) % 8 = v + 4 (i % 2)), so two offsets serve all 43.
 template <int OPS>
-__device__ __forceinline__ void zl_mma_16816(float (&c)[4], const unsigned* a, unsigned b0, unsigned b1) {
-    if (OPS == WG_BF16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <int OPS>
-__device__ __forceinline__ void zl_mix_slice(const unsigned (&a1)[36], unsigned src, int c0, unsigned dst, int d0,
-                                             int v, int lane) {
-    // ldmatrix row addresses: lane l gives K row l (x4: rows 0..31) and K row 32 + l % 16 (x2);
-    // stmatrix: output row l (x4) and 32 + l % 16 (x2)
-    const int k0 = 4 * lane + v, k1 = 4 * min(32 + (lane & 15), ZL_HYP - 1) + v;
-    const int o1 = 32 + (lane & 15);
-    const int r0 = 4 * lane + v, r1 = o1 < ZL_HYP ? 4 * o1 + v : ZL_SCRATCH_ROW;
+__device__ __forceinline__ void zl_mix_slice_column(const unsigned char* src, int ks, unsigned char* dst, int kd, int v) {
+    const unsigned even = zl_offset(v, ks), odd = zl_offset(v + 4, ks) - 512;
+    const unsigned even_d = zl_offset(v, kd), odd_d = zl_offset(v + 4, kd) - 512;
+    float m[ZL_HYP];
 #pragma unroll
-    for (int n0 = 0; n0 < 4; n0 += ZL_MIX_NT) {   // ZL_MIX_NT 8-column tiles at a time: independent sums
-        unsigned b[ZL_MIX_NT][6];
-        float c[ZL_MIX_NT][3][4];
+    for (int i = 0; i < ZL_HYP; ++i) m[i] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < ZL_MIX_NT; ++j) {
-            const int n = n0 + j;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(b[j][0]), "=r"(b[j][1]), "=r"(b[j][2]), "=r"(b[j][3])
-                         : "r"(src + k0 * 128 + (((c0 + n) ^ (k0 & 7)) << 4)) : "memory");
-            asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                         : "=r"(b[j][4]), "=r"(b[j][5]) : "r"(src + k1 * 128 + (((c0 + n) ^ (k1 & 7)) << 4)) : "memory");
+    for (int j = 0; j < ZL_HYP; ++j)   // a column of A1 at a time: 43 independent chains
+        wg_mix_column(j, wg_widen16<OPS>(*reinterpret_cast<const unsigned short*>(src + 512 * j + (j % 2 ? odd : even))), m);
 #pragma unroll
-            for (int m = 0; m < 3; ++m)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) c[j][m][e] = 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < 3; ++k)
-#pragma unroll
-            for (int j = 0; j < ZL_MIX_NT; ++j)
-#pragma unroll
-                for (int m = 0; m < 3; ++m) zl_mma_16816<OPS>(c[j][m], &a1[4 * (3 * m + k)], b[j][2 * k], b[j][2 * k + 1]);
-#pragma unroll
-        for (int j = 0; j < ZL_MIX_NT; ++j) {
-            const int n = n0 + j;
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                         ::"r"(dst + r0 * 128 + (((d0 + n) ^ (r0 & 7)) << 4)),
-                         "r"(wg_pack<OPS>(c[j][0][0], c[j][0][1])), "r"(wg_pack<OPS>(c[j][0][2], c[j][0][3])),
-                         "r"(wg_pack<OPS>(c[j][1][0], c[j][1][1])), "r"(wg_pack<OPS>(c[j][1][2], c[j][1][3])) : "memory");
-            asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};\n"
-                         ::"r"(dst + r1 * 128 + (((d0 + n) ^ (r1 & 7)) << 4)),
-                         "r"(wg_pack<OPS>(c[j][2][0], c[j][2][1])), "r"(wg_pack<OPS>(c[j][2][2], c[j][2][3])) : "memory");
-        }
-    }
-}
-
-// This lane's A1 fragments for zl_mix_slice from hopper.mixing_fragments' array (9 tiles x 32 lanes x 4).
-__device__ __forceinline__ void zl_load_mixing(const uint4* __restrict__ frag, int lane, unsigned (&a1)[36]) {
-#pragma unroll
-    for (int j = 0; j < 9; ++j) {
-        const uint4 u = __ldg(frag + 32 * j + lane);
-        a1[4 * j] = u.x;
-        a1[4 * j + 1] = u.y;
-        a1[4 * j + 2] = u.z;
-        a1[4 * j + 3] = u.w;
-    }
+    for (int i = 0; i < ZL_HYP; ++i)
+        *reinterpret_cast<unsigned short*>(dst + 512 * i + (i % 2 ? odd_d : even_d)) = (unsigned short)(wg_pack<OPS>(m[i], 0.0f) & 0xffffu);
 }

@@ -57,7 +57,7 @@
 
 
 template <int OPS, int CT>
-__device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, long ldx, int cin, const uint4* __restrict__ a1_frag,
+__device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, long ldx, int cin,
                                          const unsigned short* __restrict__ B, long ldbt,
                                          const float* __restrict__ bias, const unsigned short* __restrict__ res,
                                          unsigned short* __restrict__ out, int N, int tiles) {
@@ -138,9 +138,7 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             asm volatile("cp.async.commit_group;\n" ::);
         };
         for (int q = 0; q < ZL_X_SLOTS - 1; ++q) issue(q);
-        const int v = warp - ZL_MMA_THREADS / 32;   // this warp's vertex of every tile
-        unsigned a1[36];
-        zl_load_mixing(a1_frag, lane, a1);
+        const int v = warp - ZL_MMA_THREADS / 32, col = lane;   // this thread's Z column of every slice
         for (int q = 0; q < total; ++q) {
             asm volatile("cp.async.wait_group %0;\n" ::"n"(ZL_X_SLOTS - 2));   // slice q is in
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -149,8 +147,11 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
             long b;
             int n0;
             wg_vertex_origin<ZL_VERTS>(((int)blockIdx.x + (q / nslices) * (int)gridDim.x) / HALVES, N, b, n0);
-            if (n0 + v < N)   // X's slot and Z's slot hold slice q in the same half
-                zl_mix_slice<OPS>(a1, x_smem + ((q % ZL_X_SLOTS) / 2) * ZL_BUF_BYTES, 4 * (q % 2), z_smem, 4 * (q % 2), v, lane);
+            if (n0 + v < N) {
+                // X's slot and Z's slot hold slice q in the same half
+                zl_mix_slice_column<OPS>(base_ptr + (x_smem - base) + ((q % ZL_X_SLOTS) / 2) * ZL_BUF_BYTES, 32 * (q % 2) + col,
+                                         base_ptr + (z_smem - base), 32 * (q % 2) + col, v);
+            }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             wg_bar_arrive(ZL_READY + q % ZL_Z_SLOTS, ZL_THREADS);
             // slice q + 3 goes into the slot of slice q - 1: the MMAs must be done with it
@@ -228,9 +229,9 @@ __device__ __forceinline__ void zl_layer(const unsigned short* __restrict__ X, l
 
 #define ZL_KERNEL(NAME, OPS, CT)                                                                         \
     XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                            \
-        const unsigned short* X, long ldx, int cin, const uint4* a1_frag, const unsigned short* B, long ldbt, \
-        const float* bias, const unsigned short* res, unsigned short* out, int N, int tiles) {          \
-        zl_layer<OPS, CT>(X, ldx, cin, a1_frag, B, ldbt, bias, res, out, N, tiles);                      \
+        const unsigned short* X, long ldx, int cin, const unsigned short* B, long ldbt, const float* bias,  \
+        const unsigned short* res, unsigned short* out, int N, int tiles) {                             \
+        zl_layer<OPS, CT>(X, ldx, cin, B, ldbt, bias, res, out, N, tiles);                               \
     }
 ZL_KERNEL(wg_drb_reference16_f16, WG_F16, 192)
 ZL_KERNEL(wg_drb_reference16_bf16, WG_BF16, 192)

@@ -56,8 +56,8 @@
 #define ZC_SMEM_BYTES (2 * ZC_ACT_BYTES + ZC_KBUF_BYTES + ZC_PIECES * ZC_PIECE_BYTES + 1024)
 // registers per thread after setmaxnreg (3 * 144 + 80 = 4 * 128): the MMA loop spans five layers and
 // the W copies, so the MMA warpgroups take more than wgmma_drb16.cu's (there 136: 400 bytes of spills)
-#define ZC_MMA_REGS 136
-#define ZC_PRODUCER_REGS 104
+#define ZC_MMA_REGS 144
+#define ZC_PRODUCER_REGS 80
 
 // Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
 // a layer's output stored (MMA -> producer), the MMA warpgroups' own,
@@ -197,7 +197,6 @@ __device__ __forceinline__ unsigned zc_input_kbuf(int layer, int ks, unsigned p_
 // SCORE: lc5's epilogue is zc_epilogue_score's (score_w, rows_out) instead of x5 to `out`.
 template <int OPS, bool SCORE>
 __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned short* __restrict__ X, long ldx, int cin,
-                                         const uint4* __restrict__ a1_frag,
                                          const unsigned short* __restrict__ W, const float* __restrict__ bias,
                                          unsigned short* __restrict__ out, const float* __restrict__ score_w,
                                          float2* __restrict__ rows_out, int N, int tiles) {
@@ -232,8 +231,6 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
     if (threadIdx.x >= ZL_MMA_THREADS) {   // ---- producer: X slices in, Z slices out
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(ZC_PRODUCER_REGS));
         const int et = threadIdx.x - ZL_MMA_THREADS, v = warp - ZL_MMA_THREADS / 32;
-        unsigned a1[36];
-        zl_load_mixing(a1_frag, lane, a1);
         int q = 0;
         for (int t = 0; t < my_tiles; ++t) {
             long b;
@@ -269,7 +266,9 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
                     if (layer == 0 && ks % 2 == 0) wait_x(ks / 2);   // the slice's K buffer is in
                     const unsigned src = zc_input_kbuf(layer, ks, p_smem, q_smem);
                     if (q >= 2) wg_bar_sync(ZC_Z_FREE + q % 2, ZL_THREADS);
-                    if (n0 + v < N) zl_mix_slice<OPS>(a1, src, 4 * (ks % 2), z_smem, 4 * (q % 2), v, lane);
+                    if (n0 + v < N)
+                        zl_mix_slice_column<OPS>(base_ptr + (src - base), 32 * (ks % 2) + lane, base_ptr + (z_smem - base),
+                                                 32 * (q % 2) + lane, v);
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     wg_bar_arrive(ZC_READY + q % 2, ZL_THREADS);
                     // after slice 2 k + 3's Z: K buffer k + 3 into K buffer k's place (the MMAs arrived for it at
@@ -361,10 +360,9 @@ __device__ __forceinline__ void zc_chain(const WgTensorMap& xmap, const unsigned
 
 #define ZC_KERNEL(NAME, OPS)                                                                                  \
     XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                                 \
-        const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const uint4* a1_frag,   \
-        const unsigned short* W,                                                                                \
+        const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const unsigned short* W, \
         const float* bias, unsigned short* out, int N, int tiles) {                                             \
-        zc_chain<OPS, false>(xmap, X, ldx, cin, a1_frag, W, bias, out, nullptr, nullptr, N, tiles);                    \
+        zc_chain<OPS, false>(xmap, X, ldx, cin, W, bias, out, nullptr, nullptr, N, tiles);                    \
     }
 ZC_KERNEL(wg_drb_chain_f16, WG_F16)
 ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
@@ -372,10 +370,9 @@ ZC_KERNEL(wg_drb_chain_bf16, WG_BF16)
 // The same with the block's score layer's two products in lc5's epilogue: rows_out (B, 43, N) float2.
 #define ZC_SCORE_KERNEL(NAME, OPS)                                                                            \
     XM_KERNEL(NAME) void __launch_bounds__(ZL_THREADS, 1) NAME(                                                 \
-        const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const uint4* a1_frag,   \
-        const unsigned short* W,                                                                                \
+        const __grid_constant__ WgTensorMap xmap, const unsigned short* X, long ldx, int cin, const unsigned short* W, \
         const float* bias, const float* score_w, float2* rows_out, int N, int tiles) {                          \
-        zc_chain<OPS, true>(xmap, X, ldx, cin, a1_frag, W, bias, nullptr, score_w, rows_out, N, tiles);                \
+        zc_chain<OPS, true>(xmap, X, ldx, cin, W, bias, nullptr, score_w, rows_out, N, tiles);                \
     }
 ZC_SCORE_KERNEL(wg_drb_chain_score_f16, WG_F16)
 ZC_SCORE_KERNEL(wg_drb_chain_score_bf16, WG_BF16)

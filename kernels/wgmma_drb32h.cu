@@ -48,9 +48,6 @@
 // barriers (X slots, W slots).
 #include "kernel_select.cuh"
 #include "drb16_tile.cuh"
-#ifndef WG_MIX_SPARSE
-#error "the 3xf16 deformation layers need wg_mix_column (hopper.mixing_source) put before them"
-#endif
 
 #define H_BK 32                                   // X columns per K slice
 #define H_SLOT_BYTES (ZL_ROWS * 128)              // an X or Z slot

@@ -84,24 +84,25 @@ def chain_case(cp, operands, b, n, seed, cin=339, ldx=344):
 ])
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
 def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n, cin, ldx):
-    from xmesh.backends.cupy_backend.hopper import widen16
+    from xmesh.backends.cupy_backend.hopper import mixing_source, widen16
 
     a1, x, ws, biases = chain_case(cp, operands, b, n, seed=n + b + len(operands), cin=cin, ldx=ldx)
+    mixing = mixing_source(a1)
     weights = [hopper.prepare(cp.asarray(w), operands) for w in ws]
     bias = [cp.asarray(v) for v in biases]
-    want = reference_block16(hopper, x, weights, bias, a1)
+    want = reference_block16(hopper, x, weights, bias, mixing)
 
-    chain = hopper.prepare_chain16(weights[0], weights[1:], bias, a1)
+    chain = hopper.prepare_chain16(weights[0], weights[1:], bias)
     poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
     del poison
-    got = hopper.drb_chain16(x, chain)
+    got = hopper.drb_chain16(x, chain, mixing)
     assert got.dtype == x.dtype and got.shape == (b, 43, n, 192)
     want16, got16 = want.view(cp.uint16).get(), got.view(cp.uint16).get()
     assert (want16 != 0).mean() > 0.3   # the layers did not die out: a real comparison
     assert bool(cp.isfinite(widen16(cp, got, operands)).all())   # the NaN past cin was not read
     mismatch = np.argwhere(want16 != got16)
     assert mismatch.size == 0, (len(mismatch), mismatch[:5])
-    again = hopper.drb_chain16(x, chain)   # deterministic
+    again = hopper.drb_chain16(x, chain, mixing)   # deterministic
     np.testing.assert_array_equal(again.view(cp.uint16).get(), got16)
 
 
@@ -113,14 +114,15 @@ def test_chain_with_the_score_layer_leaves_its_products(cp, hopper, operands, b,
     """Given the score layer's W (192 x 2), the chain writes no x5 but each row's x5 W (B, 43, N, 2)
     float32: the float64 products of the x5 it writes otherwise, within float32 summation's bound
     (192 u sum |x5| |W|). The model's size, partial vertex tiles, tiles across samples."""
-    from xmesh.backends.cupy_backend.hopper import widen16
+    from xmesh.backends.cupy_backend.hopper import mixing_source, widen16
 
     a1, x, ws, biases = chain_case(cp, operands, b, n, seed=2 * n + b, cin=cin, ldx=ldx)
+    mixing = mixing_source(a1)
     weights = [hopper.prepare(cp.asarray(w), operands) for w in ws]
-    chain = hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases], a1)
-    x5 = widen16(cp, hopper.drb_chain16(x, chain), operands).get().astype(np.float64)
+    chain = hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases])
+    x5 = widen16(cp, hopper.drb_chain16(x, chain, mixing), operands).get().astype(np.float64)
     w = (np.random.default_rng(n).standard_normal((192, 2)) / np.sqrt(192)).astype(np.float32)
-    got = hopper.drb_chain16(x, chain, score_weight=cp.asarray(w)).get()
+    got = hopper.drb_chain16(x, chain, mixing, score_weight=cp.asarray(w)).get()
     assert got.shape == (b, 43, n, 2) and got.dtype == np.float32
     want = x5 @ w.astype(np.float64)
     bound = 192 * 2.0 ** -24 * (np.abs(x5) @ np.abs(w.astype(np.float64)))
@@ -128,7 +130,7 @@ def test_chain_with_the_score_layer_leaves_its_products(cp, hopper, operands, b,
     excess = np.abs(got - want) - bound
     assert excess.max() <= 0, (int((excess > 0).sum()), float(excess.max()))
     with pytest.raises(ValueError, match="192, 2"):
-        hopper.drb_chain16(x, chain, score_weight=cp.asarray(w[:, :1]))
+        hopper.drb_chain16(x, chain, mixing, score_weight=cp.asarray(w[:, :1]))
 
 
 @requires_cuda
@@ -169,26 +171,28 @@ def test_score_finish_against_float64(cp, parts):
 @requires_cuda
 @pytest.mark.gpu
 def test_chain_refuses_what_it_cannot_run(cp, hopper):
-    """drb_chain16 and prepare_chain16 name what is wrong: float32 or strided X, X in the other
-    16-bit type or of another width, weights of a TF32 mode or the wrong count, a support of
-    another size."""
+    """drb_chain16 and prepare_chain16 name what is wrong: no mixing source, float32 or strided X,
+    X in the other 16-bit type or of another width, weights of a TF32 mode or the wrong count."""
+    from xmesh.backends.cupy_backend.hopper import mixing_source
+
     a1, x, ws, biases = chain_case(cp, "fp16", 1, 9, seed=3)
+    mixing = mixing_source(a1)
     weights = [hopper.prepare(cp.asarray(w), "fp16") for w in ws]
-    chain = hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases], a1)
+    chain = hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases])
+    with pytest.raises(ValueError, match="no mixing source"):
+        hopper.drb_chain16(x, chain, "")
     with pytest.raises(ValueError, match="16-byte aligned"):
-        hopper.drb_chain16(x.astype(cp.float32), chain)
+        hopper.drb_chain16(x.astype(cp.float32), chain, mixing)
     with pytest.raises(ValueError, match="rows a multiple of 8"):
-        hopper.drb_chain16(cp.concatenate([x, x], axis=-1)[..., ::2], chain)
+        hopper.drb_chain16(cp.concatenate([x, x], axis=-1)[..., ::2], chain, mixing)
     with pytest.raises(ValueError, match="339"):
-        hopper.drb_chain16(x[..., :300], chain)
+        hopper.drb_chain16(x[..., :300], chain, mixing)
     with pytest.raises(ValueError, match="float16"):
-        hopper.drb_chain16(x.view(cp.uint16), chain)
+        hopper.drb_chain16(x.view(cp.uint16), chain, mixing)
     with pytest.raises(ValueError, match="4 unpaired"):
-        hopper.prepare_chain16(weights[0], weights[1:4], biases[:4], a1)
+        hopper.prepare_chain16(weights[0], weights[1:4], biases[:4])
     with pytest.raises(ValueError, match="4 unpaired"):
-        hopper.prepare_chain16(weights[0], [hopper.prepare(cp.asarray(w), "tf32") for w in ws[1:]], biases, a1)
-    with pytest.raises(ValueError, match="43 x 43"):
-        hopper.prepare_chain16(weights[0], weights[1:], [cp.asarray(v) for v in biases], a1[:42, :42])
+        hopper.prepare_chain16(weights[0], [hopper.prepare(cp.asarray(w), "tf32") for w in ws[1:]], biases)
 
 
 @requires_cuda
@@ -203,6 +207,7 @@ def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
     neighbouring pixels: the end-to-end allowance of test_cupy_backend.py."""
     from xmesh import Reconstructor
     from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.backends.cupy_backend.hopper import mixing_source
     from xmesh.io.weights import synthetic_weights
     from xmesh.template_gen import generate_template
 
@@ -223,7 +228,8 @@ def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
 
     def one_by_one(layers, x, cheb1, cheb0=None):
         prepared = [backend.hopper.prepare(layer.weight, precision) for layer in layers]
-        return reference_block16(backend.hopper, x, prepared, [layer.bias for layer in layers], cheb1.get())
+        return reference_block16(backend.hopper, x, prepared, [layer.bias for layer in layers],
+                                 mixing_source(cheb1.get()))
 
     backend.op_drb_block_layers = one_by_one
     single = [a.get() for a in model.run(images, cameras)]

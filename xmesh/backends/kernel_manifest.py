@@ -81,11 +81,6 @@ def planned_builds(precision: str, hopper: bool) -> list:
     if hopper:
         builds += [KernelBuild(HOPPER, f"wg_gemm_{passes}x_{c}", STD, ARCH) for c in "vs"]
         builds += _ops("drb_score_finish")
-        if sixteen:   # the chained deformation layers: the support is an argument (mixing_fragments)
-            from .cupy_backend import hopper as hg
-
-            part = _PART[precision][0]
-            builds += [KernelBuild(hg.CHAIN.source, f"wg_drb_chain{kind}_{part}", STD, ARCH) for kind in ("", "_score")]
     else:
         builds += _ops("drb_mix_epilogue")
         if sixteen:   # fp16 away from Hopper: the deformation layers' products in cuBLAS, then their epilogue
@@ -102,8 +97,11 @@ def planned_mixing_builds(precision: str, mixing: str) -> list:
     if precision == "fp32":
         builds = [KernelBuild(hg.LAYER_3XF16.source, name, STD, ARCH, mixing)
                   for name in ("wg_drb_layer_3xf16", "wg_drb_layer_3xf16_score")]
-    else:
+    elif precision == "tf32":
         builds = []
+    else:
+        builds = [KernelBuild(hg.CHAIN.source, f"wg_drb_chain_{part}", STD, ARCH, mixing),
+                  KernelBuild(hg.CHAIN.source, f"wg_drb_chain_score_{part}", STD, ARCH, mixing)]
     layer = mixing + f"#define WG_DRB_OPS {code}\n"
     ios = ("v", "s") if precision in ("fp32", "tf32") else ("v_o16", "h16")
     builds += [KernelBuild(HOPPER, f"wg_drb_layer_{part}_{io}", STD, ARCH, layer) for io in ios]

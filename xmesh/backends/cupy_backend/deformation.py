@@ -57,9 +57,9 @@ class DeformationStage:
                 cp.matmul(a, flat_y[i], out=flat_out[i])
         return out
 
-    def _prepared_chain(self, layers, x, cheb1, cheb0):
-        """The block's five wide layers and support prepared for ``HopperGemm.drb_chain16`` (made once
-        per layer set), or None where the chained kernel does not run them: off Hopper, in the float32 modes,
+    def _prepared_chain(self, layers, x, cheb0):
+        """The block's five wide layers prepared for ``HopperGemm.drb_chain16`` (made once per layer
+        set), or None where the chained kernel does not run them: off Hopper, in the float32 modes,
         with a non-identity first support, other widths, or an X it does not take."""
         operands = LAYER_OPERANDS[self.precision]
         z = hg.WIDE_COLS
@@ -73,18 +73,17 @@ class DeformationStage:
             return None
         def make():
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
-            return self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers],
-                                               self.to_numpy(cheb1))
+            return self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers])
 
-        return self._derived.get(tuple(layer.weight for layer in layers) + (cheb1,), ("chain", operands), make)
+        return self._derived.get(tuple(layer.weight for layer in layers), ("chain", operands), make)
 
     def op_drb_block_layers(self, layers, x, cheb1, cheb0=None):
         """A deformation block's five wide layers (the projected features X -> x5, in the model's
         ``block_tail``) in one Hopper kernel in the 16-bit modes (``HopperGemm.drb_chain16``: the
         activations stay in shared memory); None
         elsewhere, and the model runs the layers one by one."""
-        chain = self._prepared_chain(layers, x, cheb1, cheb0)
-        return None if chain is None else self.hopper.drb_chain16(x, chain)
+        chain = self._prepared_chain(layers, x, cheb0)
+        return None if chain is None else self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1))
 
     def op_drb_block_tail(self, layers, x, cheb1, cheb0, centers, offsets):
         """A deformation block from its projected features X to the moved vertices (the model's
@@ -97,10 +96,10 @@ class DeformationStage:
         if (not self.fuse_drb_score or len(layers) != hg.CHAIN.hidden_layers + 2 or not plan.fusable_score(score)
                 or x.shape[1] != HYPOTHESES):
             return None
-        chain = self._prepared_chain(layers[:-1], x, cheb1, cheb0)
+        chain = self._prepared_chain(layers[:-1], x, cheb0)
         if chain is None:
             return None
-        rows = self.hopper.drb_chain16(x, chain, score_weight=score.weight)
+        rows = self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1), score_weight=score.weight)
         return self._move_vertices("drb_score_finish", (rows, np.int32(1), np.int64(0)), cheb1, score.bias, centers,
                                    offsets)
 

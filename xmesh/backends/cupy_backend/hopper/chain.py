@@ -12,20 +12,18 @@ from ...kernel_constants import HYPOTHESES
 from .activations import activation_dtype
 from .families import CHAIN, DRB_LAYER, OPERANDS, WIDE_COLS
 from .gemm import PreparedWeight
-from .layouts import chain_piece_index, mixing_fragments, vertex_tile_map
+from .layouts import chain_piece_index, vertex_tile_map
 
 
 @dataclass(frozen=True)
 class PreparedChain:
     """A deformation block's five wide layers for :meth:`HopperGemm.drb_chain16`: ``stream`` the 16-bit
     W pieces (the first layer's ceil(cin / 32) K slices, then 4 layers x 6 K slices; each slice W1's
-    then W0's 192 columns x 32 K rows, uint16), ``bias`` (5, 192) float32, ``mixing`` the support A1
-    as the kernel's A fragments (:func:`mixing_fragments`, uint32), ``cin`` the first layer's inputs,
-    ``operands`` "fp16" or "bf16"."""
+    then W0's 192 columns x 32 K rows, uint16), ``bias`` (5, 192) float32, ``cin`` the first layer's
+    inputs, ``operands`` "fp16" or "bf16"."""
 
     stream: object
     bias: object
-    mixing: object
     cin: int
     operands: str
 
@@ -33,9 +31,8 @@ class PreparedChain:
 class ChainFamily:
     """:meth:`prepare_chain16` and :meth:`drb_chain16` (a mixin of :class:`HopperGemm`)."""
 
-    def prepare_chain16(self, first: PreparedWeight, weights, biases, a1) -> PreparedChain:
-        """The W stream, biases and mixing of :meth:`drb_chain16` from a block's five wide layers and its
-        43 x 43 support ``a1`` (float32, host or device): ``first`` the
+    def prepare_chain16(self, first: PreparedWeight, weights, biases) -> PreparedChain:
+        """The W stream and biases of :meth:`drb_chain16` from a block's five wide layers: ``first`` the
         first layer's unpaired 16-bit [W0 | W1] (:meth:`prepare` with ``paired=False``, cin <= 384
         inputs, 2 x 192 outputs), ``weights`` the four 192-wide layers' (192 x 384, the same mode),
         ``biases`` the five (192,) biases. The stream holds, per layer and 32-row K slice, W1's then
@@ -58,32 +55,30 @@ class ChainFamily:
         bias = cp.stack([cp.ascontiguousarray(b, dtype=cp.float32).reshape(-1) for b in biases])
         if bias.shape != (CHAIN.hidden_layers + 1, WIDE_COLS):
             raise ValueError(f"prepare_chain16: needs {CHAIN.hidden_layers + 1} biases of ({WIDE_COLS},), got {bias.shape}")
-        a1 = a1.get() if hasattr(a1, "get") else a1
-        mixing = cp.asarray(mixing_fragments(a1, first.operands))
-        return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), mixing, first.k, first.operands)
+        return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), first.k, first.operands)
 
-    def drb_chain16(self, x, chain: PreparedChain, score_weight=None):
+    def drb_chain16(self, x, chain: PreparedChain, mixing: str, score_weight=None):
         """A deformation block's five wide layers in one kernel (kernels/wgmma_drb16_chain.cu), in a
         16-bit mode: x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3,
         each layer as the one-layer reference computes it (x5 equals five calls of tests/drb16_reference.py's
         reference_layer16 bit for bit),
         with the activations kept in shared memory. X (B, 43, N, cin) in :func:`activation_dtype` (see
-        :func:`plan.chain_takes`), ``chain`` from :meth:`prepare_chain16`. Returns x5 (B, 43, N, 192)
-        in the same type.
+        :func:`plan.chain_takes`), ``chain`` from :meth:`prepare_chain16`, ``mixing``:
+        :func:`mixing_source` of A1. Returns x5 (B, 43, N, 192) in the same type.
 
         With ``score_weight`` (the block's score layer's float32 W, (192, 2): columns W0, W1), x5 is
         never written: the kernel returns each row's x5 W (B, 43, N, 2) float32 instead, summed in
         float32 from x5's 16-bit values (the products the score layer mixes and adds)."""
         cp = self.cupy
         act = activation_dtype(cp, chain.operands)
-        if not plan.chain_takes(x, chain.cin) or x.dtype != act:
-            raise ValueError(f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}): needs a 16-byte aligned "
-                             f"(B, {HYPOTHESES}, N, {chain.cin}) {act} array ({chain.operands}) with rows a multiple "
-                             f"of 8 elements apart")
+        if not mixing or not plan.chain_takes(x, chain.cin) or x.dtype != act:
+            raise ValueError(f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}) with "
+                             f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned (B, {HYPOTHESES}, N, "
+                             f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
+                             f"and mixing_source(A1)")
         b, _, n, _ = x.shape
         tiles = b * -(-n // DRB_LAYER.vertices)
-        head = (vertex_tile_map(x, 64), x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.mixing, chain.stream,
-                chain.bias)
+        head = (vertex_tile_map(x, 64), x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
         if score_weight is None:
             out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=act)
             name, args = f"wg_drb_chain_{OPERANDS[chain.operands].kernel_part}", head + (out,)
@@ -93,6 +88,6 @@ class ChainFamily:
             out = cp.empty((b, HYPOTHESES, n, 2), dtype=cp.float32)
             name = f"wg_drb_chain_score_{OPERANDS[chain.operands].kernel_part}"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out)
-        self._kernel(name, CHAIN.smem, "", CHAIN.source)((min(tiles, self.sm_count),), (DRB_LAYER.threads,),
+        self._kernel(name, CHAIN.smem, mixing, CHAIN.source)((min(tiles, self.sm_count),), (DRB_LAYER.threads,),
                                                      args + (np.int32(n), np.int32(tiles)), shared_mem=CHAIN.smem)
         return out

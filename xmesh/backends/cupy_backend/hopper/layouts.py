@@ -42,36 +42,6 @@ def mixing_source(a1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mixing_fragments(a1, operands: str) -> np.ndarray:
-    """A1 (43 x 43) as the 16-bit chain's producer multiplies with it (``zl_mix_slice`` in
-    kernels/drb16_tile.cuh): zero-padded to 48 x 48, rounded to nearest even in the mode's 16 bits
-    ("fp16": float16, "bf16": bfloat16), cut into the nine 16 x 16 A fragments of mma.m16n8k16.
-    Returns (9 x 32, 4) uint32: row 32 (3 m + k) + lane holds registers a0..a3 of tile (m, k) for that
-    lane: rows g and g + 8 (g = lane // 4) by columns 2 t, 2 t + 1 and 2 t + 8, 2 t + 9 (t = lane % 4),
-    the lower column in the low half."""
-    a1 = np.asarray(a1, dtype=np.float32)
-    if a1.shape != (HYPOTHESES, HYPOTHESES):
-        raise ValueError(f"A1 must be {HYPOTHESES} x {HYPOTHESES}, got {a1.shape}")
-    padded = np.zeros((48, 48), dtype=np.float32)
-    padded[:HYPOTHESES, :HYPOTHESES] = a1
-    if operands == "fp16":
-        bits = padded.astype(np.float16).view(np.uint16).astype(np.uint32)
-    elif operands == "bf16":
-        u = padded.view(np.uint32).astype(np.uint64)
-        bits = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint32)
-    else:
-        raise ValueError(f"mixing_fragments: operands must be fp16 or bf16, got {operands!r}")
-    lane = np.arange(32)
-    g, t = lane // 4, lane % 4
-    out = np.empty((3, 3, 32, 4), dtype=np.uint32)
-    for m in range(3):
-        for k in range(3):
-            for reg, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
-                r, c = 16 * m + g + dr, 16 * k + 2 * t + dc
-                out[m, k, :, reg] = bits[r, c] | (bits[r, c + 1] << 16)
-    return out.reshape(9 * 32, 4)
-
-
 def accumulator_columns(n: int = WIDE_COLS):
     """The output column that each of a 16-bit input-side tile's ``n`` accumulator columns holds (as
     zl_column in kernels/drb16_tile.cuh): accumulator column f -> 32 (j // 4) + 8 t + 2 (j % 4) + f % 2
