@@ -490,6 +490,40 @@ def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
     assert not eager._captured
 
 
+def test_graphs_stay_within_their_memory_share(cp, scenes):
+    """Captured graphs of all batch sizes together stay within ``graph_memory_share`` of the device's
+    memory: with room for about three samples' graphs, sizes 1 and 2 are captured and size 3 runs
+    eagerly, none dropped for it. Every call equals the eager model bit for bit."""
+    from xmesh import Reconstructor
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.template_gen import generate_template
+
+    weights, template = synthetic_weights(3), generate_template()
+    images, cameras = scenes
+    eager = Reconstructor(weights, template=template, backend="cupy", graphs=False)
+    graphed = Reconstructor(weights, template=template, backend="cupy")
+
+    def call(size):
+        want = [a.get() for a in eager.run(images[:size], cameras[:size])]
+        got = [a.get() for a in graphed.run(images[:size], cameras[:size])]
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
+
+    for _ in range(2):
+        call(1)
+    one = graphed._captured[1].nbytes
+    total = graphed.backend.memory_bytes()[1]
+    # a graph's size is guessed at one's per sample: 1 and then 2 fit (3 x one), 3 does not
+    graphed.graph_memory_share = 3.5 * one / total
+    for size in (2, 2, 3, 3, 3, 1):
+        call(size)
+    assert sorted(graphed._captured) == [1, 2]
+    assert sum(net.nbytes for net in graphed._captured.values()) <= graphed.graph_memory_share * total
+    graphed.graph_memory_share = 0.25
+    call(3)                                   # with room again, the next call captures it
+    assert sorted(graphed._captured) == [1, 2, 3]
+
+
 def test_graph_replay_takes_device_images_and_leaves_them_alone(cp, scenes):
     """Device images work as inputs of captured graphs too: the capture does not keep the caller's
     array as its input (a later call with other images must not overwrite it)."""

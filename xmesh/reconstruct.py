@@ -39,6 +39,19 @@ class CapturedNetwork:
     images: Any
     tf: DeviceTransforms
 
+    @property
+    def nbytes(self) -> int:
+        """Device memory the four graphs keep for their intermediates."""
+        return sum(piece.nbytes for piece in self._pieces())
+
+    def release(self) -> None:
+        """Give the graphs' memory back; the object is unusable afterwards."""
+        for piece in self._pieces():
+            piece.release()
+
+    def _pieces(self) -> tuple:
+        return self.cnn1, self.stage1, self.cnn2, self.stage2
+
 
 def _absolute(value: Any) -> Any:
     """Paths -> absolute text paths ('synthetic:N' and arrays as they are); lists element-wise."""
@@ -101,17 +114,19 @@ class Reconstructor:
     a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
     stage); ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
     maps), which the published weights were trained with; turn it off only for weights trained
-    without it. ``graphs`` (CuPy backend, fp32 and tf32): the second call with a given batch size
-    (up to ``graph_max_batch``) captures the whole reconstruction as four CUDA Graphs and later
-    calls with that size replay them, which removes the launch overhead that dominates small
-    batches (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``).
+    without it. ``graphs`` (CuPy backend): the second call with a given batch size captures the whole
+    reconstruction as four CUDA Graphs and later calls with that size replay them, which removes the
+    launch overhead that dominates small and middle batches (four pieces, so that a call's uploads
+    overlap the GPU's work: ``_replay``). The graphs of all batch sizes held stay within
+    ``graph_memory_share`` of the device's memory: a batch size that does not fit in what is left
+    runs eagerly (none is dropped for another, so sizes that come and go cost no captures).
     ``spec`` records these arguments (:class:`ModelSpec`), so that the workers of a
     Dask cluster can each build the same model (``evaluate_dataset(model, ..., client=...)``).
     """
 
-    #: Largest batch size replayed from a CUDA Graph: a graph keeps its own intermediates (about
-    #: 1 GB per sample), and launch overhead only matters for small batches.
-    graph_max_batch = 8
+    #: The share of the device's memory that captured CUDA Graphs may hold together: a graph keeps
+    #: its own intermediates, about 0.15 GB a sample in the 16-bit modes and 0.6 GB in fp32.
+    graph_memory_share = 0.25
 
     def __init__(self, weights: Any, template: Any = None, backend: Any = "numpy", precision: str = "fp32",
                  view_quirk: bool = True, graphs: bool = True):
@@ -140,6 +155,7 @@ class Reconstructor:
         self.graphs = bool(graphs) and getattr(self.backend, "can_capture_network", False)
         self._seen_batches: set[int] = set()
         self._captured: dict[int, CapturedNetwork] = {}
+        self._graph_sample_bytes = 0.0                    # the most a captured graph held per sample
 
     # -- low level: device arrays in, device arrays out ------------------------------------
     def run(self, images, cameras: np.ndarray, trace: network.Trace | None = None):
@@ -158,7 +174,9 @@ class Reconstructor:
         except Exception as exc:
             if not self.backend.is_out_of_memory(exc):
                 raise
-            self._captured.clear()          # a captured graph holds its own intermediates
+            for net in self._captured.values():   # a captured graph holds its own intermediates
+                net.release()
+            self._captured.clear()
             self.backend.release_memory()
             if batch == 1 or trace is not None:
                 raise DeviceOutOfMemoryError(
@@ -173,11 +191,16 @@ class Reconstructor:
     def _run_once(self, images, cameras, trace):
         xp = self.backend.xp
         batch = cameras.shape[0]
-        if trace is None and self.graphs and batch <= self.graph_max_batch:
+        if trace is None and self.graphs:
             if batch in self._captured:
                 return self._replay(batch, images, cameras)
-            if batch in self._seen_batches:
-                return self._capture(batch, images, cameras)
+            if batch in self._seen_batches and self._room_for_graphs(batch):
+                try:
+                    return self._capture(batch, images, cameras)
+                except Exception as exc:   # out of memory while capturing: this call runs eagerly
+                    if not self.backend.is_out_of_memory(exc):
+                        raise
+                    self.backend.release_memory()
             self._seen_batches.add(batch)
         tf = DeviceTransforms.from_cameras(self.backend, cameras)
         if trace is None and isinstance(images, np.ndarray):
@@ -185,6 +208,23 @@ class Reconstructor:
             return network.run_network_from_host(self.backend, self.stage1, self.stage2, host, tf, self.view_quirk)
         flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
         return network.run_network_on_device(self.backend, self.stage1, self.stage2, flat, tf, self.view_quirk, trace)
+
+    def _room_for_graphs(self, batch: int) -> bool:
+        """Whether a capture of ``batch`` fits beside the graphs held, within ``graph_memory_share`` of
+        the device's memory and in its free memory. Its size is guessed from the graphs captured so
+        far per sample, before the first from the memory the eager calls hold (about what a graph
+        needs: both keep a call's intermediates)."""
+        memory = self.backend.memory_bytes()
+        if memory is None:
+            return False
+        free, total = memory
+        needed = int(self._graph_sample_bytes * batch) or self.backend.held_bytes()
+        if sum(net.nbytes for net in self._captured.values()) + needed > self.graph_memory_share * total:
+            return False
+        if free < needed:
+            self.backend.release_memory()
+            free = self.backend.memory_bytes()[0]
+        return free >= needed
 
     def _capture(self, batch: int, images, cameras):
         """Capture the network for this batch size as four CUDA graphs reading their own input arrays
@@ -206,7 +246,8 @@ class Reconstructor:
         stage1 = piece(lambda: network.stage1_from_maps(be, s1, cnn1.outputs, tf, quirk)[-1])
         cnn2 = piece(lambda: network.stage2_maps(be, s2, static_images))
         stage2 = piece(lambda: network.run_stage2(be, s2, static_images, stage1.outputs, tf, None, cnn2.outputs))
-        self._captured[batch] = CapturedNetwork(cnn1, stage1, cnn2, stage2, static_images, tf)
+        net = self._captured[batch] = CapturedNetwork(cnn1, stage1, cnn2, stage2, static_images, tf)
+        self._graph_sample_bytes = max(self._graph_sample_bytes, net.nbytes / batch)
         return self._replay(batch, images, cameras)
 
     def _replay(self, batch: int, images, cameras):

@@ -74,6 +74,14 @@ class Backend(FastPaths):
         """Whether ``exc`` means the device (or host) ran out of memory."""
         return isinstance(exc, MemoryError)
 
+    def memory_bytes(self) -> tuple[int, int] | None:
+        """(free, total) bytes of the device's memory; None for host memory (this class)."""
+        return None
+
+    def held_bytes(self) -> int:
+        """Bytes of device memory the backend's allocator holds (in use or cached); 0 here."""
+        return 0
+
     def release_memory(self) -> None:
         """Give cached, unused device memory back (before a retry with a smaller batch)."""
 

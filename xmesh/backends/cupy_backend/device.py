@@ -44,6 +44,16 @@ class CapturedGraph:
     def __init__(self, graph, stream, outputs, pool):
         self.graph, self.stream, self.outputs, self.pool = graph, stream, outputs, pool
 
+    @property
+    def nbytes(self) -> int:
+        """Device memory the graph's private pool holds (its intermediates and outputs)."""
+        return int(self.pool.total_bytes())
+
+    def release(self) -> None:
+        """Drop the graph and its outputs and give the pool's memory back; replay no more."""
+        self.graph = self.outputs = None
+        self.pool.free_all_blocks()
+
     def replay(self, synchronize: bool = False):
         """Launch the graph on the current stream (so events and later work order after it)."""
         import cupy
@@ -245,6 +255,13 @@ class CupyDevice(Backend):
             return True
         text = str(exc)
         return "ALLOC_FAILED" in text or "out of memory" in text.lower()
+
+    def memory_bytes(self) -> tuple[int, int]:
+        free, total = self.cupy.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+    def held_bytes(self) -> int:
+        return int(self.cupy.get_default_memory_pool().total_bytes())
 
     def release_memory(self) -> None:
         self.cupy.get_default_memory_pool().free_all_blocks()
