@@ -20,8 +20,9 @@ What each stage covers (B = batch, V = 3 views):
 * ``stage1`` / ``stage2``: ``network.run_stage1`` / ``network.run_stage2``.
 * ``total``: ``Reconstructor.run`` from host images and cameras, refined mesh copied back to the host.
   On CuPy this replays the captured CUDA Graphs of the whole network (the warm-up calls capture
-  them) where they fit ``Reconstructor.graph_memory_share`` of the device's memory; ``total_eager`` is
-  the same call with graphs off, every kernel launched from Python. The per-stage rows are always eager.
+  them) up to ``Reconstructor.graph_max_batch``, where they fit its ``graph_memory_share`` of the
+  device's memory; ``total_eager`` is the same call with graphs off, every kernel launched from
+  Python. The per-stage rows are always eager.
 """
 from __future__ import annotations
 

@@ -53,6 +53,12 @@ class CapturedNetwork:
         return self.cnn1, self.stage1, self.cnn2, self.stage2
 
 
+#: Largest batch size replayed from CUDA Graphs, by precision mode. Up to it graphs made an fp16 call
+#: 1.08-1.45x faster at b=16 and 32; above it a call is bound by the GPU's work, and graphs gained or
+#: lost by machine (fp16 b=64 0.89-1.09x, fp32 b=16 0.82-1.14x; docs/PERFORMANCE.md, "CUDA graphs").
+GRAPH_MAX_BATCH = {"fp32": 8, "tf32": 8, "fp16": 32, "bf16": 32}
+
+
 def _absolute(value: Any) -> Any:
     """Paths -> absolute text paths ('synthetic:N' and arrays as they are); lists element-wise."""
     if isinstance(value, (list, tuple)):
@@ -114,12 +120,13 @@ class Reconstructor:
     a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
     stage); ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
     maps), which the published weights were trained with; turn it off only for weights trained
-    without it. ``graphs`` (CuPy backend): the second call with a given batch size captures the whole
-    reconstruction as four CUDA Graphs and later calls with that size replay them, which removes the
-    launch overhead that dominates small and middle batches (four pieces, so that a call's uploads
-    overlap the GPU's work: ``_replay``). The graphs of all batch sizes held stay within
-    ``graph_memory_share`` of the device's memory: a batch size that does not fit in what is left
-    runs eagerly (none is dropped for another, so sizes that come and go cost no captures).
+    without it. ``graphs`` (CuPy backend): the second call with a given batch size (up to
+    ``graph_max_batch``) captures the whole reconstruction as four CUDA Graphs and later calls with
+    that size replay them, which removes the launch overhead that dominates small and middle batches
+    (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``). The graphs of all
+    batch sizes held stay within ``graph_memory_share`` of the device's memory: a batch size that does
+    not fit in what is left runs eagerly (none is dropped for another, so sizes that come and go cost
+    no captures).
     ``spec`` records these arguments (:class:`ModelSpec`), so that the workers of a
     Dask cluster can each build the same model (``evaluate_dataset(model, ..., client=...)``).
     """
@@ -155,6 +162,7 @@ class Reconstructor:
         self.graphs = bool(graphs) and getattr(self.backend, "can_capture_network", False)
         self._seen_batches: set[int] = set()
         self._captured: dict[int, CapturedNetwork] = {}
+        self.graph_max_batch = GRAPH_MAX_BATCH.get(getattr(self.backend, "precision", precision), 8)
         self._graph_sample_bytes = 0.0                    # the most a captured graph held per sample
 
     # -- low level: device arrays in, device arrays out ------------------------------------
@@ -191,7 +199,7 @@ class Reconstructor:
     def _run_once(self, images, cameras, trace):
         xp = self.backend.xp
         batch = cameras.shape[0]
-        if trace is None and self.graphs:
+        if trace is None and self.graphs and batch <= self.graph_max_batch:
             if batch in self._captured:
                 return self._replay(batch, images, cameras)
             if batch in self._seen_batches and self._room_for_graphs(batch):
