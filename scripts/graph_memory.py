@@ -50,7 +50,8 @@ def main():
         net = model._captured.get(batch)
         total = work.backend.memory_bytes()[1]
         if net is None:
-            print(f"{args.precision} b={batch}: eager {eager:.2f} ms; not captured (no room on the device)", flush=True)
+            print(f"{args.precision} b={batch}: eager {eager:.2f} ms; not captured (no room on the device)",
+                  flush=True)
         else:
             print(f"{args.precision} b={batch}: eager {eager:.2f} ms, graphs {graphed:.2f} ms ({eager / graphed:.2f}x); "
                   f"graphs hold {net.nbytes / 1e9:.3f} GB ({net.nbytes / batch / 1e9:.3f} a sample, "

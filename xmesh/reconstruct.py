@@ -55,7 +55,8 @@ class CapturedNetwork:
 
 #: Largest batch size replayed from CUDA Graphs, by precision mode. Up to it graphs made an fp16 call
 #: 1.08-1.45x faster at b=16 and 32; above it a call is bound by the GPU's work, and graphs gained or
-#: lost by machine (fp16 b=64 0.89-1.09x, fp32 b=16 0.82-1.14x; docs/PERFORMANCE.md, "CUDA graphs").
+#: lost by machine (fp16 b=64 0.88-1.09x, fp32 b=16 0.82-1.14x; docs/PERFORMANCE.md, "CUDA graphs by
+#: batch size").
 GRAPH_MAX_BATCH = {"fp32": 8, "tf32": 8, "fp16": 32, "bf16": 32}
 
 
