@@ -66,3 +66,36 @@ def test_other_errors_are_not_retried(model, monkeypatch):
     with pytest.raises(ValueError, match="not a memory problem"):
         model.run(np.zeros((4, 3, 4, 4, 3), np.float32), np.ones((4, 3, 5), np.float32))
     assert calls == [4]
+
+
+def test_a_capture_out_of_memory_leaves_that_batch_size_eager(model, monkeypatch):
+    """A CUDA graph capture that runs out of memory does not fail the call or split the batch: the
+    call runs eagerly, and that batch size is not captured again."""
+    import importlib
+
+    rec = importlib.import_module("xmesh.reconstruct")   # the module (xmesh.reconstruct is also a function)
+
+    captures: list = []
+    eager: list = []
+
+    def capture(batch, images, cameras):
+        captures.append(batch)
+        raise MemoryError("simulated: no room for the graphs")
+
+    def run_eagerly(backend, stage1, stage2, host, tf, view_quirk):
+        eager.append(len(host))
+        return np.zeros((len(host), 5, 3)), np.ones((len(host), 5, 3))
+
+    monkeypatch.setattr(model, "graphs", True)
+    monkeypatch.setattr(model, "max_batch", None)
+    monkeypatch.setattr(model, "_room_for_graphs", lambda batch: True)
+    monkeypatch.setattr(model, "_capture", capture)
+    monkeypatch.setattr(rec.DeviceTransforms, "from_cameras", staticmethod(lambda backend, cameras: None))
+    monkeypatch.setattr(rec.network, "run_network_from_host", run_eagerly)
+    images, cameras = np.zeros((2, 3, 224, 224, 3), np.float32), np.ones((2, 3, 5), np.float32)
+    for _ in range(4):
+        coarse, refined = model.run(images, cameras)
+        np.testing.assert_array_equal(refined, np.ones((2, 5, 3)))
+    assert captures == [2]            # the second call tried once
+    assert eager == [2, 2, 2, 2]      # every call ran, whole
+    assert model.max_batch is None

@@ -126,8 +126,8 @@ class Reconstructor:
     that size replay them, which removes the launch overhead that dominates small and middle batches
     (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``). The graphs of all
     batch sizes held stay within ``graph_memory_share`` of the device's memory: a batch size that does
-    not fit in what is left runs eagerly (none is dropped for another, so sizes that come and go cost
-    no captures).
+    not fit in what is left, or whose capture runs out of memory, runs eagerly (none is dropped for
+    another, so sizes that come and go cost no captures).
     ``spec`` records these arguments (:class:`ModelSpec`), so that the workers of a
     Dask cluster can each build the same model (``evaluate_dataset(model, ..., client=...)``).
     """
@@ -163,6 +163,7 @@ class Reconstructor:
         self.graphs = bool(graphs) and getattr(self.backend, "can_capture_network", False)
         self._seen_batches: set[int] = set()
         self._captured: dict[int, CapturedNetwork] = {}
+        self._capture_failed: set[int] = set()            # sizes whose capture ran out of memory
         self.graph_max_batch = GRAPH_MAX_BATCH.get(getattr(self.backend, "precision", precision), 8)
         self._graph_sample_bytes = 0.0                    # the most a captured graph held per sample
 
@@ -203,12 +204,13 @@ class Reconstructor:
         if trace is None and self.graphs and batch <= self.graph_max_batch:
             if batch in self._captured:
                 return self._replay(batch, images, cameras)
-            if batch in self._seen_batches and self._room_for_graphs(batch):
+            if batch in self._seen_batches and batch not in self._capture_failed and self._room_for_graphs(batch):
                 try:
                     return self._capture(batch, images, cameras)
-                except Exception as exc:   # out of memory while capturing: this call runs eagerly
+                except Exception as exc:   # out of memory while capturing: this size runs eagerly
                     if not self.backend.is_out_of_memory(exc):
                         raise
+                    self._capture_failed.add(batch)
                     self.backend.release_memory()
             self._seen_batches.add(batch)
         tf = DeviceTransforms.from_cameras(self.backend, cameras)
