@@ -164,7 +164,7 @@ class Reconstructor:
         self._seen_batches: set[int] = set()
         self._captured: dict[int, CapturedNetwork] = {}
         self._capture_failed: set[int] = set()            # sizes whose capture ran out of memory
-        self.graph_max_batch = GRAPH_MAX_BATCH.get(getattr(self.backend, "precision", precision), 8)
+        self.graph_max_batch = GRAPH_MAX_BATCH.get(self.spec.precision, 8)
         self._graph_sample_bytes = 0.0                    # the most a captured graph held per sample
 
     # -- low level: device arrays in, device arrays out ------------------------------------
