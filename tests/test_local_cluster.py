@@ -73,7 +73,7 @@ def test_a_gpus_cpus_come_from_its_pci_device_in_bus_order(tmp_path):
 def test_local_cuda_gives_one_two_thread_worker_per_gpu_with_its_devices(monkeypatch):
     from distributed import Nanny
 
-    from xmesh.cluster.local import CudaWarmup, ExitAtClose, worker_specs
+    from xmesh.cluster.local import CudaWarmup, ExitAtClose, QuietHeartbeatAtClose, worker_specs
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-8e1f")
     specs = worker_specs("local-cuda")
@@ -84,7 +84,7 @@ def test_local_cuda_gives_one_two_thread_worker_per_gpu_with_its_devices(monkeyp
     for spec in specs.values():
         assert spec["cls"] is Nanny and spec["options"]["nthreads"] == 2
         kinds = {type(p) for p in spec["options"]["plugins"]}
-        assert {ExitAtClose, CudaWarmup} <= kinds
+        assert {ExitAtClose, QuietHeartbeatAtClose, CudaWarmup} <= kinds
     cpu = worker_specs("local", 3)
     assert len(cpu) == 3 and all(s["options"]["nthreads"] == 1 and "env" not in s["options"] for s in cpu.values())
     assert not any(isinstance(p, CudaWarmup) for s in cpu.values() for p in s["options"]["plugins"])
@@ -152,6 +152,70 @@ def test_closing_a_local_cluster_leaves_no_process_and_prints_nothing(data, tmp_
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Warning" not in err and "ERROR" not in err, err
     assert len(read_csv(tmp_path / "out" / "samples.csv")) == len(data["ids"])
+
+
+def test_a_close_while_heartbeats_wait_for_their_answer_prints_nothing(monkeypatch, capfd):
+    """The scheduler (in this process) holds back its answers to heartbeats as the cluster closes,
+    so each worker shuts its connections with a heartbeat still waiting: without
+    QuietHeartbeatAtClose every worker prints Dask's heartbeat error and its traceback."""
+    import asyncio
+
+    from distributed import Scheduler
+
+    held, answer = [], Scheduler.heartbeat_worker
+
+    def late_answer(self, *args, **kwargs):
+        if not held:   # as Dask calls it, also directly as a worker joins
+            return answer(self, *args, **kwargs)
+
+        async def later():   # the scheduler's comm handler awaits a coroutine
+            await asyncio.sleep(3.0)
+            return answer(self, *args, **kwargs)
+        return later()
+
+    monkeypatch.setattr(Scheduler, "heartbeat_worker", late_answer)   # bound as the scheduler starts
+    with open_client("local:2") as client:
+        assert len(client.run(os.getpid)) == 2
+        held.append(True)
+        time.sleep(1.0)   # every worker has sent a heartbeat since, and waits for its answer
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ERROR" not in err, err
+
+
+def test_a_heartbeat_that_fails_while_the_worker_closes_is_not_logged():
+    """Worker.close shuts the worker's connections while a heartbeat may wait for its answer; that
+    failure is dropped once the worker is closing, kept while it runs, and the filter leaves with a
+    plugin removed from a running worker."""
+    import logging
+    from types import SimpleNamespace
+
+    from distributed import Status
+
+    from xmesh.cluster.local import HEARTBEAT_FAILED, QuietHeartbeatAtClose
+
+    logger, seen = logging.getLogger("distributed.worker"), []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    worker, plugin = SimpleNamespace(status=Status.running), QuietHeartbeatAtClose()
+    try:
+        plugin.setup(worker)
+        logger.error(HEARTBEAT_FAILED + ".")
+        worker.status = Status.closing
+        logger.error(HEARTBEAT_FAILED + ".")
+        logger.error("Some other failure while closing")
+        worker.status = Status.closed
+        logger.error(HEARTBEAT_FAILED + ".")
+        worker.status = Status.running
+        plugin.teardown(worker)
+        worker.status = Status.closing
+        logger.error(HEARTBEAT_FAILED + ".")
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(plugin.filter)
+    assert [(r.getMessage(), r.levelno) for r in seen] == [
+        (HEARTBEAT_FAILED + ".", logging.ERROR), ("Some other failure while closing", logging.ERROR),
+        (HEARTBEAT_FAILED + ".", logging.ERROR)]
 
 
 def test_pool_processes_end_once_their_owner_is_killed(tmp_path):

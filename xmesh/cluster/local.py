@@ -8,7 +8,9 @@ takes longer for each GPU a process sees) and its threads kept to that GPU's CPU
 machine says which they are (:class:`CpuAffinity`). Every worker gets an equal share of the
 machine's memory as its limit. The client's process never touches CUDA; a ``local-cuda`` worker
 starts CUDA's driver in a thread before it joins (:class:`CudaWarmup`), so that its model's build,
-which starts once it has joined, finds it started.
+which starts once it has joined, finds it started. A worker's close prints nothing: its process
+ends once it has closed (:class:`ExitAtClose`), and a heartbeat cut short by the close is not
+reported as an error (:class:`QuietHeartbeatAtClose`).
 
 :func:`start_local` starts the scheduler, registers the given worker plugins (e.g. the model's,
 whose set-up starts the model build) and only then the workers, so that each worker starts
@@ -73,6 +75,36 @@ class ExitAtClose(WorkerPlugin):
             atexit.register(_exit_now)   # run first: atexit runs the last one registered first
 
 
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
+_CLOSING = (Status.closing, Status.closing_gracefully, Status.closed)
+
+
+class QuietHeartbeatAtClose(WorkerPlugin):
+    """Drops the worker's "failed to communicate with scheduler during heartbeat" error once the
+    worker is closing: ``Worker.close`` shuts its connections while a heartbeat may still be
+    waiting for its answer, and Dask logs that as an error with a traceback although nothing was
+    lost. While the worker runs, the error means what it says and is kept."""
+
+    name = "xmesh-quiet-heartbeat-at-close"
+
+    def setup(self, worker) -> None:
+        self.filter = _HeartbeatFailedWhileClosing(worker)
+        logging.getLogger("distributed.worker").addFilter(self.filter)
+
+    def teardown(self, worker) -> None:
+        if worker.status not in _CLOSING:   # removed from a running worker; a closing one still needs it
+            logging.getLogger("distributed.worker").removeFilter(self.filter)
+
+
+class _HeartbeatFailedWhileClosing(logging.Filter):
+    def __init__(self, worker):
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.worker.status in _CLOSING and record.getMessage().startswith(HEARTBEAT_FAILED))
+
+
 def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -81,7 +113,7 @@ def _exit_now() -> None:
 
 def _nanny(threads: int, memory_limit: int, env: dict | None = None, cpus: set | None = None,
            cuda: bool = False) -> dict:
-    plugins = {ExitAtClose()}
+    plugins = {ExitAtClose(), QuietHeartbeatAtClose()}
     if cpus:
         plugins.add(CpuAffinity(cpus))
     if cuda:
