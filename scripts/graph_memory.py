@@ -2,7 +2,7 @@
 
 For each batch size: the call eagerly (``graphs=False``) and from its captured graphs, median
 milliseconds of ``Workload.total`` (host images in, the mesh back on the host), and the bytes the
-four graphs keep (``CapturedNetwork.nbytes``) in all and per sample, beside the bytes the CuPy pool
+four graphs keep (``Reconstructor.graph_bytes``) in all and per sample, beside the bytes the CuPy pool
 held after the eager calls. Every size is captured here; a Reconstructor captures sizes up to its
 ``graph_max_batch`` while the graphs of all sizes fit ``graph_memory_share`` of the device's memory.
 
@@ -47,16 +47,16 @@ def main():
         eager = median_ms(False)
         held = work.backend.held_bytes()
         graphed = median_ms(True)
-        net = model._captured.get(batch)
+        held_by_graphs = model.graph_bytes().get(batch)
         total = work.backend.memory_bytes()[1]
-        if net is None:
+        if held_by_graphs is None:
             print(f"{args.precision} b={batch}: eager {eager:.2f} ms; not captured (no room on the device)",
                   flush=True)
         else:
             print(f"{args.precision} b={batch}: eager {eager:.2f} ms, graphs {graphed:.2f} ms ({eager / graphed:.2f}x); "
-                  f"graphs hold {net.nbytes / 1e9:.3f} GB ({net.nbytes / batch / 1e9:.3f} a sample, "
-                  f"{net.nbytes / total:.1%} of the device), the eager pool {held / 1e9:.3f} GB", flush=True)
-        del work, model, net
+                  f"graphs hold {held_by_graphs / 1e9:.3f} GB ({held_by_graphs / batch / 1e9:.3f} a sample, "
+                  f"{held_by_graphs / total:.1%} of the device), the eager pool {held / 1e9:.3f} GB", flush=True)
+        del work, model
         pool.free_all_blocks()
 
 

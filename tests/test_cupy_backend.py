@@ -486,8 +486,8 @@ def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
             got = [a.get() for a in graphed.run(images[sl], cameras[sl])]
             for w, g in zip(want, got):
                 np.testing.assert_array_equal(g, w)
-        assert size in graphed._captured
-    assert not eager._captured
+        assert size in graphed.graph_bytes()
+    assert eager.graph_bytes() == {}
 
 
 def test_graphs_stay_within_their_memory_share(cp, scenes):
@@ -511,17 +511,17 @@ def test_graphs_stay_within_their_memory_share(cp, scenes):
 
     for _ in range(2):
         call(1)
-    one = graphed._captured[1].nbytes
+    one = graphed.graph_bytes()[1]
     total = graphed.backend.memory_bytes()[1]
     # a graph's size is guessed at one's per sample: 1 and then 2 fit (3 x one), 3 does not
     graphed.graph_memory_share = 3.5 * one / total
     for size in (2, 2, 3, 3, 3, 1):
         call(size)
-    assert sorted(graphed._captured) == [1, 2]
-    assert sum(net.nbytes for net in graphed._captured.values()) <= graphed.graph_memory_share * total
+    assert sorted(graphed.graph_bytes()) == [1, 2]
+    assert sum(graphed.graph_bytes().values()) <= graphed.graph_memory_share * total
     graphed.graph_memory_share = 0.25
     call(3)                                   # with room again, the next call captures it
-    assert sorted(graphed._captured) == [1, 2, 3]
+    assert sorted(graphed.graph_bytes()) == [1, 2, 3]
 
 
 def test_graph_replay_takes_device_images_and_leaves_them_alone(cp, scenes):
@@ -542,7 +542,7 @@ def test_graph_replay_takes_device_images_and_leaves_them_alone(cp, scenes):
         want = eager.run(images[sl], cameras[sl])
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.get(), w.get())
-    assert 1 in graphed._captured
+    assert 1 in graphed.graph_bytes()
     np.testing.assert_array_equal(first.get(), images[0:1])
 
 
@@ -758,7 +758,7 @@ def test_16bit_modes_replay_as_cuda_graphs_on_hopper(cp, hopper, scenes, precisi
     want = [a.get() for a in eager.run(images[:1], cameras[:1])]
     for _ in range(3):   # eager, capture + replay, replay
         got = [a.get() for a in graphed.run(images[:1], cameras[:1])]
-    assert 1 in graphed._captured
+    assert 1 in graphed.graph_bytes()
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
 

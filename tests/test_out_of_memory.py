@@ -97,5 +97,6 @@ def test_a_capture_out_of_memory_leaves_that_batch_size_eager(model, monkeypatch
         coarse, refined = model.run(images, cameras)
         np.testing.assert_array_equal(refined, np.ones((2, 5, 3)))
     assert captures == [2]            # the second call tried once
+    assert model.graph_bytes() == {}   # and holds no graph
     assert eager == [2, 2, 2, 2]      # every call ran, whole
     assert model.max_batch is None

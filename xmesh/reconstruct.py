@@ -220,6 +220,11 @@ class Reconstructor:
         flat = xp.reshape(self.backend.asarray(images), (batch * NUM_VIEWS, 224, 224, 3))
         return network.run_network_on_device(self.backend, self.stage1, self.stage2, flat, tf, self.view_quirk, trace)
 
+    def graph_bytes(self) -> dict[int, int]:
+        """The device memory each captured batch size's graphs hold, by batch size (empty when
+        nothing was captured: on the CPU, with ``graphs=False``, or before a size's second call)."""
+        return {batch: net.nbytes for batch, net in self._captured.items()}
+
     def _room_for_graphs(self, batch: int) -> bool:
         """Whether a capture of ``batch`` fits beside the graphs held, within ``graph_memory_share`` of
         the device's memory and in its free memory. Its size is guessed from the graphs captured so
@@ -230,7 +235,7 @@ class Reconstructor:
             return False
         free, total = memory
         needed = int(self._graph_sample_bytes * batch) or self.backend.held_bytes()
-        if sum(net.nbytes for net in self._captured.values()) + needed > self.graph_memory_share * total:
+        if sum(self.graph_bytes().values()) + needed > self.graph_memory_share * total:
             return False
         if free < needed:
             self.backend.release_memory()
