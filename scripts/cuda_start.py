@@ -5,7 +5,7 @@ model is ready with the driver started first in a thread (``xmesh.backends.cuda_
 
 1. ``cuInit`` (through ctypes) in a new process with ``CUDA_VISIBLE_DEVICES`` naming GPU 0 alone, then
    every GPU; each alone and in as many processes at once as there are GPUs (each with its own GPU
-   alone, or every GPU with its own first, as a ``local-cuda`` worker saw them before);
+   alone, or every GPU with its own first);
 2. ``--rounds`` times in turn, a new process on GPU 0 that builds the model (synthetic weights) and
    loads its kernels, as ``xmesh eval`` does, with ``start_driver()`` called first ("early") or not
    ("late"): the seconds from the process's start to the model ready. A first build fills the
