@@ -10,7 +10,8 @@ from scipy.spatial.transform import Rotation
 
 from xmesh.photo import colmap, frame
 from xmesh.photo.intrinsics import Intrinsics
-from xmesh.synthetic import render_mesh, shapenet_cameras
+from xmesh.render import render_mesh
+from xmesh.synthetic import shapenet_cameras
 from xmesh.synthetic import capture
 from xmesh.synthetic.shapes import make_shape, sample_surface
 

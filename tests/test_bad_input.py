@@ -980,13 +980,13 @@ def test_convert_failed_write_keeps_old_file(how, ckpt, tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("how", ["write", "fsync"])
 def test_render_failed_write_keeps_old_file(how, demo_dir, tmp_path, capsys, monkeypatch):
-    import xmesh.synthetic.render as render
+    import xmesh.render.draw as draw
 
     out = tmp_path / "picture.png"
     out.write_bytes(b"previous png")
     if how == "write":
-        real = render.atomic_write
-        monkeypatch.setattr(render, "atomic_write", lambda path, mode: breaking_handle(real, path, mode))
+        real = draw.atomic_write
+        monkeypatch.setattr(draw, "atomic_write", lambda path, mode: breaking_handle(real, path, mode))
     else:
         def no_fsync(fd):
             raise OSError(5, "Input/output error (simulated)")

@@ -14,8 +14,10 @@ from xmesh.mesh import Mesh, read_obj
 from xmesh.model.camera import camera_to_world, world_to_camera
 from xmesh.pictures.demo import demo_picture, weights_caption
 from xmesh.pictures.views import mesh_panel, points_panel
-from xmesh.synthetic import dataset, render, shapes
-from xmesh.synthetic.framing import FILL, fit_framing
+from xmesh.render import draw
+from xmesh.render.framing import FILL, fit_framing
+from xmesh.synthetic import dataset, shapes
+
 
 SIZE = 96
 ROW = np.array([35.0, 27.0, 0.0, 0.7, 25.0])
@@ -48,7 +50,7 @@ def test_a_mesh_of_any_scale_and_position_fills_20_to_90_percent_of_its_panel(sh
     placed = (vertices * scale + np.asarray(offset) * scale + 10.0 ** shift).astype(np.float32)
     row = dataset.shapenet_cameras(1, rng=seed)[0]
     framing = fit_framing(placed, row)
-    image = render.render_mesh(placed, faces, row, size=SIZE, framing=framing)
+    image = draw.render_mesh(placed, faces, row, size=SIZE, framing=framing)
     mask = _silhouette(image)
     side, area = _span(mask)
     assert 0.2 <= side <= 0.9, (side, scale, offset)
@@ -63,7 +65,7 @@ def test_a_mesh_of_any_scale_and_position_fills_20_to_90_percent_of_its_panel(sh
 def test_a_solid_shape_covers_20_to_90_percent_of_the_panel_area(log_scale):
     vertices, faces = shapes.superquadric((1.0, 0.8, 0.9), exponent=0.6, subdivisions=16)
     placed = (vertices * 10.0 ** log_scale + 5.0 * 10.0 ** log_scale).astype(np.float32)
-    image = render.render_mesh(placed, faces, ROW, size=SIZE, framing=fit_framing(placed, ROW))
+    image = draw.render_mesh(placed, faces, ROW, size=SIZE, framing=fit_framing(placed, ROW))
     side, area = _span(_silhouette(image))
     assert 0.2 <= area <= 0.9 and abs(side - FILL) < 0.05
 
@@ -72,9 +74,9 @@ def test_zoom_is_the_framed_size_over_the_cameras_own_view():
     # a 2 cm ball 0.7 units away: its size on screen from the camera and framed, measured in pixels
     vertices, faces = shapes.superquadric((0.01, 0.01, 0.01), exponent=1.0, subdivisions=16, center=(0.02, 0, 0.01))
     size = 200
-    seen, _ = _span(_silhouette(render.render_mesh(vertices, faces, ROW, size=size)))
+    seen, _ = _span(_silhouette(draw.render_mesh(vertices, faces, ROW, size=size)))
     framing = fit_framing(vertices, ROW)
-    framed, _ = _span(_silhouette(render.render_mesh(vertices, faces, ROW, size=size, framing=framing)))
+    framed, _ = _span(_silhouette(draw.render_mesh(vertices, faces, ROW, size=size, framing=framing)))
     assert framing.zoom == pytest.approx(framed / seen, rel=0.08)
     assert framing.zoom == pytest.approx(FILL / (248 / 224 * 0.02 / 0.7), rel=0.1)  # 2 cm at 0.7 units
     assert framing.label == f"fit x{framing.zoom:.3g}"
@@ -125,7 +127,7 @@ def test_xmesh_render_frames_each_view_and_keeps_the_camera_view(tiny_mesh_files
     camera = cv2.imread(str(raw), cv2.IMREAD_UNCHANGED)
     assert camera.shape == (128, 3 * 128, 4)
     mesh = read_obj(mesh_path)
-    expected = render.tile(render.render_views(mesh, cameras=cameras, size=128, frame="camera0"))
+    expected = draw.tile(draw.render_views(mesh, cameras=cameras, size=128, frame="camera0"))
     assert np.array_equal(cv2.cvtColor(camera, cv2.COLOR_BGRA2RGBA), expected)  # unframed, as the cameras see it
     _, area = _span(camera[..., 3] > 0)
     assert area < 0.01  # what framing is for: from the cameras, a 1 cm mesh is a few pixels

@@ -27,7 +27,7 @@ from xmesh.reconstruct import Reconstructor
 from xmesh.report import write_report
 from xmesh.report.gallery import PANEL, pick_samples
 from xmesh.synthetic.dataset import write_dataset
-from xmesh.synthetic.render import to_world
+from xmesh.render.draw import to_world
 
 pytest.importorskip("matplotlib")
 

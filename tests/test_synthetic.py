@@ -12,7 +12,8 @@ from xmesh.errors import InputError
 from xmesh.io import safe_pickle
 from xmesh.io.cameras import load_cameras, read_camera_file
 from xmesh.model.camera import ViewTransforms, camera_to_world, project, to_view, world_to_camera
-from xmesh.synthetic import dataset, raster, render, shapes
+from xmesh.render import draw, raster
+from xmesh.synthetic import dataset, shapes
 
 ROW = np.array([35.0, 27.0, 0.0, 0.7, 25.0])
 
@@ -183,7 +184,7 @@ def test_sample_surface_is_area_weighted_and_uniform():
 def test_silhouette_centroid_lands_on_the_projected_centre(size):
     center = np.array([0.06, 0.04, -0.05], dtype=np.float32)
     vertices, faces = shapes.superquadric((0.03, 0.03, 0.03), exponent=1.0, subdivisions=12, center=center)
-    image = render.render_mesh(vertices, faces, ROW, size=size, supersample=1)
+    image = draw.render_mesh(vertices, faces, ROW, size=size, supersample=1)
     assert image.shape == (size, size, 4) and image.dtype == np.uint8
     assert image[0, 0, 3] == 0
     rows, cols = np.nonzero(image[..., 3] > 0)
@@ -229,29 +230,29 @@ def test_render_mesh_file_agrees_with_the_official_demo(demo_dir, tmp_path):
 def test_frames_and_argument_errors():
     vertices, faces = shapes.make_shape("torus")
     in_camera0 = world_to_camera(vertices, ROW)
-    a = render.render_mesh(vertices, faces, ROW, frame="world")
-    b = render.render_mesh(in_camera0, faces, ROW, frame="camera0", camera0_row=ROW)
+    a = draw.render_mesh(vertices, faces, ROW, frame="world")
+    b = draw.render_mesh(in_camera0, faces, ROW, frame="camera0", camera0_row=ROW)
     assert np.mean(a[..., 3] != b[..., 3]) < 0.002
     assert np.allclose(camera_to_world(in_camera0, ROW), vertices, atol=1e-5)
     with pytest.raises(InputError, match="camera0_row"):
-        render.render_mesh(in_camera0, faces, ROW, frame="camera0")
+        draw.render_mesh(in_camera0, faces, ROW, frame="camera0")
     with pytest.raises(InputError, match="camera row"):
-        render.render_mesh(vertices, faces, [0, 0, 0, -1, 25])
+        draw.render_mesh(vertices, faces, [0, 0, 0, -1, 25])
     with pytest.raises(InputError, match="face indices"):
-        render.render_mesh(vertices, faces + len(vertices), ROW)
-    views = render.render_views(vertices, faces, dataset.shapenet_cameras(3, rng=1), size=64)
+        draw.render_mesh(vertices, faces + len(vertices), ROW)
+    views = draw.render_views(vertices, faces, dataset.shapenet_cameras(3, rng=1), size=64)
     assert len(views) == 3 and all(v.shape == (64, 64, 4) for v in views)
 
 
 def test_save_png_round_trips_rgba(tmp_path):
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, size=(9, 13, 4), dtype=np.uint8)
-    path = render.save_png(tmp_path / "x.png", image)
+    path = draw.save_png(tmp_path / "x.png", image)
     back = cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_UNCHANGED), cv2.COLOR_BGRA2RGBA)
     assert np.array_equal(back, image)
     assert not [p for p in tmp_path.iterdir() if p.name != "x.png"]  # no temporary left over
     with pytest.raises(InputError):
-        render.save_png(tmp_path / "y.png", image.astype(np.float32))
+        draw.save_png(tmp_path / "y.png", image.astype(np.float32))
 
 
 # -------------------------------------------------------------------------------------- dataset

@@ -35,7 +35,7 @@ def run(args) -> int:
     from ..mesh import Mesh, read_mesh
     from .common import output_errors
     from ..pictures.views import render_mesh_file, render_mesh_picture
-    from ..synthetic.render import load_points
+    from ..render.draw import load_points
 
     if not 1 <= args.size <= MAX_SIZE:
         raise InputError(f"--size {args.size}: expected a whole number of pixels per view from 1 to {MAX_SIZE}")

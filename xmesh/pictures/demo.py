@@ -9,7 +9,7 @@ import numpy as np
 
 from xmesh.pictures.panels import caption, framed_border, hstack, vstack
 from xmesh.pictures.views import PANEL_SIZE, image_panel, mesh_panel
-from xmesh.synthetic.render import save_png
+from xmesh.render.draw import save_png
 
 MESH_COLOR = (0.55, 0.68, 0.85)
 

@@ -2,7 +2,7 @@
 a mesh file's three views side by side (:func:`render_mesh_file`, ``xmesh render``).
 
 Framed panels look from a camera row's direction at the middle of what they show and zoom it to
-fill ``FILL`` of the panel (:mod:`xmesh.synthetic.framing`); their label says so, with the zoom
+fill ``FILL`` of the panel (:mod:`xmesh.render.framing`); their label says so, with the zoom
 against the camera's own view. Points given with a mesh are framed together with it.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from xmesh.io.cameras import load_cameras
 from xmesh.io.images import quiet_opencv
 from xmesh.mesh import read_mesh
 from xmesh.pictures.panels import hstack, on_white, put_label
-from xmesh.synthetic.framing import fit_framing
-from xmesh.synthetic.render import (DEFAULT_COLOR, GT_COLOR, SHAPENET_SIZE, load_points, render_mesh, render_points,
-                                    render_views, save_png, tile, to_world)
+from xmesh.render.draw import (DEFAULT_COLOR, GT_COLOR, SHAPENET_SIZE, load_points, render_mesh, render_points,
+                               render_views, save_png, tile, to_world)
+from xmesh.render.framing import fit_framing
 
 PANEL_SIZE = 224
 

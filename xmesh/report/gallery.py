@@ -19,7 +19,7 @@ from xmesh.io.cameras import load_cameras
 from xmesh.mesh import read_mesh
 from xmesh.pictures.panels import framed_border, hstack
 from xmesh.pictures.views import image_panel, mesh_panel, points_panel
-from xmesh.synthetic.render import save_png
+from xmesh.render.draw import save_png
 
 PANEL = 176
 ROLES = ("best", "median", "worst")

@@ -11,7 +11,7 @@ import numpy as np
 
 from xmesh.photo import colmap, frame
 from xmesh.photo.intrinsics import Intrinsics
-from xmesh.synthetic.raster import downsample, rasterize, shade
+from xmesh.render.raster import downsample, rasterize, shade
 from xmesh.synthetic.shapes import as_rng, make_shape, sample_surface
 
 PHONE = Intrinsics(620.0, 620.0, 322.0, 236.0, 640, 480)   # a phone photo scaled to 640x480

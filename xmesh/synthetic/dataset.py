@@ -27,7 +27,7 @@ import numpy as np
 from xmesh.errors import InputError
 from xmesh.io.atomic import atomic_write
 from xmesh.model.camera import camera_frame, world_to_camera
-from xmesh.synthetic.render import render_mesh, save_png
+from xmesh.render.draw import render_mesh, save_png
 from xmesh.synthetic.shapes import as_rng, make_shape, sample_surface
 
 NUM_RENDERINGS = 24

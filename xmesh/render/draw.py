@@ -19,8 +19,8 @@ import numpy as np
 from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.atomic import atomic_write
 from xmesh.model.camera import FOCAL, IMAGE_SIZE, camera_to_world, world_to_camera
-from xmesh.synthetic.framing import Framing
-from xmesh.synthetic.raster import color_array, downsample, draw_points, rasterize, shade
+from xmesh.render.framing import Framing
+from xmesh.render.raster import color_array, downsample, draw_points, rasterize, shade
 
 SHAPENET_SIZE = 137
 DEFAULT_COLOR = (0.72, 0.72, 0.76)
@@ -93,7 +93,7 @@ def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=N
     """An RGBA uint8 (size, size, 4) image of the mesh seen by ``camera_row``: flat Lambert shading,
     transparent background, antialiased by ``supersample``^2 samples per pixel. ``points`` (N, 3),
     in the same frame as the vertices, are drawn on top as dots (e.g. a ground-truth overlay).
-    With a ``framing`` (:func:`xmesh.synthetic.framing.fit_framing` of the world points) the mesh is
+    With a ``framing`` (:func:`xmesh.render.framing.fit_framing` of the world points) the mesh is
     seen through that framed view instead of the camera itself."""
     vertices, faces = _check_mesh(vertices, faces)
     row = _check_row(camera_row, "camera_row")
