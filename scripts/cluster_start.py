@@ -1,6 +1,7 @@
 """A local cluster's start and close, and how soon its workers have their model, without a dataset.
 
-    python3 scripts/cluster_start.py [--cluster local-cuda] [--weights synthetic:1 --backend cupy --precision fp16] [--rounds 3]
+    python3 scripts/cluster_start.py [--cluster local-cuda] [--rounds 3]
+        [--weights synthetic:1 --backend cupy --precision fp16]
 
 Per round, in this process: ``open_client(SPEC, model=spec)`` (the scheduler, the workers joined;
 each worker starts building the model as it joins), then the seconds until every worker has its

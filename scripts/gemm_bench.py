@@ -70,7 +70,7 @@ def main():
             finally:
                 linalg.set_compute_type(np.float32, old)
         rows.append((name, (m, k, n), result, flop))
-        del sets, out
+        sets = out = None   # free the operands before the next shape's
         cp.get_default_memory_pool().free_all_blocks()
     print(f"{'shape':42s} {'M x K x N':>22s} " + " ".join(f"{c:>20s}" for c in rows[0][2]), flush=True)
     for name, (m, k, n), result, flop in rows:
@@ -110,7 +110,7 @@ def deformation_layers(cp, gb, hopper, repeat):
         times.append(median_ms(cp, lambda i: gb.op_local_gconv(layer, xs[i], a1, residual=res), repeat))
         print(f"{'':42s} {f'{b}x43x2466x{cin}':>22s} "
               + " ".join(f"{f'{ms:8.3f} ms {flop / ms / 1e9:6.1f} TF':>20s}" for ms in times), flush=True)
-        del xs, res
+        xs = res = None
         cp.get_default_memory_pool().free_all_blocks()
 
 

@@ -30,12 +30,14 @@ for i, key in enumerate(["stage2_feat224_view0", "stage2_feat112", "stage2_feat5
 def blocks_line(label, blocks):
     for i in range(3):
         err = np.abs(blocks[i][0] - golden[f"stage1_block{i + 1}"]).max(axis=1)
-        print(f"{label} block {i + 1}: {np.mean(err <= T.BLOCK_ATOL):7.2%} of vertices within {T.BLOCK_ATOL}, max {err.max():.2e}")
+        print(f"{label} block {i + 1}: {np.mean(err <= T.BLOCK_ATOL):7.2%} of vertices within {T.BLOCK_ATOL}, "
+              f"max {err.max():.2e}")
 
 
 blocks_line("stage 1 as computed      ", run[1].stage1_blocks)
 choice, blocks, count, extra = T.stage1_with_resolved_edges.__wrapped__(SHARED / "golden", golden, inputs, run)
-print(f"edge samples: {count}, the original's noise put {int(choice.sum())} at the cell edge and {count - int(choice.sum())} below it")
+print(f"edge samples: {count}, the original's noise put {int(choice.sum())} at the cell edge and "
+      f"{count - int(choice.sum())} below it")
 print(f"near-edge samples of the later projections searched: {extra}")
 blocks_line("stage 1, edges recovered ", blocks)
 stage2 = T.stage2_from_golden.__wrapped__(golden, inputs, run)

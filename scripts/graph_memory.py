@@ -16,6 +16,20 @@ import time
 import numpy as np
 
 
+def median_ms(cp, work, graphs: bool, repeat: int) -> float:
+    """The median time of ``work``'s whole reconstruction, eager or through CUDA graphs."""
+    work.model.graphs = graphs
+    for _ in range(3):   # eager, then (with graphs) capture and replay
+        work.total()
+    times = []
+    for _ in range(repeat):
+        cp.cuda.Device().synchronize()
+        start = time.perf_counter()
+        work.total()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
 def main():
     import cupy as cp
 
@@ -30,23 +44,10 @@ def main():
     for batch in args.batch_sizes:
         work = Workload("cupy", batch=batch, precision=args.precision)
         model = work.model
-
-        def median_ms(graphs: bool) -> float:
-            model.graphs = graphs
-            for _ in range(3):   # eager, then (with graphs) capture and replay
-                work.total()
-            times = []
-            for _ in range(args.repeat):
-                cp.cuda.Device().synchronize()
-                start = time.perf_counter()
-                work.total()
-                times.append(time.perf_counter() - start)
-            return float(np.median(times)) * 1e3
-
         model.graph_memory_share, model.graph_max_batch = 1.0, batch   # measure every size
-        eager = median_ms(False)
+        eager = median_ms(cp, work, False, args.repeat)
         held = work.backend.held_bytes()
-        graphed = median_ms(True)
+        graphed = median_ms(cp, work, True, args.repeat)
         held_by_graphs = model.graph_bytes().get(batch)
         total = work.backend.memory_bytes()[1]
         if held_by_graphs is None:

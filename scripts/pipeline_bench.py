@@ -141,7 +141,6 @@ def main() -> None:
         if k == 0:
             res = work / f"rec_{precision}"
             shutil.rmtree(res, ignore_errors=True)
-            t0 = time.perf_counter()
             text = run([py, "-m", "xmesh", "reconstruct", "--list", str(lst), "--images", str(work), "--weights",
                         "synthetic:1", "--backend", args.backend, "--precision", precision, "--out", str(res),
                         "--no-progress"], out / f"reconstruct_list_{precision}.txt")
@@ -154,7 +153,6 @@ def main() -> None:
             shutil.rmtree(res, ignore_errors=True)
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(args.old).resolve()),
                                                                os.environ.get("PYTHONPATH", "")]))
-            t0 = time.perf_counter()
             run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), "--batch-size",
                  str(args.batch_size), "--workers", "8"], out / f"old_eval_{precision}.txt", cwd=args.old, env=env)
             rate, _ = eval_rate(res)

@@ -34,7 +34,8 @@ def rel(a, b):
 
 
 reference_coarse = None
-print(f"{'mode':6s} {'worst CNN map':>14s} {'coarse vs fp32':>15s} {'DRB1 all':>9s} {'DRB1 99.5%':>11s} {'DRB2 all':>9s} {'DRB2 99.5%':>11s}")
+print(f"{'mode':6s} {'worst CNN map':>14s} {'coarse vs fp32':>15s} "
+      f"{'DRB1 all':>9s} {'DRB1 99.5%':>11s} {'DRB2 all':>9s} {'DRB2 99.5%':>11s}")
 for mode in sys.argv[1:] or ["fp32", "tf32", "fp16", "bf16"]:
     model = Reconstructor(weights, template=template, backend="cupy", precision=mode)
     host = model.backend.to_numpy

@@ -225,7 +225,8 @@ def table(rows: list[dict]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['max_batch']} | {r['concurrency']} | {r['ok']} | {r['errors']} | {r['per_s']:.0f} | "
-                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | {r['host_cpu_pct']:.0f} | "
+                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+                     f"{r['host_cpu_pct']:.0f} | "
                      f"{r['device_busy_pct']:.0f} | {r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |")
     return "\n".join(lines)
 

@@ -1,11 +1,10 @@
 """Shared test fixtures: where ../shared lives, and skips for what this machine lacks."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-
-import os
 
 ROOT = Path(__file__).resolve().parents[1]
 # ../shared beside the repository; XMESH_SHARED points elsewhere (e.g. a copy carried to a GPU machine).

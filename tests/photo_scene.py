@@ -11,8 +11,7 @@ from scipy.spatial.transform import Rotation
 from xmesh.photo import colmap, frame
 from xmesh.photo.intrinsics import Intrinsics
 from xmesh.render import render_mesh
-from xmesh.synthetic import shapenet_cameras
-from xmesh.synthetic import capture
+from xmesh.synthetic import capture, shapenet_cameras
 from xmesh.synthetic.shapes import make_shape, sample_surface
 
 
@@ -40,10 +39,11 @@ class Scene:
         centre = d * np.array([np.cos(el) * np.cos(az), np.sin(el), np.cos(el) * np.sin(az)])
         return frame.network_rotation(row[0], row[1]), centre
 
-    def input_pose(self, i: int, turn=np.eye(3), row=None) -> tuple[np.ndarray, np.ndarray]:
+    def input_pose(self, i: int, turn=None, row=None) -> tuple[np.ndarray, np.ndarray]:
         """View i's camera in the input world (world -> camera rotation, centre); ``turn`` rotates the
         camera about its own centre (camera axes), e.g. a roll."""
         rot, centre = self.network_pose(i, row)
+        turn = np.eye(3) if turn is None else turn
         return turn @ rot @ self.rotation.T, self.to_input(centre[None])[0]
 
 

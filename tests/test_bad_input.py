@@ -24,8 +24,7 @@ import pytest
 
 import xmesh
 from xmesh.cli import main
-from xmesh.errors import (ChecksumError, FileFormatError, InputError, MissingFileError, WeightsError,
-                          XmeshError)
+from xmesh.errors import ChecksumError, FileFormatError, InputError, MissingFileError, WeightsError, XmeshError
 from xmesh.io import safe_pickle
 from xmesh.io.images import load_images
 from xmesh.io.weights import synthetic_weights
@@ -823,7 +822,8 @@ def test_mesh_writer_bad_paths(tmp_path):
         mesh.to_obj(tmp_path)
     (tmp_path / "f").write_text("x")
     for write in (mesh.to_obj, mesh.to_xyz, mesh.to_ply):
-        with pytest.raises(InputError, match=r"cannot write the (OBJ|XYZ|PLY) file .*f/m' \(a part of its folder path is a file.*expected a writable"):
+        with pytest.raises(InputError, match=r"cannot write the (OBJ|XYZ|PLY) file .*f/m' "
+                                             r"\(a part of its folder path is a file.*expected a writable"):
             write(tmp_path / "f" / "m")
     with pytest.raises(InputError, match="PLY path .* is a directory"):
         read_ply(tmp_path)
@@ -956,7 +956,7 @@ def test_reconstruct_cli_writes_after_validation(demo_files, weights, tmp_path, 
 
 @pytest.mark.parametrize("how", ["write", "interrupt"])
 def test_convert_failed_write_keeps_old_file(how, ckpt, tmp_path, capsys, monkeypatch):
-    import xmesh.io.atomic as atomic_module   # convert writes through atomic_output -> atomic_write
+    import xmesh.io.atomic as atomic_module  # convert writes through atomic_output -> atomic_write
 
     out = tmp_path / "weights.npz"
     out.write_bytes(b"previous npz")

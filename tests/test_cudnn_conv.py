@@ -6,7 +6,8 @@ import pytest
 
 from xmesh.backends import cudnn_conv
 from xmesh.backends.cudnn_conv import CudnnConv
-from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP, conv_on_cudnn
+from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP
+from xmesh.backends.plan import conv_on_cudnn
 
 
 def test_xmesh_cudnn_0_turns_it_off(monkeypatch):

@@ -189,7 +189,6 @@ def test_local_projection_in_16bit_modes_is_the_rounded_float32_one(cp, gb, prec
     nearest even (what the block's first layer rounds its X to anyway), but for values within a few
     float32 ulps of a rounding boundary (assert_rounded16); the coordinates exactly so."""
     from test_tc_gemm import round16
-
     from xmesh.backends import get_backend
     from xmesh.backends.cupy_backend.hopper import activation_dtype, widen16
     from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
@@ -616,8 +615,8 @@ def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
     installed): bias and ReLU applied, TF32 products (error above float32's, within TF32's against
     float64), whatever the output buffer held before (NaN here); smaller or strided ones stay in
     xmesh's kernels, and fp32 mode never uses it."""
-    from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP
     from xmesh.backends.cupy_backend import CupyBackend
+    from xmesh.backends.plan import CUDNN_MIN_FLOP as CONV_MIN_FLOP
 
     be = CupyBackend(precision="tf32")
     if be._cudnn is None:

@@ -12,7 +12,9 @@ from xmesh.backends.derived_cache import DerivedCache
 def test_a_value_is_made_once_per_objects_and_tag():
     cache, calls = DerivedCache(), []
     a, b = np.arange(4.0), np.arange(4.0)   # equal values, different arrays
-    make = lambda tag, arr: lambda: calls.append((tag, id(arr))) or arr * 2
+    def make(tag, arr):
+        return lambda: calls.append((tag, id(arr))) or arr * 2
+
     first = cache.get((a,), "double", make("double", a))
     assert cache.get((a,), "double", make("double", a)) is first
     assert calls == [("double", id(a))]

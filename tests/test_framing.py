@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drawings import assert_same_drawing, edge_band
-
 from xmesh import cli
 from xmesh.mesh import Mesh, read_obj
 from xmesh.model.camera import camera_to_world, world_to_camera
@@ -17,7 +16,6 @@ from xmesh.pictures.views import mesh_panel, points_panel
 from xmesh.render import draw
 from xmesh.render.framing import FILL, fit_framing
 from xmesh.synthetic import dataset, shapes
-
 
 SIZE = 96
 ROW = np.array([35.0, 27.0, 0.0, 0.7, 25.0])

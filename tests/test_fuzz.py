@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import shutil
+import signal
 import struct
 import tempfile
 from pathlib import Path
@@ -111,7 +111,7 @@ def work(tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------------- checkpoint
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def original(path: Path) -> bytes:
     """A reference file's bytes (a function, not a fixture: hypothesis would print fixtures on failure)."""
     return path.read_bytes()

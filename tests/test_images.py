@@ -12,7 +12,6 @@ import pytest
 from xmesh.errors import FileFormatError, InputError, MissingFileError
 from xmesh.io.images import NUM_VIEWS, load_image, load_images, prepare_image
 
-
 # --------------------------------------------------------------------------- small file writers
 
 

@@ -6,8 +6,8 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import requires_cuda
 
+from conftest import requires_cuda
 from xmesh.backends import kernel_cache
 from xmesh.backends.kernel_cache import cache_folder, cached_cubin, cubin_key, read_cubin
 

@@ -1,5 +1,5 @@
-"""The launch constants the CuPy backend passes to its stage files (kernels/convolution.cu, projection.cu, graph_conv.cu,
-deformation.cu) and kernels/tc_gemm.cu with -D
+"""The launch constants the CuPy backend passes to its stage files (kernels/convolution.cu, projection.cu,
+graph_conv.cu, deformation.cu) and kernels/tc_gemm.cu with -D
 (xmesh/backends/kernel_constants.py): every name a file uses is either its own #define or in the
 backend's table, the file defines none of the table's names itself, its #error guard lists exactly
 them, and what the file derives from them is what the host reckons. Runs without a GPU."""

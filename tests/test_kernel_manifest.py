@@ -7,11 +7,11 @@ import re
 
 import numpy as np
 import pytest
-from conftest import requires_cuda
 
-from xmesh.backends import cuda_kernels, kernel_manifest
-from xmesh.backends.cupy_backend import hopper
+from conftest import requires_cuda
+from xmesh.backends import cuda_kernels
 from xmesh.backends.cuda_kernels import KernelBuild, defined_kernels, kernel_path
+from xmesh.backends.cupy_backend import hopper
 from xmesh.backends.kernel_manifest import MODES, all_builds, planned_builds, planned_mixing_builds
 
 SOURCES = ["convolution.cu", "projection.cu", "graph_conv.cu", "deformation.cu", "tc_gemm.cu", "nn_bruteforce.cu", "wgmma_gemm.cu", "wgmma_drb16.cu",

@@ -137,7 +137,7 @@ def test_kernel_labels_and_instructions():
 def test_launches_read_with_their_stage_and_kernel(tmp_path):
     launches = kp.read_launches(write_csv(tmp_path / "prof.csv"))
     assert len(launches) == len(LAUNCHES)
-    assert [(l.stage, l.kernel) for l in launches[:3]] == [
+    assert [(launch.stage, launch.kernel) for launch in launches[:3]] == [
         ("drb_1", "wg_drb_chain_score_f16"), ("drb_1", "local_projection_tiled_o16"), ("cnn_stage2", CUDNN_LABEL)]
     assert launches[0].values["dram__bytes_read.sum"] == 1.5e9
     assert "dram__bytes_read.sum" not in launches[-1].values     # n/a and empty cells are absent, not 0

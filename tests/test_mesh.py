@@ -189,9 +189,9 @@ def test_ply_ascii_with_extra_properties_and_polygons(tmp_path):
 def test_ply_binary_big_endian_and_mixed_polygons(tmp_path):
     vertices = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], dtype=">f8")
     header = (
-        "ply\nformat binary_big_endian 1.0\nelement vertex 4\nproperty double x\nproperty double y\n"
-        "property double z\nelement face 2\nproperty list uchar int vertex_indices\nend_header\n"
-    ).encode()
+        b"ply\nformat binary_big_endian 1.0\nelement vertex 4\nproperty double x\nproperty double y\n"
+        b"property double z\nelement face 2\nproperty list uchar int vertex_indices\nend_header\n"
+    )
     faces = bytes([3]) + np.array([0, 1, 2], ">i4").tobytes() + bytes([4]) + np.array([0, 1, 2, 3], ">i4").tobytes()
     path = tmp_path / "be.ply"
     path.write_bytes(header + vertices.tobytes() + faces)

@@ -1,7 +1,6 @@
 """xmesh.metrics on the CPU: every backend against a brute-force float64 reference."""
 from __future__ import annotations
 
-import importlib.resources
 import sys
 
 import numpy as np

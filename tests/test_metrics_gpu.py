@@ -4,13 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import requires_cuda
-
 import xmesh.metrics as metrics
+from conftest import requires_cuda
+from test_metrics import far_from_thresholds, reference_sqdist, shape_like_pair
 from xmesh.errors import InputError, KernelCompileError
 from xmesh.metrics import nn_cupy, nn_faiss
-
-from test_metrics import far_from_thresholds, reference_sqdist, shape_like_pair
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
 

@@ -7,9 +7,9 @@ import json
 import cv2
 import numpy as np
 import pytest
-from photo_scene import make_scene, network_intrinsics, roll, write_colmap
 
 import xmesh
+from photo_scene import make_scene, network_intrinsics, roll, write_colmap
 from xmesh.errors import InputError, MissingFileError
 from xmesh.photo import colmap, frame
 from xmesh.photo.enclosing_sphere import smallest_enclosing_sphere

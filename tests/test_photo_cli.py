@@ -3,8 +3,8 @@ only with --colmap/--poses, and the conversion's errors on one line naming the v
 from __future__ import annotations
 
 import pytest
-from photo_scene import make_scene, write_colmap
 
+from photo_scene import make_scene, write_colmap
 from xmesh.cli import main
 
 NAMES = ["a.png", "b.png", "c.png"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from photo_scene import make_scene, network_intrinsics, render_pinhole, roll
 
+from photo_scene import make_scene, network_intrinsics, render_pinhole, roll
 from xmesh.errors import InputError
 from xmesh.io.cameras import load_cameras
 from xmesh.photo import frame
 from xmesh.photo.intrinsics import Intrinsics
-from xmesh.photo.prepare import bilinear_white, prepare_photo
 from xmesh.photo.posed import PhotoView
+from xmesh.photo.prepare import bilinear_white, prepare_photo
 from xmesh.photo.views import convert
 
 

@@ -9,9 +9,9 @@ import json
 import cv2
 import numpy as np
 import pytest
-from photo_scene import make_scene, network_intrinsics, network_photos, write_colmap
 
 import xmesh
+from photo_scene import make_scene, network_intrinsics, network_photos, write_colmap
 from xmesh.cli import main
 from xmesh.io.images import load_images
 from xmesh.mesh import read_obj

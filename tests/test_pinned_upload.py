@@ -10,8 +10,8 @@ import ctypes
 
 import numpy as np
 import pytest
-from conftest import requires_cuda
 
+from conftest import requires_cuda
 from xmesh.backends.pinned_upload import PinnedUploader
 
 

@@ -17,16 +17,16 @@ import pytest
 
 from conftest import requires_cuda
 from pipeline_toy import ToyReconstructor
-from xmesh.errors import InputError
 from xmesh.dataset import SampleId, sample_paths
+from xmesh.errors import InputError
 from xmesh.evaluate import evaluate_dataset, read_csv, reconstruct_dataset
-from xmesh.results import p2m_logs
 from xmesh.io.images import images_to_unit
+from xmesh.mesh import Mesh
 from xmesh.metrics import THRESHOLDS, evaluate
 from xmesh.metrics.batch import evaluate_batch, pad_clouds
-from xmesh.mesh import Mesh
 from xmesh.pipeline import loading
 from xmesh.pipeline.writing import obj_text, xyz_text
+from xmesh.results import p2m_logs
 from xmesh.synthetic.dataset import write_dataset, write_ground_truth
 
 TESTS = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from xmesh.backends import plan
-from xmesh.backends.cuda_kernels import kernel_path, kernel_source
+from xmesh.backends.cuda_kernels import kernel_source
 from xmesh.ops import REFERENCES, FastPaths
 
 ROOT = Path(__file__).resolve().parents[1]

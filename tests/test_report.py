@@ -24,10 +24,10 @@ from xmesh.io.weights import synthetic_weights
 from xmesh.mesh import Mesh, read_obj
 from xmesh.pictures.views import mesh_panel
 from xmesh.reconstruct import Reconstructor
+from xmesh.render.draw import to_world
 from xmesh.report import write_report
 from xmesh.report.gallery import PANEL, pick_samples
 from xmesh.synthetic.dataset import write_dataset
-from xmesh.render.draw import to_world
 
 pytest.importorskip("matplotlib")
 

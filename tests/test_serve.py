@@ -29,14 +29,16 @@ from threadpoolctl import threadpool_limits
 pytest.importorskip("litserve")
 
 import browser  # noqa: E402
-from conftest import requires_cuda  # noqa: E402
 import xmesh  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
 from xmesh.backends import get_backend  # noqa: E402
 from xmesh.io.cameras import load_cameras  # noqa: E402
 from xmesh.io.gltf import read_glb  # noqa: E402
 from xmesh.io.images import UINT8_TO_UNIT  # noqa: E402
-from xmesh.io.weights import weights_fingerprint  # noqa: E402
-from xmesh.io.weights import synthetic_weights  # noqa: E402
+from xmesh.io.weights import (
+    synthetic_weights,  # noqa: E402
+    weights_fingerprint,  # noqa: E402
+)
 from xmesh.mesh import read_obj, read_ply  # noqa: E402
 from xmesh.serve.client import ServerError, multipart_body, reconstruct_remote  # noqa: E402
 
@@ -144,7 +146,6 @@ def posed(tmp_path_factory, model):
     """RGBA photos of a synthetic capture (alpha: the object), their poses JSON (camera-to-world,
     OpenGL axes, intrinsics), and the mesh ``xmesh reconstruct --poses`` makes of them."""
     from photo_scene import make_scene, network_intrinsics, network_photos
-
     from xmesh.cameras import from_poses
 
     scene, folder = make_scene(2), tmp_path_factory.mktemp("posed")

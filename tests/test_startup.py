@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from pipeline_toy import ToyReconstructor, ToySpec
+from xmesh import cli
 from xmesh.errors import MissingFileError
 from xmesh.evaluate import evaluate_dataset
 from xmesh.pipeline import startup
-from xmesh import cli
 from xmesh.synthetic.dataset import write_dataset
 
 TESTS = Path(__file__).resolve().parent

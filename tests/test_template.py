@@ -12,8 +12,15 @@ import scipy.sparse as sp
 from xmesh.errors import FileFormatError, InputError, MissingFileError, UnsafePickleError
 from xmesh.io import safe_pickle
 from xmesh.io.template import Template, load_template, save_template, template_from_dict, template_to_dict
-from xmesh.template_gen import (chebyshev_t1, generate_template, icosphere_offsets, mesh_edges, subdivide,
-                                template_dict, uv_ellipsoid)
+from xmesh.template_gen import (
+    chebyshev_t1,
+    generate_template,
+    icosphere_offsets,
+    mesh_edges,
+    subdivide,
+    template_dict,
+    uv_ellipsoid,
+)
 
 OFFICIAL_COUNTS = (156, 618, 2466)
 
@@ -271,7 +278,7 @@ def gen():
 def test_generated_counts_and_euler(gen):
     assert gen.num_vertices == OFFICIAL_COUNTS
     assert gen.num_faces == (308, 1232, 4928)
-    for s, (n, f) in enumerate(zip(gen.num_vertices, gen.faces_triangle)):
+    for n, f in zip(gen.num_vertices, gen.faces_triangle):
         e = mesh_edges(f).shape[0]
         assert e == 3 * f.shape[0] // 2
         assert n - e + f.shape[0] == 2

@@ -31,9 +31,10 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -419,7 +420,7 @@ def golden_errors(backend: Any = "numpy") -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------- the whole benchmark
-def resolve_backends(backend: "str | Sequence[str]") -> list[str]:
+def resolve_backends(backend: str | Sequence[str]) -> list[str]:
     """'all' -> every backend that runs here; a name or list of names -> those (checked)."""
     if isinstance(backend, str):
         names = available_backends() if backend == "all" else [backend]
@@ -443,7 +444,7 @@ def _summary(times: Sequence[float], batch: int, flop: float | None) -> dict:
     return out
 
 
-def run_bench(backend: "str | Sequence[str]" = "all", batch_sizes: Iterable[int] = (1,), repeat: int = 3,
+def run_bench(backend: str | Sequence[str] = "all", batch_sizes: Iterable[int] = (1,), repeat: int = 3,
               warmup: int = 1, stages: Iterable[str] | None = None, numpy_max_batch: int | None = 2,
               progress: Callable[[str, int, int], None] | None = None, precision: str = "fp32") -> dict:
     """Time ``stages`` (default: all) on each backend and batch size; returns a JSON-ready dict.

@@ -11,8 +11,8 @@ the photos (``.prepare_images``). ``xmesh.reconstruct`` and ``Reconstructor`` ta
 camera rows, prepare the photos with it and return the mesh in the input's world.
 """
 from xmesh.photo.frame import TARGET_RADIUS, object_sphere
-from xmesh.photo.sources import from_colmap, from_poses, read_poses
 from xmesh.photo.posed import PhotoView
+from xmesh.photo.sources import from_colmap, from_poses, read_poses
 from xmesh.photo.views import PhotoCameras
 
 __all__ = ["from_colmap", "from_poses", "read_poses", "PhotoCameras", "PhotoView", "object_sphere", "TARGET_RADIUS"]

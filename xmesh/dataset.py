@@ -17,10 +17,10 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class SampleId:
         return self.name
 
     @classmethod
-    def parse(cls, text: str) -> "SampleId":
+    def parse(cls, text: str) -> SampleId:
         """Parse an id (a leading folder is ignored); InputError when it is not of the id form."""
         token = str(text).strip().replace("\\", "/").rsplit("/", 1)[-1]
         if not token.endswith(".dat"):

@@ -25,8 +25,8 @@ the results; either executor writes the same files by the same rules.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from .pipeline.executor import Executor, LocalExecutor
 from .pipeline.loop import format_timing
 from .pipeline.settings import GPU_BATCH, MESH_FORMATS, RunSettings
 from .pipeline.writing import FORMATS, GROUND_SUFFIX, prediction_files, prediction_stem, remove_stray_temporaries
-from .results import (CSV_COLUMNS, ResultsStore, format_table, read_csv, repair_csv, summary_from_rows)
+from .results import CSV_COLUMNS, ResultsStore, format_table, read_csv, repair_csv, summary_from_rows
 
 PREDICT_FOLDER = "predict"
 

@@ -1,4 +1,4 @@
-"""The output mesh: ``Mesh`` (vertices, faces, coarse_vertices) with OBJ / XYZ / PLY / GLB writers and OBJ / PLY readers.
+"""The output mesh: ``Mesh`` (vertices, faces, coarse_vertices), its OBJ / XYZ / PLY / GLB writers, OBJ / PLY readers.
 
 In memory: vertices (V, 3) float32, faces (F, 3) int64, 0-based. OBJ files are 1-based. Writers go
 through ``atomic_write`` (the old file survives a failed write) and print coordinates with '%.9g',
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class Mesh:
                     "like vertices (same faces)"
                 )
 
-    def coarse(self) -> "Mesh":
+    def coarse(self) -> Mesh:
         """The coarse (stage-1) mesh on the same faces; InputError when there is none."""
         if self.coarse_vertices is None:
             raise InputError("Mesh.coarse: this mesh has no coarse_vertices")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
-from contextlib import suppress
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,8 +21,8 @@ from .io.weights import load_weights
 from .mesh import Mesh
 from .model import architecture as arch
 from .model import network
-from .model.params import prepare_stage1, prepare_stage2
 from .model.camera import packed_transforms
+from .model.params import prepare_stage1, prepare_stage2
 from .model.projection import DeviceTransforms
 from .photo.inputs import network_inputs, place
 from .template_gen import generate_template
@@ -87,7 +88,7 @@ class ModelSpec:
 
     @classmethod
     def of(cls, weights, template=None, backend: str = "numpy", precision: str = "fp32", view_quirk: bool = True,
-           graphs: bool = True) -> "ModelSpec":
+           graphs: bool = True) -> ModelSpec:
         """A spec with its paths made absolute; ``weights`` as one-element lists are unwrapped."""
         if isinstance(weights, (list, tuple)) and len(weights) == 1:
             weights = weights[0]
@@ -98,7 +99,7 @@ class ModelSpec:
     def gpu(self) -> bool:
         return self.backend == "cupy"
 
-    def build(self) -> "Reconstructor":
+    def build(self) -> Reconstructor:
         """The Reconstructor this spec describes."""
         return Reconstructor(self.weights, template=self.template, backend=self.backend, precision=self.precision,
                              view_quirk=self.view_quirk, graphs=self.graphs)
@@ -119,9 +120,10 @@ class Reconstructor:
 
     ``weights``: an ``.npz`` keyed by the official checkpoint names, a TensorFlow checkpoint prefix,
     a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
-    stage); ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights). ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's
-    maps), which the published weights were trained with; turn it off only for weights trained
-    without it. ``graphs`` (CuPy backend): the second call with a given batch size (up to
+    stage); ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights).
+    ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's maps), which
+    the published weights were trained with; turn it off only for weights trained without it.
+    ``graphs`` (CuPy backend): the second call with a given batch size (up to
     ``graph_max_batch``) captures the whole reconstruction as four CUDA Graphs and later calls with
     that size replay them, which removes the launch overhead that dominates small and middle batches
     (four pieces, so that a call's uploads overlap the GPU's work: ``_replay``). The graphs of all
@@ -190,7 +192,8 @@ class Reconstructor:
             self.backend.release_memory()
             if batch == 1 or trace is not None:
                 raise DeviceOutOfMemoryError(
-                    f"{self.backend.name}: a batch of {batch} sample(s) does not fit in memory ({type(exc).__name__}: {exc})"
+                    f"{self.backend.name}: a batch of {batch} sample(s) does not fit in memory "
+                    f"({type(exc).__name__}: {exc})"
                     + ("; even one sample does not fit: free memory used by other programs, or use backend='numpy'"
                        if batch == 1 else "; tracing needs the whole batch at once: trace fewer samples")
                 ) from exc

@@ -102,7 +102,7 @@ def _largest_eigenvalue(sym: sp.csr_matrix) -> float:
     if n <= 512:
         return float(np.linalg.eigvalsh(sym.toarray())[-1])
     v0 = np.random.default_rng(0).standard_normal(n)
-    import scipy.sparse.linalg as spla   # only here: its import is a tenth of a second
+    import scipy.sparse.linalg as spla  # only here: its import is a tenth of a second
 
     return float(spla.eigsh(sym, k=1, which="LA", v0=v0, tol=0, return_eigenvectors=False)[0])
 

@@ -14,7 +14,7 @@ BACKENDS = ("numpy", "cupy")
 _cache: dict[tuple, Backend] = {}
 
 
-def get_backend(name: "str | Backend" = "numpy", **options) -> Backend:
+def get_backend(name: str | Backend = "numpy", **options) -> Backend:
     """The backend called ``name`` ("numpy" or "cupy"); fails at once, saying what to install, if it cannot run."""
     if isinstance(name, Backend):
         return name

@@ -18,7 +18,6 @@ import os
 
 from .derived_cache import DerivedCache
 
-
 # cudnn.h's enumerations (cuDNN 8 and 9)
 _NHWC, _FLOAT = 1, 0
 _CROSS_CORRELATION = 1
@@ -37,7 +36,7 @@ def _library_paths() -> list[str]:
         return [] if named == "0" else [named]
     paths = []
     try:
-        import nvidia.cudnn as wheel   # the nvidia-cudnn-cu12 / -cu13 wheels
+        import nvidia.cudnn as wheel  # the nvidia-cudnn-cu12 / -cu13 wheels
         for root in wheel.__path__:
             paths += sorted(glob.glob(os.path.join(root, "lib", "libcudnn.so.*")))
     except ImportError:
@@ -62,7 +61,7 @@ def load_library():
 class _Descriptors:
     """The cuDNN descriptors of one convolution shape (kept for the backend's lifetime)."""
 
-    def __init__(self, conv: "CudnnConv", n: int, h: int, w: int, cin: int, cout: int, k: int):
+    def __init__(self, conv: CudnnConv, n: int, h: int, w: int, cin: int, cout: int, k: int):
         call = conv._call
         self.x, self.y, self.bias = (conv._new("TensorDescriptor") for _ in range(3))
         call("cudnnSetTensor4dDescriptor", self.x, _NHWC, _FLOAT, n, cin, h, w)
@@ -133,7 +132,10 @@ class CudnnConv:
         bias = cp.ascontiguousarray(bias, dtype=cp.float32)
         workspace = cp.empty(max(desc.workspace, 1), dtype=cp.uint8)
         self._call("cudnnSetStream", self.handle, ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
-        ptr = lambda a: ctypes.c_void_p(a.data.ptr)
+
+        def ptr(a):
+            return ctypes.c_void_p(a.data.ptr)
+
         # alpha2 = 0: z (given as out) adds nothing
         self._call("cudnnConvolutionBiasActivationForward", self.handle, ctypes.byref(self._one), desc.x, ptr(x),
                    desc.w, ptr(filt), desc.conv, _IMPLICIT_PRECOMP_GEMM, ptr(workspace), ctypes.c_size_t(desc.workspace),

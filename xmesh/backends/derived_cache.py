@@ -3,7 +3,7 @@ CUDA source, a filter in a library's layout. The arrays live as long as the mode
 the derived value up by the arrays' identities instead of comparing values on every call."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class DerivedCache:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..io.atomic import atomic_write
 

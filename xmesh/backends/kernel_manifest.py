@@ -14,8 +14,16 @@ whole set a build step makes for one generation.
 from __future__ import annotations
 
 from .cuda_kernels import KernelBuild
-from .kernel_constants import (CONVOLUTION_FILE, DEFORMATION_FILE, GEMM_DEFINES, GEMM_FILE, GRAPH_CONV_FILE,
-                               PROJECTION_FILE, STAGE_DEFINES, defines)
+from .kernel_constants import (
+    CONVOLUTION_FILE,
+    DEFORMATION_FILE,
+    GEMM_DEFINES,
+    GEMM_FILE,
+    GRAPH_CONV_FILE,
+    PROJECTION_FILE,
+    STAGE_DEFINES,
+    defines,
+)
 
 GEMM, HOPPER = GEMM_FILE, "wgmma_gemm.cu"
 STD = ("-std=c++17",)

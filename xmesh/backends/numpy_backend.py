@@ -69,7 +69,7 @@ class NumpyBackend(Backend):
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def load_kernels(self) -> None:
-        from . import numba_kernels   # compiled, or read from numba's cache, at import and first call
+        from . import numba_kernels  # noqa: F401 (compiled, or read from numba's cache, at import and first call)
 
     # -- fast paths (same function as the model's array-API code) -------------------------
     def op_local_projection(self, points, maps, tf):

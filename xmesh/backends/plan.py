@@ -184,7 +184,8 @@ def routes(precision: str, gpu: str, cudnn: bool = False) -> list:
 
 def explain(precision: str, gpu: str, cudnn: bool = False) -> str:
     """The plan for one mode and GPU as text: per op, its kernels in the order they are tried."""
-    lines = [f"precision {precision}, {'CPU' if gpu == 'cpu' else 'compute capability 9.0' if gpu == 'sm90' else 'a CUDA GPU'}"
+    device = "CPU" if gpu == "cpu" else "compute capability 9.0" if gpu == "sm90" else "a CUDA GPU"
+    lines = [f"precision {precision}, {device}"
              f"{', cuDNN' if cudnn else ''}: per step, the kernels tried in order (else the model's reference code)"]
     op = None
     for r in routes(precision, gpu, cudnn):

@@ -10,7 +10,7 @@ from here).
 
 Only :mod:`.worker` and :mod:`.driver` import Dask; the rest works without the extra installed.
 """
-from .connect import open_client, parse_cluster_spec
 from ..reconstruct import ModelSpec
+from .connect import open_client, parse_cluster_spec
 
 __all__ = ["ModelSpec", "open_client", "parse_cluster_spec"]

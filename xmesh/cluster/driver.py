@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from distributed import KilledWorker, as_completed, wait
 

@@ -15,8 +15,8 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from concurrent.futures import Executor
+from dataclasses import replace
 
 from ..errors import XmeshError
 from ..pipeline.loading import PREFETCH_DEPTH, assemble, decoded, submit_batch

@@ -17,7 +17,7 @@ PCI_DEVICES = Path("/sys/bus/pci/devices")
 
 def _nvml_count() -> int | None:
     try:
-        import pynvml   # nvidia-ml-py
+        import pynvml  # nvidia-ml-py
     except ImportError:
         return None
     try:

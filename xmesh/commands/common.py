@@ -6,8 +6,8 @@ import os
 import sys
 
 from ..errors import InputError, XmeshError
-from ..io.atomic import os_error_reason
 from ..io import weight_sources
+from ..io.atomic import os_error_reason
 from ..io.weight_sources import SYNTHETIC_PREFIX
 
 

@@ -8,8 +8,15 @@ from pathlib import Path
 from ..errors import InputError
 from ..io.weight_sources import describe_weights
 from ..io.writable import check_writable_file, check_writable_folder
-from .common import (add_cluster_option, add_model_options, check_batch_size, describe_processes, output_errors,
-                     resolve_weights, run_dataset_command)
+from .common import (
+    add_cluster_option,
+    add_model_options,
+    check_batch_size,
+    describe_processes,
+    output_errors,
+    resolve_weights,
+    run_dataset_command,
+)
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
 WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}

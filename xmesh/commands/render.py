@@ -33,9 +33,9 @@ def run(args) -> int:
     from ..errors import FileFormatError, InputError
     from ..io.writable import check_writable_file
     from ..mesh import Mesh, read_mesh
-    from .common import output_errors
     from ..pictures.views import render_mesh_file, render_mesh_picture
     from ..render.draw import load_points
+    from .common import output_errors
 
     if not 1 <= args.size <= MAX_SIZE:
         raise InputError(f"--size {args.size}: expected a whole number of pixels per view from 1 to {MAX_SIZE}")

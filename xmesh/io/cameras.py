@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -23,8 +23,9 @@ import contextlib
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -126,7 +127,8 @@ def to_bgr_or_bgra(image: np.ndarray, name: str) -> np.ndarray:
         image = image[:, :, None]
     if image.ndim != 3 or image.shape[2] not in (1, 2, 3, 4):
         raise InputError(
-            f"{name}: image has shape {image.shape}; expected (H, W) gray or (H, W, C) with C = 1, 2, 3 (BGR) or 4 (BGRA)"
+            f"{name}: image has shape {image.shape}; expected (H, W) gray or (H, W, C) "
+            "with C = 1, 2, 3 (BGR) or 4 (BGRA)"
         )
     if image.shape[0] < 1 or image.shape[1] < 1:
         raise InputError(f"{name}: image has shape {image.shape}; expected at least 1x1 pixels")
@@ -230,13 +232,15 @@ def load_images(images: Any) -> np.ndarray:
     """
     if isinstance(images, (str, bytes, os.PathLike)):
         raise InputError(
-            f"load_images: got a single path {images!r}; {NUM_VIEWS} views are needed, pass a sequence of {NUM_VIEWS} paths"
+            f"load_images: got a single path {images!r}; {NUM_VIEWS} views are needed, "
+            f"pass a sequence of {NUM_VIEWS} paths"
         )
     if isinstance(images, np.ndarray) and images.ndim == 4:
         return _from_network_array(images)
     if isinstance(images, np.ndarray) and images.ndim != 4:
         raise InputError(
-            f"load_images: images array has shape {images.shape}; expected {NETWORK_SHAPE} or a sequence of {NUM_VIEWS} images"
+            f"load_images: images array has shape {images.shape}; "
+            f"expected {NETWORK_SHAPE} or a sequence of {NUM_VIEWS} images"
         )
     if not isinstance(images, Sequence):
         raise InputError(

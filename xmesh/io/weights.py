@@ -12,9 +12,10 @@ import math
 import os
 import zipfile
 import zlib
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -207,7 +208,7 @@ def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
             f"{path}: weights source not found; expected an .npz file, a checkpoint prefix "
             f"(PREFIX.index beside it), a .index file or a folder with a 'checkpoint' file"
         )
-    from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix   # numba's import: only here
+    from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix  # numba's import: only here
 
     prefix = resolve_prefix(path)
     names = [n for n in read_index(prefix) if normalize_name(n) in wanted]
@@ -254,7 +255,7 @@ def weights_fingerprint(weights: Mapping[str, np.ndarray]) -> str:
     digest = hashlib.sha256()
     for name in sorted(weights):
         array = np.ascontiguousarray(weights[name], dtype="<f4")
-        digest.update(f"{name}:{array.shape}\n".encode("utf-8"))
+        digest.update(f"{name}:{array.shape}\n".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
 

@@ -28,8 +28,8 @@ from .nn_cupy import array_module, is_cupy
 from .scores import (
     CATEGORIES,
     THRESHOLDS,
-    check_thresholds,
     chamfer_from_distances,
+    check_thresholds,
     fscore_from_distances,
     summarize,
 )
@@ -185,7 +185,8 @@ def _samples(clouds, lengths, name: str) -> list:
         counts = np.full(batch, size) if lengths is None else np.asarray(_to_host(lengths))
         if counts.shape != (batch,) or counts.dtype.kind not in "iu":
             raise InputError(
-                f"lengths for {name} must be a ({batch},) array of integers; got shape {counts.shape}, dtype {counts.dtype}"
+                f"lengths for {name} must be a ({batch},) array of integers; "
+                f"got shape {counts.shape}, dtype {counts.dtype}"
             )
         if batch and (counts.min() < 1 or counts.max() > size):
             raise InputError(f"lengths for {name} must lie in [1, {size}]; got {counts.tolist()}")

@@ -11,7 +11,7 @@ def nearest_index(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     float64, so the returned index is a true nearest neighbour (among exact ties, any one of them).
     Returns int64 (N,).
     """
-    from scipy.spatial import cKDTree   # imported at first use: a tenth of a second, not needed on the GPU
+    from scipy.spatial import cKDTree  # imported at first use: a tenth of a second, not needed on the GPU
 
     tree = cKDTree(b)
     _, index = tree.query(a, k=1, workers=-1)

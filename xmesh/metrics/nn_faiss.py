@@ -109,7 +109,7 @@ def _scan(xp, a, b):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_resources(device: int):
     return _faiss().StandardGpuResources()
 

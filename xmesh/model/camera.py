@@ -77,7 +77,7 @@ class ViewTransforms:
     origin: np.ndarray   # (V,3)
 
     @classmethod
-    def from_cameras(cls, cameras) -> "ViewTransforms":
+    def from_cameras(cls, cameras) -> ViewTransforms:
         cameras = np.asarray(cameras, dtype=np.float32)
         return cls(*unpack_transforms(packed_transforms(cameras[None])[0], cameras.shape[0]))
 

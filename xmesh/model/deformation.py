@@ -73,7 +73,9 @@ def last_layer_and_score(backend, layer, score, x4, x3, params, centers):
 def first_wide_layers(backend, layers, x, params):
     """The block's first four wide layers: x1 = lc1(x), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3);
     returns (x3, x4), what the last wide layer x5 = lc5(x4) + x3 reads."""
-    conv = lambda layer, h, res=None: local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
+    def conv(layer, h, res=None):
+        return local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
+
     x1 = conv(layers[0], x)
     x2 = conv(layers[1], x1)
     x3 = conv(layers[2], x2, x1)

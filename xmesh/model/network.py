@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from . import architecture as arch
 from .cnn import run_cnn
 from .deformation import deformation_block

@@ -34,12 +34,12 @@ class DeviceTransforms:
     num_views: int
 
     @classmethod
-    def from_packed(cls, packed, num_views: int) -> "DeviceTransforms":
+    def from_packed(cls, packed, num_views: int) -> DeviceTransforms:
         """The transforms as views of a (B, 12 + 12V) array of :func:`packed_transforms` rows."""
         return cls(*unpack_transforms(packed, num_views), packed=packed, num_views=num_views)
 
     @classmethod
-    def from_cameras(cls, backend, cameras) -> "DeviceTransforms":
+    def from_cameras(cls, backend, cameras) -> DeviceTransforms:
         """``cameras`` is a host array (B,V,5)."""
         cameras = np.asarray(cameras, dtype=np.float32)
         return cls.from_packed(backend.asarray(packed_transforms(cameras)), cameras.shape[1])
@@ -149,7 +149,7 @@ def local_projection(backend, points, maps, tf: DeviceTransforms):
             base = (xp.arange(batch, dtype=xp.int64) * views + view)[:, None] * (sp * sp)
             flat = xp.reshape(fmap, (-1, channels))
 
-            def tap(xi, yi):
+            def tap(xi, yi, base=base, sp=sp, flat=flat, channels=channels):
                 index = xp.reshape(base + xp.astype(xi, xp.int64) * sp + xp.astype(yi, xp.int64), (-1,))
                 return xp.reshape(xp.take(flat, index, axis=0), (batch, n, channels))
 

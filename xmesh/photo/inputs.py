@@ -2,7 +2,8 @@
 already in the network's framing) or :class:`PhotoCameras` (photos to resample, mesh to move back)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

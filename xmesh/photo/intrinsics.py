@@ -43,7 +43,7 @@ class Intrinsics:
     def distorted(self) -> bool:
         return any(float(v) != 0.0 for v in self.distortion.values())
 
-    def scaled_to(self, width: int, height: int, what: str) -> "Intrinsics":
+    def scaled_to(self, width: int, height: int, what: str) -> Intrinsics:
         """These intrinsics for the same photo stored at another size (e.g. COLMAP ran on a smaller
         copy). Width and height must scale alike (within a pixel); InputError otherwise."""
         if self.width is None or self.height is None or (width, height) == (self.width, self.height):

@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 
 from xmesh.errors import InputError
-from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, decode_file, scale_of, to_bgr_or_bgra, prepare_image
+from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, decode_file, prepare_image, scale_of, to_bgr_or_bgra
 from xmesh.model.camera import CENTER, FOCAL
 from xmesh.photo.posed import view_label
 

@@ -18,8 +18,18 @@ from xmesh.io.cameras import load_cameras
 from xmesh.io.images import quiet_opencv
 from xmesh.mesh import read_mesh
 from xmesh.pictures.panels import hstack, on_white, put_label
-from xmesh.render.draw import (DEFAULT_COLOR, GT_COLOR, SHAPENET_SIZE, load_points, render_mesh, render_points,
-                               render_views, save_png, tile, to_world)
+from xmesh.render.draw import (
+    DEFAULT_COLOR,
+    GT_COLOR,
+    SHAPENET_SIZE,
+    load_points,
+    render_mesh,
+    render_points,
+    render_views,
+    save_png,
+    tile,
+    to_world,
+)
 from xmesh.render.framing import fit_framing
 
 PANEL_SIZE = 224

@@ -11,7 +11,8 @@ and returns this run's figures: ``evaluated``, ``seconds``, ``samples_per_s`` an
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from ..results.samples_csv import format_rows
 from .loop import BatchResult, check_finite, run_batches

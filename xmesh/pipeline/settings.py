@@ -35,7 +35,7 @@ class RunSettings:
 
     @classmethod
     def choose(cls, gpu: bool, batch_size: int | None = None, workers: int | None = None, save_meshes: bool = False,
-               **rest) -> "RunSettings":
+               **rest) -> RunSettings:
         """Given values, else the GPU's or the CPU's defaults (:func:`xmesh.pipeline.loading.default_workers`).
         ``workers`` given sets the loaders and, with meshes, as many writers. ``rest``: the other fields."""
         loaders, writers = default_workers(gpu, save_meshes)
@@ -43,7 +43,7 @@ class RunSettings:
             loaders, writers = int(workers), (max(1, int(workers)) if save_meshes else 0)
         return cls(int(batch_size) if batch_size is not None else (GPU_BATCH if gpu else 1), loaders, writers, **rest)
 
-    def chosen_by_workers(self) -> "RunSettings":
+    def chosen_by_workers(self) -> RunSettings:
         """The same run with each cluster worker choosing its loader and writer processes."""
         return replace(self, loaders=None, writers=None)
 

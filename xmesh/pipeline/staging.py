@@ -16,7 +16,7 @@ the side stream waits for everything queued on the compute stream so far.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

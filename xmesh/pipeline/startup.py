@@ -27,7 +27,7 @@ FINISH = "finish"     # run.timing's seconds from the last batch to the outputs 
 
 _IMPORTED = time.perf_counter()
 _lock = threading.Lock()
-_clock: "StartupClock | None" = None
+_clock: StartupClock | None = None
 _begun = False
 _prefetched: dict = {}
 

@@ -18,9 +18,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

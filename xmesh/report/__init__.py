@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from xmesh.dataset import DEFAULT_VIEWS
 from xmesh.errors import FileFormatError, InputError, MissingExtraError, MissingFileError
@@ -57,8 +57,8 @@ def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, rec
     ``out_dir/predict/`` or, where absent, made again by ``reconstructor`` (with a progress bar on a
     terminal unless ``progress`` is False)."""
     require_matplotlib()
-    from xmesh.results import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
     from xmesh.report import charts, gallery, page
+    from xmesh.results import CSV_NAME, SUMMARY_JSON, TAU, TWO_TAU, read_csv, summary_from_rows
 
     out_dir = Path(out_dir)
     csv_path = out_dir / CSV_NAME

@@ -7,9 +7,9 @@ them; the others are reconstructed again (the gallery's samples only) when a rec
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics.scores import THRESHOLDS
 from ..io.atomic import atomic_write
+from ..metrics.scores import THRESHOLDS
 
 F_SCORE_LOG = "f_score.log"
 CD_LOG = "cd.log"

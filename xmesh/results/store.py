@@ -26,7 +26,7 @@ class ResultsStore:
         self.done_ids = {row["id"] for row in read_csv(self.csv_path)} if self.csv_path.exists() else set()
         self.appender: CsvAppender | None = None
 
-    def open(self) -> "ResultsStore":
+    def open(self) -> ResultsStore:
         """Start appending (writing the header to a new file)."""
         self.appender = CsvAppender(self.csv_path)
         return self
@@ -42,7 +42,7 @@ class ResultsStore:
             self.appender.close()
             self.appender = None
 
-    def __enter__(self) -> "ResultsStore":
+    def __enter__(self) -> ResultsStore:
         return self.open()
 
     def __exit__(self, *exc) -> None:

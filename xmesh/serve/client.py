@@ -12,8 +12,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,9 +39,9 @@ def multipart_body(images: Sequence[tuple[str, bytes]], fields: dict[str, str]) 
     for name, data in images:
         safe = name.replace('"', "_").replace("\r", "_").replace("\n", "_")
         parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="images"; filename="{safe}"\r\n'
-                     f"Content-Type: application/octet-stream\r\n\r\n".encode("utf-8") + data + b"\r\n")
+                     f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
     for key, value in fields.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode("utf-8"))
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode())
     parts.append(f"--{boundary}--\r\n".encode("ascii"))
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 

@@ -28,7 +28,8 @@ The same request from a script: <code>POST /v1/reconstruct</code> (see <code>GET
 <input id="images" name="images" type="file" accept="image/png,image/jpeg" multiple required>
 </fieldset>
 <fieldset><legend>Cameras</legend>
-<label><input type="radio" name="kind" value="cameras" checked> camera rows: [azimuth, elevation, 0, distance, 25] per view</label><br>
+<label><input type="radio" name="kind" value="cameras" checked>
+camera rows: [azimuth, elevation, 0, distance, 25] per view</label><br>
 <label><input type="radio" name="kind" value="poses"> poses JSON (as <code>xmesh reconstruct --poses</code>)</label>
 <textarea id="cameras" rows="6">[[0, 25, 0, 0.8, 25], [120, 25, 0, 0.8, 25], [240, 25, 0, 0.8, 25]]</textarea>
 </fieldset>
@@ -64,7 +65,10 @@ The same request from a script: <code>POST /v1/reconstruct</code> (see <code>GET
     fetch('/v1/reconstruct?format=preview', {method: 'POST', body: body}).then(function (response) {
       return response.json().then(function (data) { return {ok: response.ok, data: data, headers: response.headers}; });
     }).then(function (answer) {
-      if (!answer.ok) { say('refused: ' + (answer.data.field ? answer.data.field + ': ' : '') + answer.data.error, true); return; }
+      if (!answer.ok) {
+        say('refused: ' + (answer.data.field ? answer.data.field + ': ' : '') + answer.data.error, true);
+        return;
+      }
       var data = answer.data;
       document.getElementById('picture').src = 'data:image/png;base64,' + data.picture;
       var links = document.getElementById('downloads');

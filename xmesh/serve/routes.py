@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request

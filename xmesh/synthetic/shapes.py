@@ -96,7 +96,7 @@ def _cube_lattice(n: int) -> tuple[np.ndarray, np.ndarray]:
             grid[..., a] = i
             grid[..., b] = j
             points.append(grid.reshape(-1, 3))
-            idx = lambda di, dj: base + (quad_i + di) * (n + 1) + (quad_j + dj)  # noqa: E731
+            idx = lambda di, dj, base=base: base + (quad_i + di) * (n + 1) + (quad_j + dj)  # noqa: E731
             tris = np.concatenate([
                 np.stack([idx(0, 0), idx(1, 0), idx(1, 1)], axis=1),
                 np.stack([idx(0, 0), idx(1, 1), idx(0, 1)], axis=1),

@@ -6,10 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import cuda_kernels, kernel_manifest, plan
 from ...errors import KernelCompileError
-from ..kernel_constants import (DEFORMATION_FILE, HYPOTHESES, ROWS_BF16, ROWS_F16, ROWS_F32, SCORE_FINISH_THREADS,
-                                SCORE_FINISH_VERTICES, SCORE_THREADS, SCORE_VERTICES, SKINNY_MAX_COLS, SKINNY_MAX_K)
+from .. import cuda_kernels, kernel_manifest, plan
+from ..kernel_constants import (
+    DEFORMATION_FILE,
+    HYPOTHESES,
+    ROWS_BF16,
+    ROWS_F16,
+    ROWS_F32,
+    SCORE_FINISH_THREADS,
+    SCORE_FINISH_VERTICES,
+    SCORE_THREADS,
+    SCORE_VERTICES,
+    SKINNY_MAX_COLS,
+    SKINNY_MAX_K,
+)
 from . import hopper as hg
 from .device import LAYER_OPERANDS, THREADS, _grid
 
@@ -253,7 +264,10 @@ class DeformationStage:
         cp = self.cupy
         b, n = centers.shape[:2]
         out = cp.empty((b, n, 3), dtype=cp.float32)
-        f32 = lambda a: cp.ascontiguousarray(a, dtype=cp.float32)
+
+        def f32(a):
+            return cp.ascontiguousarray(a, dtype=cp.float32)
+
         per_block, threads = _SCORE_BLOCKS[kernel]
         self._deformation_kernel(kernel)((-(-(b * n) // per_block),), (threads,),
                              (*inputs, f32(cheb1), f32(bias), f32(offsets), f32(centers), out, np.int32(b), np.int32(n)))

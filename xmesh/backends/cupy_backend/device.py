@@ -10,8 +10,8 @@ import warnings
 import numpy as np
 
 from ...errors import BackendUnavailableError, InputError, KernelCompileError, XmeshError
-from ..base import Backend, Branch
 from .. import cuda_kernels, kernel_manifest
+from ..base import Backend, Branch
 from ..cuda_kernels import get_function, require_cupy
 from ..cudnn_conv import CudnnConv
 from ..derived_cache import DerivedCache

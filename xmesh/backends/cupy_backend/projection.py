@@ -7,8 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import InputError
-from ..kernel_constants import (GRAPH_POINTS, GRAPH_THREADS, LOCAL_POINTS, LOCAL_TAP_BYTES, LOCAL_THREADS, MAX_VIEWS,
-                                PROJECTION_FILE)
+from ..kernel_constants import (
+    GRAPH_POINTS,
+    GRAPH_THREADS,
+    LOCAL_POINTS,
+    LOCAL_TAP_BYTES,
+    LOCAL_THREADS,
+    MAX_VIEWS,
+    PROJECTION_FILE,
+)
 from . import hopper as hg
 from .device import LAYER_OPERANDS, THREADS
 

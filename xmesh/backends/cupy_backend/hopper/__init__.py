@@ -19,14 +19,33 @@ and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and the st
 from __future__ import annotations
 
 from .activations import activation_dtype, narrow16, widen16
-from .families import (ARCH, CHAIN, DRB_LAYER, GEMM, LAYER_3XF16, MAX_DYNAMIC_SHARED_SIZE_BYTES, OPERANDS, WIDE_COLS,
-                       ChainKernel, GemmKernel, Layer3xf16Kernel, LayerKernel, OperandMode)
 from .chain import PreparedChain
+from .families import (
+    ARCH,
+    CHAIN,
+    DRB_LAYER,
+    GEMM,
+    LAYER_3XF16,
+    MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    OPERANDS,
+    WIDE_COLS,
+    ChainKernel,
+    GemmKernel,
+    Layer3xf16Kernel,
+    LayerKernel,
+    OperandMode,
+)
 from .gemm import PreparedWeight, smem_bytes, supported
 from .launcher import HopperGemm
 from .layer_3xf16 import PreparedHalves
-from .layouts import (accumulator_columns, chain_piece_index, hypothesis_rows, mixing_source, piece_index,
-                      vertex_tile_map)
+from .layouts import (
+    accumulator_columns,
+    chain_piece_index,
+    hypothesis_rows,
+    mixing_source,
+    piece_index,
+    vertex_tile_map,
+)
 
 __all__ = ["ARCH", "CHAIN", "DRB_LAYER", "GEMM", "LAYER_3XF16", "MAX_DYNAMIC_SHARED_SIZE_BYTES", "OPERANDS", "WIDE_COLS",
            "ChainKernel", "GemmKernel", "Layer3xf16Kernel", "LayerKernel", "OperandMode", "HopperGemm", "PreparedChain",

@@ -45,7 +45,8 @@ class ChainFamily:
                 or any(w.paired or w.k != WIDE_COLS or w.n != 2 * WIDE_COLS for w in weights)
                 or first.paired or first.n != 2 * WIDE_COLS or not 0 < first.k <= CHAIN.max_cin):
             raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {CHAIN.max_cin}, "
-                             f"{2 * WIDE_COLS}) weight and {CHAIN.hidden_layers} unpaired ({WIDE_COLS}, {2 * WIDE_COLS}) weights, all "
+                             f"{2 * WIDE_COLS}) weight and {CHAIN.hidden_layers} unpaired ({WIDE_COLS}, "
+                             f"{2 * WIDE_COLS}) weights, all "
                              f"of one 16-bit mode, got {[(w.k, w.n, w.operands, w.paired) for w in (first,) + weights]}")
         first_slices = -(-first.k // 32)   # prepare pads K to a multiple of 32 with zeros
         parts = [cp.take(first.big.reshape(-1), cp.asarray(chain_piece_index(first.big.shape[1], first_slices)))]
