@@ -4,14 +4,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse
 
+from ..model.cnn import same_padding
 from .base import Backend
-
-
-def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
-    """TensorFlow 'SAME': (output size, pad before, pad after); the larger half goes after."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + kernel - size, 0)
-    return out, total // 2, total - total // 2
 
 
 def im2col(x: np.ndarray, kh: int, kw: int, stride: int) -> np.ndarray:

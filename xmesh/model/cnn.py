@@ -1,5 +1,14 @@
-"""CNN18: 18 'SAME' convolutions with ReLU; returns the feature maps a stage reads."""
+"""CNN18: 18 'SAME' convolutions with ReLU; returns the feature maps a stage reads.
+
+``run_cnn`` is inference (the backend's convolutions). For training, ``conv_forward`` /
+``conv_backward`` are one convolution's pair and ``cnn_forward`` / ``cnn_backward`` the network's,
+written with the array API: the convolution is an im2col product whose columns are ordered as
+the kernel's (kh, kw, cin) rows, the same product the NumPy backend computes.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 
 def run_cnn(backend, convs, images, taps) -> list:
@@ -11,3 +20,105 @@ def run_cnn(backend, convs, images, taps) -> list:
         if k in taps:
             maps.append(x)
     return maps
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int, int]:
+    """TensorFlow 'SAME': (output size, pad before, pad after); the larger half goes after."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return out, total // 2, total - total // 2
+
+
+def _padded(xp, x, kh: int, kw: int, stride: int):
+    n, h, w, c = x.shape
+    ho, top, bottom = same_padding(h, kh, stride)
+    wo, left, right = same_padding(w, kw, stride)
+    padded = xp.zeros((n, h + top + bottom, w + left + right, c), dtype=x.dtype)
+    padded[:, top:top + h, left:left + w, :] = x
+    return padded, (ho, wo, top, left)
+
+
+def im2col(xp, x, kh: int, kw: int, stride: int):
+    """(N,H,W,C) -> (N*Ho*Wo, kh*kw*C) 'SAME' patches, rows in NHW order, columns in (kh, kw, C) order."""
+    n, _, _, c = x.shape
+    padded, (ho, wo, _, _) = _padded(xp, x, kh, kw, stride)
+    taps = [padded[:, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride, :]
+            for i in range(kh) for j in range(kw)]
+    return xp.reshape(xp.stack(taps, axis=3), (n * ho * wo, kh * kw * c)), (ho, wo)
+
+
+def col2im(xp, cols, shape, kh: int, kw: int, stride: int):
+    """The backward of :func:`im2col`: each patch column summed back into the (N,H,W,C) ``shape``."""
+    n, h, w, c = shape
+    ho, top, bottom = same_padding(h, kh, stride)
+    wo, left, right = same_padding(w, kw, stride)
+    cols = xp.reshape(cols, (n, ho, wo, kh * kw, c))
+    padded = xp.zeros((n, h + top + bottom, w + left + right, c), dtype=cols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i, i + stride * (ho - 1) + 1, stride)
+            columns = slice(j, j + stride * (wo - 1) + 1, stride)
+            padded[:, rows, columns, :] += cols[:, :, :, i * kw + j, :]
+    return padded[:, top:top + h, left:left + w, :]
+
+
+@dataclass
+class ConvCache:
+    """What a convolution's backward reads: its input and its (post-ReLU) output."""
+
+    x: Any
+    y: Any
+    weight: Any
+    stride: int
+
+
+def conv_forward(xp, x, weight, bias, stride: int):
+    """relu(conv_same(x, W) + b) for NHWC ``x``; returns (y, cache)."""
+    kh, kw, cin, cout = weight.shape
+    cols, (ho, wo) = im2col(xp, x, kh, kw, stride)
+    y = cols @ xp.reshape(weight, (kh * kw * cin, cout))
+    y = xp.maximum(y + bias, 0.0)
+    y = xp.reshape(y, (x.shape[0], ho, wo, cout))
+    return y, ConvCache(x, y, weight, stride)
+
+
+def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True):
+    """(dx or None, dW, db) for the output gradient ``dy``; ReLU passes where the output is > 0."""
+    kh, kw, cin, cout = cache.weight.shape
+    dz = xp.reshape(xp.where(cache.y > 0, dy, xp.zeros_like(dy)), (-1, cout))
+    cols, _ = im2col(xp, cache.x, kh, kw, cache.stride)
+    dweight = xp.reshape(xp.matrix_transpose(cols) @ dz, cache.weight.shape)
+    dbias = xp.sum(dz, axis=0)
+    dx = None
+    if need_dx:
+        dcols = dz @ xp.matrix_transpose(xp.reshape(cache.weight, (kh * kw * cin, cout)))
+        dx = col2im(xp, dcols, cache.x.shape, kh, kw, cache.stride)
+    return dx, dweight, dbias
+
+
+def cnn_forward(xp, convs, images, taps):
+    """Training forward of ``convs`` ((W, b, stride) triples) up to the last of ``taps``; returns
+    (the maps after the layers numbered in ``taps``, the per-layer caches)."""
+    maps, caches = [], []
+    x = images
+    for k, (weight, bias, stride) in enumerate(convs[:max(taps)], start=1):
+        x, cache = conv_forward(xp, x, weight, bias, stride)
+        caches.append(cache)
+        if k in taps:
+            maps.append(x)
+    return maps, caches
+
+
+def cnn_backward(xp, dmaps, caches, taps):
+    """Gradients [(dW, db) per layer] from the gradients ``dmaps`` of the maps after the ``taps``
+    layers (the last tap's gradient is required, a lower one may be None); the images get none."""
+    grads = [None] * len(caches)
+    dx = None
+    tap_grads = dict(zip(taps, dmaps, strict=True))
+    for k in range(len(caches), 0, -1):
+        extra = tap_grads.get(k)
+        if extra is not None:
+            dx = extra if dx is None else dx + extra
+        dx, dweight, dbias = conv_backward(xp, dx, caches[k - 1], need_dx=k > 1)
+        grads[k - 1] = (dweight, dbias)
+    return grads
