@@ -1,0 +1,192 @@
+"""Stage 2's training layers: each backward against float64 central differences (tests/gradcheck.py),
+and each training forward against the inference forward it stands beside."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradcheck import check_gradients
+from xmesh.backends import get_backend
+from xmesh.model import deformation, deformation_train, local_projection_train, projection, view_pool
+from xmesh.model.camera import packed_transforms
+
+xp = get_backend("numpy").xp
+# the demo's three cameras (golden/demo_seed1.npz)
+CAMERAS = np.array([[250.48103, 29.459713, 0.0, 0.6523131, 25.0], [8.366592, 26.475084, 0.0, 0.7132995, 25.0],
+                    [59.490444, 28.93065, 0.0, 0.80579793, 25.0]])
+
+
+def transforms(batch: int, dtype=np.float64):
+    cameras = np.repeat(CAMERAS[None], batch, axis=0)
+    return projection.DeviceTransforms.from_packed(packed_transforms(cameras).astype(dtype), cameras.shape[1])
+
+
+def hypothesis_points(rng, batch: int, n: int, outside: int = 0):
+    """Points around the demo object (camera-0 frame); the last ``outside`` of each sample project past the image."""
+    points = rng.uniform([0.1, -0.25, -0.85], [0.3, -0.05, -0.72], size=(batch, n, 3))
+    points[:, n - outside:, 0] += 0.6
+    return points
+
+
+def padded_maps(rng, batch: int, views: int, sizes_channels):
+    return [rng.standard_normal((batch * views, s + 1, s + 1, c)) for s, c in sizes_channels]
+
+
+def test_view_pool_pair_splits_the_max_among_ties():
+    rng = np.random.default_rng(1)
+    stacked = rng.standard_normal((3, 4, 5))
+    cache = view_pool.pool_views_forward(xp, stacked)[1]
+    check_gradients(lambda stacked: view_pool.pool_views_forward(xp, stacked)[0],
+                    lambda d: {"stacked": view_pool.pool_views_backward(xp, *d, cache)}, {"stacked": stacked})
+    tied = np.zeros((3, 1, 1))
+    tied[2] = -1.0
+    _, cache = view_pool.pool_views_forward(xp, tied)
+    grad = view_pool.pool_views_backward(xp, np.ones((1, 1)), np.zeros((1, 1)), np.zeros((1, 1)), cache)
+    np.testing.assert_array_equal(grad[:, 0, 0], [0.5, 0.5, 0.0])
+
+
+@pytest.mark.parametrize("outside", [0, 2])
+def test_local_projection_pair(outside):
+    rng = np.random.default_rng(2 + outside)
+    batch, n = 2, 6
+    tf = transforms(batch)
+    inputs = {"points": hypothesis_points(rng, batch, n, outside),
+              "map0": None, "map1": None}
+    inputs["map0"], inputs["map1"] = padded_maps(rng, batch, 3, [(8, 3), (4, 2)])
+
+    def forward(points, map0, map1):
+        return local_projection_train.local_projection_forward(xp, points, [map0, map1], tf)[0]
+
+    def backward(dfeats):
+        maps = [inputs["map0"], inputs["map1"]]
+        _, cache = local_projection_train.local_projection_forward(xp, inputs["points"], maps, tf)
+        dpoints, (dmap0, dmap1) = local_projection_train.local_projection_backward(xp, dfeats, cache)
+        return {"points": dpoints, "map0": dmap0, "map1": dmap1}
+
+    inside = [local_projection_train.view_projection(xp, inputs["points"], tf, v).w_inside for v in range(3)]
+    assert (not np.all(inside)) == bool(outside)   # the clamp's zero gradient is checked where it applies
+    check_gradients(forward, backward, inputs, elements=40)
+
+
+def test_local_projection_forward_is_the_inference_one():
+    rng = np.random.default_rng(5)
+    batch, n = 2, 300
+    maps = [rng.random((batch * 3, s, s, c), dtype=np.float32) for s, c in [(224, 4), (112, 3), (56, 2)]]
+    points = hypothesis_points(rng, batch, n, outside=10).astype(np.float32)
+    backend = get_backend("numpy")
+    tf = projection.DeviceTransforms.from_cameras(backend, np.repeat(CAMERAS[None], batch, axis=0))
+    padded = projection.pad_maps(backend, maps)
+    ours = local_projection_train.local_projection_forward(xp, points, padded, tf)[0]
+    theirs = projection.local_projection(backend, points, padded, tf)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("general_a0", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_local_gconv_pair(general_a0, residual):
+    rng = np.random.default_rng(int(general_a0) * 2 + int(residual))
+    b, k, n, cin, cout = 2, 5, 3, 4, 6
+    supports = (rng.standard_normal((k, k)) * 0.5 if general_a0 else None, rng.standard_normal((k, k)) * 0.5)
+    inputs = {"x": rng.standard_normal((b, k, n, cin)), "w0": rng.standard_normal((cin, cout)),
+              "w1": rng.standard_normal((cin, cout)), "bias": rng.standard_normal(cout) * 0.3}
+    if residual:
+        inputs["res"] = rng.standard_normal((b, k, n, cout))
+
+    def forward(x, w0, w1, bias, res=None):
+        return deformation_train.local_gconv_forward(xp, (w0, w1, bias), x, supports, res)[0]
+
+    def backward(dout):
+        _, cache = deformation_train.local_gconv_forward(xp, (inputs["w0"], inputs["w1"], inputs["bias"]), inputs["x"],
+                                                         supports, inputs.get("res"))
+        dx, (dw0, dw1, db) = deformation_train.local_gconv_backward(xp, dout, cache)
+        grads = {"x": dx, "w0": dw0, "w1": dw1, "bias": db}
+        if residual:
+            grads["res"] = dout
+        return grads
+
+    check_gradients(forward, backward, inputs)
+
+
+def test_hypothesis_update_pair():
+    rng = np.random.default_rng(7)
+    offsets = rng.standard_normal((5, 3)) * 0.01
+    inputs = {"centers": rng.standard_normal((2, 4, 3)), "score": rng.standard_normal((2, 5, 4))}
+
+    def forward(centers, score):
+        return deformation_train.hypothesis_update_forward(xp, centers, score, offsets)[0]
+
+    def backward(dnew):
+        _, cache = deformation_train.hypothesis_update_forward(xp, inputs["centers"], inputs["score"], offsets)
+        dcenters, dscore = deformation_train.hypothesis_update_backward(xp, dnew, cache)
+        return {"centers": dcenters, "score": dscore}
+
+    check_gradients(forward, backward, inputs)
+
+
+def block_inputs(rng, batch: int, n: int, k: int, sizes_channels, hidden: int):
+    inputs = {"centers": hypothesis_points(rng, batch, n)}
+    for i, fmap in enumerate(padded_maps(rng, batch, 3, sizes_channels)):
+        inputs[f"map{i}"] = np.abs(fmap)
+    widths = [3 + 3 * sum(c for _, c in sizes_channels)] + [hidden] * 5 + [1]
+    for i in range(6):
+        scale = 1.0 / np.sqrt(widths[i])
+        inputs[f"w0_{i}"] = rng.standard_normal((widths[i], widths[i + 1])) * scale
+        inputs[f"w1_{i}"] = rng.standard_normal((widths[i], widths[i + 1])) * scale
+        inputs[f"b_{i}"] = rng.uniform(0.0, 0.5, widths[i + 1])
+    return inputs
+
+
+def layers_of(values):
+    return [(values[f"w0_{i}"], values[f"w1_{i}"], values[f"b_{i}"]) for i in range(6)]
+
+
+def test_deformation_block_pair():
+    rng = np.random.default_rng(8)
+    k, sizes = 5, [(8, 2), (4, 2)]
+    inputs = block_inputs(rng, 2, 3, k, sizes, hidden=6)
+    offsets = rng.standard_normal((k, 3)) * 0.02
+    offsets[0] = 0.0
+    supports = (None, rng.standard_normal((k, k)) * 0.3)
+    tf = transforms(2)
+
+    def forward(**values):
+        maps = [values["map0"], values["map1"]]
+        return deformation_train.deformation_block_forward(xp, layers_of(values), supports, offsets, values["centers"],
+                                                           maps, tf)[0]
+
+    def backward(dnew):
+        maps = [inputs["map0"], inputs["map1"]]
+        _, cache = deformation_train.deformation_block_forward(xp, layers_of(inputs), supports, offsets,
+                                                               inputs["centers"], maps, tf)
+        dcenters, dmaps, grads = deformation_train.deformation_block_backward(xp, dnew, cache)
+        out = {"centers": dcenters, "map0": dmaps[0], "map1": dmaps[1]}
+        for i, (dw0, dw1, db) in enumerate(grads):
+            out[f"w0_{i}"], out[f"w1_{i}"], out[f"b_{i}"] = dw0, dw1, db
+        return out
+
+    check_gradients(forward, backward, inputs, elements=12, directions=2)
+
+
+def test_deformation_block_forward_is_the_inference_one():
+    rng = np.random.default_rng(9)
+    k, sizes = 7, [(224, 2), (112, 2), (56, 2)]
+    inputs = block_inputs(rng, 2, 20, k, sizes, hidden=8)
+    values = {key: value.astype(np.float32) for key, value in inputs.items()}
+    offsets = (rng.standard_normal((k, 3)) * 0.02).astype(np.float32)
+    cheb1 = (rng.standard_normal((k, k)) * 0.3).astype(np.float32)
+    backend = get_backend("numpy")
+    tf = projection.DeviceTransforms.from_cameras(backend, np.repeat(CAMERAS[None], 2, axis=0))
+    maps = [values[f"map{i}"] for i in range(3)]
+    ours = deformation_train.deformation_block_forward(xp, layers_of(values), (None, cheb1), offsets,
+                                                       values["centers"], maps, tf)[0]
+
+    class Params:
+        sample_coord, sample_cheb1, sample_cheb0 = offsets, cheb1, None
+
+    class Layer:
+        def __init__(self, w0, w1, b):
+            self.weight, self.bias, self.cout, self.weight0 = np.concatenate([w0, w1], axis=1), b, w0.shape[1], None
+
+    layers = [Layer(*triple) for triple in layers_of(values)]
+    theirs = deformation.deformation_block(backend, layers, Params, values["centers"], maps, tf)
+    np.testing.assert_allclose(ours - values["centers"], theirs - values["centers"], rtol=1e-4, atol=1e-7)

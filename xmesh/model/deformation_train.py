@@ -1,0 +1,144 @@
+"""Stage 2's deformation reasoning block for training: each layer's forward with its cache, and its backward.
+
+Activations are hypothesis-major (B, K, N, C), as in :mod:`xmesh.model.deformation`, so each dense
+43x43 support acts as one matrix product over the K axis, forward and backward. A local graph
+convolution's parameters are a ``(W0, W1, b)`` triple of ``xp`` arrays and its gradient the triple
+of their gradients; ``supports`` is ``(A0, A1)`` with A0 None when it is the identity (the
+official template's), so that both products share one GEMM of [W0 | W1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .local_projection_train import LocalProjectionCache, local_projection_backward, local_projection_forward
+
+
+def _over_hypotheses(xp, support, y):
+    """support (K,K) applied over the K axis of y (B,K,N,C)."""
+    b, k, n, c = y.shape
+    return xp.reshape(support @ xp.reshape(y, (b, k, n * c)), (b, k, n, c))
+
+
+@dataclass
+class LocalGConvCache:
+    x: Any          # (B,K,N,cin) the layer's input
+    active: Any     # (B,K,N,cout) bool: the ReLU passed (pre-activation > 0)
+    layer: tuple    # (W0, W1, b)
+    supports: tuple
+
+
+def local_gconv_forward(xp, layer, x, supports, residual=None):
+    """relu(A0 (X W0) + A1 (X W1) + b) over the hypothesis axis of x (B,K,N,cin), plus ``residual``
+    (added after the ReLU) where given; returns (out, cache)."""
+    w0, w1, bias = layer
+    a0, a1 = supports
+    b, k, n, cin = x.shape
+    cout = w0.shape[1]
+    flat = xp.reshape(x, (b * k * n, cin))
+    if a0 is None:
+        y = flat @ xp.concat([w0, w1], axis=1)
+        y0 = xp.reshape(y[:, :cout], (b, k, n, cout))
+        y1 = xp.reshape(y[:, cout:], (b, k, n, cout))
+    else:
+        y0 = _over_hypotheses(xp, a0, xp.reshape(flat @ w0, (b, k, n, cout)))
+        y1 = xp.reshape(flat @ w1, (b, k, n, cout))
+    z = y0 + _over_hypotheses(xp, a1, y1) + bias
+    active = z > 0
+    out = xp.where(active, z, xp.zeros_like(z))
+    return (out if residual is None else out + residual), LocalGConvCache(x, active, layer, supports)
+
+
+def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True):
+    """(dx or None, (dW0, dW1, db)) from the output's gradient; a residual's gradient is ``dout`` itself."""
+    w0, w1, _ = cache.layer
+    a0, a1 = cache.supports
+    b, k, n, cin = cache.x.shape
+    cout = w0.shape[1]
+    dz = xp.where(cache.active, dout, xp.zeros_like(dout))
+    dbias = xp.sum(xp.reshape(dz, (-1, cout)), axis=0)
+    dy1 = xp.reshape(_over_hypotheses(xp, xp.matrix_transpose(a1), dz), (-1, cout))
+    dy0 = xp.reshape(dz if a0 is None else _over_hypotheses(xp, xp.matrix_transpose(a0), dz), (-1, cout))
+    flat = xp.reshape(cache.x, (b * k * n, cin))
+    dy = xp.concat([dy0, dy1], axis=1)
+    dweight = xp.matrix_transpose(flat) @ dy
+    dx = None
+    if need_dx:
+        dx = xp.reshape(dy @ xp.matrix_transpose(xp.concat([w0, w1], axis=1)), (b, k, n, cin))
+    return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
+
+
+@dataclass
+class HypothesisUpdateCache:
+    weight: Any     # (B,K,N) softmax of the scores over K
+    offsets: Any    # (K,3)
+
+
+def hypothesis_update_forward(xp, centers, score, offsets):
+    """centers (B,N,3) + sum_k softmax_k(score (B,K,N)) offsets[k]; returns (new centers, cache)."""
+    e = xp.exp(score - xp.max(score, axis=1, keepdims=True))
+    weight = e / xp.sum(e, axis=1, keepdims=True)
+    return centers + xp.matmul(xp.permute_dims(weight, (0, 2, 1)), offsets), HypothesisUpdateCache(weight, offsets)
+
+
+def hypothesis_update_backward(xp, dnew, cache: HypothesisUpdateCache):
+    """(dcenters (B,N,3), dscore (B,K,N)) from the new centers' gradient."""
+    dweight = xp.permute_dims(xp.matmul(dnew, xp.matrix_transpose(cache.offsets)), (0, 2, 1))   # (B,K,N)
+    w = cache.weight
+    dscore = w * (dweight - xp.sum(w * dweight, axis=1, keepdims=True))
+    return dnew, dscore
+
+
+@dataclass
+class DeformationBlockCache:
+    projection: LocalProjectionCache
+    layers: list            # LocalGConvCache of the six layers
+    update: HypothesisUpdateCache
+
+
+def deformation_block_forward(xp, layers, supports, offsets, centers, maps, tf):
+    """One DRB: centers (B,N,3) -> moved centers (B,N,3), and the cache.
+
+    The hypotheses P = c + offsets (B,K,N,3) are projected onto the padded ``maps``; then
+    x1 = lc1(X), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3), x5 = lc5(x4) + x3, s = lc6(x5)
+    (ReLU on all six), and the centers move by the softmax(s)-weighted offsets.
+    """
+    b, n, _ = centers.shape
+    k = offsets.shape[0]
+    points = centers[:, None, :, :] + offsets[None, :, None, :]
+    feats, projection = local_projection_forward(xp, xp.reshape(points, (b, k * n, 3)), maps, tf)
+    x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
+    caches = []
+
+    def conv(i, h, residual=None):
+        out, cache = local_gconv_forward(xp, layers[i], h, supports, residual)
+        caches.append(cache)
+        return out
+
+    x1 = conv(0, x)
+    x2 = conv(1, x1)
+    x3 = conv(2, x2, x1)
+    x4 = conv(3, x3)
+    x5 = conv(4, x4, x3)
+    score = conv(5, x5)[..., 0]
+    new, update = hypothesis_update_forward(xp, centers, score, offsets)
+    return new, DeformationBlockCache(projection, caches, update)
+
+
+def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
+    """(dcenters (B,N,3), [d padded map], [(dW0, dW1, db) per layer]) from the moved centers' gradient."""
+    dcenters, dscore = hypothesis_update_backward(xp, dnew, cache.update)
+    grads = [None] * 6
+
+    def back(i, dout):
+        dx, grads[i] = local_gconv_backward(xp, dout, cache.layers[i])
+        return dx
+
+    dx5 = back(5, dscore[..., None])
+    dx3 = dx5 + back(3, back(4, dx5))      # x5 = lc5(x4) + x3, x4 = lc4(x3)
+    dx1 = dx3 + back(1, back(2, dx3))      # x3 = lc3(x2) + x1, x2 = lc2(x1)
+    dx = back(0, dx1)
+    b, k, n, width = dx.shape
+    dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection)
+    dcenters = dcenters + xp.sum(xp.reshape(dpoints, (b, k, n, 3)), axis=1)
+    return dcenters, dmaps, grads

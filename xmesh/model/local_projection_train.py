@@ -1,0 +1,146 @@
+"""Stage 2's local projection for training: the forward with its cache, and the backward.
+
+The forward is :func:`xmesh.model.projection.local_projection`'s arithmetic (camera move, pinhole
+projection clamped to the image, the original's floor/ceil bilinear rule on zero-padded maps,
+max/mean/std over views). The backward reaches the maps, through a scatter-add of each corner's
+weight, and the points, through the bilinear weights, the clamp (TF passes the gradient where the
+unclamped pixel lies in [0, 223], ends included) and the camera projection. floor and ceil have no
+gradient, so at an integer coordinate, where the sample is 0, the coordinate's gradient is 0 too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .camera import CENTER, FOCAL, IMAGE_SIZE, MAX_PIXEL, mat3
+from .sparse import scatter_add
+from .view_pool import ViewPoolCache, pool_views_backward, pool_views_forward
+
+
+@dataclass
+class ViewProjection:
+    """One view's projection of the points: the view-frame points and which pixels the clamp passed."""
+
+    q: Any        # (B,n,3) points in the view's camera frame
+    h: Any        # (B,n) clamped pixel row
+    w: Any        # (B,n) clamped pixel column
+    h_inside: Any  # (B,n) bool: the unclamped row lies in [0, 223]
+    w_inside: Any
+
+
+@dataclass
+class LocalProjectionCache:
+    """What :func:`local_projection_backward` reads."""
+
+    tf: Any                 # DeviceTransforms
+    maps: list              # (B*V, s+1, s+1, C) zero-padded maps
+    views: list             # ViewProjection per view
+    pool: ViewPoolCache
+
+
+def view_projection(xp, points, tf, view: int) -> ViewProjection:
+    """Pixel rows and columns of camera-0 points (B,n,3) in ``view``, in the inference's float32 order."""
+    world = mat3(points, tf.from0[:, None]) + tf.origin0[:, None, :]
+    q = mat3(world - tf.origin[:, view, None, :], tf.rot[:, view, None])
+    x, y, z = q[..., 0], q[..., 1], q[..., 2]
+    h = FOCAL * ((-y) / (-z)) + CENTER
+    w = FOCAL * (x / (-z)) + CENTER
+    return ViewProjection(q, xp.clip(h, 0.0, MAX_PIXEL), xp.clip(w, 0.0, MAX_PIXEL),
+                          (h >= 0.0) & (h <= MAX_PIXEL), (w >= 0.0) & (w <= MAX_PIXEL))
+
+
+def _corners(xp, proj: ViewProjection, size: int):
+    """The bilinear sample's coordinates on a map of ``size`` cells: (x, y, x1, x2, y1, y2)."""
+    x = proj.h / (IMAGE_SIZE / size)
+    y = proj.w / (IMAGE_SIZE / size)
+    return x, y, xp.floor(x), xp.ceil(x), xp.floor(y), xp.ceil(y)
+
+
+def _corner_rows(xp, x1, x2, y1, y2, base, padded: int):
+    """Flat row indices of the four corners (11, 21, 12, 22) in a (B*V*(s+1)^2, C) map."""
+    def row(xi, yi):
+        return xp.reshape(base + xp.astype(xi, xp.int64) * padded + xp.astype(yi, xp.int64), (-1,))
+    return row(x1, y1), row(x2, y1), row(x1, y2), row(x2, y2)
+
+
+def _base(xp, batch: int, views: int, view: int, padded: int):
+    return (xp.arange(batch, dtype=xp.int64) * views + view)[:, None] * (padded * padded)
+
+
+def local_projection_forward(xp, points, maps, tf):
+    """(B,n,3) hypothesis points -> (B,n,3+3*sum(C)) features [points, max, mean, std], and the cache.
+
+    ``maps`` are the (B*V,s+1,s+1,C) zero-padded stage-2 maps; ``tf`` the DeviceTransforms.
+    """
+    batch, n, _ = points.shape
+    views = tf.num_views
+    per_view, projections = [], []
+    for view in range(views):
+        proj = view_projection(xp, points, tf, view)
+        projections.append(proj)
+        feats = []
+        for fmap in maps:
+            padded, channels = fmap.shape[1], fmap.shape[3]
+            x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
+            flat = xp.reshape(fmap, (-1, channels))
+            rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
+            q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
+            wx1, wx2 = (x2 - x)[..., None], (x - x1)[..., None]
+            wy1, wy2 = (y2 - y)[..., None], (y - y1)[..., None]
+            feats.append(q11 * (wx1 * wy1) + q21 * (wx2 * wy1) + q12 * (wx1 * wy2) + q22 * (wx2 * wy2))
+        per_view.append(xp.concat(feats, axis=-1))
+    pooled, pool_cache = pool_views_forward(xp, xp.stack(per_view))
+    return xp.concat([points, *pooled], axis=-1), LocalProjectionCache(tf, list(maps), projections, pool_cache)
+
+
+def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
+    """(dpoints (B,n,3), [d padded map (B*V,s+1,s+1,C)]) from the features' gradient (B,n,3+3*sum(C))."""
+    tf, maps = cache.tf, cache.maps
+    batch, n, _ = dfeats.shape
+    views = tf.num_views
+    width = sum(m.shape[3] for m in maps)
+    dmax, dmean, dstd = (dfeats[..., 3 + i * width:3 + (i + 1) * width] for i in range(3))
+    dstacked = pool_views_backward(xp, dmax, dmean, dstd, cache.pool)         # (V,B,n,width)
+    dpoints = dfeats[..., :3]
+    dflat = [None] * len(maps)
+    for view, proj in enumerate(cache.views):
+        dh = xp.zeros_like(proj.h)
+        dw = xp.zeros_like(proj.w)
+        start = 0
+        for m, fmap in enumerate(maps):
+            padded, channels = fmap.shape[1], fmap.shape[3]
+            df = dstacked[view, :, :, start:start + channels]                    # (B,n,C)
+            start += channels
+            x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
+            flat = xp.reshape(fmap, (-1, channels))
+            rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
+            q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
+            wx1, wx2 = x2 - x, x - x1
+            wy1, wy2 = y2 - y, y - y1
+            # d f / d x = (q21 - q11) wy1 + (q22 - q12) wy2, and likewise along y; x = h * s / 224
+            gx = xp.sum(df * ((q21 - q11) * wy1[..., None] + (q22 - q12) * wy2[..., None]), axis=-1)
+            gy = xp.sum(df * ((q12 - q11) * wx1[..., None] + (q22 - q21) * wx2[..., None]), axis=-1)
+            scale = (padded - 1) / IMAGE_SIZE
+            dh = dh + gx * scale
+            dw = dw + gy * scale
+            flat_df = xp.reshape(df, (-1, channels))
+            values = [flat_df * xp.reshape(weight, (-1, 1)) for weight in (wx1 * wy1, wx2 * wy1, wx1 * wy2, wx2 * wy2)]
+            part = scatter_add(xp, xp.concat(rows), xp.concat(values, axis=0), flat.shape[0])
+            dflat[m] = part if dflat[m] is None else dflat[m] + part
+        dpoints = dpoints + _projection_backward(xp, dh, dw, proj, tf, view)
+    return dpoints, [xp.reshape(d, fmap.shape) for d, fmap in zip(dflat, maps, strict=True)]
+
+
+def _projection_backward(xp, dh, dw, proj: ViewProjection, tf, view: int):
+    """The points' gradient (B,n,3) from the clamped pixels' (dh, dw) of one view.
+
+    h = 248 y/z + 112 and w = -248 x/z + 112 in the view frame q = (p from0 + o0 - o_v) rot_v.
+    """
+    zeros = xp.zeros_like(dh)
+    dh = xp.where(proj.h_inside, dh, zeros)
+    dw = xp.where(proj.w_inside, dw, zeros)
+    x, y, z = proj.q[..., 0], proj.q[..., 1], proj.q[..., 2]
+    focal_z = FOCAL / z
+    dq = xp.stack([-dw * focal_z, dh * focal_z, (dw * x - dh * y) * focal_z / z], axis=-1)
+    dworld = dq @ xp.matrix_transpose(tf.rot[:, view])
+    return dworld @ xp.matrix_transpose(tf.from0)
