@@ -88,7 +88,9 @@ def cli_error(capsys, argv) -> str:
     assert "Traceback" not in err
     head = f"xmesh {argv[0]}: error: "
     assert head in err, err
-    return err.split(head, 1)[1]
+    message = err.split(head, 1)[1]
+    assert message.count("\n") == 1 and message.endswith("\n"), f"not one line:\n{message}"
+    return message
 
 
 def check_message(message: str, *parts: str) -> None:
@@ -485,8 +487,11 @@ def test_bad_weights_type():
         xmesh.Reconstructor([])
 
 
+WEIGHT_FILE_NAMES = {"keras_h5": "w.h5", "pytorch_zip": "w.pth", "png_image": "w.png", "random_no_suffix": "w"}
+
+
 def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
-    path = tmp_path / f"w_{case}.npz"
+    path = tmp_path / WEIGHT_FILE_NAMES.get(case, f"w_{case}.npz")
     if case == "missing":
         return path
     if case == "folder":
@@ -503,18 +508,43 @@ def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
             np.save(handle, np.zeros(3, np.float32))
     elif case == "stage2_one_variable":  # '|' keys as written by tools that dislike '/'
         np.savez(path, **{"meshnet|cnn|conv2d_1|W": weights["meshnet/cnn/conv2d_1/W:0"]})
+    elif case == "other_arrays":   # a valid .npz of another model's 240 arrays
+        np.savez(path, **{f"encoder/layer{i:03d}/kernel": np.zeros(2, np.float32) for i in range(240)})
+    elif case in ("random_bytes", "random_no_suffix"):
+        path.write_bytes(np.random.default_rng(7).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    elif case == "keras_h5":
+        path.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(500))
+    elif case == "pytorch_zip":
+        import zipfile
+
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("archive/data.pkl", pickle.dumps({"w": 1}))
+            archive.writestr("archive/version", "3\n")
+    elif case == "png_image":
+        path.write_bytes(cv2.imencode(".png", np.zeros((8, 8, 3), np.uint8))[1].tobytes())
     return path
 
 
 WEIGHT_FILE_CASES = {
     "missing": (MissingFileError, ["weights file not found", "expected an .npz"]),
     "folder": (InputError, ["is a folder", "expected an .npz file"]),
-    "garbage": (WeightsError, ["not a readable weights .npz", "expected an .npz of plain float32 arrays"]),
-    "object_array": (WeightsError, ["Object arrays cannot be loaded", "expected an .npz of plain float32"]),
-    "truncated": (WeightsError, ["not a readable weights .npz", "expected"]),
+    "garbage": (WeightsError, ["text, not Pixel2Mesh++ weights", "expected an .npz keyed by the official"]),
+    "object_array": (WeightsError, ["object arrays (pickled Python objects", "expected an .npz of plain float32"]),
+    "truncated": (WeightsError, ["a truncated or damaged zip archive", "expected an .npz"]),
     "single_array": (WeightsError, ["single array", "expected an .npz"]),
     "stage2_one_variable": (WeightsError, ["pass the meshnetmvp2m checkpoint too", "meshnet/cnn/conv2d_2/W:0"]),
+    "other_arrays": (WeightsError, ["an .npz of 240 array(s) (encoder/layer000/kernel, encoder/layer001/kernel, "
+                                    "encoder/layer002/kernel and 237 more), none of them a Pixel2Mesh++ variable",
+                                    "expected the official names, 237 in all (meshnetmvp2m/cnn/conv2d_1/W:0, "
+                                    "meshnetmvp2m/cnn/conv2d_1/b:0, meshnetmvp2m/cnn/conv2d_2/W:0 and 234 more)"]),
+    "random_bytes": (WeightsError, ["5000 bytes of unknown content", "not Pixel2Mesh++ weights", "expected an .npz"]),
+    "random_no_suffix": (WeightsError, ["5000 bytes of unknown content", "or a TensorFlow checkpoint prefix"]),
+    "keras_h5": (WeightsError, ["an HDF5 file", "not Pixel2Mesh++ weights", "expected an .npz"]),
+    "pytorch_zip": (WeightsError, ["a PyTorch checkpoint", "not Pixel2Mesh++ weights", "expected an .npz"]),
+    "png_image": (XmeshError, ["image", "not", "weights"]),   # the command line sees it first: an image after --weights
 }
+# what the messages of a file of the wrong kind used to give instead of saying what the file is
+MISLEADING = ("allow_pickle", "checkpoint index not found", "missing variable")
 
 
 @pytest.mark.parametrize("entry", ["model", "cli"])
@@ -533,6 +563,8 @@ def test_bad_weights_file(case, entry, weights, demo_files, tmp_path, capsys):
     check_message(message, *parts)
     if case != "stage2_one_variable":
         check_message(message, path.name)
+        assert not any(word in message for word in MISLEADING), message
+    assert "\n" not in message.rstrip("\n")
 
 
 # ----------------------------------------------------------------------------------- checkpoints
@@ -596,7 +628,9 @@ def test_intact_stage2_checkpoint_asks_for_the_other(ckpt, tmp_path, capsys):
     """The subset checkpoint holds only stage-2 variables: the error says to pass the meshnetmvp2m one."""
     with pytest.raises(WeightsError) as info:
         xmesh.Reconstructor(weights=str(ckpt))
-    check_message(str(info.value), "pass the meshnetmvp2m checkpoint too", "meshnetmvp2m/cnn/conv2d_1/W:0")
+    check_message(str(info.value), "185 missing variable(s)", "pass the meshnetmvp2m checkpoint too",
+                  "meshnet/cnn/conv2d_9/W:0, meshnet/cnn/conv2d_9/b:0, meshnet/cnn/conv2d_10/W:0 and 17 more")
+    assert "\n" not in str(info.value)
     # and convert works on it (the positive control for the damaged copies above)
     assert main(["convert", str(ckpt), str(tmp_path / "out.npz")]) == 0
     with np.load(tmp_path / "out.npz") as npz:
@@ -764,7 +798,7 @@ def test_demo_bad_input(case, weights, tmp_path, capsys):
         path = _weights_file({"weights_missing": "missing", "weights_garbage": "garbage",
                               "weights_stage2_only": "stage2_one_variable"}[case], tmp_path, weights)
         argv += ["--weights", str(path)]
-        parts = [{"weights_missing": "weights file not found", "weights_garbage": "not a readable weights .npz",
+        parts = [{"weights_missing": "weights file not found", "weights_garbage": "text, not Pixel2Mesh++ weights",
                   "weights_stage2_only": "pass the meshnetmvp2m checkpoint too"}[case]]
     message = cli_error(capsys, argv)
     check_message(message, *parts)
@@ -796,6 +830,72 @@ def test_reconstruct_bad_output_option(demo_files, tmp_path, capsys):
     check_message(cli_error(capsys, base[:1] + images + ["--cameras", cameras, "--out", str(tmp_path / "m.obj"),
                                                           "--weights", "synthetic:abc"]),
                   "synthetic:abc", "expected synthetic:N")
+
+
+def test_images_after_weights_are_named_not_taken_for_weights(demo_files, tmp_path, capsys):
+    images, cameras = demo_files
+    message = cli_error(capsys, ["reconstruct", "--weights", "synthetic:1", *images, "--cameras", cameras,
+                                 "--out", str(tmp_path / "m.obj")])
+    check_message(message, "--weights took 4 value(s), 3 of them image(s)", ", ".join(images),
+                  "give the images before --weights")
+
+
+def test_misleading_one_liners_now_name_the_real_fault(demo_files, tmp_path, capsys):
+    images, cameras = demo_files
+    base = ["reconstruct", *images, "--cameras", cameras]
+    (tmp_path / "results").mkdir()
+    check_message(cli_error(capsys, base + ["--out", str(tmp_path / "results"), "--weights", NO_WEIGHTS]),
+                  "results: is a folder", "a folder goes with --list")
+    for url in ("127.0.0.1:8000", "localhost:8000/"):
+        check_message(cli_error(capsys, base + ["--out", str(tmp_path / "m.obj"), "--server", url]),
+                      f"server URL {url!r}", "expected http://HOST:PORT", f"e.g. http://{url}")
+    mesh = str(tmp_path / "m.stl")
+    Path(mesh).write_text("solid x\n")
+    message = cli_error(capsys, ["render", mesh, "--cameras", cameras, "--out", str(tmp_path / "r.png")])
+    check_message(message, f"mesh file {mesh!r}: extension '.stl'", "expected .obj or .ply")
+    assert "read_mesh" not in message
+
+
+def test_camera_rows_count_from_0_in_every_message_and_lines_from_1(demo_files, tmp_path, capsys):
+    images, _ = demo_files
+    cameras = tmp_path / "c.txt"
+    for text, parts in (("# header\n250 29 0 0.65 25\n8 26 0 -1 25\n59 28 0 0.7 25\n",
+                         ["camera row 1 has distance -1", "line 3; camera rows count from 0"]),
+                        ("250 29 0 0.65 25\n\n8 26 0 0.7\n",
+                         ["line 3: 4 values", "camera row 1; camera rows count from 0"])):
+        cameras.write_text(text)
+        message = cli_error(capsys, ["reconstruct", *images, "--cameras", str(cameras),
+                                     "--out", str(tmp_path / "m.obj"), "--weights", NO_WEIGHTS])
+        check_message(message, *parts)
+
+
+@pytest.fixture()
+def listed(tmp_path):
+    """A list of three samples, and empty renderings and ground-truth folders."""
+    ids = [f"02691156_{item}_00.dat" for item in ("aaa", "bbb", "ccc")]
+    (tmp_path / "list.txt").write_text("".join(f"{i}\n" for i in ids))
+    for folder in ("renderings", "gt"):
+        (tmp_path / folder).mkdir()
+    return ids
+
+
+@pytest.mark.parametrize("command", ["eval", "reconstruct"])
+def test_dataset_commands_name_a_missing_root_and_every_missing_sample_and_leave_no_folder(command, listed, tmp_path,
+                                                                                          capsys):
+    def argv(images, gt=str(tmp_path / "gt")):
+        given = ["--list", str(tmp_path / "list.txt"), "--images", images, "--weights", "synthetic:1",
+                 "--out", str(tmp_path / "out"), "--no-progress"]
+        return [command, *given, *(["--gt", gt] if command == "eval" else [])]
+
+    message = cli_error(capsys, argv(str(tmp_path / "nosuch")))
+    check_message(message, f"--images {tmp_path / 'nosuch'}: does not exist", "expected the ShapeNetRendering folder")
+    if command == "eval":
+        check_message(cli_error(capsys, argv(str(tmp_path / "renderings"), str(tmp_path / "list.txt"))),
+                      "--gt", "list.txt: is a file", "expected the folder of the ground truth")
+    message = cli_error(capsys, argv(str(tmp_path / "renderings")))
+    check_message(message, "3 of the 3 sample(s) to run lack files", f"sample {listed[0]}: rendering 00.png file",
+                  f"also {listed[1]}, {listed[2]}")
+    assert not (tmp_path / "out").exists()   # refused before the output folder was made
 
 
 # ----------------------------------------------------------------------------------- mesh arguments

@@ -6,6 +6,15 @@ on it without reading a traceback. Subclasses also derive from the built-in type
 """
 from __future__ import annotations
 
+SHOWN = 3   # the items a message lists before "and N more"
+
+
+def first_few(items, shown: int = SHOWN) -> str:
+    """The first ``shown`` of ``items``, comma-separated, and how many more there are: one line for any count."""
+    items = [str(item) for item in items]
+    head = ", ".join(items[:shown])
+    return head if len(items) <= shown else f"{head} and {len(items) - shown} more"
+
 
 class XmeshError(Exception):
     """Base class of every error xmesh raises on purpose."""

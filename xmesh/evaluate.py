@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .dataset import DEFAULT_VIEWS, list_samples, listing_args
-from .errors import InputError
+from .errors import InputError, MissingFileError, first_few
 from .metrics import BACKENDS as METRIC_BACKENDS
 from .pipeline import startup
 from .pipeline.executor import Executor, LocalExecutor
@@ -98,20 +98,34 @@ def _run(executor: Executor, todo: list, settings: RunSettings, commit, progress
         return executor.run(todo, settings, commit, bar, clock)
 
 
-def _prepare_out(out_dir) -> Path:
+def _checked_out(out_dir) -> Path:
+    """``out_dir`` as a Path, refused when it is a file; it is made only once the inputs are checked
+    (:func:`_prepare_out`), so that a refused run leaves no empty folder behind."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"out_dir {str(out_dir)!r} is a file; expected a folder (made if missing)")
+    return out_dir
+
+
+def _prepare_out(out_dir) -> Path:
+    out_dir = _checked_out(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir
 
 
 def _fail_on_missing(listed: list, todo: list) -> None:
-    """Raise the MissingFileError of the first sample to run with a file absent."""
+    """Raise one MissingFileError for the samples to run with a file absent: the first one's message, and
+    how many others there are with the first few of their ids."""
     problems = {s: problem for s, _, problem in listed if problem is not None}
-    for sample, _ in todo:
-        if sample in problems:
-            raise problems[sample]
+    failing = [sample for sample, _ in todo if sample in problems]
+    if not failing:
+        return
+    first = problems[failing[0]]
+    if len(failing) == 1:
+        raise first
+    others = first_few([str(sample) for sample in failing[1:]])
+    raise MissingFileError(f"{len(failing)} of the {len(todo)} sample(s) to run lack files: {first}; "
+                           f"also {others}") from None
 
 
 def _have_files(folder: Path, sample, formats, ground: bool = False) -> bool:
@@ -162,13 +176,14 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
                                   ground_root=str(gt_root) if save_ground else None)
     listed = startup.take(list_samples, *listing_args(list_file, images_root, gt_root, views, limit, True))
     items = [(s, p) for s, p, _ in listed]
-    store = ResultsStore(_prepare_out(out_dir))
+    store = ResultsStore(_checked_out(out_dir))
     if predict_dir is not None:
         remove_stray_temporaries(predict_dir)
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
     todo = [(s, p) for s, p in items if str(s) not in store.done_ids
             or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS, ground=save_ground))]
     _fail_on_missing(listed, todo)   # before any compute
+    _prepare_out(out_dir)
     clock.mark("listing")
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": store.repaired_last_line,
@@ -199,10 +214,11 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
                                   with_gt=False, mesh_dir=str(out_dir), formats=tuple(formats))
     listed = startup.take(list_samples, *listing_args(list_file, images_root, out_dir, views, limit, False))
     items = [(s, p) for s, p, _ in listed]
-    out_dir = _prepare_out(out_dir)
+    out_dir = _checked_out(out_dir)
     remove_stray_temporaries(out_dir)
     todo = [(s, p) for s, p in items if not _have_files(out_dir, s, formats)]
     _fail_on_missing(listed, todo)
+    _prepare_out(out_dir)
     clock.mark("listing")
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0,
             **settings.as_summary()}

@@ -506,4 +506,5 @@ def read_mesh(path: str | os.PathLike) -> Mesh:
         return read_obj(path)
     if suffix == ".ply":
         return read_ply(path)
-    raise InputError(f"read_mesh: {str(path)!r} has extension {suffix!r}; expected .obj or .ply")
+    raise InputError(f"mesh file {str(path)!r}: extension {suffix!r} is not a mesh format xmesh reads; "
+                     "expected .obj or .ply")

@@ -23,6 +23,28 @@ def add_model_options(parser, weights_required: bool = True) -> None:
                         help="let each view sample its own stage-1 maps (only for weights trained that way)")
 
 
+def check_weights_values(args) -> None:
+    """InputError when a --weights value is an image: --weights takes every value up to the next option,
+    so images written after it are taken for weights."""
+    from ..errors import first_few
+    from ..io.weights import IMAGE_KINDS, describe_file
+
+    images = [w for w in args.weights or () if os.path.isfile(w) and describe_file(w) in IMAGE_KINDS]
+    if images:
+        raise InputError(f"--weights took {len(args.weights)} value(s), {len(images)} of them image(s) "
+                         f"({first_few(images)}), not weights: --weights takes every value up to the next option; "
+                         "give the images before --weights")
+
+
+def check_folder(path: str, option: str, expected: str) -> None:
+    """InputError naming ``option`` when ``path`` is not an existing folder (before a deep file in it is missed)."""
+    from pathlib import Path
+
+    if not Path(path).is_dir():
+        state = "is a file" if Path(path).exists() else "does not exist"
+        raise InputError(f"{option} {path}: {state}; expected {expected}")
+
+
 def resolve_weights(values):
     """The --weights values -> what the model takes; 'synthetic:SEED' draws the test recipe."""
     return weight_sources.resolve_weights(list(values), option="--weights")

@@ -4,7 +4,10 @@ from __future__ import annotations
 import sys
 
 from ..io.weight_sources import describe_weights
-from .common import add_cluster_option, add_model_options, check_batch_size, describe_processes, run_dataset_command
+from .common import (add_cluster_option, add_model_options, check_batch_size, check_folder, describe_processes,
+                     run_dataset_command)
+
+IMAGES_ROOT = "the ShapeNetRendering folder ({synset}/{item}/rendering/NN.png), or a folder holding it"
 
 
 def add_parser(sub) -> None:
@@ -14,7 +17,7 @@ def add_parser(sub) -> None:
                                    "computed; running again with the same --out resumes. The per-category table "
                                    "is written to OUT/summary.txt and OUT/summary.json and printed.")
     p.add_argument("--images", required=True, metavar="ROOT",
-                   help="the ShapeNetRendering folder ({synset}/{item}/rendering/NN.png), or a folder holding it")
+                   help=IMAGES_ROOT)
     p.add_argument("--gt", required=True, metavar="ROOT", help="folder of the ground truth {synset}_{item}_00.dat files")
     p.add_argument("--list", required=True, metavar="FILE", help="test list: one {synset}_{item}_00.dat per line")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (samples.csv, summary.json, summary.txt)")
@@ -48,6 +51,8 @@ def run(args) -> int:
     from ..pipeline.settings import RunSettings
 
     check_batch_size(args)
+    check_folder(args.images, "--images", IMAGES_ROOT)
+    check_folder(args.gt, "--gt", "the folder of the ground truth {synset}_{item}_00.dat files")
     check_writable_folder(args.out)
 
     if args.report:  # fail at once, before any work, where matplotlib is missing

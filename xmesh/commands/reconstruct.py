@@ -12,14 +12,17 @@ from .common import (
     add_cluster_option,
     add_model_options,
     check_batch_size,
+    check_folder,
+    check_weights_values,
     describe_processes,
     output_errors,
     resolve_weights,
     run_dataset_command,
 )
+from .eval import IMAGES_ROOT
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
 
-WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz"}
+WRITERS = {".obj": "to_obj", ".ply": "to_ply", ".xyz": "to_xyz", ".glb": "to_glb"}
 
 
 def add_parser(sub) -> None:
@@ -32,7 +35,7 @@ def add_parser(sub) -> None:
     add_photo_options(p)
     p.add_argument("--views", type=int, nargs=3, default=None, metavar="I",
                    help="rows of the camera file to use (with --list: renderings, default 0 6 7)")
-    p.add_argument("--out", required=True, help="output mesh: .obj, .ply or .xyz (with --list: a folder)")
+    p.add_argument("--out", required=True, help="output mesh: .obj, .ply, .glb or .xyz (with --list: a folder)")
     p.add_argument("--list", default=None, metavar="FILE", help="reconstruct every sample of this list instead")
     p.add_argument("--images", dest="images_root", default=None, metavar="ROOT",
                    help="with --list: the ShapeNetRendering folder, or a folder holding it")
@@ -59,7 +62,8 @@ def writer(path: str, option: str = "--out"):
 
 def _check_output(option: str, path: str | None) -> None:
     if path and Path(path).is_dir():
-        raise InputError(f"{option} {path}: is a folder; expected the path of a mesh file to write (.obj, .ply or .xyz)")
+        raise InputError(f"{option} {path}: is a folder; expected the path of a mesh file to write "
+                         f"({', '.join(WRITERS)}); a folder goes with --list")
 
 
 def _write(mesh, method: str, option: str, path: str) -> None:
@@ -72,6 +76,7 @@ def run(args) -> int:
     from ..reconstruct import Reconstructor
 
     check_batch_size(args)
+    check_weights_values(args)
     if args.list is not None:
         if args.server is not None:
             raise InputError("--server sends one object (three images); --list runs here")
@@ -89,10 +94,10 @@ def run(args) -> int:
     camera_source(args)
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
-    out_writer = writer(args.out)
-    coarse_writer = writer(args.coarse_out, "--coarse-out") if args.coarse_out else None
     _check_output("--out", args.out)
     _check_output("--coarse-out", args.coarse_out)
+    out_writer = writer(args.out)
+    coarse_writer = writer(args.coarse_out, "--coarse-out") if args.coarse_out else None
     check_writable_file(args.out)
     if args.coarse_out:
         check_writable_file(args.coarse_out, "--coarse-out")
@@ -113,8 +118,9 @@ def run(args) -> int:
 
 def run_remote(args) -> int:
     """One object reconstructed by the server at --server: the same request as xmesh.serve.client's."""
-    from ..serve.client import remote_mesh, request_fields
+    from ..serve.client import check_url, remote_mesh, request_fields
 
+    check_url(args.server)
     source = camera_source(args)
     extra = [name for name in ("--colmap", "--coarse-out", "--masks", "--center", "--radius", "--up", "--first-azimuth")
              if getattr(args, name[2:].replace("-", "_")) is not None]
@@ -125,8 +131,8 @@ def run_remote(args) -> int:
                          "cannot go with it")
     if len(args.images) != 3:
         raise InputError(f"got {len(args.images)} images: Pixel2Mesh++ needs exactly 3 views")
-    out_writer = writer(args.out)
     _check_output("--out", args.out)
+    out_writer = writer(args.out)
     start = time.perf_counter()
     fields = request_fields(cameras=args.cameras, views=args.views) if source == "--cameras" else request_fields(poses=args.poses)
     mesh, headers = remote_mesh(args.server, args.images, fields)
@@ -145,6 +151,7 @@ def run_list(args) -> int:
         raise InputError(f"--list reconstructs the samples of a list: drop the image arguments {args.images[:3]}")
     if args.images_root is None:
         raise InputError("--list needs --images ROOT, the ShapeNetRendering folder (or a folder holding it)")
+    check_folder(args.images_root, "--images", IMAGES_ROOT)
     if Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file; with --list, --out is the folder the meshes go to")
     check_writable_folder(args.out)

@@ -25,8 +25,16 @@ SHAPENET_DEFAULT_VIEWS = (0, 6, 7)
 DEFAULT_VIEWS = tuple(range(NUM_VIEWS))
 
 
+ROWS_COUNT = "camera rows count from 0, as --views and views= do; lines from 1"
+
+
 def read_camera_file(path: str | os.PathLike) -> np.ndarray:
     """All rows of a camera text file as (V, 5) float64; blank lines and '#' comments are skipped."""
+    return _read_rows(path)[0]
+
+
+def _read_rows(path: str | os.PathLike) -> tuple[np.ndarray, list[int]]:
+    """(the rows of a camera file, the line number, from 1, of each row)."""
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"camera file {str(path)!r} does not exist; expected a text file of camera rows")
@@ -40,6 +48,7 @@ def read_camera_file(path: str | os.PathLike) -> np.ndarray:
             f"camera file {str(path)!r} is not UTF-8 text (byte {exc.start}); expected lines of {NUM_COLUMNS} numbers"
         ) from exc
     rows: list[list[float]] = []
+    lines: list[int] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         content = line.split("#", 1)[0].replace(",", " ").split()
         if not content:
@@ -47,17 +56,19 @@ def read_camera_file(path: str | os.PathLike) -> np.ndarray:
         if len(content) != NUM_COLUMNS:
             raise FileFormatError(
                 f"camera file {str(path)!r}, line {lineno}: {len(content)} values; expected {NUM_COLUMNS} "
-                "(azimuth deg, elevation deg, 0, distance, 25)"
+                f"(azimuth deg, elevation deg, 0, distance, 25) (camera row {len(rows)}; {ROWS_COUNT})"
             )
         try:
             rows.append([float(token) for token in content])
+            lines.append(lineno)
         except ValueError as exc:
             raise FileFormatError(
-                f"camera file {str(path)!r}, line {lineno}: {line.strip()!r} is not {NUM_COLUMNS} numbers ({exc})"
+                f"camera file {str(path)!r}, line {lineno}: {line.strip()!r} is not {NUM_COLUMNS} numbers ({exc}) "
+                f"(camera row {len(rows)}; {ROWS_COUNT})"
             ) from exc
     if not rows:
         raise FileFormatError(f"camera file {str(path)!r} holds no camera rows; expected lines of {NUM_COLUMNS} numbers")
-    return np.asarray(rows, dtype=np.float64)
+    return np.asarray(rows, dtype=np.float64), lines
 
 
 def _check_views(views: Any, count: int, source: str) -> list[int]:
@@ -76,18 +87,20 @@ def _check_views(views: Any, count: int, source: str) -> list[int]:
     return out
 
 
-def _validate_rows(rows: np.ndarray, chosen: list[int], source: str) -> None:
-    """Check the chosen rows: finite, distance > 0; messages give the row index in the source."""
+def _validate_rows(rows: np.ndarray, chosen: list[int], source: str, lines: list[int] | None = None) -> None:
+    """Check the chosen rows: finite, distance > 0; messages give the row index in the source, counted from 0
+    as ``views`` counts them (and, for a file, its line, counted from 1 as editors count them)."""
     for i in chosen:
+        line = f" (line {lines[i]}; {ROWS_COUNT})" if lines else ""
         with np.errstate(over="ignore", invalid="ignore"):
             finite = np.all(np.isfinite(rows[i])) and np.all(np.isfinite(rows[i].astype(np.float32)))
         if not finite:
             raise InputError(f"{source}: camera row {i} {rows[i].tolist()} holds NaN or infinite values (or values "
-                             "beyond the float32 range, about 3.4e38); expected finite numbers")
+                             "beyond the float32 range, about 3.4e38); expected finite numbers{line}")
         if not rows[i, DISTANCE_COLUMN] > 0:
             raise InputError(
                 f"{source}: camera row {i} has distance {rows[i, DISTANCE_COLUMN]:g} (column {DISTANCE_COLUMN}); "
-                "expected a distance > 0"
+                f"expected a distance > 0{line}"
             )
 
 
@@ -99,11 +112,11 @@ def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
     """
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        rows = read_camera_file(path)
+        rows, lines = _read_rows(path)
         name = f"camera file {str(path)!r}"
         default = SHAPENET_DEFAULT_VIEWS if path.name == SHAPENET_METADATA_NAME else DEFAULT_VIEWS
     else:
-        name = "load_cameras: cameras array"
+        name, lines = "load_cameras: cameras array", None
         try:
             rows = np.asarray(source)
         except Exception as exc:  # ragged nested lists and the like
@@ -120,5 +133,5 @@ def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
     if rows.shape[0] < NUM_VIEWS and views is None:
         raise InputError(f"{name} holds {rows.shape[0]} camera rows; {NUM_VIEWS} views are needed")
     chosen = _check_views(default if views is None else views, rows.shape[0], name)
-    _validate_rows(rows, chosen, name)
+    _validate_rows(rows, chosen, name, lines)
     return np.ascontiguousarray(rows[chosen].astype(np.float32))

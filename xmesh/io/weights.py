@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from xmesh.errors import InputError, MissingFileError, WeightsError
+from xmesh.errors import InputError, MissingFileError, WeightsError, first_few
 
 __all__ = [
     "STAGE_PREFIXES",
@@ -186,32 +187,115 @@ def normalize_name(key: str) -> str:
     return name
 
 
+EXPECTED_SOURCE = ("expected an .npz keyed by the official variable names (e.g. meshnetmvp2m/cnn/conv2d_1/W:0) or a "
+                   "TensorFlow checkpoint prefix (PREFIX with PREFIX.index beside it)")
+# (leading bytes, what a file that starts with them is) of formats a weights path may wrongly name
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
+               (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras weights?)"), (b"\x93NUMPY", "a single NumPy .npy array"),
+               (b"PK\x03\x04", "a zip archive"), (b"PK\x05\x06", "an empty zip archive"),
+               (b"\x80", "a Python pickle (a PyTorch checkpoint?)"), (b"\x1f\x8b", "a gzip file"))
+IMAGE_KINDS = ("a PNG image", "a JPEG image")
+
+
+def describe_file(path: str | os.PathLike) -> str:
+    """What the file at ``path`` holds, from its first bytes ("a PNG image", "a zip archive", "text",
+    "3000 bytes of unknown content"), for messages about a file of the wrong kind."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+        size = os.path.getsize(path)
+    except OSError:
+        return "an unreadable file"
+    if not head:
+        return "an empty file"
+    for signature, kind in _SIGNATURES:
+        if head.startswith(signature):
+            if kind == "a zip archive" and zipfile.is_zipfile(path):
+                with zipfile.ZipFile(path) as archive:
+                    names = archive.namelist()
+                if any(n.endswith("data.pkl") for n in names):
+                    return "a PyTorch checkpoint (a zip archive holding data.pkl)"
+                return f"a zip archive of {len(names)} file(s) ({first_few(names)})"
+            if kind == "a zip archive":
+                return "a truncated or damaged zip archive (its table of contents is missing)"
+            return kind
+    try:
+        head.decode("utf-8")
+        return "text"
+    except UnicodeDecodeError:
+        return f"{size} bytes of unknown content (starting {head[:8]!r})"
+
+
+def wrong_kind(path: str | os.PathLike, what: str) -> WeightsError:
+    """The error for a weights path whose file is ``what`` (:func:`describe_file`), not weights."""
+    return WeightsError(f"{path}: {what}, not Pixel2Mesh++ weights; {EXPECTED_SOURCE}")
+
+
+def _any_known(names: Iterable[str]) -> bool:
+    """Whether any of ``names`` is a variable of either stage."""
+    known = expected_variables()
+    return any(normalize_name(n) in known for n in names)
+
+
+def _none_wanted(path: Path, kind: str, names: list[str]) -> WeightsError:
+    """The error for weights whose arrays all have other names than the model's: a file of another model."""
+    known = list(expected_variables())
+    return WeightsError(f"{path}: {kind} of {len(names)} array(s) ({first_few(sorted(names)) or 'none'}), none of "
+                        f"them a Pixel2Mesh++ variable; expected the official names, {len(known)} in all "
+                        f"({first_few(known)})")
+
+
+def _from_npz(path: Path, wanted: set[str]) -> dict[str, Any]:
+    if not zipfile.is_zipfile(path):   # NumPy would read any other bytes as a pickle and advise allow_pickle
+        what = describe_file(path)
+        if what != "a single NumPy .npy array":
+            raise wrong_kind(path, what)
+    try:
+        npz = np.load(path, allow_pickle=False)
+        if not hasattr(npz, "files"):
+            raise ValueError("it holds a single array, not a zip archive of named arrays")
+        with npz:
+            if not _any_known(npz.files):
+                raise _none_wanted(path, "an .npz", list(npz.files))
+            return {normalize_name(k): npz[k] for k in npz.files if normalize_name(k) in wanted}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, NotImplementedError) as exc:
+        if isinstance(exc, WeightsError):
+            raise
+        if "Object arrays" in str(exc):
+            raise WeightsError(f"{path}: an .npz holding object arrays (pickled Python objects, which xmesh does not "
+                               "load: loading them could run code); expected an .npz of plain float32 arrays keyed by "
+                               "official variable names") from None
+        raise WeightsError(
+            f"{path}: not a readable weights .npz ({type(exc).__name__}: {exc}); expected an .npz of plain "
+            "float32 arrays keyed by official variable names (object arrays and pickles are refused)"
+        ) from None
+
+
 def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
     if path.suffix == ".npz":
         if path.is_dir():
             raise InputError(f"{path}: weights path is a folder; expected an .npz file keyed by official variable names")
         if not path.is_file():
             raise MissingFileError(f"{path}: weights file not found; expected an .npz keyed by official variable names")
-        try:
-            npz = np.load(path, allow_pickle=False)
-            if not hasattr(npz, "files"):
-                raise ValueError("it holds a single array, not a zip archive of named arrays")
-            with npz:
-                return {normalize_name(k): npz[k] for k in npz.files if normalize_name(k) in wanted}
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, NotImplementedError) as exc:
-            raise WeightsError(
-                f"{path}: not a readable weights .npz ({type(exc).__name__}: {exc}); expected an .npz of plain "
-                "float32 arrays keyed by official variable names (object arrays and pickles are refused)"
-            ) from None
+        return _from_npz(path, wanted)
     if not path.exists() and not Path(f"{path}.index").exists():
         raise MissingFileError(
             f"{path}: weights source not found; expected an .npz file, a checkpoint prefix "
             f"(PREFIX.index beside it), a .index file or a folder with a 'checkpoint' file"
         )
+    checkpoint_file = path.suffix == ".index" or re.fullmatch(r".*\.data-\d{5}-of-\d{5}", path.name)
+    if path.is_file() and not checkpoint_file and not Path(f"{path}.index").exists():
+        # a file that is no checkpoint's part: an .npz under another name, or a file of another kind
+        if zipfile.is_zipfile(path) and describe_file(path).startswith("a zip archive"):
+            return _from_npz(path, wanted)
+        raise wrong_kind(path, describe_file(path))
     from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix  # numba's import: only here
 
     prefix = resolve_prefix(path)
-    names = [n for n in read_index(prefix) if normalize_name(n) in wanted]
+    stored = list(read_index(prefix))
+    if not _any_known(stored):
+        raise _none_wanted(prefix, "a TensorFlow checkpoint", stored)
+    names = [n for n in stored if normalize_name(n) in wanted]
     return {normalize_name(k): v for k, v in read_checkpoint(prefix, names).items()}
 
 
@@ -305,20 +389,23 @@ def validate_weights(weights: Mapping[str, Any], stages: Iterable[int] | int = (
                 non_finite.append((name, bad))
     if not (missing or wrong_shape or wrong_dtype or non_finite):
         return
-    parts = [f"weights for stages {chosen} are invalid:"]
+    parts = []
     if missing:
         hint = _missing_hint(missing, chosen)
-        parts.append(f"{len(missing)} missing variable(s)" + (f" ({hint})" if hint else "") + ":")
-        parts += [f"  {n}" for n in missing]
+        absent = set(missing)
+        whole = {n for stage in chosen if set(expected_variables(stage)) <= absent for n in expected_variables(stage)}
+        rest = [n for n in missing if n not in whole]   # the names a whole missing stage's hint does not cover
+        parts.append(f"{len(missing)} missing variable(s)" + (f" ({hint})" if hint else "")
+                     + (f": {first_few(rest)}" if rest else ""))
     if wrong_shape:
-        parts.append(f"{len(wrong_shape)} variable(s) with the wrong shape:")
-        parts += [f"  {n}: expected {e}, got {g}" for n, e, g in wrong_shape]
+        parts.append(f"{len(wrong_shape)} variable(s) with the wrong shape: "
+                     + first_few([f"{n}: expected {e}, got {g}" for n, e, g in wrong_shape]))
     if wrong_dtype:
-        parts.append(f"{len(wrong_dtype)} variable(s) with a non-floating dtype (expected float32):")
-        parts += [f"  {n}: {d}" for n, d in wrong_dtype]
+        parts.append(f"{len(wrong_dtype)} variable(s) with a non-floating dtype (expected float32): "
+                     + first_few([f"{n}: {d}" for n, d in wrong_dtype]))
     if non_finite:
-        parts.append(f"{len(non_finite)} variable(s) with non-finite values (NaN/inf, also after casting to float32):")
-        parts += [f"  {n}: {c} value(s)" for n, c in non_finite]
-    err = WeightsError("\n".join(parts))
+        parts.append(f"{len(non_finite)} variable(s) with non-finite values (NaN/inf, also after casting to float32): "
+                     + first_few([f"{n}: {c} value(s)" for n, c in non_finite]))
+    err = WeightsError(f"weights for stages {chosen} are invalid: " + "; ".join(parts))
     err.missing, err.wrong_shape, err.wrong_dtype, err.non_finite = missing, wrong_shape, wrong_dtype, non_finite
     raise err

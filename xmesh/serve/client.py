@@ -74,13 +74,23 @@ def request_fields(cameras: Any = None, poses: Any = None, views: Sequence[int] 
     return {"poses": json.dumps(poses)}
 
 
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; InputError when it lacks its http:// or https:// (or its host)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        bare = url.split("://", 1)[-1]
+        raise InputError(f"server URL {url!r}: expected http://HOST:PORT or https://HOST:PORT, "
+                         f"e.g. http://{bare or '127.0.0.1:8000'}")
+    return url.rstrip("/")
+
+
 def post(url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "glb",
          timeout: float = 300.0) -> tuple[bytes, Any]:
     """POST the request to ``{url}/v1/reconstruct?format=fmt``: (body, headers) of a success (the headers
     looked up case-insensitively); else ServerError."""
+    target = check_url(url) + "/v1/reconstruct?" + urllib.parse.urlencode({"format": fmt})
     files = [_image(item, i) for i, item in enumerate(images)]
     body, content_type = multipart_body(files, fields)
-    target = url.rstrip("/") + "/v1/reconstruct?" + urllib.parse.urlencode({"format": fmt})
     request = urllib.request.Request(target, data=body, method="POST", headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
