@@ -4,8 +4,14 @@ from __future__ import annotations
 import sys
 
 from ..io.weight_sources import describe_weights
-from .common import (add_cluster_option, add_model_options, check_batch_size, check_folder, describe_processes,
-                     run_dataset_command)
+from .common import (
+    add_cluster_option,
+    add_model_options,
+    check_batch_size,
+    check_folder,
+    describe_processes,
+    run_dataset_command,
+)
 
 IMAGES_ROOT = "the ShapeNetRendering folder ({synset}/{item}/rendering/NN.png), or a folder holding it"
 
