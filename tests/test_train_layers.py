@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gradcheck import check_gradients
 
+from gradcheck import check_gradients
 from xmesh.backends import get_backend
 from xmesh.model import cnn
 
@@ -70,3 +70,140 @@ def test_cnn_pair_with_taps():
         return out
 
     check_gradients(forward, backward, inputs)
+
+
+def random_supports(rng, n):
+    import scipy.sparse
+
+    dense = np.where(rng.random((n, n)) < 0.3, rng.standard_normal((n, n)), 0.0)
+    return scipy.sparse.identity(n, format="csr"), scipy.sparse.csr_matrix(dense), scipy.sparse.csr_matrix(dense.T)
+
+
+@pytest.mark.parametrize("identity,relu,residual", [(True, True, False), (True, True, True), (False, False, True),
+                                                    (True, False, False)])
+def test_graph_conv_pair(identity, relu, residual):
+    from xmesh.model.graph import GraphSupports, graph_conv_backward, graph_conv_forward
+
+    rng = np.random.default_rng(11)
+    n, cin, cout = 9, 5, 4
+    eye, s1, other = random_supports(rng, n)
+    supports = GraphSupports.from_host(xp, (eye if identity else other, s1), np.float64)
+    inputs = {"x": rand(rng, 2, n, cin), "weight0": rand(rng, cin, cout), "weight1": rand(rng, cin, cout),
+              "bias": rand(rng, cout, scale=0.3)}
+    if residual:
+        inputs["residual"] = rand(rng, 2, n, cout)
+
+    def forward(**v):
+        return graph_conv_forward(xp, v["x"], v["weight0"], v["weight1"], v["bias"], supports, relu,
+                                  v.get("residual"))[0]
+
+    def backward(dout):
+        _, cache = graph_conv_forward(xp, inputs["x"], inputs["weight0"], inputs["weight1"], inputs["bias"], supports,
+                                      relu, inputs.get("residual"))
+        dx, dw0, dw1, db, dres = graph_conv_backward(xp, dout, cache)
+        grads = {"x": dx, "weight0": dw0, "weight1": dw1, "bias": db}
+        if residual:
+            grads["residual"] = dres
+        return grads
+
+    check_gradients(forward, backward, inputs)
+
+
+def test_unpool_pair():
+    from xmesh.model.graph import unpool_backward, unpool_forward
+
+    rng = np.random.default_rng(12)
+    pairs = np.array([[0, 1], [1, 2], [0, 2], [3, 1], [0, 1]])
+    inputs = {"x": rand(rng, 2, 4, 3)}
+
+    def backward(dout):
+        return {"x": unpool_backward(xp, dout, pairs, 4)}
+
+    check_gradients(lambda x: unpool_forward(xp, x, pairs), backward, inputs)
+
+
+def test_graph_conv_forward_is_inference():
+    """The training forward (products before the unpooling's midpoints, as the original) equals the
+    inference graph convolution (midpoints of the products) within float32 rounding."""
+    from xmesh.model.graph import GraphSupports, graph_conv, graph_conv_forward, unpool_forward
+    from xmesh.model.params import GraphConv
+
+    be = get_backend("numpy")
+    rng = np.random.default_rng(13)
+    n = 9
+    eye, s1, _ = random_supports(rng, n + 3)
+    pairs = np.array([[0, 1], [4, 2], [8, 7]])
+    x = rng.standard_normal((2, n, 6)).astype(np.float32)
+    w0, w1 = (rng.standard_normal((6, 5)).astype(np.float32) for _ in range(2))
+    b = rng.standard_normal(5).astype(np.float32)
+    layer = GraphConv(np.concatenate([w0, w1], axis=1), b, 5, True)
+    ours = graph_conv_forward(xp, unpool_forward(xp, x, pairs), w0, w1, b,
+                              GraphSupports.from_host(xp, (eye, s1), np.float32), True)[0]
+    theirs = graph_conv(be, layer, x, (None, be.sparse(s1)), pool_idx=pairs)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+CAMERAS = np.array([[[20.0, 25.0, 0.0, 0.8, 25.0], [150.0, 30.0, 0.0, 0.9, 25.0], [250.0, 20.0, 0.0, 0.85, 25.0]],
+                    [[40.0, 15.0, 0.0, 0.8, 25.0], [100.0, 35.0, 0.0, 0.7, 25.0], [300.0, 28.0, 0.0, 0.8, 25.0]]])
+
+
+def projection_inputs(rng, quirk, channels=(2, 3)):
+    from xmesh.model.projection import DeviceTransforms
+
+    tf = DeviceTransforms.from_cameras(get_backend("numpy"), CAMERAS)
+    views = 1 if quirk else 3
+    coords = rng.standard_normal((2, 7, 3)) * 0.15 + np.array([0.0, 0.0, -0.8])
+    maps = [rng.standard_normal((2 * views, s, s, c)) for s, c in zip((56, 28), channels, strict=True)]
+    return tf, coords, maps
+
+
+@pytest.mark.parametrize("quirk", [True, False])
+def test_graph_projection_pair(quirk):
+    from xmesh.model.projection import graph_projection_backward, graph_projection_forward
+
+    rng = np.random.default_rng(21)
+    tf, coords, maps = projection_inputs(rng, quirk)
+    inputs = {"coords": coords, "map0": maps[0], "map1": maps[1], "carried": rng.standard_normal((2, 7, 4))}
+
+    def forward(coords, map0, map1, carried):
+        return graph_projection_forward(xp, coords, [map0, map1], tf, quirk, carried)[0]
+
+    def backward(dout):
+        _, cache = graph_projection_forward(xp, coords, maps, tf, quirk, inputs["carried"])
+        dcoords, dmaps, dcarried = graph_projection_backward(xp, dout, cache)
+        return {"coords": dcoords, "map0": dmaps[0], "map1": dmaps[1], "carried": dcarried}
+
+    check_gradients(forward, backward, inputs)
+
+
+def test_graph_projection_max_splits_ties():
+    """Where views tie for the max (ReLU's zeros, or the quirk's views reading one cell), each of the
+    tied views gets an equal share of the max's gradient, as TensorFlow's reduce_max gradient."""
+    from xmesh.model.projection import graph_projection_backward, graph_projection_forward
+
+    rng = np.random.default_rng(22)
+    tf, coords, maps = projection_inputs(rng, True, channels=(1, 1))
+    maps = [np.zeros_like(m) for m in maps]
+    out, cache = graph_projection_forward(xp, coords, maps, tf, True)
+    width = 2
+    dout = np.zeros_like(out)
+    dout[..., 3:3 + width] = 1.0            # the gradient of the max alone
+    _, dmaps, _ = graph_projection_backward(xp, dout, cache)
+    # every view ties at 0: each view's cell gets a third of each vertex's gradient
+    for m, dmap in enumerate(dmaps):
+        expected = np.zeros(dmap.size)
+        for view in range(3):
+            np.add.at(expected, cache.indices[view][m], 1.0 / 3.0)
+        np.testing.assert_allclose(dmap.reshape(-1), expected, rtol=1e-12)
+        assert len(np.unique(np.concatenate([cache.indices[v][m] for v in range(3)]))) > 7   # views read apart
+
+
+def test_graph_projection_forward_is_inference():
+    from xmesh.model.projection import graph_projection, graph_projection_forward
+
+    rng = np.random.default_rng(23)
+    tf, coords, maps = projection_inputs(rng, True)
+    coords, maps = coords.astype(np.float32), [m.astype(np.float32) for m in maps]
+    ours = graph_projection_forward(xp, coords, maps, tf, True)[0]
+    theirs = graph_projection(get_backend("numpy"), coords, maps, tf, True)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)

@@ -14,6 +14,8 @@ import numpy as np
 from ..errors import InputError
 from .architecture import IMAGE_SIZE, stage1_views_read
 from .camera import mat3, packed_transforms, project, unpack_transforms
+from .sparse import scatter_add
+from .view_pool import ViewPoolCache, pool_views_backward, pool_views_forward
 
 STD_EPS = 1e-6
 
@@ -90,12 +92,18 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
     if fast is not None:
         return fast
     xp = backend.xp
+    per_view, _ = _stage1_gather(xp, coords, maps, tf, view_quirk, map_views)
+    return xp.concat([coords] + _pool_views(xp, per_view) + ([] if carried is None else [carried]), axis=-1)
+
+
+def _stage1_gather(xp, coords, maps, tf: DeviceTransforms, view_quirk: bool, map_views: int):
+    """Each view's gathered features (B,N,sum(C)) and, per view and map, the flat row indices into the
+    map viewed as (B*V'*s*s, C) that were read."""
     batch, n, _ = coords.shape
-    views = tf.num_views
-    per_view = []
-    for view in range(views):
+    per_view, indices = [], []
+    for view in range(tf.num_views):
         h, w = _view_pixels(xp, coords, tf, view)
-        feats = []
+        feats, rows = [], []
         for fmap in maps:
             s, channels = fmap.shape[1], fmap.shape[3]
             stride = IMAGE_SIZE // s
@@ -106,8 +114,48 @@ def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bo
             flat = xp.reshape(fmap, (-1, channels))
             index = xp.reshape(base + ih * s + iw, (-1,))
             feats.append(xp.reshape(xp.take(flat, index, axis=0), (batch, n, channels)))
+            rows.append(index)
         per_view.append(xp.concat(feats, axis=-1))
-    return xp.concat([coords] + _pool_views(xp, per_view) + ([] if carried is None else [carried]), axis=-1)
+        indices.append(rows)
+    return per_view, indices
+
+
+@dataclass
+class GraphProjectionCache:
+    pool: ViewPoolCache
+    indices: list       # per view, per map: the flat rows read
+    map_shapes: list
+    carried_width: int
+
+
+def graph_projection_forward(xp, coords, maps, tf: DeviceTransforms, view_quirk: bool = True, carried=None):
+    """Training forward of :func:`graph_projection` (its array-API arithmetic); returns (out, cache)."""
+    map_views = stage1_map_views(coords.shape[0], maps, tf.num_views, view_quirk)
+    per_view, indices = _stage1_gather(xp, coords, maps, tf, view_quirk, map_views)
+    pooled, pool = pool_views_forward(xp, xp.stack(per_view))
+    out = xp.concat([coords, *pooled] + ([] if carried is None else [carried]), axis=-1)
+    carried_width = 0 if carried is None else carried.shape[-1]
+    cache = GraphProjectionCache(pool, indices, [tuple(m.shape) for m in maps], carried_width)
+    return out, cache
+
+
+def graph_projection_backward(xp, dout, cache: GraphProjectionCache):
+    """(dcoords, dmaps, dcarried or None) from the output gradient. The integer pixel positions pass
+    no gradient: the coordinates get only their own columns'. The view max splits its gradient
+    equally among the views that tie for it, as TensorFlow's reduce_max gradient does."""
+    views, width = cache.pool.stacked.shape[0], cache.pool.stacked.shape[-1]
+    dstacked = pool_views_backward(xp, *(dout[..., 3 + i * width:3 + (i + 1) * width] for i in range(3)), cache.pool)
+    dmaps = []
+    offset = 0
+    for m, shape in enumerate(cache.map_shapes):
+        channels = shape[3]
+        rows = xp.concat([cache.indices[v][m] for v in range(views)])
+        values = xp.reshape(dstacked[..., offset:offset + channels], (-1, channels))
+        size = shape[0] * shape[1] * shape[2]
+        dmaps.append(xp.reshape(scatter_add(xp, rows, values, size), shape))
+        offset += channels
+    dcarried = dout[..., 3 + 3 * width:] if cache.carried_width else None
+    return dout[..., :3], dmaps, dcarried
 
 
 def pad_maps(backend, maps):

@@ -50,3 +50,12 @@ def sparse_product(xp, matrix, x):
     columns = xp.reshape(xp.permute_dims(x, (1, 0, 2)), (n, batch * c))
     out = xp.reshape(xp.asarray(matrix @ columns), (matrix.shape[0], batch, c))
     return xp.permute_dims(out, (1, 0, 2))
+
+
+def scatter_add_rows(xp, index, values, size: int):
+    """The backward of ``xp.take(x, index, axis=1)`` for batched x (B,size,C) and a 1-D ``index``:
+    the rows of ``values`` (B,len(index),C) summed into a zero (B,size,C)."""
+    batch, k, c = values.shape
+    columns = xp.reshape(xp.permute_dims(values, (1, 0, 2)), (k, batch * c))
+    out = xp.reshape(scatter_add(xp, index, columns, size), (size, batch, c))
+    return xp.permute_dims(out, (1, 0, 2))
