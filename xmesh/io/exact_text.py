@@ -4,7 +4,7 @@ lines, :meth:`xmesh.mesh.Mesh.to_obj`), in compiled code.
 Python formats a float as '%.18e' with exact arithmetic at about 0.5 us a number, which makes the
 text of a predicted mesh (7,398 numbers) cost 4 ms; written for every sample of a test set, that
 bounds the whole evaluation. A float32 value is M * 2**E with M < 2**24, so its P significant
-digits are round(M * 10**k / 2**-E) for k = P - 1 - floor(log10(v)): for |v| in [1e-12, 2**23)
+digits are round(M * 10**k / 2**-E) for k = P - 1 - floor(log10(v)): for ``|v|`` in [1e-12, 2**23)
 the product fits in 128 bits, here two 64-bit words. The result is rounded half to even on the
 exact value, as C's printf and Python do; any value outside that range (and NaN, infinity) is
 formatted by Python instead. The output is byte for byte what Python's ``%`` gives.

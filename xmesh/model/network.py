@@ -1,9 +1,9 @@
-"""One Pixel2Mesh++ reconstruction, top to bottom.
+"""One Pixel2Mesh++ reconstruction, top to bottom, from images (B,V,224,224,3) BGR in [0,1] and
+cameras (B,V,5):
 
-images (B,V,224,224,3) BGR in [0,1] + cameras (B,V,5)
-  -> stage 1 (MVP2M): CNN18 maps; 48 layers of graph projection / graph convolution / unpooling
-     deform the 156-vertex ellipsoid into the coarse 2466-vertex mesh
-  -> stage 2 (MeshNet): CNN18 maps (convs 1-8 only); two deformation reasoning blocks refine it.
+- stage 1 (MVP2M): CNN18 maps; 48 layers of graph projection / graph convolution / unpooling
+  deform the 156-vertex ellipsoid into the coarse 2466-vertex mesh;
+- stage 2 (MeshNet): CNN18 maps (convs 1-8 only); two deformation reasoning blocks refine it.
 """
 from __future__ import annotations
 

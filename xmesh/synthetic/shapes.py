@@ -117,7 +117,7 @@ def box(center, size, subdivisions: int = 3) -> tuple[np.ndarray, np.ndarray]:
 
 def superquadric(radii=(1.0, 1.0, 1.0), exponent: float = 0.5, subdivisions: int = 12,
                  center=(0.0, 0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
-    """The surface |x/a|^(2/e) + |y/b|^(2/e) + |z/c|^(2/e) = 1 (e=1: ellipsoid, e<1: boxier).
+    """The surface ``|x/a|^(2/e) + |y/b|^(2/e) + |z/c|^(2/e) = 1`` (e=1: ellipsoid, e<1: boxier).
 
     Built by pushing a subdivided cube radially onto the surface (no poles, closed)."""
     if not exponent > 0:
