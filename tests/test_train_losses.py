@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gradcheck import check_gradients
 
+from gradcheck import check_gradients
 from xmesh.backends import get_backend
 from xmesh.io.template import load_template
 from xmesh.train import mesh_losses as ml

@@ -1,11 +1,18 @@
 """The public training step: one sample's (or a batch's) loss, loss terms and gradients by official name."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backends import get_backend
 from ..errors import InputError
+from ..io.template import Template, load_template
+from ..io.weights import STAGE_PREFIXES
+from ..template_gen import generate_template
+from . import mesh_losses as ml
+from . import stage1
 
 STAGES = (1, 2)
 
@@ -27,12 +34,73 @@ def _check_stage(stage) -> int:
     return int(stage)
 
 
+def resolve_template(template) -> Template:
+    """A Template, the path of an official-layout .dat, or None for the built-in ellipsoid."""
+    if template is None:
+        return generate_template()
+    if isinstance(template, Template):
+        return template
+    if isinstance(template, (str, os.PathLike)):
+        return load_template(template)
+    raise InputError(f"template={template!r}: expected None (the built-in ellipsoid), a Template, or a .dat path")
+
+
+_prepared: dict = {}
+
+
+def _stage1_template(xp, template: Template, dtype) -> stage1.Stage1Template:
+    """The template's training arrays, built once per (template, array library, dtype)."""
+    key = (template, xp.__name__, np.dtype(dtype).str)
+    if key not in _prepared:
+        _prepared[key] = stage1.Stage1Template.build(xp, template, dtype)
+    return _prepared[key]
+
+
+def _draws(xp, draws, calls: int, dtype):
+    """Per mesh_loss call, the batch's fed draws as one :class:`Draws` (draws: B lists of ``calls`` triples)."""
+    if draws is None:
+        return None
+    for b, sample in enumerate(draws):
+        if len(sample) != calls:
+            raise InputError(f"draws[{b}] holds {len(sample)} (choice, r1, r2) triples; this stage's step makes "
+                             f"{calls} mesh_loss calls")
+    return [ml.Draws.stack(xp, [sample[k] for sample in draws], dtype) for k in range(calls)]
+
+
 def batch_loss_and_gradients(stage, params_or_weights, template, images, cameras, labels, starts=None, draws=None,
-                             backend="numpy", rng=None) -> LossAndGradients:
-    """The step for B samples at once: images (B,V,224,224,3), cameras (B,V,5), labels a list of B
-    (P_i,6) ground-truth arrays; the loss and gradients are averaged over the B samples."""
+                             backend="numpy", rng=None, dtype=np.float32, view_quirk: bool = True) -> LossAndGradients:
+    """The step for B samples at once, the loss and gradients averaged over the B samples.
+
+    ``params_or_weights``: the stage's variables by official name (host arrays, or arrays already on
+    the backend's device in ``dtype``); images (B,V,224,224,3), cameras (B,V,5), labels a list of B
+    (P_i,6) ground-truth arrays; ``starts`` the B meshes the stage deforms (stage 2); ``draws`` B
+    lists of the ``(choice, r1, r2)`` of each mesh_loss call, or None for draws from ``rng``.
+    """
     stage = _check_stage(stage)
-    raise NotImplementedError(f"the stage-{stage} training step is not implemented yet")
+    be = get_backend(backend)
+    xp = be.xp
+    template = resolve_template(template)
+    prefix = STAGE_PREFIXES[stage]
+    weights = {name: xp.asarray(value, dtype=dtype) for name, value in params_or_weights.items()
+               if name.startswith(prefix)}
+    images = xp.asarray(np.asarray(images, dtype=np.float32) if isinstance(images, np.ndarray) else images,
+                        dtype=dtype)
+    if images.ndim != 5 or len(labels) != images.shape[0]:
+        raise InputError(f"images of shape {tuple(images.shape)} with {len(labels)} label arrays: expected "
+                         "(B,V,224,224,3) images and B label arrays")
+    gt = ml.GroundTruth.from_labels(xp, labels, dtype)
+    if rng is None:
+        rng = np.random.default_rng(0)
+    if stage == 1:
+        tmpl = _stage1_template(xp, template, dtype)
+        tf = stage1.transforms(xp, cameras)
+        loss, terms, grads = stage1.loss_and_gradients(xp, weights, tmpl, images, tf, gt,
+                                                       _draws(xp, draws, stage1.MESH_LOSS_CALLS, dtype), rng,
+                                                       view_quirk)
+    else:
+        raise NotImplementedError("the stage-2 training step is xmesh/train/stage2.py's")
+    return LossAndGradients(float(loss), {k: float(v) for k, v in terms.items()},
+                            {name: np.asarray(be.to_numpy(g)) for name, g in grads.items()})
 
 
 def loss_and_gradients(stage, weights, template, images, cameras, labels, start=None, draws=None,
