@@ -10,7 +10,7 @@ import warnings
 from .errors import XmeshError
 from .pipeline import startup
 
-COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve")
+COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve", "weights")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from .backends import get_backend
 from .errors import DeviceOutOfMemoryError, InputError
 from .io.images import NUM_VIEWS
 from .io.template import Template, load_template
-from .io.weight_sources import SYNTHETIC_PREFIX, resolve_weights
+from .io.weight_sources import is_named_source, resolve_weights
 from .io.weights import load_weights
 from .mesh import Mesh
 from .model import architecture as arch
@@ -62,10 +62,10 @@ GRAPH_MAX_BATCH = {"fp32": 8, "tf32": 8, "fp16": 32, "bf16": 32}
 
 
 def _absolute(value: Any) -> Any:
-    """Paths -> absolute text paths ('synthetic:N' and arrays as they are); lists element-wise."""
+    """Paths -> absolute text paths ('official', 'synthetic:N' and arrays as they are); lists element-wise."""
     if isinstance(value, (list, tuple)):
         return [_absolute(v) for v in value]
-    if isinstance(value, os.PathLike) or (isinstance(value, str) and not value.startswith(SYNTHETIC_PREFIX)):
+    if isinstance(value, os.PathLike) or (isinstance(value, str) and not is_named_source(value)):
         return os.path.abspath(os.fspath(value))
     return value
 
@@ -73,7 +73,8 @@ def _absolute(value: Any) -> Any:
 @dataclass(frozen=True)
 class ModelSpec:
     """The arguments of :class:`Reconstructor` as a small picklable value: ``weights`` (a path, a list
-    of paths, a dict of arrays, or ``"synthetic:SEED"`` for the synthetic test recipe), ``template``
+    of paths, a dict of arrays, ``"official"`` for the stored official checkpoints, resolved by each
+    process in its own cache folder, or ``"synthetic:SEED"`` for the synthetic test recipe), ``template``
     (None for the built-in ellipsoid, a path, or a Template), ``backend`` ("numpy" or "cupy"),
     ``precision``, ``view_quirk`` and ``graphs``. A Dask cluster's workers (:mod:`xmesh.cluster`)
     each build their own model from it; paths are made absolute, since a worker's working folder may
@@ -120,7 +121,8 @@ class Reconstructor:
 
     ``weights``: an ``.npz`` keyed by the official checkpoint names, a TensorFlow checkpoint prefix,
     a dict of arrays, or a list of these (the official weights come as two checkpoints, one per
-    stage); ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights).
+    stage); ``"official"`` the official checkpoints stored by ``xmesh weights add``;
+    ``"synthetic:SEED"`` draws the synthetic test recipe (random, NOT trained weights).
     ``view_quirk`` keeps the original's stage-1 behaviour (every view samples view 0's maps), which
     the published weights were trained with; turn it off only for weights trained without it.
     ``graphs`` (CuPy backend): the second call with a given batch size (up to

@@ -15,6 +15,7 @@ def add_model_options(parser, weights_required: bool = True) -> None:
     parser.add_argument("--weights", required=weights_required, nargs="+", metavar="W",
                         help="an .npz keyed by the official variable names, or TensorFlow checkpoint prefix(es) "
                              "(give both official checkpoints: meshnetmvp2m and meshnet); "
+                             "'official' the copy stored by 'xmesh weights add'; "
                              f"'{SYNTHETIC_PREFIX}SEED' uses the synthetic test recipe (NOT trained weights)")
     parser.add_argument("--template", default=None, help="a template .dat in the official layout (default: the built-in ellipsoid)")
     parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array backend (default: numpy)")
@@ -80,6 +81,8 @@ def spec_from_args(args):
     from ..reconstruct import ModelSpec
 
     weight_sources.synthetic_seed(list(args.weights), "--weights")  # a malformed synthetic:SEED fails here, before any cluster starts
+    if weight_sources.is_official(list(args.weights)):
+        weight_sources.resolve_weights(list(args.weights))   # official weights never added: the same, with the steps
     if args.cluster == "local-cuda" and args.backend != "cupy":
         raise InputError("--cluster local-cuda starts one worker per GPU: use it with --backend cupy "
                          "(local:N runs N CPU workers for --backend numpy)")

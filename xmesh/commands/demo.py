@@ -13,8 +13,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="render a built-in object, reconstruct it and write the mesh (no download)")
     p.add_argument("--out", default="xmesh-demo", help="output folder (default: ./xmesh-demo)")
     p.add_argument("--weights", nargs="+", default=None,
-                   help="real weights (.npz or both checkpoint prefixes); default: synthetic weights (the test "
-                        "recipe's small-move variant, seed 1)")
+                   help="real weights: 'official' (the copy stored by 'xmesh weights add'), an .npz or both "
+                        "checkpoint prefixes; default: synthetic weights (the test recipe's small-move variant, "
+                        "seed 1)")
     p.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
     p.set_defaults(run=run)
 
@@ -23,6 +24,7 @@ def run(args) -> int:
     from ..backends import get_backend
     from ..errors import InputError
     from ..io.cameras import load_cameras
+    from ..io.weight_sources import describe_weights, resolve_weights
     from ..io.weights import load_weights, synthetic_weights
     from ..io.writable import check_writable_folder
     from ..pictures.demo import weights_caption, write_demo_picture
@@ -35,13 +37,13 @@ def run(args) -> int:
     check_writable_folder(out)
     backend = get_backend(args.backend)  # fail at once where the backend cannot run
     if args.weights:  # check the weights before anything is rendered
-        weights = load_weights(args.weights if len(args.weights) > 1 else args.weights[0])
-        said = "weights from " + ", ".join(args.weights)
+        weights = load_weights(resolve_weights(args.weights, "--weights"))
+        said = describe_weights(args.weights)
     else:
         weights = synthetic_weights(DEMO_SEED, small_moves=True)
         said = (f"SYNTHETIC weights ({DEMO_RECIPE}, seed {DEMO_SEED}): the official Pixel2Mesh++ weights cannot be "
                 "bundled, so this mesh shows the pipeline working, not a trained reconstruction. "
-                "Run with --weights meshnetmvp2m.ckpt-50 meshnet.ckpt-10 for the real one.")
+                "Run 'xmesh weights add RELEASE.zip' once, then 'xmesh demo --weights official', for the real one.")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

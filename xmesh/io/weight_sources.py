@@ -1,15 +1,17 @@
-"""What a ``weights`` argument names: files, a dict of arrays, or ``"synthetic:SEED"``.
+"""What a ``weights`` argument names: files, a dict of arrays, ``"official"`` or ``"synthetic:SEED"``.
 
-``"synthetic:SEED"`` (alone, or as the one element of a list) stands for the synthetic test recipe
-(:func:`xmesh.io.weights.synthetic_weights`): random weights of the right shapes, NOT the trained
-ones. :func:`resolve_weights` turns it into arrays; anything else is left to
-:func:`~xmesh.io.weights.load_weights`.
+``"official"`` (alone, or as the one element of a list) stands for the official checkpoints stored by
+``xmesh weights add`` (:mod:`xmesh.io.official_weights`); ``"synthetic:SEED"`` for the synthetic test
+recipe (:func:`xmesh.io.weights.synthetic_weights`): random weights of the right shapes, NOT the
+trained ones. :func:`resolve_weights` turns them into checkpoint prefixes or arrays; anything else is
+left to :func:`~xmesh.io.weights.load_weights`.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from xmesh.errors import InputError
+from xmesh.io.official_weights import OFFICIAL, official_prefixes, weights_folder
 from xmesh.io.weights import synthetic_weights
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -28,6 +30,17 @@ def is_synthetic(weights: Any) -> bool:
     return isinstance(weights, str) and weights.startswith(SYNTHETIC_PREFIX)
 
 
+def is_official(weights: Any) -> bool:
+    """Whether ``weights`` names the stored official checkpoints ("official", or a list of just that)."""
+    weights = _single(weights)
+    return isinstance(weights, str) and weights == OFFICIAL
+
+
+def is_named_source(weights: Any) -> bool:
+    """Whether ``weights`` is one of the names above rather than a path ("official", "synthetic:SEED")."""
+    return is_official(weights) or is_synthetic(weights)
+
+
 def synthetic_seed(weights: Any, option: str = "weights") -> int | None:
     """The SEED of ``"synthetic:SEED"`` (None for other weights); InputError, naming ``option``, when
     SEED is not a whole number."""
@@ -41,8 +54,11 @@ def synthetic_seed(weights: Any, option: str = "weights") -> int | None:
 
 
 def resolve_weights(weights: Any, option: str = "weights") -> Any:
-    """``weights`` as :func:`~xmesh.io.weights.load_weights` takes them: ``"synthetic:SEED"`` drawn
-    from the recipe, a one-element list unwrapped, anything else unchanged."""
+    """``weights`` as :func:`~xmesh.io.weights.load_weights` takes them: ``"official"`` as the stored
+    checkpoints' two prefixes (MissingFileError saying where to get them when they were never added),
+    ``"synthetic:SEED"`` drawn from the recipe, a one-element list unwrapped, anything else unchanged."""
+    if is_official(weights):
+        return official_prefixes()
     seed = synthetic_seed(weights, option)
     if seed is not None:
         return synthetic_weights(seed)
@@ -54,6 +70,8 @@ def describe_weights(weights: Any) -> str:
     if is_synthetic(weights):
         seed = _single(weights)[len(SYNTHETIC_PREFIX):]
         return f"synthetic weights (recipe seed {seed}; random, NOT the trained Pixel2Mesh++ weights)"
+    if is_official(weights):
+        return f"the official Pixel2Mesh++ weights (verified copy in {weights_folder()})"
     if isinstance(weights, (list, tuple)):
         return "weights from " + ", ".join(str(w) for w in weights)
     if isinstance(weights, dict):
