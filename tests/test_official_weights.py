@@ -256,3 +256,34 @@ def test_official_weights_never_added_say_where_to_get_them(cache, tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("xmesh demo: error: the official Pixel2Mesh++ weights are not in")
     assert RELEASE_URL in done.stderr
+
+
+def test_convert_takes_both_checkpoints_for_one_npz_the_reconstructor_takes(release, tmp_path, capsys):
+    from xmesh import Reconstructor
+    from xmesh.cli import main
+
+    prefixes = [str(release["folder"] / FOLDERS[name] / name) for name in CHECKPOINTS]
+    out = tmp_path / "p2mpp.npz"
+    assert main(["convert", *prefixes, str(out)]) == 0
+    assert capsys.readouterr().err.strip() == f"wrote {out}: 237 variables from 2 checkpoint(s)"
+    model = Reconstructor(weights=str(out))   # both stages from the one file
+    assert model.spec.weights == str(out)
+    loaded = load_weights(str(out))
+    assert sorted(loaded) == sorted(release["arrays"])
+    for name, value in release["arrays"].items():
+        np.testing.assert_array_equal(loaded[name], value, err_msg=name)
+    assert main(["convert", prefixes[1], prefixes[1], str(tmp_path / "twice.npz")]) == 2
+    message = capsys.readouterr().err
+    assert message.count("\n") == 1 and "variable 'meshnet/cnn/conv2d_1/W:0' is also in" in message
+    assert not (tmp_path / "twice.npz").exists()
+
+
+def test_convert_official_after_weights_add(release, cache, tmp_path, capsys):
+    from xmesh.cli import main
+
+    add_official_weights(release["folder"], reference=release["reference"], progress=False, say=lambda s: None)
+    out = tmp_path / "official.npz"
+    assert main(["convert", "official", str(out)]) == 0
+    with np.load(out) as npz:
+        assert len(npz.files) == 237
+        np.testing.assert_array_equal(npz["meshnet/cnn/conv2d_1/W:0"], release["arrays"]["meshnet/cnn/conv2d_1/W:0"])

@@ -25,7 +25,7 @@ import math
 import os
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -400,12 +400,22 @@ def read_checkpoint(path: str | os.PathLike, names: Iterable[str] | None = None)
     return {n: out[n] for n in wanted}
 
 
-def convert(path: str | os.PathLike, out_npz: str | os.PathLike) -> Path:
-    """Read every variable of a checkpoint and write them to ``out_npz`` (keys = checkpoint names), atomically."""
+def convert(path: str | os.PathLike | Sequence[str | os.PathLike], out_npz: str | os.PathLike) -> Path:
+    """Read every variable of a checkpoint, or of several (the official release has one per stage), and
+    write them to ``out_npz`` (keys = checkpoint names), atomically. A name held by two of the
+    checkpoints is refused (InputError naming it and both)."""
     out = Path(out_npz)
     if out.is_dir():
         raise InputError(f"{out}: the output .npz is a folder; expected the path of a file to write")
-    arrays = read_checkpoint(path)
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    arrays: dict[str, np.ndarray] = {}
+    source: dict[str, str] = {}
+    for one in paths:
+        for name, array in read_checkpoint(one).items():
+            if name in arrays:
+                raise InputError(f"{os.fspath(one)}: variable {name!r} is also in {source[name]}; expected checkpoints "
+                                 "with different variables (such as the official meshnetmvp2m and meshnet ones)")
+            arrays[name], source[name] = array, os.fspath(one)
     with atomic_output(out, "wb", "output .npz") as handle:
         np.savez(handle, **arrays)
     return out

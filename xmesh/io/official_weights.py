@@ -33,11 +33,13 @@ from xmesh.io.checkpoint import TensorInfo, read_index
 from xmesh.io.crc32c import crc32c
 
 __all__ = ["OFFICIAL", "CHECKPOINTS", "RELEASE_URL", "official_index_folder", "weights_folder",
-           "official_prefixes", "add_official_weights", "verify_data_shard", "download"]
+           "official_prefixes", "add_official_weights", "compare_index", "verify_data_shard", "download"]
 
+#: the name that stands for the stored copy: ``weights="official"``, ``--weights official``
 OFFICIAL = "official"
 #: the official checkpoints' prefixes, stage 1 then stage 2
 CHECKPOINTS = ("meshnetmvp2m.ckpt-50", "meshnet.ckpt-10")
+#: the one data shard of each official checkpoint
 SHARD_SUFFIX = ".data-00000-of-00001"
 #: where the authors publish the weights (linked from github.com/walsvid/Pixel2MeshPlusPlus, data/README.md)
 RELEASE_URL = "https://drive.google.com/drive/folders/1bLhqXNoBxHh5PTbjoyqMnMtBzHwflL-q"
@@ -56,7 +58,7 @@ def weights_folder() -> Path:
     return Path(base) / "xmesh" / "weights" / OFFICIAL
 
 
-def missing_message(folder: Path) -> str:
+def _missing_message(folder: Path) -> str:
     return (f"the official Pixel2Mesh++ weights are not in {folder}: download the authors' release (the zip in "
             f"{RELEASE_URL}, linked from github.com/walsvid/Pixel2MeshPlusPlus data/README.md), then run "
             f"'xmesh weights add THE_ZIP' (or its unpacked folder, or a URL you can fetch it from), or pass both "
@@ -69,7 +71,7 @@ def official_prefixes() -> list[str]:
     folder = weights_folder()
     prefixes = [folder / name for name in CHECKPOINTS]
     if not all(Path(f"{p}.index").is_file() and Path(f"{p}{SHARD_SUFFIX}").is_file() for p in prefixes):
-        raise MissingFileError(missing_message(folder))
+        raise MissingFileError(_missing_message(folder))
     return [str(p) for p in prefixes]
 
 
