@@ -14,13 +14,14 @@ GRAPH_WEIGHT_DECAY = 5e-6
 
 
 def l2_penalty(xp, variables: dict, factor: float):
-    """``factor * sum(l2_loss(v))`` over ``variables`` (name -> array) and each variable's gradient."""
+    """``factor * sum(l2_loss(v))`` over ``variables`` (name -> array), as an ``xp`` scalar (no copy to
+    the host per variable), and each variable's gradient."""
     loss = 0.0
     grads = {}
     for name, value in variables.items():
-        loss += factor * float(xp.sum(value * value)) / 2
+        loss = loss + xp.sum(value * value)
         grads[name] = factor * value
-    return loss, grads
+    return loss * (factor / 2), grads
 
 
 def cnn_kernels(weights: dict, stage: int) -> dict:

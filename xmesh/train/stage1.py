@@ -168,15 +168,15 @@ def laplace_loss_name(block: int) -> str:
 
 def loss_and_gradients(xp, weights: dict, tmpl: Stage1Template, images, tf: DeviceTransforms, gt: ml.GroundTruth,
                        draws: list | None, rng: np.random.Generator | None = None, view_quirk: bool = True):
-    """Stage 1's loss averaged over the batch, its terms (each averaged over the batch, as ``xp``
-    scalars) and every variable's gradient by official name (``xp`` arrays).
+    """Stage 1's loss averaged over the batch and its terms (each averaged over the batch), as ``xp``
+    scalars, and every variable's gradient by official name (``xp`` arrays).
 
     ``draws``: the three mesh_loss calls' :class:`~xmesh.train.mesh_losses.Draws`, or None to draw them
     with ``rng`` from each block's predicted mesh."""
     fwd = forward(xp, weights, tmpl, images, tf, view_quirk)
     batch = images.shape[0]
     per_sample = xp.ones((batch,), dtype=fwd.blocks[0].dtype) / batch
-    terms, total, dblocks = {}, 0.0, [None, None, None]
+    terms, dblocks = {}, [None, None, None]
     mesh_caches = []
     for b, pred in enumerate(fwd.blocks):
         block_draws = draws[b] if draws is not None else ml.draw_samples(xp, rng, pred, tmpl.faces[b])
@@ -203,5 +203,7 @@ def loss_and_gradients(xp, weights: dict, tmpl: Stage1Template, images, tf: Devi
     decay_loss, decay_grads = graph_weight_decay(xp, weights)
     for name, g in list(cnn_grads.items()) + list(decay_grads.items()):
         grads[name] = grads[name] + g
-    total = sum(float(v) for v in terms.values()) + cnn_loss + decay_loss
+    total = cnn_loss + decay_loss
+    for value in terms.values():
+        total = total + value
     return total, terms, grads
