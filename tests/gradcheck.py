@@ -59,3 +59,29 @@ def check_gradients(forward, backward, inputs: dict, xp=np, *, eps: float = 1e-6
             assert error <= rtol, (f"{name}: analytic {a:.10g}, central difference {numeric:.10g} "
                                    f"(error {error:.2e} of {scale:.3g})")
     return worst
+
+
+def _cuda_present() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def namespaces() -> list:
+    """pytest parameters for a test body run on each array library: NumPy, and CuPy where CUDA is."""
+    import pytest
+
+    return ["numpy", pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not _cuda_present(),
+                                                                                    reason="needs CUDA and CuPy")])]
+
+
+def namespace(name: str):
+    """array-api-compat's namespace of ``name`` ("numpy" or "cupy")."""
+    if name == "cupy":
+        import array_api_compat.cupy as xp
+    else:
+        import array_api_compat.numpy as xp
+    return xp

@@ -5,11 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcheck import check_gradients
+from gradcheck import check_gradients, namespace, namespaces
 from xmesh.backends import get_backend
 from xmesh.model import cnn
 
-xp = get_backend("numpy").xp
+xp = get_backend("numpy").xp   # the inference comparisons run on NumPy
+
+
+@pytest.fixture(params=namespaces())
+def xpd(request):
+    """The array library a pair's float64 check runs on: NumPy, and CuPy where CUDA is present."""
+    return namespace(request.param)
+
+
+def on(xpd, inputs: dict) -> dict:
+    return {k: xpd.asarray(v) for k, v in inputs.items()}
 
 
 def rand(rng, *shape, scale=1.0):
@@ -17,20 +27,20 @@ def rand(rng, *shape, scale=1.0):
 
 
 @pytest.mark.parametrize("stride,kernel,size", [(1, 3, 6), (2, 3, 7), (2, 5, 8), (2, 3, 8)])
-def test_conv_pair(stride, kernel, size):
+def test_conv_pair(xpd, stride, kernel, size):
     rng = np.random.default_rng(stride * 10 + kernel + size)
-    inputs = {"x": rand(rng, 2, size, size, 3), "weight": rand(rng, kernel, kernel, 3, 4, scale=0.3),
-              "bias": rand(rng, 4, scale=0.1)}
+    inputs = on(xpd, {"x": rand(rng, 2, size, size, 3), "weight": rand(rng, kernel, kernel, 3, 4, scale=0.3),
+                      "bias": rand(rng, 4, scale=0.1)})
 
     def forward(x, weight, bias):
-        return cnn.conv_forward(xp, x, weight, bias, stride)[0]
+        return cnn.conv_forward(xpd, x, weight, bias, stride)[0]
 
     def backward(dy):
-        _, cache = cnn.conv_forward(xp, inputs["x"], inputs["weight"], inputs["bias"], stride)
-        dx, dw, db = cnn.conv_backward(xp, dy, cache)
+        _, cache = cnn.conv_forward(xpd, inputs["x"], inputs["weight"], inputs["bias"], stride)
+        dx, dw, db = cnn.conv_backward(xpd, dy, cache)
         return {"x": dx, "weight": dw, "bias": db}
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
 def test_conv_forward_is_the_backends_convolution():
@@ -44,7 +54,7 @@ def test_conv_forward_is_the_backends_convolution():
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
-def test_cnn_pair_with_taps():
+def test_cnn_pair_with_taps(xpd):
     rng = np.random.default_rng(5)
     layers = [(3, 4, 1), (3, 4, 2), (3, 6, 1), (3, 6, 2)]
     inputs = {"images": rand(rng, 1, 8, 8, 2)}
@@ -53,23 +63,24 @@ def test_cnn_pair_with_taps():
         inputs[f"W{k}"] = rand(rng, ksize, ksize, cin, cout, scale=0.4)
         inputs[f"b{k}"] = rand(rng, cout, scale=0.1)
         cin = cout
+    inputs = on(xpd, inputs)
     taps = (2, 4)
 
     def convs(values):
         return [(values[f"W{k}"], values[f"b{k}"], stride) for k, (_, _, stride) in enumerate(layers)]
 
     def forward(**values):
-        return tuple(cnn.cnn_forward(xp, convs(values), values["images"], taps)[0])
+        return tuple(cnn.cnn_forward(xpd, convs(values), values["images"], taps)[0])
 
     def backward(dmaps):
-        _, caches = cnn.cnn_forward(xp, convs(inputs), inputs["images"], taps)
-        grads = cnn.cnn_backward(xp, list(dmaps), caches, taps)
+        _, caches = cnn.cnn_forward(xpd, convs(inputs), inputs["images"], taps)
+        grads = cnn.cnn_backward(xpd, list(dmaps), caches, taps)
         out = {}
         for k, (dw, db) in enumerate(grads):
             out[f"W{k}"], out[f"b{k}"] = dw, db
         return out
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
 def random_supports(rng, n):
@@ -81,45 +92,46 @@ def random_supports(rng, n):
 
 @pytest.mark.parametrize("identity,relu,residual", [(True, True, False), (True, True, True), (False, False, True),
                                                     (True, False, False)])
-def test_graph_conv_pair(identity, relu, residual):
+def test_graph_conv_pair(xpd, identity, relu, residual):
     from xmesh.model.graph import GraphSupports, graph_conv_backward, graph_conv_forward
 
     rng = np.random.default_rng(11)
     n, cin, cout = 9, 5, 4
     eye, s1, other = random_supports(rng, n)
-    supports = GraphSupports.from_host(xp, (eye if identity else other, s1), np.float64)
+    supports = GraphSupports.from_host(xpd, (eye if identity else other, s1), np.float64)
     inputs = {"x": rand(rng, 2, n, cin), "weight0": rand(rng, cin, cout), "weight1": rand(rng, cin, cout),
               "bias": rand(rng, cout, scale=0.3)}
     if residual:
         inputs["residual"] = rand(rng, 2, n, cout)
+    inputs = on(xpd, inputs)
 
     def forward(**v):
-        return graph_conv_forward(xp, v["x"], v["weight0"], v["weight1"], v["bias"], supports, relu,
+        return graph_conv_forward(xpd, v["x"], v["weight0"], v["weight1"], v["bias"], supports, relu,
                                   v.get("residual"))[0]
 
     def backward(dout):
-        _, cache = graph_conv_forward(xp, inputs["x"], inputs["weight0"], inputs["weight1"], inputs["bias"], supports,
+        _, cache = graph_conv_forward(xpd, inputs["x"], inputs["weight0"], inputs["weight1"], inputs["bias"], supports,
                                       relu, inputs.get("residual"))
-        dx, dw0, dw1, db, dres = graph_conv_backward(xp, dout, cache)
+        dx, dw0, dw1, db, dres = graph_conv_backward(xpd, dout, cache)
         grads = {"x": dx, "weight0": dw0, "weight1": dw1, "bias": db}
         if residual:
             grads["residual"] = dres
         return grads
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
-def test_unpool_pair():
+def test_unpool_pair(xpd):
     from xmesh.model.graph import unpool_backward, unpool_forward
 
     rng = np.random.default_rng(12)
-    pairs = np.array([[0, 1], [1, 2], [0, 2], [3, 1], [0, 1]])
-    inputs = {"x": rand(rng, 2, 4, 3)}
+    pairs = xpd.asarray(np.array([[0, 1], [1, 2], [0, 2], [3, 1], [0, 1]]))
+    inputs = on(xpd, {"x": rand(rng, 2, 4, 3)})
 
     def backward(dout):
-        return {"x": unpool_backward(xp, dout, pairs, 4)}
+        return {"x": unpool_backward(xpd, dout, pairs, 4)}
 
-    check_gradients(lambda x: unpool_forward(xp, x, pairs), backward, inputs)
+    check_gradients(lambda x: unpool_forward(xpd, x, pairs), backward, inputs, xpd)
 
 
 def test_graph_conv_forward_is_inference():
@@ -147,10 +159,11 @@ CAMERAS = np.array([[[20.0, 25.0, 0.0, 0.8, 25.0], [150.0, 30.0, 0.0, 0.9, 25.0]
                     [[40.0, 15.0, 0.0, 0.8, 25.0], [100.0, 35.0, 0.0, 0.7, 25.0], [300.0, 28.0, 0.0, 0.8, 25.0]]])
 
 
-def projection_inputs(rng, quirk, channels=(2, 3)):
+def projection_inputs(rng, quirk, channels=(2, 3), xp_=xp):
+    from xmesh.model.camera import packed_transforms
     from xmesh.model.projection import DeviceTransforms
 
-    tf = DeviceTransforms.from_cameras(get_backend("numpy"), CAMERAS)
+    tf = DeviceTransforms.from_packed(xp_.asarray(packed_transforms(CAMERAS)), 3)
     views = 1 if quirk else 3
     coords = rng.standard_normal((2, 7, 3)) * 0.15 + np.array([0.0, 0.0, -0.8])
     maps = [rng.standard_normal((2 * views, s, s, c)) for s, c in zip((56, 28), channels, strict=True)]
@@ -158,22 +171,23 @@ def projection_inputs(rng, quirk, channels=(2, 3)):
 
 
 @pytest.mark.parametrize("quirk", [True, False])
-def test_graph_projection_pair(quirk):
+def test_graph_projection_pair(xpd, quirk):
     from xmesh.model.projection import graph_projection_backward, graph_projection_forward
 
     rng = np.random.default_rng(21)
-    tf, coords, maps = projection_inputs(rng, quirk)
-    inputs = {"coords": coords, "map0": maps[0], "map1": maps[1], "carried": rng.standard_normal((2, 7, 4))}
+    tf, coords, maps = projection_inputs(rng, quirk, xp_=xpd)
+    inputs = on(xpd, {"coords": coords, "map0": maps[0], "map1": maps[1], "carried": rng.standard_normal((2, 7, 4))})
 
     def forward(coords, map0, map1, carried):
-        return graph_projection_forward(xp, coords, [map0, map1], tf, quirk, carried)[0]
+        return graph_projection_forward(xpd, coords, [map0, map1], tf, quirk, carried)[0]
 
     def backward(dout):
-        _, cache = graph_projection_forward(xp, coords, maps, tf, quirk, inputs["carried"])
-        dcoords, dmaps, dcarried = graph_projection_backward(xp, dout, cache)
+        _, cache = graph_projection_forward(xpd, inputs["coords"], [inputs["map0"], inputs["map1"]], tf, quirk,
+                                            inputs["carried"])
+        dcoords, dmaps, dcarried = graph_projection_backward(xpd, dout, cache)
         return {"coords": dcoords, "map0": dmaps[0], "map1": dmaps[1], "carried": dcarried}
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
 def test_graph_projection_max_splits_ties():

@@ -6,13 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcheck import check_gradients
+from gradcheck import check_gradients, namespace, namespaces
 from xmesh.backends import get_backend
 from xmesh.io.template import load_template
 from xmesh.train import mesh_losses as ml
 
 xp = get_backend("numpy").xp
 TERM_RTOL = 5e-5   # golden/README.md: loss and terms within 5e-5 relative
+
+
+@pytest.fixture(params=namespaces())
+def xpd(request):
+    """The array library a pair's float64 check runs on: NumPy, and CuPy where CUDA is present."""
+    return namespace(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -72,27 +78,28 @@ def small_mesh(rng, batch=2, n=14, faces=20, edges=30, samples=25):
     return tri, pairs, labels, draws
 
 
-def test_mesh_loss_pair():
+def test_mesh_loss_pair(xpd):
     rng = np.random.default_rng(0)
     tri, pairs, labels, draws = small_mesh(rng)
-    gt = ml.GroundTruth.from_labels(xp, labels, np.float64)
-    fed = ml.Draws.stack(xp, draws, np.float64)
-    # the fed draws are float32 like the original's; keep them float64 here for the check
-    fed = ml.Draws(fed.choice, xp.asarray(np.stack([d[1] for d in draws])), xp.asarray(np.stack([d[2] for d in draws])))
-    inputs = {"pred": rng.standard_normal((2, 14, 3))}
+    tri, pairs = xpd.asarray(tri), xpd.asarray(pairs)
+    gt = ml.GroundTruth.from_labels(xpd, labels, np.float64)
+    # the fed draws are float32 like the original's; float64 here for the check
+    fed = ml.Draws(xpd.asarray(np.stack([d[0] for d in draws])), xpd.asarray(np.stack([d[1] for d in draws])),
+                   xpd.asarray(np.stack([d[2] for d in draws])))
+    inputs = {"pred": xpd.asarray(rng.standard_normal((2, 14, 3)))}
     weights = ml.MeshLossWeights(chamfer=3.0, chamfer_pred=0.55, edge=2.0, normal=5.0)
 
     def forward(pred):
-        return ml.mesh_loss_forward(xp, pred, gt, pairs, tri, fed, weights)[0]
+        return ml.mesh_loss_forward(xpd, pred, gt, pairs, tri, fed, weights)[0]
 
     def backward(dloss):
-        _, cache = ml.mesh_loss_forward(xp, inputs["pred"], gt, pairs, tri, fed, weights)
-        return {"pred": ml.mesh_loss_backward(xp, dloss, cache)}
+        _, cache = ml.mesh_loss_forward(xpd, inputs["pred"], gt, pairs, tri, fed, weights)
+        return {"pred": ml.mesh_loss_backward(xpd, dloss, cache)}
 
-    check_gradients(forward, backward, inputs, elements=40)
+    check_gradients(forward, backward, inputs, xpd, elements=40)
 
 
-def test_laplace_loss_pair():
+def test_laplace_loss_pair(xpd):
     rng = np.random.default_rng(1)
     n = 12
     lape = np.full((n, 10), -1, dtype=np.int64)
@@ -100,18 +107,20 @@ def test_laplace_loss_pair():
         count = rng.integers(2, 9)
         lape[i, :count] = rng.choice([j for j in range(n) if j != i], count, replace=False)
         lape[i, 8], lape[i, 9] = i, count
-    inputs = {"pred1": rng.standard_normal((2, n, 3)), "pred2": rng.standard_normal((2, n, 3))}
+    inputs = {name: xpd.asarray(rng.standard_normal((2, n, 3))) for name in ("pred1", "pred2")}
     weights = ml.LaplaceWeights(laplace=3.0, move=2.0)
+    reciprocal = ml.laplace_reciprocal(xpd, lape, np.float64)
+    lape = xpd.asarray(lape)
 
     def forward(pred1, pred2):
-        return ml.laplace_loss_forward(xp, pred1, pred2, lape, weights)[0]
+        return ml.laplace_loss_forward(xpd, pred1, pred2, lape, weights, reciprocal)[0]
 
     def backward(dloss):
-        _, cache = ml.laplace_loss_forward(xp, inputs["pred1"], inputs["pred2"], lape, weights)
-        d1, d2 = ml.laplace_loss_backward(xp, dloss, cache)
+        _, cache = ml.laplace_loss_forward(xpd, inputs["pred1"], inputs["pred2"], lape, weights, reciprocal)
+        d1, d2 = ml.laplace_loss_backward(xpd, dloss, cache)
         return {"pred1": d1, "pred2": d2}
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
 def test_own_draws_follow_the_face_areas():

@@ -146,8 +146,7 @@ def nearest(xp, a, b, lengths_b=None):
     if is_cupy_namespace(xp):
         from ..metrics import nn_cupy
 
-        lengths_a = None if lengths_b is None else np.full(a.shape[0], a.shape[1])
-        return nn_cupy.nearest(a, b, lengths_a, lengths_b)[1]
+        return nn_cupy.nearest(a, b, None, lengths_b)[1]
     from ..metrics import nn_cpu
 
     out = np.empty(a.shape[:2], dtype=np.int64)
