@@ -51,5 +51,15 @@ def _drop_type_docstrings(app, what, name, obj, options, lines):
         lines.clear()
 
 
+def _annotation_as_text(app, env, node, contnode):
+    """A signature's type annotation naming an xmesh class the manual does not document shows as text;
+    references a docstring makes (``:class:``, ``:func:``, type fields) must resolve."""
+    if node.get("refdomain") == "py" and "refexplicit" not in node.attributes \
+            and node.get("reftarget", "").startswith("xmesh."):
+        return contnode
+    return None
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _drop_type_docstrings)
+    app.connect("missing-reference", _annotation_as_text)

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 REFERENCE_PAGES = ("api.md", "internals.md")
 TOOLS = ("sphinx", "myst_parser", "furo", "sphinxarg")  # the docs extra
+# Sphinx's own deprecation notices about its extensions, raised while the manual builds
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
 
 
 def documented_modules() -> list[str]:
