@@ -137,7 +137,13 @@ def stage1_step(golden, golden_dir):
         loss, terms, grads = stage1.loss_and_gradients(xp, weights, tmpl, images, tf, gt, draws)
     finally:
         projection._view_pixels = sides.original
-    return blocks, loss, terms, grads
+    return blocks, loss, terms, grads, cnn[0]
+
+
+@pytest.mark.parametrize("index,key", list(enumerate([f"stage1_feat{s}" for s in (56, 28, 14, 7)])))
+def test_stage1_training_cnn_maps_are_the_originals(golden, stage1_step, index, key):
+    ours, ref = stage1_step[4][index][0], golden[1][key][0]   # view 0, the one the projections read
+    assert np.linalg.norm(ours.astype(np.float64) - ref) <= 1e-5 * np.linalg.norm(ref)
 
 
 @pytest.mark.parametrize("block", [1, 2, 3])
@@ -148,7 +154,7 @@ def test_stage1_training_forward_is_the_originals(golden, stage1_step, block):
 
 def test_stage1_loss_and_terms(golden, stage1_step):
     train = golden[0]
-    _, loss, terms, _ = stage1_step
+    _, loss, terms, _, _ = stage1_step
     assert set(terms) == {k[len("s1_term_"):] for k in train if k.startswith("s1_term_")}
     for name, value in terms.items():
         ref = float(train[f"s1_term_{name}"])
