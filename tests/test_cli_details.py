@@ -127,9 +127,9 @@ def test_cluster_help_names_every_spec_form(command, capsys):
 
 def test_what_the_demo_readme_and_examples_write_is_git_ignored():
     ignored = set((ROOT / ".gitignore").read_text().split())
-    readme = (ROOT / "README.md").read_text()
+    readme = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     demo_default = cli.build_parser()._subparsers._group_actions[0].choices["demo"].get_default("out")
-    written = {demo_default, "synth", "synth-eval"}  # the demo and the README's evaluation commands
+    written = {demo_default, "synth", "synth-eval"}  # the demo and the evaluation commands (README, manual)
     for example in (ROOT / "examples").glob("*.py"):  # the examples' default output folders
         written |= set(re.findall(r'add_argument\("(?:out|--keep)"[^)]*default="([^"]+)"', example.read_text()))
     assert {"xmesh-demo", "example-out", "xmesh-photos"} <= written
