@@ -448,19 +448,25 @@ def readme_curl() -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
-def test_the_readme_curl_line_gets_the_mesh_of_its_cameras(server, inputs, model, tmp_path):
+def test_the_readme_curl_line_gets_the_mesh_of_its_cameras(server, model, tmp_path):
+    """The README's curl line sends the pictures ``xmesh demo`` writes, with their own camera rows (as
+    in its cameras.txt, rounded), and gets the mesh of those rows."""
+    from xmesh.cli import build_parser
+    from xmesh.synthetic.dataset import demo_inputs
+
     words = readme_curl()
-    images = [w for w in words if w.startswith("images=@")]
-    cameras = json.loads(next(w for w in words if w.startswith("cameras="))[len("cameras="):])
+    images = [w[len("images=@"):] for w in words if w.startswith("images=@")]
+    cameras = np.asarray(json.loads(next(w for w in words if w.startswith("cameras="))[len("cameras="):]))
     out = Path(words[words.index("-o") + 1])
-    assert [i[len("images=@"):] for i in images] == [p.name for p in inputs["a"][0]]   # the demo's photos
-    demo = inputs["a"][0][0].parent
-    words = [w.replace("@", f"@{demo}/") if w in images else w for w in words]
+    demo_out = build_parser().parse_args(["demo"]).out   # where a plain `xmesh demo` writes
+    paths, camera_file = demo_inputs(tmp_path / demo_out / "inputs", seed=0)   # what it writes there
+    assert images == [str(p.relative_to(tmp_path)) for p in paths]
+    np.testing.assert_allclose(cameras, load_cameras(camera_file), rtol=0, atol=1e-4)   # 4 decimals of float32 rows
     words = [w.replace("http://127.0.0.1:8000", server.url) for w in words]
     done = subprocess.run(words, capture_output=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr
     with threadpool_limits(1):
-        expected = model(inputs["a"][0], np.asarray(cameras, dtype=np.float32))
+        expected = model(paths, cameras.astype(np.float32))
     assert (tmp_path / out).read_bytes() == expected.encode("obj")
 
 
