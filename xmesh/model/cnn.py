@@ -64,9 +64,12 @@ def col2im(xp, cols, shape, kh: int, kw: int, stride: int):
 
 @dataclass
 class ConvCache:
-    """What a convolution's backward reads: its input and its (post-ReLU) output."""
+    """What a convolution's backward reads: its input's patches (kept rather than made again: the
+    backward's dW product needs them, at the cost of kh*kw times the input's memory), the input's
+    shape and the (post-ReLU) output."""
 
-    x: Any
+    cols: Any
+    x_shape: tuple
     y: Any
     weight: Any
     stride: int
@@ -79,20 +82,19 @@ def conv_forward(xp, x, weight, bias, stride: int):
     y = cols @ xp.reshape(weight, (kh * kw * cin, cout))
     y = xp.maximum(y + bias, 0.0)
     y = xp.reshape(y, (x.shape[0], ho, wo, cout))
-    return y, ConvCache(x, y, weight, stride)
+    return y, ConvCache(cols, tuple(x.shape), y, weight, stride)
 
 
 def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True):
     """(dx or None, dW, db) for the output gradient ``dy``; ReLU passes where the output is > 0."""
     kh, kw, cin, cout = cache.weight.shape
     dz = xp.reshape(xp.where(cache.y > 0, dy, xp.zeros_like(dy)), (-1, cout))
-    cols, _ = im2col(xp, cache.x, kh, kw, cache.stride)
-    dweight = xp.reshape(xp.matrix_transpose(cols) @ dz, cache.weight.shape)
+    dweight = xp.reshape(xp.matrix_transpose(cache.cols) @ dz, cache.weight.shape)
     dbias = xp.sum(dz, axis=0)
     dx = None
     if need_dx:
         dcols = dz @ xp.matrix_transpose(xp.reshape(cache.weight, (kh * kw * cin, cout)))
-        dx = col2im(xp, dcols, cache.x.shape, kh, kw, cache.stride)
+        dx = col2im(xp, dcols, cache.x_shape, kh, kw, cache.stride)
     return dx, dweight, dbias
 
 
