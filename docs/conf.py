@@ -28,6 +28,8 @@ myst_heading_anchors = 3
 # help texts and docstrings keep their "--option" as written
 smartquotes = False
 
+# code blocks without a language (usage lines, shell sessions) are shown as written
+highlight_language = "none"
 html_theme = "furo"
 html_title = "xmesh"
 html_static_path = ["_static"]

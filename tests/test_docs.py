@@ -107,7 +107,11 @@ def test_every_module_that_declares_its_public_names_is_documented():
     for info in pkgutil.walk_packages(xmesh.__path__, "xmesh.", onerror=lambda name: None):
         if info.name.endswith("__main__"):
             continue  # running it is the command line
-        if hasattr(importlib.import_module(info.name), "__all__"):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # its optional dependency is not installed here (CI installs every extra)
+            continue
+        if hasattr(module, "__all__"):
             declared.append(info.name)
     assert "xmesh.metrics" in declared
     undocumented = sorted(set(declared) - set(documented_modules()))
