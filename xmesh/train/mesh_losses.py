@@ -273,9 +273,10 @@ class LaplaceCache:
 
 
 def laplace_reciprocal(xp, lape_idx, dtype):
-    """The float32 reciprocal of each vertex's neighbour count (column 9), as (N,1) of ``dtype``."""
-    count = np.asarray(lape_idx)[:, 9].astype(np.float32)
-    return xp.asarray((np.float32(1) / count).astype(dtype)[:, None])
+    """The float32 reciprocal of each vertex's neighbour count (column 9), as (N,1) of ``dtype``;
+    ``lape_idx`` on the host or on ``xp``'s device."""
+    count = xp.astype(xp.asarray(lape_idx)[:, 9:10], xp.float32)
+    return xp.astype(1.0 / count, dtype)
 
 
 def laplace_loss_forward(xp, pred1, pred2, lape_idx, weights: LaplaceWeights, reciprocal=None):
