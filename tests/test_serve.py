@@ -437,24 +437,33 @@ def test_the_cli_sends_poses_to_the_server_and_writes_the_obj_it_would_write_her
     np.testing.assert_array_equal(mesh.faces, expected.faces)
 
 
-def readme_curl() -> list[str]:
-    """The README's curl line ("Serve it"), as the shell would split it."""
+CURL_PAGES = [page for page in (ROOT / "README.md", ROOT / "docs" / "serving.md")
+              if page.is_file() and "curl -F images=@" in page.read_text(encoding="utf-8")]
+
+
+def readme_curl(page: Path) -> list[str]:
+    """The curl line of the README ("Serve it") or the manual's serving page, as the shell would split it."""
     import shlex
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     start = text.index("curl -F images=@")
     line = text[start:text.index("\n", text.index("http://", start))].replace("\\\n", " ")
     return shlex.split(line)
 
 
+def test_the_curl_line_is_documented():
+    assert CURL_PAGES, "neither README.md nor docs/serving.md shows the curl line"
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
-def test_the_readme_curl_line_gets_the_mesh_of_its_cameras(server, model, tmp_path):
-    """The README's curl line sends the pictures ``xmesh demo`` writes, with their own camera rows (as
+@pytest.mark.parametrize("page", CURL_PAGES, ids=[p.name for p in CURL_PAGES])
+def test_the_readme_curl_line_gets_the_mesh_of_its_cameras(server, model, tmp_path, page):
+    """The documented curl line sends the pictures ``xmesh demo`` writes, with their own camera rows (as
     in its cameras.txt, rounded), and gets the mesh of those rows."""
     from xmesh.cli import build_parser
     from xmesh.synthetic.dataset import demo_inputs
 
-    words = readme_curl()
+    words = readme_curl(page)
     images = [w[len("images=@"):] for w in words if w.startswith("images=@")]
     cameras = np.asarray(json.loads(next(w for w in words if w.startswith("cameras="))[len("cameras="):]))
     out = Path(words[words.index("-o") + 1])
