@@ -31,21 +31,27 @@
 //   - one producer thread has the Tensor Memory Accelerator copy slice q of X (a box of 32 float32
 //     columns x 4 vertices x 43 hypotheses through the tensor map `xmap`: rows 4 i + v of 128 bytes in
 //     the 128-byte swizzle; columns past cin and vertices past N arrive as zeros) into X slot q % 3,
-//     completing on that slot's transaction barrier; the producer warpgroup (a thread per vertex and
-//     column) computes the slice's Z into Z slot q % 2, laid out as the X slot; at a tile's start it
-//     has the tile's residual brought into L2 (the next tile's X too measured slower);
+//     completing on that slot's transaction barrier, and streams W, a slice's four pieces (W1 big, W1
+//     small, W0 big, W0 small: 32 K rows x 96 columns each, 64-byte rows in the 64-byte swizzle, in
+//     zl_column's order) with one bulk copy into W slot q % 4, three slices ahead, once every MMA
+//     warpgroup's products of the slot's last slice are done; the producer warpgroup (a thread per
+//     vertex and column) computes the slice's Z into Z slot q % 2, laid out as the X slot, and arrives
+//     on the slot's barrier; at a tile's start it has the tile's residual brought into L2 (the next
+//     tile's X too measured slower);
 //   - three MMA warpgroups (64 rows each) load a slice's X and Z fragments into registers, split them
 //     there, and run m64n96k16 wgmmas with A in registers and W's parts from shared memory, a k16 step
-//     at a time (small parts' products first); one of their threads streams W, a slice's four pieces
-//     (W1 big, W1 small, W0 big, W0 small: 32 K rows x 96 columns each, 64-byte rows in the 64-byte
-//     swizzle, in zl_column's order) with one bulk copy into W slot q % 4, three slices ahead.
+//     at a time (small parts' products first), the second step's fragments loaded and split while the
+//     first step's products run (in wg_drb_layer_3xf16_score after them: its epilogue needs the registers).
+//   The MMA warpgroups wait only for their slice's data (the X, Z and W slots' barriers), never for each
+//   other, so one warpgroup's loads, splits, sums and epilogue run beside another's products.
 //   After a tile's last slice the MMA warpgroups scale, add the bias, apply the ReLU, add the residual
 //   and store float32 rows, a quad's 32 columns in 128 contiguous bytes (or, for a block's last wide
 //   layer, sum each row's products with the score layer's W instead: wg_drb_layer_3xf16_score).
 //
 // Shared memory: three X and two Z slots of 192 rows x 128 bytes (rows 172-191 are read by the third
-// warpgroup's MMAs, whose results there are never stored), four W slots of 4 x 6 KB, the transaction
-// barriers (X slots, W slots).
+// warpgroup's MMAs, whose results there are never stored), four W slots of 4 x 6 KB, the barriers:
+// the X and W slots' transaction barriers, the Z slots' (the producer's 128 threads arrive) and the
+// W slots' free barriers (one arrival from each MMA warpgroup).
 #include "kernel_select.cuh"
 #include "drb16_tile.cuh"
 
@@ -59,16 +65,22 @@
 #define H_SLICE_BYTES (4 * H_PIECE_BYTES)         // W1 big, W1 small, W0 big, W0 small
 #define H_W_SLOTS 4
 #define H_BAR_OFFSET ((H_X_SLOTS + H_Z_SLOTS) * H_SLOT_BYTES + H_W_SLOTS * H_SLICE_BYTES)
-#define H_SMEM_BYTES (H_BAR_OFFSET + 64 + 1024)
+#define H_BAR_BYTES 128                          // 8 bytes a barrier: X full (3), W full (4), Z full (2), W free (4)
+#define H_SMEM_BYTES (H_BAR_OFFSET + H_BAR_BYTES + 1024)
 #define H_MMA_REGS 144                            // 3 * 144 + 80 = 4 * 128
 #define H_PRODUCER_REGS 80
+#define H_PRODUCERS (ZL_THREADS - ZL_MMA_THREADS)
 
-// Named barriers (0 is __syncthreads'): Z slot ready (producer -> MMA), Z slot free (MMA -> producer),
-// X slot free (MMA -> producer), the MMA warpgroups' own.
-#define H_READY 1                                 // + Z slot (2)
-#define H_Z_FREE 3                                // + Z slot (2)
-#define H_X_FREE 5                                // + X slot (3)
-#define H_MMA 8
+// Named barriers (0 is __syncthreads'): Z slot free and X slot free (MMA warpgroups arrive, the producer
+// warpgroup waits).
+#define H_Z_FREE 1                                // + Z slot (2)
+#define H_X_FREE 3                                // + X slot (3)
+
+// One arrival on a barrier (release: this thread's shared-memory writes are seen by whoever waits on
+// the phase it completes).
+__device__ __forceinline__ void h_mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 
 // d (64 x 96 over the warpgroup) += A (64 x 16, float16 pairs in registers) B (16 x 96, descriptor).
 __device__ __forceinline__ void h_mma(float (&d)[48], const unsigned (&a)[4], unsigned long long bdesc, int accumulate) {
@@ -122,6 +134,29 @@ __device__ __forceinline__ void h_fragments(const unsigned char* slot, int r, in
     h_split(*reinterpret_cast<const float2*>(slot + (r + 8) * 128 + hi), big[3], small[3]);
 }
 
+// k16 step kk of a slice's products into sum: Z W1 then X W0, each as small big + big small + big big
+// (the first product starts the slice's sum).
+__device__ __forceinline__ void h_products(float (&sum)[H_CT / 2], const unsigned (&zb)[4], const unsigned (&zl)[4],
+                                           const unsigned (&xb)[4], const unsigned (&xl)[4], unsigned w1, unsigned w0, int kk) {
+    h_mma(sum, zl, wg_desc64(w1 + 32 * kk), kk > 0);
+    h_mma(sum, zb, wg_desc64(w1 + H_PIECE_BYTES + 32 * kk), 1);
+    h_mma(sum, zb, wg_desc64(w1 + 32 * kk), 1);
+    h_mma(sum, xl, wg_desc64(w0 + 32 * kk), 1);
+    h_mma(sum, xb, wg_desc64(w0 + H_PIECE_BYTES + 32 * kk), 1);
+    h_mma(sum, xb, wg_desc64(w0 + 32 * kk), 1);
+}
+
+// A k16 step's fragments stay in their registers until its products are done (after wgmma.wait_group).
+__device__ __forceinline__ void h_pin_fragments(unsigned (&zb)[4], unsigned (&zl)[4], unsigned (&xb)[4], unsigned (&xl)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        wg_pin(zb[e]);
+        wg_pin(zl[e]);
+        wg_pin(xb[e]);
+        wg_pin(xl[e]);
+    }
+}
+
 // SCORE: the layer is a block's last wide layer and the score layer follows (wg_drb_layer_3xf16_score):
 // its output rows are never stored; each row's products with the score layer's float32 W over this
 // block's 96 columns go to rows_out instead (see wg_drb_layer_3xf16_score).
@@ -137,9 +172,12 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
     unsigned char* base_ptr = reinterpret_cast<unsigned char*>(h_shared) + (base - raw);
     const unsigned x_smem = base, z_smem = x_smem + H_X_SLOTS * H_SLOT_BYTES, w_smem = z_smem + H_Z_SLOTS * H_SLOT_BYTES;
     const unsigned x_full = base + H_BAR_OFFSET, w_full = x_full + 8 * H_X_SLOTS;   // + 8 slot
+    const unsigned z_full = w_full + 8 * H_W_SLOTS, w_free = z_full + 8 * H_Z_SLOTS;
     if (threadIdx.x == 0) {
         for (int s = 0; s < H_X_SLOTS; ++s) wg_mbar_init(x_full + 8 * s, 1);
         for (int s = 0; s < H_W_SLOTS; ++s) wg_mbar_init(w_full + 8 * s, 1);
+        for (int s = 0; s < H_Z_SLOTS; ++s) wg_mbar_init(z_full + 8 * s, H_PRODUCERS);
+        for (int s = 0; s < H_W_SLOTS; ++s) wg_mbar_init(w_free + 8 * s, ZL_MMA_THREADS / 128);
         wg_mbar_init_fence();
     }
     __syncthreads();
@@ -163,6 +201,14 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                                   x_full + 8 * (q % H_X_SLOTS), ZL_TILE_ROWS * 128);
             }
         };
+        // slice q's W (its K slice's four pieces of this block's columns, side by side in W and in the
+        // slot) into W slot q % H_W_SLOTS: one bulk copy by thread et == 0; none past the end
+        auto load_w = [&](int q) {
+            if (et == 0 && q < total)
+                wg_bulk_copy(w_smem + (q % H_W_SLOTS) * H_SLICE_BYTES, W + ((long)(q % slices) * H_GROUPS + group) * (H_SLICE_BYTES / 2),
+                             H_SLICE_BYTES, w_full + 8 * (q % H_W_SLOTS));
+        };
+        for (int q = 0; q < H_W_SLOTS - 1; ++q) load_w(q);
         // the copies run H_X_SLOTS - 1 slices ahead of Z: (lt, lks) is slice q + 2's tile and K slice
         int lt = 0, lks = 0;
         for (int q = 0; q < H_X_SLOTS; ++q) {
@@ -185,30 +231,25 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
             if (n0 + v < N)
                 h_mix_column(base_ptr + (q % H_X_SLOTS) * H_SLOT_BYTES, base_ptr + (z_smem - base) + (q % H_Z_SLOTS) * H_SLOT_BYTES,
                              lane, v);
-            wg_bar_arrive(H_READY + q % H_Z_SLOTS, ZL_THREADS);
+            h_mbar_arrive(z_full + 8 * (q % H_Z_SLOTS));
             // slice q + 2 goes into the X slot of slice q - 1: the MMA warpgroups must have read it
             if (q >= 1 && q + H_X_SLOTS - 1 < total) {
                 if (++lks == slices) { lks = 0; ++lt; }
                 wg_bar_sync(H_X_FREE + (q - 1) % H_X_SLOTS, ZL_THREADS);
                 load_x(q + H_X_SLOTS - 1, lt, lks);
             }
+            // slice q + 3 goes into the W slot of slice q - 1: every MMA warpgroup's products of it must be done
+            if (et == 0 && q + H_W_SLOTS - 1 < total) {
+                if (q >= 1) wg_mbar_wait(w_free + 8 * ((q - 1) % H_W_SLOTS), ((q - 1) / H_W_SLOTS) & 1);
+                load_w(q + H_W_SLOTS - 1);
+            }
+            __syncwarp();
             if (++ks == slices) { ks = 0; ++t; }
         }
     } else {   // ---- MMA warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_MMA_REGS));
         const int wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
         const int r0 = wg * 64 + (warp & 3) * 16 + g;   // this thread's fragment rows: r0, r0 + 8
-        int w_ks = 0;   // the K slice of the next W copy (the W stream repeats every tile)
-        // slice q's W (its K slice's four pieces of this block's columns, side by side in W and in the
-        // slot) into W slot q % H_W_SLOTS: one bulk copy by thread 0, completing phase q / H_W_SLOTS of the
-        // slot's barrier; none past the end. Called by every MMA thread for q = 0, 1, 2, ... in turn.
-        auto issue_w = [&](int q) {
-            if (q < total && threadIdx.x == 0)
-                wg_bulk_copy(w_smem + (q % H_W_SLOTS) * H_SLICE_BYTES, W + ((long)w_ks * H_GROUPS + group) * (H_SLICE_BYTES / 2), H_SLICE_BYTES,
-                             w_full + 8 * (q % H_W_SLOTS));
-            if (++w_ks == slices) w_ks = 0;
-        };
-        for (int q = 0; q < H_W_SLOTS; ++q) issue_w(q);
         float sum[H_CT / 2];   // the wgmmas' accumulator: a slice's products
         float acc[H_CT / 2];   // the tile's: the slices' sums added in float32
 #pragma unroll
@@ -219,44 +260,38 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
             for (int i = 0; i < H_CT / 2; ++i) acc[i] = 0.0f;
             for (int ks = 0; ks < slices; ++ks, ++q) {
                 wg_mbar_wait(w_full + 8 * (q % H_W_SLOTS), (q / H_W_SLOTS) & 1);   // slice q's W is in
-                wg_mbar_wait(x_full + 8 * (q % H_X_SLOTS), (q / H_X_SLOTS) & 1);   // and its X (the producer saw it land)
-                wg_bar_sync(H_READY + q % H_Z_SLOTS, ZL_THREADS);                  // and its Z
+                wg_mbar_wait(x_full + 8 * (q % H_X_SLOTS), (q / H_X_SLOTS) & 1);   // and its X
+                wg_mbar_wait(z_full + 8 * (q % H_Z_SLOTS), (q / H_Z_SLOTS) & 1);   // and its Z
                 const unsigned char* xs = base_ptr + (q % H_X_SLOTS) * H_SLOT_BYTES;
                 const unsigned char* zs = base_ptr + (z_smem - base) + (q % H_Z_SLOTS) * H_SLOT_BYTES;
                 const unsigned w1 = w_smem + (q % H_W_SLOTS) * H_SLICE_BYTES, w0 = w1 + 2 * H_PIECE_BYTES;
-#pragma unroll
-                for (int kk = 0; kk < 2; ++kk) {
-                    unsigned zb[4], zl[4], xb[4], xl[4];
-                    h_fragments(zs, r0, g, t4, kk, zb, zl);
-                    h_fragments(xs, r0, g, t4, kk, xb, xl);
-                    if (kk == 1) {   // the slots' values are in registers: hand them back
-                        if (q + H_X_SLOTS < total) wg_bar_arrive(H_X_FREE + q % H_X_SLOTS, ZL_THREADS);
-                        if (q + H_Z_SLOTS < total) wg_bar_arrive(H_Z_FREE + q % H_Z_SLOTS, ZL_THREADS);
-                    }
-                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                    h_mma(sum, zl, wg_desc64(w1 + 32 * kk), kk > 0);
-                    h_mma(sum, zb, wg_desc64(w1 + H_PIECE_BYTES + 32 * kk), 1);
-                    h_mma(sum, zb, wg_desc64(w1 + 32 * kk), 1);
-                    h_mma(sum, xl, wg_desc64(w0 + 32 * kk), 1);
-                    h_mma(sum, xb, wg_desc64(w0 + H_PIECE_BYTES + 32 * kk), 1);
-                    h_mma(sum, xb, wg_desc64(w0 + 32 * kk), 1);
-                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                unsigned zb0[4], zl0[4], xb0[4], xl0[4], zb1[4], zl1[4], xb1[4], xl1[4];   // k16 steps 0 and 1
+                h_fragments(zs, r0, g, t4, 0, zb0, zl0);
+                h_fragments(xs, r0, g, t4, 0, xb0, xl0);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                h_products(sum, zb0, zl0, xb0, xl0, w1, w0, 0);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                if (SCORE) {   // the score epilogue's registers leave no room to hold step 0's fragments longer
                     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        wg_pin(zb[e]);
-                        wg_pin(zl[e]);
-                        wg_pin(xb[e]);
-                        wg_pin(xl[e]);
-                    }
+                    h_pin_fragments(zb0, zl0, xb0, xl0);
                 }
+                h_fragments(zs, r0, g, t4, 1, zb1, zl1);
+                h_fragments(xs, r0, g, t4, 1, xb1, xl1);
+                // the slots' values are in registers: hand them back
+                if (q + H_X_SLOTS < total) wg_bar_arrive(H_X_FREE + q % H_X_SLOTS, ZL_THREADS);
+                if (q + H_Z_SLOTS < total) wg_bar_arrive(H_Z_FREE + q % H_Z_SLOTS, ZL_THREADS);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                h_products(sum, zb1, zl1, xb1, xl1, w1, w0, 1);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                if (!SCORE) h_pin_fragments(zb0, zl0, xb0, xl0);
+                h_pin_fragments(zb1, zl1, xb1, xl1);
+                if ((threadIdx.x & 127) == 0) h_mbar_arrive(w_free + 8 * (q % H_W_SLOTS));   // this warpgroup is done with W slot q % 4
 #pragma unroll
                 for (int i = 0; i < H_CT / 2; ++i) {
                     wg_pin(sum[i]);
                     acc[i] = __fadd_rn(acc[i], sum[i]);
                 }
-                wg_bar_sync(H_MMA, ZL_MMA_THREADS);   // every warpgroup is done with W slot q % H_W_SLOTS
-                issue_w(q + H_W_SLOTS);
             }
             // epilogue: accumulator 4 (4 k + p) + 2 h + e is row r0 + 8 h, output column col0 + 32 k + 8 t4 + 2 p + e
             long b;

@@ -77,13 +77,13 @@ class Layer3xf16Kernel:
     mixing on the input side, tiles of 4 vertices by 96 of the 192 output columns (each K slice's
     products summed on their own, for float32's accuracy), W streamed. K slice, tile columns; shared
     memory: three X and two Z slots of 192 rows x 128 bytes (32 float32 columns), four W slots of four
-    96 x 32 float16 pieces, the slots' transaction barriers, alignment slack; each W column's
+    96 x 32 float16 pieces, the slots' barriers (128 bytes), alignment slack; each W column's
     power-of-two scale puts its largest entry in [2^w_exponent, 2^(w_exponent + 1))."""
 
     source: str = "wgmma_drb32h.cu"
     k_slice: int = 32
     tile_columns: int = 96
-    smem: int = 5 * DRB_LAYER.rows * 128 + 4 * 4 * 96 * 64 + 64 + 1024
+    smem: int = 5 * DRB_LAYER.rows * 128 + 4 * 4 * 96 * 64 + 128 + 1024
     w_exponent: int = 7
 
 
