@@ -91,7 +91,7 @@ def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=N
                 frame: str = "world", camera0_row=None, supersample: int = 2, point_radius: float | None = None,
                 point_color=POINT_COLOR, framing: Framing | None = None) -> np.ndarray:
     """An RGBA uint8 (size, size, 4) image of the mesh seen by ``camera_row``: flat Lambert shading,
-    transparent background, antialiased by ``supersample``^2 samples per pixel. ``points`` (N, 3),
+    transparent background, antialiased by ``supersample`` x ``supersample`` samples per pixel. ``points`` (N, 3),
     in the same frame as the vertices, are drawn on top as dots (e.g. a ground-truth overlay).
     With a ``framing`` (:func:`xmesh.render.framing.fit_framing` of the world points) the mesh is
     seen through that framed view instead of the camera itself."""
