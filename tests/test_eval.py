@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -223,9 +224,15 @@ def test_summary_of_known_rows_and_csv_repair(tmp_path):
     lines = {line[:23].split(None, 1)[1].strip(): [float(v) for v in line[23:].split()]
              for line in table.splitlines() if line.startswith("mean ")}
     assert lines["(present)"][2] == pytest.approx(6.0) and lines["(present)"][3] == 20.0
-    assert lines["(all 13)"][2] == pytest.approx(12.0 / 13, abs=1e-4)
-    assert lines["(all 13)"][3] == pytest.approx(40.0 / 13, abs=0.005)
-    assert "absent ones as 0" in table
+    # the samples column counts samples in every row: 3 in the two categories, 3 in all
+    assert {label: values[0] for label, values in lines.items()} == {"(present)": 3, "(samples)": 3}
+    assert table.splitlines()[0].split()[2] == "samples"
+    # the original's 13-category mean (absent as 0) is no row of the table, but its own labelled line
+    original = next(line for line in table.splitlines() if line.startswith("the original scripts' mean"))
+    assert "absent ones as 0" in original and "not a quality figure" in original
+    figures = dict(re.findall(r"(CD x1000|F\(tau\)) ([0-9.]+)", original))
+    assert float(figures["CD x1000"]) == pytest.approx(12.0 / 13, abs=1e-4)
+    assert float(figures["F(tau)"]) == pytest.approx(40.0 / 13, abs=0.005)
 
     path.write_text(text + "c_1_00.dat,02691156,1,2\n")
     with pytest.raises(FileFormatError, match="line 5: 4 fields"):

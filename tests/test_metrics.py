@@ -299,11 +299,15 @@ def test_summarize_means_per_category_and_overall():
     assert plane["fscore"] == {1e-4: pytest.approx(50.0), 2e-4: pytest.approx(75.0)}
     assert summary["categories"]["04530566"]["name"] == "watercraft"
     over_cat = summary["mean_over_categories"]
-    assert over_cat["count"] == 2
+    assert over_cat["count"] == 3 and over_cat["categories"] == 2   # count: samples, in every mean
     assert over_cat["chamfer"] == pytest.approx(3.5e-3) and over_cat["chamfer_x1000"] == pytest.approx(3.5)
     assert over_cat["fscore"] == {1e-4: pytest.approx(30.0), 2e-4: pytest.approx(47.5)}
     over_samples = summary["mean_over_samples"]
-    assert over_samples["count"] == 3 and over_samples["chamfer"] == pytest.approx(3e-3)
+    assert over_samples["count"] == 3 and over_samples["categories"] == 2
+    assert over_samples["chamfer"] == pytest.approx(3e-3)
+    over_13 = summary["mean_over_13_categories"]
+    assert over_13["count"] == 3 and over_13["categories"] == 13
+    assert over_13["chamfer"] == pytest.approx((2e-3 + 5e-3) / 13)   # the absent 11 as 0: below every category
     assert over_samples["fscore"] == {tau: pytest.approx(np.mean([r["fscore"][tau] for r in rows])) for tau in taus}
 
 

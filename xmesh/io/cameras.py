@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ DISTANCE_COLUMN = 3
 SHAPENET_METADATA_NAME = "rendering_metadata.txt"
 SHAPENET_DEFAULT_VIEWS = (0, 6, 7)
 DEFAULT_VIEWS = tuple(range(NUM_VIEWS))
+FIELD_OF_VIEW = 25.0                 # the fifth column of ShapeNet's rows (the network reads none)
+TRAINED_DISTANCES = (0.62, 0.88)     # ShapeNet rendering distances the network was trained on
+DISTANCE_WARNING = (0.45, 1.3)       # beyond these the object is much larger / smaller than in training
 
 
 ROWS_COUNT = "camera rows count from 0, as --views and views= do; lines from 1"
@@ -104,6 +108,26 @@ def _validate_rows(rows: np.ndarray, chosen: list[int], source: str, lines: list
             )
 
 
+def unlike_training_cameras(rows: np.ndarray, numbers: Sequence[int] | None = None) -> list[str]:
+    """How camera rows differ from the ShapeNet cameras the network was trained on: a reason to warn
+    per odd value, each naming its row (``numbers``, the rows' indices in their source, counted from 0;
+    default 0, 1, 2, ...), empty when they look like training's."""
+    reasons = []
+    rows = np.asarray(rows, dtype=np.float64)
+    for i, row in zip(range(len(rows)) if numbers is None else numbers, rows, strict=True):
+        distance, fov = row[DISTANCE_COLUMN], row[4]
+        if not DISTANCE_WARNING[0] <= distance <= DISTANCE_WARNING[1]:
+            unit = " (another unit, such as millimetres?)" if distance > 10 * DISTANCE_WARNING[1] else ""
+            reasons.append(f"row {i} has distance {distance:g}{unit}, far from the {TRAINED_DISTANCES[0]}-"
+                           f"{TRAINED_DISTANCES[1]} of training (object radius about 0.24 in the same units), so the "
+                           "object would fill much more or less of the view than in training")
+        if fov != FIELD_OF_VIEW:
+            reasons.append(f"row {i} has field of view {fov:g} (column 4); the training cameras' is {FIELD_OF_VIEW:g} "
+                           "and the network reads none (its focal length is fixed at 248 px), so views of another "
+                           "field of view do not match its projection")
+    return reasons
+
+
 def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
     """The (3, 5) float32 camera rows for the 3 views, from an array-like or a camera text file.
 
@@ -134,4 +158,8 @@ def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
         raise InputError(f"{name} holds {rows.shape[0]} camera rows; {NUM_VIEWS} views are needed")
     chosen = _check_views(default if views is None else views, rows.shape[0], name)
     _validate_rows(rows, chosen, name, lines)
+    reasons = unlike_training_cameras(rows[chosen], chosen)
+    if reasons:
+        warnings.warn(f"{name}: {'; '.join(reasons)}. Rows like ShapeNet's are (azimuth, elevation, 0, distance "
+                      f"{TRAINED_DISTANCES[0]}-{TRAINED_DISTANCES[1]}, {FIELD_OF_VIEW:g}) ({ROWS_COUNT})", stacklevel=2)
     return np.ascontiguousarray(rows[chosen].astype(np.float32))

@@ -34,6 +34,7 @@ from xmesh.errors import FileFormatError, InputError, MissingFileError
 
 NUM_VIEWS = 3
 IMAGE_SIZE = 224
+SMALLEST_SIDE = 64   # images with a side below this (under half the renderings' 137) are far from training
 NETWORK_SHAPE = (NUM_VIEWS, IMAGE_SIZE, IMAGE_SIZE, 3)
 WHITE_SHARE = 0.9  # a rim pixel is white when every channel is at least this share of full scale
 WHITE_RIM = 0.9  # share of an image's outermost pixels that must be white when it has no alpha
@@ -170,6 +171,9 @@ def unlike_a_rendering(image: np.ndarray) -> list[str]:
     channels = 1 if image.ndim == 2 else image.shape[2]
     if height != width:
         reasons.append(f"it is {width}x{height}, not square, so it is stretched to {IMAGE_SIZE}x{IMAGE_SIZE}")
+    if min(height, width) < SMALLEST_SIDE:
+        reasons.append(f"it is only {width}x{height} pixels, so it is enlarged {IMAGE_SIZE / min(height, width):.3g} "
+                       f"times to {IMAGE_SIZE}x{IMAGE_SIZE} (the training renderings have 137x137)")
     if channels <= 2:
         reasons.append("it is greyscale")
     if channels in (1, 3):  # no alpha: the background must be white already

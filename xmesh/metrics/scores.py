@@ -82,7 +82,14 @@ def _mean_over_13(categories: Mapping[str, Mapping], taus: tuple[float, ...]) ->
     zero = {"count": 0, "chamfer": 0.0, "fscore": dict.fromkeys(taus, 0.0)}
     rows = [categories.get(cat, zero) for cat in CATEGORIES]
     means = _means(rows, taus)
-    means["count"] = sum(row["count"] for row in rows)
+    means["count"], means["categories"] = sum(row["count"] for row in rows), len(CATEGORIES)
+    return means
+
+
+def _mean_over_categories(categories: Mapping[str, Mapping], taus: tuple[float, ...]) -> dict:
+    """The plain mean of the present categories' means; its count the samples in them, as everywhere."""
+    means = _means(list(categories.values()), taus)
+    means["count"], means["categories"] = sum(row["count"] for row in categories.values()), len(categories)
     return means
 
 
@@ -97,8 +104,10 @@ def summarize(rows: Iterable[Mapping]) -> dict:
     "mean_over_categories": {...}, "mean_over_13_categories": {...}, "mean_over_samples": {...}}``
     with categories in synset order (the order of the paper's tables). ``mean_over_categories``
     averages the categories present; ``mean_over_13_categories`` the 13 of :data:`CATEGORIES`, absent
-    ones counted as 0 (the last line the original's ``f_score.py`` prints), its count the rows in
-    them. Means are exact (the original divides by count + 1e-6).
+    ones counted as 0: the original's convention (the last line its ``f_score.py`` prints), kept to
+    compare with its logs, never a quality figure (an absent category's 0 Chamfer makes it look better
+    than any category). Every ``count`` is a number of samples; the means also say how many
+    ``categories`` they cover. Means are exact (the original divides by count + 1e-6).
     """
     rows = list(rows)
     if not rows:
@@ -121,7 +130,7 @@ def summarize(rows: Iterable[Mapping]) -> dict:
     }
     return {
         "categories": categories,
-        "mean_over_categories": _means(list(categories.values()), taus),
+        "mean_over_categories": _mean_over_categories(categories, taus),
         "mean_over_13_categories": _mean_over_13(categories, taus),
-        "mean_over_samples": _means(rows, taus),
+        "mean_over_samples": {**_means(rows, taus), "categories": len(categories)},
     }

@@ -22,15 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from xmesh.errors import InputError
+from xmesh.io.cameras import DISTANCE_WARNING, FIELD_OF_VIEW, TRAINED_DISTANCES
 from xmesh.io.images import NUM_VIEWS
 from xmesh.model.camera import camera_frame
 from xmesh.photo import frame
 from xmesh.photo.posed import view_label
 from xmesh.photo.prepare import prepare_photos
 
-FIELD_OF_VIEW = 25.0                 # the fifth column of ShapeNet's rows (unused by the network)
-TRAINED_DISTANCES = (0.62, 0.88)     # ShapeNet rendering distances the network was trained on
-DISTANCE_WARNING = (0.45, 1.3)       # beyond these the object is much larger / smaller than in training
 WEAK_UP = 0.1                        # second-smallest share of the x axes' spread below which up is weakly fixed
 MAX_ELEVATION = 89.0                 # the network's camera frame is undefined straight above the object
 

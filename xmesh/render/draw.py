@@ -24,9 +24,9 @@ from xmesh.render.raster import color_array, downsample, draw_points, rasterize,
 
 SHAPENET_SIZE = 137
 DEFAULT_COLOR = (0.72, 0.72, 0.76)
-POINT_COLOR = (220, 30, 30, 255)
+GT_COLOR = (220 / 255, 30 / 255, 30 / 255)   # ground truth, red in every picture: drawn alone or over a mesh
+POINT_COLOR = (220, 30, 30, 255)              # GT_COLOR as the RGBA bytes of points drawn over a mesh
 FRAMES = ("world", "camera0")
-GT_COLOR = (0.15, 0.45, 0.80)  # ground-truth point sets drawn on their own
 DEPTH_SHADES = 6
 FAR_SHADE = 0.45
 
