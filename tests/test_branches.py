@@ -7,6 +7,7 @@ import pytest
 
 from conftest import requires_cuda
 from test_cupy_backend import random_cameras
+from tolerance import GPU_MAX_FRACTION, VERTEX_ATOL, assert_mostly_within
 from xmesh.backends import get_backend
 
 VIEW_SETS = [(0,), (1, 2), (0, 2), (2,), (0, 1, 2)]
@@ -92,7 +93,8 @@ def test_a_stream_branch_orders_its_work_with_the_main_stream(cp, gb):
 @requires_cuda
 def test_upload_beside_stage1_equals_a_device_input(cp):
     """Host images take the view-by-view upload (stage 2's views on the branch, beside stage 1); device
-    images the plain path. Eagerly, at a batch above the graph limit, the meshes are the same bits."""
+    images the plain path. Eagerly, at a batch above the graph limit, the meshes agree within the
+    tolerance of two GPU runs (the upload's stream may change which algorithms cuBLAS picks)."""
     from xmesh import Reconstructor
     from xmesh.io.weights import synthetic_weights
     from xmesh.template_gen import generate_template
@@ -105,4 +107,4 @@ def test_upload_beside_stage1_equals_a_device_input(cp):
     from_device = [a.get() for a in model.run(cp.asarray(host), cameras)]
     for h, d in zip(from_host, from_device):
         assert np.isfinite(h).all()
-        np.testing.assert_array_equal(h, d)
+        assert_mostly_within(h, d, VERTEX_ATOL, GPU_MAX_FRACTION)

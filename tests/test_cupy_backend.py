@@ -2,8 +2,9 @@
 
 Pixel choices are discontinuous (stage 1 truncates pixel positions, stage 2 takes floor/ceil), so a
 last-bit difference in a GEMM upstream can move one sample to a neighbouring pixel. The end-to-end
-checks therefore allow a small fraction of vertices (END_TO_END_MAX_FRACTION) to differ by more
-than END_TO_END_ATOL; the projection kernels themselves must match their references exactly in
+checks therefore allow a small fraction of vertices (GPU_MAX_FRACTION) to differ by more than
+GPU_ATOL (tests/tolerance.py); two runs on the GPU (a batch and lone samples, a CUDA graph and
+eager kernels) by more than VERTEX_ATOL; the projection kernels themselves must match their references exactly in
 pixel choice (checked on random points with identical inputs).
 """
 from __future__ import annotations
@@ -14,10 +15,9 @@ import numpy as np
 import pytest
 
 from conftest import requires_cuda
+from tolerance import GPU_ATOL, GPU_MAX_FRACTION, VERTEX_ATOL, assert_mostly_within
 from xmesh.errors import BackendUnavailableError, InputError
 
-END_TO_END_ATOL = 1e-4
-END_TO_END_MAX_FRACTION = 0.01   # at most 1% of vertices beyond END_TO_END_ATOL
 gpu = [requires_cuda, pytest.mark.gpu]
 
 
@@ -372,10 +372,6 @@ def scenes():
     return images, cameras
 
 
-def differing_fraction(a, b, atol=END_TO_END_ATOL):
-    return float((np.abs(np.asarray(a) - np.asarray(b)).max(axis=-1) > atol).mean())
-
-
 @pytest.mark.parametrize("seed", [2, 3])
 def test_cupy_reconstruction_matches_numpy(cp, scenes, seed):
     from xmesh import Reconstructor
@@ -389,8 +385,8 @@ def test_cupy_reconstruction_matches_numpy(cp, scenes, seed):
     c_ref, r_ref = cpu.run(images[:1], cameras[:1])
     c_gpu, r_gpu = (a.get() for a in gpu.run(images[:1], cameras[:1]))
     assert np.isfinite(r_gpu).all()
-    assert differing_fraction(c_gpu, c_ref) <= END_TO_END_MAX_FRACTION
-    assert differing_fraction(r_gpu, r_ref) <= END_TO_END_MAX_FRACTION
+    assert_mostly_within(c_gpu, c_ref, GPU_ATOL, GPU_MAX_FRACTION)
+    assert_mostly_within(r_gpu, r_ref, GPU_ATOL, GPU_MAX_FRACTION)
     # the stage-2 moves themselves agree (relative to their size)
     move_ref, move_gpu = r_ref - c_ref, r_gpu - c_gpu
     assert np.linalg.norm(move_gpu - move_ref) <= 5e-2 * np.linalg.norm(move_ref)
@@ -410,8 +406,8 @@ def test_batched_equals_one_by_one(cp, gpu_model, scenes):
     coarse, refined = (a.get() for a in gpu_model.run(images, cameras))
     for b in range(3):
         c1, r1 = (a.get() for a in gpu_model.run(images[b:b + 1], cameras[b:b + 1]))
-        assert differing_fraction(coarse[b], c1[0], 1e-5) <= END_TO_END_MAX_FRACTION
-        assert differing_fraction(refined[b], r1[0], 1e-5) <= END_TO_END_MAX_FRACTION
+        assert_mostly_within(coarse[b], c1[0], VERTEX_ATOL, GPU_MAX_FRACTION)
+        assert_mostly_within(refined[b], r1[0], VERTEX_ATOL, GPU_MAX_FRACTION)
 
 
 def test_graph_replay_equals_eager(cp, gb):
@@ -468,7 +464,8 @@ def test_capturing_cublas_work_says_why_it_fails(cp, scenes, monkeypatch):
 
 def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
     """fp32: the second call with a batch size captures the whole network, later calls replay it;
-    replays equal eager runs bit for bit, on the captured inputs and on new ones."""
+    replays equal eager runs, on the captured inputs and on new ones, within the tolerance of two GPU
+    runs (cuBLAS may choose other algorithms while a stream is captured)."""
     from xmesh import Reconstructor
     from xmesh.io.weights import synthetic_weights
     from xmesh.template_gen import generate_template
@@ -484,7 +481,7 @@ def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
             want = [a.get() for a in eager.run(images[sl], cameras[sl])]
             got = [a.get() for a in graphed.run(images[sl], cameras[sl])]
             for w, g in zip(want, got):
-                np.testing.assert_array_equal(g, w)
+                assert_mostly_within(g, w, VERTEX_ATOL, GPU_MAX_FRACTION)
         assert size in graphed.graph_bytes()
     assert eager.graph_bytes() == {}
 
@@ -492,7 +489,7 @@ def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
 def test_graphs_stay_within_their_memory_share(cp, scenes):
     """Captured graphs of all batch sizes together stay within ``graph_memory_share`` of the device's
     memory: with room for about three samples' graphs, sizes 1 and 2 are captured and size 3 runs
-    eagerly, none dropped for it. Every call equals the eager model bit for bit."""
+    eagerly, none dropped for it. Every call equals the eager model within the tolerance of two GPU runs."""
     from xmesh import Reconstructor
     from xmesh.io.weights import synthetic_weights
     from xmesh.template_gen import generate_template
@@ -506,7 +503,7 @@ def test_graphs_stay_within_their_memory_share(cp, scenes):
         want = [a.get() for a in eager.run(images[:size], cameras[:size])]
         got = [a.get() for a in graphed.run(images[:size], cameras[:size])]
         for w, g in zip(want, got):
-            np.testing.assert_array_equal(g, w)
+            assert_mostly_within(g, w, VERTEX_ATOL, GPU_MAX_FRACTION)
 
     for _ in range(2):
         call(1)
@@ -540,7 +537,7 @@ def test_graph_replay_takes_device_images_and_leaves_them_alone(cp, scenes):
         got = graphed.run(first if start == 0 else cp.asarray(images[sl]), cameras[sl])
         want = eager.run(images[sl], cameras[sl])
         for g, w in zip(got, want):
-            np.testing.assert_array_equal(g.get(), w.get())
+            assert_mostly_within(g.get(), w.get(), VERTEX_ATOL, GPU_MAX_FRACTION)
     assert 1 in graphed.graph_bytes()
     np.testing.assert_array_equal(first.get(), images[0:1])
 

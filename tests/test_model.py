@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from tolerance import assert_mostly_within
 from xmesh.backends import get_backend
 from xmesh.backends.numpy_backend import same_padding
 from xmesh.model import deformation, graph, projection
@@ -159,7 +160,8 @@ def test_local_projection_generic_fast_path_and_reference_agree(be):
     assert fast is not None
     # the array-API version, forced
     generic = projection.local_projection(get_backend("numpy", conv_chunk=1), points, padded, tf)
-    np.testing.assert_array_equal(fast, generic)
+    # two code paths (compiled loop, array-API ops): the golden tolerance, per point's feature row
+    assert_mostly_within(fast, generic)
     # an independent float64 reference of the sampling and pooling (pixels from the model's own camera code)
     for b in range(batch):
         per_view = []
