@@ -11,9 +11,11 @@ numbers show the pipeline working, not reconstruction quality. The same evaluati
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
+from xmesh.errors import XmeshError
 from xmesh.evaluate import evaluate_dataset, format_table, format_timing
 from xmesh.io.weights import synthetic_weights
 from xmesh.reconstruct import Reconstructor
@@ -45,4 +47,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except XmeshError as exc:   # bad input, or a backend this machine lacks: one line, as the xmesh command says it
+        print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

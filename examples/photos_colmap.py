@@ -17,12 +17,14 @@ then ``xmesh render mesh.obj --colmap DIR/sparse/0 --images P1 P2 P3 --masks M1 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 import xmesh
+from xmesh.errors import XmeshError
 from xmesh.io.weight_sources import resolve_weights
 from xmesh.io.weights import synthetic_weights
 from xmesh.pictures.demo import weights_caption, write_demo_picture
@@ -61,4 +63,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        sys.exit(main())
+    except XmeshError as exc:   # bad input, or a backend this machine lacks: one line, as the xmesh command says it
+        print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

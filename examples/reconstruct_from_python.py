@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 import xmesh
+from xmesh.errors import XmeshError
 from xmesh.io.cameras import load_cameras
 from xmesh.io.weights import synthetic_weights
 from xmesh.pictures.demo import weights_caption, write_demo_picture
@@ -44,4 +46,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except XmeshError as exc:   # bad input, or a backend this machine lacks: one line, as the xmesh command says it
+        print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,9 +1,15 @@
 """The command line's smaller promises: one-line refusals of --batch-size 0, OpenCV kept quiet, warnings
-for images unlike the renderings the network knows, help and ignore files that say what they should."""
+for images unlike the renderings the network knows, help and ignore files that say what they should, one
+line for Ctrl+C and for an example run on a backend this machine lacks."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -136,3 +142,79 @@ def test_what_the_demo_readme_and_examples_write_is_git_ignored():
     assert {f"/{name}/" for name in written} <= ignored
     shots = re.findall(r"--screenshot=(\S+)", readme)
     assert shots and not any(shot.startswith("docs/") for shot in shots)  # the tracked docs/ picture stays
+
+
+# ------------------------------------------------------------------------------------------ Ctrl+C
+
+INTERRUPTED = "xmesh eval: interrupted; finished outputs are complete, nothing was left half-written"
+WAIT_S = 120   # the longest a run may take to reach the moment a test interrupts it
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory):
+    from xmesh.synthetic.dataset import write_dataset
+
+    return write_dataset(tmp_path_factory.mktemp("ds"), n_per_category=2, categories=("02691156", "04379243"), seed=4)
+
+
+def _eval_process(data, out: Path):
+    root = data["root"]
+    command = [sys.executable, "-m", "xmesh", "eval", "--images", str(root), "--gt", str(root / "gt"), "--list",
+               str(data["test_list"]), "--weights", "synthetic:1", "--out", str(out), "--workers", "2",
+               "--no-progress"]
+    return subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _children(pid: int) -> list[str]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return path.read_text().split() if path.exists() else []
+
+
+def _ctrl_c(process, until) -> str:
+    """Ctrl+C to the run's process group (as a terminal sends it) once ``until()`` holds; its stderr."""
+    deadline = time.monotonic() + WAIT_S
+    while not until() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, f"the run ended before it was interrupted: {process.stderr.read()}"
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=WAIT_S)
+    assert process.returncode == 130, err
+    return err
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
+def test_ctrl_c_while_the_loaders_start_is_one_line(small_set, tmp_path):
+    """Interrupted as its loader processes start: the one line, no traceback from the command, its
+    forkserver or its loaders."""
+    process = _eval_process(small_set, tmp_path / "out")
+    # the loaders are the forkserver's children: they are there once it has started them
+    err = _ctrl_c(process, lambda: any(_children(int(child)) for child in _children(process.pid)))
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == INTERRUPTED, err
+    assert all(line.startswith("xmesh eval: ") for line in err.strip().splitlines()), err
+    rows = tmp_path / "out" / "samples.csv"   # its header, where the model was built before the loaders started
+    assert not rows.exists() or rows.read_text().endswith("\n")
+
+
+def test_ctrl_c_in_the_middle_of_eval_is_one_line_and_keeps_whole_rows(small_set, tmp_path):
+    from xmesh.results import read_csv
+
+    rows = tmp_path / "out" / "samples.csv"
+    process = _eval_process(small_set, tmp_path / "out")
+    err = _ctrl_c(process, lambda: rows.exists() and len(read_csv(rows)) >= 1)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == INTERRUPTED, err
+    assert all(line.startswith("xmesh eval: ") for line in err.strip().splitlines()), err
+    done = read_csv(rows)
+    assert 1 <= len(done) < len(small_set["ids"]) and {row["id"] for row in done} <= set(small_set["ids"])
+    assert rows.read_text().endswith("\n")   # every row whole
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_an_example_run_with_backend_cupy_without_cupy_says_so_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "reconstruct_from_python.py"), str(tmp_path),
+                           "--backend", "cupy"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("reconstruct_from_python.py: error: backend='cupy' needs CuPy, which is not "
+                                  "installed")
+    assert done.stderr.count("\n") == 1

@@ -35,7 +35,7 @@ from tolerance import GPU_ATOL, GPU_MAX_FRACTION, assert_mostly_within, assert_s
 from xmesh.backends import get_backend  # noqa: E402
 from xmesh.io.cameras import load_cameras  # noqa: E402
 from xmesh.io.gltf import read_glb  # noqa: E402
-from xmesh.io.images import UINT8_TO_UNIT  # noqa: E402
+from xmesh.io.images import UINT8_TO_UNIT, load_images  # noqa: E402
 from xmesh.io.weights import (
     synthetic_weights,  # noqa: E402
     weights_fingerprint,  # noqa: E402
@@ -1007,7 +1007,7 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
     from xmesh.serve.upload import Sample
     from xmesh.serve.worker import ModelSettings
 
-    info = {"weights": {"description": "synthetic"}}
+    info = {"weights": {"description": "synthetic weights", "synthetic": True}}
     server = build_server(ModelSettings(synthetic_weights(1)), ServeOptions(), np.zeros((1, 3), np.int64), info)
     manager = server._init_manager(2)
     try:
@@ -1134,3 +1134,119 @@ def test_serve_load_counts_each_batch_once_in_how_busy_the_devices_were():
     assert serve_load.device_busy(batches, compute, 0.5, 2) == pytest.approx(13.0)
     assert serve_load.device_busy(np.array([64] * 64), np.full(64, 990.0), 1.0, 1) == pytest.approx(99.0)
     assert np.isnan(serve_load.device_busy(np.array([]), np.array([]), 1.0, 1))
+
+
+# ------------------------------------------------------------------------------------------ errors, warnings, GLB
+
+GOLDEN_ATOL = 1e-5   # ../shared/golden/README.md: all but a handful of vertices within 1e-5 of the reference
+
+
+def ask(url: str, method: str, path: str, body: bytes | None = None, headers=None):
+    """(status, headers, body) of any request, without raising on 4xx/5xx."""
+    connection = http.client.HTTPConnection(url.split("//")[1], timeout=60)
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    answer = (response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    connection.close()
+    return answer
+
+
+def test_the_frameworks_refusals_and_a_cut_body_answer_the_documented_json(server, inputs):
+    paths, rows = inputs["a"]
+    body, kind = form(paths, cameras_field(rows))
+    cases = {
+        "404": (ask(server.url, "GET", "/v1/nosuch"), 404, "path", "/v1/nosuch: no such path"),
+        "405": (ask(server.url, "GET", "/v1/reconstruct"), 405, "method",
+                "GET /v1/reconstruct: method not allowed"),
+        "405 on info": (ask(server.url, "POST", "/v1/info", b"x"), 405, "method", "POST /v1/info: method not allowed"),
+        "415": (post(server.url, b"images=a.png", "application/x-www-form-urlencoded"), 415, "body",
+                "content type 'application/x-www-form-urlencoded'; expected multipart/form-data"),
+        # whole parts but the last, and one cut inside an image: not a fault of the camera fields
+        "cut before its end": (post(server.url, body[:-100], kind), 400, "body", "cut short: "),
+        "cut in an image": (post(server.url, body[:len(body) // 3], kind), 400, "body", "cut short: "),
+    }
+    for name, ((status, headers, answer), want, field, start) in cases.items():
+        assert status == want and headers["content-type"] == "application/json", (name, status, answer[:200])
+        detail = json.loads(answer)
+        assert set(detail) == {"error", "field", "status"}, (name, detail)
+        assert detail["status"] == want and detail["field"] == field, (name, detail)
+        assert detail["error"].startswith(start), (name, detail)
+    assert "GET" not in cases["405"][0][1]["allow"] and "POST" in cases["405"][0][1]["allow"]
+    cut = json.loads(cases["cut before its end"][0][2])["error"]
+    assert f"{len(body) - 100} bytes without the closing" in cut and "send the whole multipart body" in cut
+    assert post(server.url, body, kind)[0] == 200   # the same body whole is answered
+
+
+def wide_photo_on_black(tmp_path) -> Path:
+    """A 1920x1080 JPEG of a grey disc on black: nothing like the renderings the network knows."""
+    image = np.zeros((1080, 1920, 3), np.uint8)
+    cv2.circle(image, (960, 540), 300, (160, 160, 160), -1)
+    path = tmp_path / "wide.jpg"
+    cv2.imwrite(str(path), image)
+    return path
+
+
+def test_the_warnings_of_xmesh_reconstruct_come_back_in_a_header_the_page_and_the_cli(server, inputs, tmp_path):
+    paths, rows = inputs["a"]
+    wide = wide_photo_on_black(tmp_path)
+    with pytest.warns(UserWarning) as caught:   # what xmesh reconstruct says of these images here
+        load_images([wide, *paths[1:]])
+    local = [str(w.message) for w in caught]
+    assert len(local) == 1 and local[0].startswith(f"view 1 ({wide}): it is 1920x1080, not square")
+    status, headers, _ = post(server.url, *form([wide, *paths[1:]], cameras_field(rows)))
+    assert status == 200
+    served = json.loads(headers["x-xmesh-warnings"])
+    assert served == [local[0].replace(f"view 1 ({wide})", "view 1 ('wide.jpg')")]
+    status, headers, answer = post(server.url, *form([wide, *paths[1:]], cameras_field(rows)),
+                                   "/v1/reconstruct?format=preview")
+    assert status == 200 and json.loads(answer)["warnings"] == served
+    status, headers, answer = post(server.url, *form(paths, cameras_field(rows)), "/v1/reconstruct?format=preview")
+    assert status == 200 and "x-xmesh-warnings" not in headers and json.loads(answer)["warnings"] == []
+    done = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", str(wide), *map(str, paths[1:]),
+                           "--cameras", str(paths[0].parent / "cameras.txt"), "--server", server.url,
+                           "--out", str(tmp_path / "m.obj")],
+                          capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == f"xmesh reconstruct: warning: {served[0]}"
+
+
+def test_the_page_says_the_server_runs_synthetic_weights(server):
+    import re
+
+    from xmesh.serve.page import page_html
+
+    with urllib.request.urlopen(server.url + "/", timeout=10) as response:
+        html = response.read().decode("utf-8")
+    said = re.search(r'<p id="weights" class="([a-z]+)">([^<]*)</p>', html)
+    assert said.group(1) == "synthetic" and said.group(2).startswith(
+        "This server runs synthetic weights (recipe seed 1; random, NOT the trained Pixel2Mesh++ weights)")
+    trained = page_html({"weights": {"synthetic": False, "description": "weights from a <b>.npz"}})
+    assert '<p id="weights" class="trained">This server runs weights from a &lt;b&gt;.npz.</p>' in trained
+
+
+def test_the_cli_writes_a_glb_here_and_from_the_server(server, inputs, offline, tmp_path):
+    paths, _ = inputs["a"]
+    cameras = str(paths[0].parent / "cameras.txt")
+    for where, extra in (("here", ["--weights", "synthetic:1"]), ("server", ["--server", server.url])):
+        out = tmp_path / f"{where}.glb"
+        done = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths), "--cameras", cameras,
+                               "--out", str(out), *extra], capture_output=True, text=True, cwd=ROOT, env=child_env(),
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.startswith(f"wrote {out} (2466 vertices, 4928 faces)"), done.stderr
+        vertices, faces = read_glb(out.read_bytes(), str(out))
+        np.testing.assert_array_equal(faces, offline["a"].faces)
+        assert_mostly_within(vertices, offline["a"].vertices, atol=GOLDEN_ATOL, label=where)
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1",
+                               "--port", str(port)], capture_output=True, text=True, cwd=ROOT, env=child_env(),
+                              timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr == (f"xmesh serve: error: --port {port}: 127.0.0.1:{port} is in use by another program; "
+                           "choose another --port, or stop what listens there\n")

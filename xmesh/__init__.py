@@ -6,10 +6,20 @@
 """
 from __future__ import annotations
 
-from . import cameras
-from .errors import XmeshError
-from .mesh import Mesh
-from .reconstruct import Reconstructor, reconstruct
+import os
+import sys
+
+from .errors import XmeshError, interrupted_while_starting
+
+try:   # a second or more on a busy machine, in which the xmesh command's Ctrl+C would print a traceback
+    from . import cameras
+    from .mesh import Mesh
+    from .reconstruct import Reconstructor, reconstruct
+except KeyboardInterrupt:
+    # the xmesh command (its script, or python -m xmesh while the package is found) answers it in one line
+    if sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "xmesh":
+        interrupted_while_starting()
+    raise
 
 __version__ = "0.1.0"
 __all__ = ["cameras", "reconstruct", "Reconstructor", "Mesh", "XmeshError", "__version__"]

@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 
-from .errors import XmeshError
+from .errors import INTERRUPTED_WHILE_STARTING, XmeshError
 from .pipeline import startup
 
 COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve", "weights")
@@ -27,8 +27,12 @@ _ran: list[str] = []   # the command main() ran last
 
 
 def main(argv=None) -> int:
-    startup.begin()
-    parser = build_parser()
+    try:
+        startup.begin()
+        parser = build_parser()   # imports every command's module: Ctrl+C may come meanwhile
+    except KeyboardInterrupt:
+        print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     _ran.append(args.command)
     def one_line(message, category, filename, lineno, file=None, line=None):
@@ -42,7 +46,8 @@ def main(argv=None) -> int:
         print(f"xmesh {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"xmesh {args.command}: interrupted; finished outputs are complete, nothing was left half-written", file=sys.stderr)
+        print(f"xmesh {args.command}: interrupted; finished outputs are complete, nothing was left half-written",
+              file=sys.stderr)
         return 130
     finally:
         startup.end()   # a later library call in this process starts its own clock

@@ -6,6 +6,10 @@ on it without reading a traceback. Subclasses also derive from the built-in type
 """
 from __future__ import annotations
 
+import sys
+
+INTERRUPTED_WHILE_STARTING = "xmesh: interrupted while starting; nothing was written"
+
 SHOWN = 3   # the items a message lists before "and N more"
 
 
@@ -63,3 +67,9 @@ class MissingExtraError(XmeshError, ImportError):
 class UnwritableOutputError(XmeshError, PermissionError):
     """An output file or folder cannot be written (a read-only or special file system, no permission,
     a part of its path that is a file); found before any work is done."""
+
+
+def interrupted_while_starting() -> None:
+    """The xmesh command's answer to Ctrl+C before its subcommand runs: one line and exit status 130."""
+    print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
+    raise SystemExit(130) from None

@@ -141,9 +141,10 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
             return body(args, spec, None, client)
     from ..pipeline.loading import start_pool
 
-    pool = start_pool(chosen.loaders)
-    startup.mark("other")
-    try:
+    pool = None
+    try:   # the pool shut down however the command ends, Ctrl+C while it starts included
+        pool = start_pool(chosen.loaders)
+        startup.mark("other")
         model = reconstructor_from_args(args)
         startup.mark("model")
         model.backend.load_kernels()

@@ -78,6 +78,24 @@ def check_options(args) -> None:
         raise InputError(f"--http-processes {args.http_processes}: expected at least 1")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """InputError when another program listens on ``host``:``port`` (found by binding it as uvicorn will,
+    address reuse on), before the weights are loaded and any process starts."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            in_use = exc.errno == errno.EADDRINUSE
+            reason = "is in use by another program" if in_use else f"cannot be bound ({exc.strerror})"
+            raise InputError(f"--port {port}: {host}:{port} {reason}; choose another --port, or stop what "
+                             "listens there") from None
+
+
 def server_info(args, fingerprint: str, devices: tuple[int, ...] | None, http_processes: int) -> dict:
     """What ``GET /v1/info`` answers (less the requests in the server, which the route adds)."""
     from .. import __version__
@@ -107,6 +125,7 @@ def run(args) -> int:
     from ..template_gen import generate_template
 
     check_options(args)
+    check_port_free(args.host, args.port)
     devices = parse_devices(args.devices, args.backend)
     weights = resolve_weights(args.weights)
     fingerprint = weights_fingerprint(load_weights(weights))   # also checks the weights before any worker starts

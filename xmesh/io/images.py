@@ -192,13 +192,21 @@ def load_image(path: str | os.PathLike, view: int | None = None) -> np.ndarray:
         raise InputError(f"load_image: path must be a str or os.PathLike, not {type(path).__name__}")
     path = Path(path)
     image = decode_file(path)
-    reasons = unlike_a_rendering(image) if image.ndim in (2, 3) and min(image.shape[:2]) > 0 else []
-    if reasons:
-        which = f"view {view} ({path})" if view is not None else str(path)
-        warnings.warn(f"{which}: {'; '.join(reasons)}. The network expects renderings like ShapeNet's: "
-                      f"{IMAGE_SIZE}x{IMAGE_SIZE} (or 137x137) colour pictures of the object alone on white; for "
-                      "photos give their camera poses instead (--colmap or --poses, xmesh.cameras)", stacklevel=2)
+    warning = rendering_warning(image, f"view {view} ({path})" if view is not None else str(path))
+    if warning:
+        warnings.warn(warning, stacklevel=2)
     return prepare_image(image, name=f"image file {str(path)!r}")
+
+
+def rendering_warning(image: np.ndarray, which: str) -> str | None:
+    """The warning for a decoded image unlike the renderings the network was trained on
+    (:func:`unlike_a_rendering`), naming it as ``which``; None when it looks like one."""
+    reasons = unlike_a_rendering(image) if image.ndim in (2, 3) and min(image.shape[:2]) > 0 else []
+    if not reasons:
+        return None
+    return (f"{which}: {'; '.join(reasons)}. The network expects renderings like ShapeNet's: "
+            f"{IMAGE_SIZE}x{IMAGE_SIZE} (or 137x137) colour pictures of the object alone on white; for "
+            "photos give their camera poses instead (--colmap or --poses, xmesh.cameras)")
 
 
 def _from_network_array(array: np.ndarray) -> np.ndarray:

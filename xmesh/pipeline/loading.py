@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import select
+import signal
 import threading
 import time
 from collections import deque
@@ -117,16 +118,35 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
         # skips), and its quick end
         context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing", "xmesh.io.exact_text",
                                         "xmesh.pipeline.server_exit"])
+        _start_forkserver_deaf_to_ctrl_c()
     else:
         context = multiprocessing.get_context("spawn")
     return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_pool_process_start,
                                initargs=(os.getpid(), initializer, initargs))
 
 
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the forkserver (where it is not running yet) with SIGINT ignored, which its interpreter and
+    its children, the pool's processes, keep: Ctrl+C in a terminal reaches every process of the command,
+    and the command alone answers it (its pool shut down, one line said), without a traceback from the
+    forkserver's imports or each pool process. A Ctrl+C in the milliseconds its fork and exec take is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        return   # only the main thread may set a handler; the forkserver then starts as multiprocessing starts it
+    from multiprocessing import forkserver
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _pool_process_start(owner: int, initializer, initargs: tuple) -> None:
     """A pool process's start: it ends itself once ``owner`` (the process whose pool it serves) has
     gone, then runs ``initializer``. An owner killed outright never shuts its pool down, and the
-    pool's processes would otherwise wait for tasks for ever (keeping the forkserver alive too)."""
+    pool's processes would otherwise wait for tasks for ever (keeping the forkserver alive too).
+    Ctrl+C is the owner's to answer: a pool process ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_end_after, args=(owner,), name="xmesh-owner-watch", daemon=True).start()
     initializer(*initargs)
 
@@ -166,8 +186,8 @@ def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> 
         try:
             for _ in range(workers):
                 pool.submit(_ready)
-        except RuntimeError:   # shut down meanwhile
-            pass
+        except (RuntimeError, EOFError, OSError):   # shut down meanwhile, or its processes could not start
+            pass   # (the pool's first task raises it again for its user)
 
     threading.Thread(target=start, name="xmesh-pool-start", daemon=True).start()
     return pool

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from xmesh.errors import InputError, XmeshError
 from xmesh.io.cameras import load_cameras
 from xmesh.io.gltf import read_glb
 from xmesh.mesh import Mesh
+
+WARNINGS_HEADER = "X-Xmesh-Warnings"   # a JSON list (ASCII) of what xmesh reconstruct would warn of the inputs
 
 
 class ServerError(XmeshError):
@@ -109,8 +112,12 @@ def post(url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "gl
 
 
 def remote_mesh(url: str, images: Sequence[Any], fields: dict[str, str], timeout: float = 300.0) -> tuple[Mesh, Any]:
-    """(the mesh, the answer's headers) of the request with ``fields`` (:func:`request_fields`)."""
+    """(the mesh, the answer's headers) of the request with ``fields`` (:func:`request_fields`); the
+    server's warnings about the inputs (its X-Xmesh-Warnings header) are Python warnings here, as
+    the same images given to ``xmesh.reconstruct`` give."""
     body, headers = post(url, images, fields, "glb", timeout)
+    for text in json.loads(headers.get(WARNINGS_HEADER) or "[]"):
+        warnings.warn(text, stacklevel=2)
     vertices, faces = read_glb(body, f"the answer of {url}")
     return Mesh(np.array(vertices), faces), headers
 

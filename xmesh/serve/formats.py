@@ -63,4 +63,5 @@ def answer(fmt: str, sample: Sample, network_mesh: Mesh, weights_line: str) -> b
         return mesh.encode(fmt)
     files = {name: base64.b64encode(mesh.encode(name)).decode("ascii") for name in MESH_FORMATS}
     return json.dumps({"picture": base64.b64encode(picture(sample, network_mesh, weights_line)).decode("ascii"),
-                       "files": files, "vertices": len(mesh.vertices), "faces": len(mesh.faces)}).encode("utf-8")
+                       "files": files, "vertices": len(mesh.vertices), "faces": len(mesh.faces),
+                       "warnings": sample.warnings}).encode("utf-8")

@@ -1,7 +1,10 @@
 """``GET /``: a page to try the server from a browser, self-contained (its style and script inline,
-nothing loaded from elsewhere). It sends the form to ``/v1/reconstruct?format=preview`` and shows
-the picture and the OBJ, PLY and GLB downloads the answer carries."""
+nothing loaded from elsewhere). It says which weights the server runs, sends the form to
+``/v1/reconstruct?format=preview`` and shows the picture, the warnings about the inputs and the OBJ,
+PLY and GLB downloads the answer carries."""
 from __future__ import annotations
+
+import html
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -17,12 +20,15 @@ textarea { width: 100%; font: 13px monospace; }
 #status.error { color: #a00; }
 #picture { max-width: 100%; border: 1px solid #ccd; }
 #downloads a { margin-right: 1.5em; }
+#weights.synthetic { background: #fff4d6; border: 1px solid #e0b040; padding: 0.5em 0.8em; }
+#warnings { color: #8a5a00; }
 </style>
 </head>
 <body>
 <h1>xmesh serve</h1>
 <p>Three photos of an object, in view order, and their cameras: Pixel2Mesh++ returns its mesh.
 The same request from a script: <code>POST /v1/reconstruct</code> (see <code>GET /v1/info</code>).</p>
+<p id="weights" class="@WEIGHTS_CLASS@">@WEIGHTS@</p>
 <form id="form">
 <fieldset><legend>Photos (PNG or JPEG, three, in view order)</legend>
 <input id="images" name="images" type="file" accept="image/png,image/jpeg" multiple required>
@@ -36,6 +42,7 @@ camera rows: [azimuth, elevation, 0, distance, 25] per view</label><br>
 <button id="send" type="submit">Reconstruct</button>
 </form>
 <div id="status"></div>
+<ul id="warnings"></ul>
 <div id="result" hidden>
 <img id="picture" alt="the views and the reconstructed meshes">
 <p id="downloads"></p>
@@ -61,6 +68,8 @@ camera rows: [azimuth, elevation, 0, distance, 25] per view</label><br>
     for (var i = 0; i < files.length; i++) { body.append('images', files[i], files[i].name); }
     body.append(kind, document.getElementById('cameras').value);
     say('reconstructing...', false);
+    var warned = document.getElementById('warnings');
+    warned.textContent = '';
     var started = performance.now();
     fetch('/v1/reconstruct?format=preview', {method: 'POST', body: body}).then(function (response) {
       return response.json().then(function (data) { return {ok: response.ok, data: data, headers: response.headers}; });
@@ -70,6 +79,11 @@ camera rows: [azimuth, elevation, 0, distance, 25] per view</label><br>
         return;
       }
       var data = answer.data;
+      (data.warnings || []).forEach(function (text) {
+        var item = document.createElement('li');
+        item.textContent = 'warning: ' + text;
+        warned.appendChild(item);
+      });
       document.getElementById('picture').src = 'data:image/png;base64,' + data.picture;
       var links = document.getElementById('downloads');
       links.textContent = '';
@@ -88,5 +102,14 @@ camera rows: [azimuth, elevation, 0, distance, 25] per view</label><br>
 """
 
 
-def page_html() -> str:
-    return PAGE
+def page_html(info: dict) -> str:
+    """The page for the server of ``info`` (``GET /v1/info``'s): it says which weights the server runs,
+    set apart where they are the synthetic recipe's, not trained ones."""
+    weights = info["weights"]
+    if weights["synthetic"]:
+        line = (f"This server runs {weights['description']}: its meshes show what the pipeline does, not what "
+                "the trained network reconstructs.")
+    else:
+        line = f"This server runs {weights['description']}."
+    return (PAGE.replace("@WEIGHTS_CLASS@", "synthetic" if weights["synthetic"] else "trained")
+            .replace("@WEIGHTS@", html.escape(line)))

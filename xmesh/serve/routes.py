@@ -13,6 +13,7 @@ each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken in the HTTP p
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import time
 from collections.abc import Awaitable, Callable
@@ -21,11 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from python_multipart.multipart import parse_options_header
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from xmesh.mesh import Mesh
+from xmesh.serve.client import WARNINGS_HEADER
 from xmesh.serve.formats import MEDIA_TYPES, QUICK_FORMATS, answer, choose_format
 from xmesh.serve.page import page_html
 from xmesh.serve.upload import Sample, UploadError, prepare
@@ -45,6 +49,7 @@ PHASES = (("read", "arrived", "read", "the body read and its multipart fields pa
           ("format", "answered", "formatted", "the mesh written as the answer's file"),
           ("total", "arrived", "formatted", "all of it: X-Xmesh-Server-Ms"))
 FIELDS = ("images", "cameras", "poses")
+ROUTES_SERVED = "the server answers GET / (a page), GET /v1/info, GET /health and POST /v1/reconstruct"
 MAX_PARTS = 16
 RETRY_AFTER_S = 1
 
@@ -126,6 +131,26 @@ async def _bounded_body(request: Request, limits: Limits):
         yield chunk
 
 
+class CloseWatch:
+    """Whether a multipart body's close delimiter (``--BOUNDARY--``) has gone by in its chunks: a body
+    cut short parses as whole parts less the missing ones, which would be blamed on the fields."""
+
+    def __init__(self, content_type: str):
+        _, options = parse_options_header(content_type)
+        boundary = options.get(b"boundary", b"")
+        self.delimiter = b"--" + boundary + b"--" if boundary else b""
+        self.closed, self.received, self._tail = not boundary, 0, b""
+
+    async def watch(self, chunks):
+        async for chunk in chunks:
+            self.received += len(chunk)
+            if not self.closed:
+                seen = self._tail + chunk
+                self.closed = self.delimiter in seen
+                self._tail = seen[-len(self.delimiter):]
+            yield chunk
+
+
 async def read_fields(request: Request, limits: Limits) -> tuple[list[tuple[str, bytes]], str | None, str | None]:
     """(images as (file name, bytes), cameras text, poses text) of a multipart/form-data body."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
@@ -134,13 +159,17 @@ async def read_fields(request: Request, limits: Limits) -> tuple[list[tuple[str,
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise _too_large(f"{int(declared)} bytes, ", limits)
-    parser = MultiPartParser(request.headers, _bounded_body(request, limits), max_files=MAX_PARTS,
+    close = CloseWatch(request.headers.get("content-type", ""))
+    parser = MultiPartParser(request.headers, close.watch(_bounded_body(request, limits)), max_files=MAX_PARTS,
                              max_fields=MAX_PARTS, max_part_size=1 << 20)
     try:
         form = await parser.parse()
     except MultiPartException as exc:
         raise UploadError("body", f"malformed multipart/form-data ({exc.message})") from None
     try:
+        if not close.closed:
+            raise UploadError("body", f"cut short: {close.received} bytes without the closing "
+                                      f"{close.delimiter.decode('latin-1')!r} line; send the whole multipart body")
         unknown = sorted(set(form.keys()) - set(FIELDS))
         if unknown:
             raise UploadError(unknown[0], f"unknown field; expected {', '.join(FIELDS)}")
@@ -172,9 +201,22 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
     for a worker and returns its answer."""
     weights_line = info["weights"]["description"]
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_refusal(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """404, 405 and any other refusal of the framework's in the JSON of every refusal."""
+        if exc.status_code == 404:
+            field, message = "path", f"{request.url.path}: no such path; {ROUTES_SERVED}"
+        elif exc.status_code == 405:
+            field, message = "method", f"{request.method} {request.url.path}: method not allowed; {ROUTES_SERVED}"
+        else:
+            field, message = None, str(exc.detail)
+        return refusal(field, message, exc.status_code, getattr(exc, "headers", None))
+
+    html = page_html(info)
+
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
-        return HTMLResponse(page_html())
+        return HTMLResponse(html)
 
     @app.get("/v1/info")
     async def about() -> JSONResponse:
@@ -205,6 +247,8 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
             headers = {BATCH_HEADER: str(result["batch"]), COMPUTE_MS_HEADER: f"{result['ms']:.3f}",
                        SERVER_MS_HEADER: f"{(stamps['formatted'] - stamps['arrived']) * 1000.0:.3f}",
                        TIMING_HEADER: server_timing(stamps)}
+            if sample.warnings:
+                headers[WARNINGS_HEADER] = json.dumps(sample.warnings)
             return Response(body, media_type=MEDIA_TYPES[fmt], headers=headers)
         except UploadError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)

@@ -21,7 +21,7 @@ import numpy as np
 
 from xmesh.errors import InputError, XmeshError
 from xmesh.io.cameras import load_cameras
-from xmesh.io.images import NUM_VIEWS, decode_image_bytes, load_images, prepare_image_u8
+from xmesh.io.images import NUM_VIEWS, decode_image_bytes, load_images, prepare_image_u8, rendering_warning
 
 MAX_PIXELS = 64_000_000      # a 48-megapixel phone photo fits; a 30000x30000 "bomb" does not
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -47,12 +47,14 @@ class Sample:
     where the photos are 8-bit (a quarter of the bytes to queue; ``xmesh.io.images.images_to_unit``
     gives the float32 input, bit for bit), else float32; camera ``rows`` (3, 5) float32;
     ``photo_cameras`` (posed photos) puts the mesh in their world; ``stamps`` the ``time.monotonic()``
-    of the steps it went through (the answer's Server-Timing header)."""
+    of the steps it went through (the answer's Server-Timing header); ``warnings`` what ``xmesh
+    reconstruct`` would warn of these images (those unlike a rendering), answered with the mesh."""
 
     images: np.ndarray
     rows: np.ndarray
     photo_cameras: Any = None
     stamps: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
 
     def place(self, mesh):
         return mesh if self.photo_cameras is None else self.photo_cameras.place(mesh)
@@ -179,10 +181,16 @@ async def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: st
     decoded = [image for image, _ in outcomes]
     if rows is None:
         return await loop.run_in_executor(pool, _posed, files, decoded, poses)
+    # camera rows take renderings: the warnings of xmesh reconstruct --cameras for images unlike them
+    said = [rendering_warning(image, f"view {i + 1} ({name!r})")
+            for i, ((name, _), image) in enumerate(zip(files, decoded))]
     views = [view for _, view in outcomes]
     if all(view is not None for view in views):
-        return Sample(np.stack(views), rows)
-    return await loop.run_in_executor(pool, _loaded, decoded, rows)
+        sample = Sample(np.stack(views), rows)
+    else:
+        sample = await loop.run_in_executor(pool, _loaded, decoded, rows)
+    sample.warnings = [warning for warning in said if warning]
+    return sample
 
 
 def _posed(files, decoded, poses: str) -> Sample:
