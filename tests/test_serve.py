@@ -1138,9 +1138,6 @@ def test_serve_load_counts_each_batch_once_in_how_busy_the_devices_were():
 
 # ------------------------------------------------------------------------------------------ errors, warnings, GLB
 
-GOLDEN_ATOL = 1e-5   # ../shared/golden/README.md: all but a handful of vertices within 1e-5 of the reference
-
-
 def ask(url: str, method: str, path: str, body: bytes | None = None, headers=None):
     """(status, headers, body) of any request, without raising on 4xx/5xx."""
     connection = http.client.HTTPConnection(url.split("//")[1], timeout=60)
@@ -1236,7 +1233,7 @@ def test_the_cli_writes_a_glb_here_and_from_the_server(server, inputs, offline, 
         assert done.stderr.startswith(f"wrote {out} (2466 vertices, 4928 faces)"), done.stderr
         vertices, faces = read_glb(out.read_bytes(), str(out))
         np.testing.assert_array_equal(faces, offline["a"].faces)
-        assert_mostly_within(vertices, offline["a"].vertices, atol=GOLDEN_ATOL, label=where)
+        assert_mostly_within(vertices, offline["a"].vertices, label=where)   # tests/tolerance.py's golden tolerance
 
 
 def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
