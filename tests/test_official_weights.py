@@ -287,3 +287,13 @@ def test_convert_official_after_weights_add(release, cache, tmp_path, capsys):
     with np.load(out) as npz:
         assert len(npz.files) == 237
         np.testing.assert_array_equal(npz["meshnet/cnn/conv2d_1/W:0"], release["arrays"]["meshnet/cnn/conv2d_1/W:0"])
+
+
+def test_an_unwritable_cache_folder_is_one_line(release, tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "a_file"), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "xmesh", "weights", "add", str(release["zip"]), "--no-progress"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"xmesh weights: error: {tmp_path / 'a_file'}")
+    assert "expected a readable release and a writable cache folder" in done.stderr

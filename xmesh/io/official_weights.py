@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from xmesh.errors import ChecksumError, InputError, MissingFileError
+from xmesh.errors import ChecksumError, InputError, MissingFileError, UnwritableOutputError, XmeshError
+from xmesh.io.atomic import os_error_reason
 from xmesh.io.checkpoint import TensorInfo, read_index
 from xmesh.io.crc32c import crc32c
 
@@ -233,6 +234,19 @@ def add_official_weights(source: str | os.PathLike, reference: Path | None = Non
     reference = Path(reference) if reference is not None else official_index_folder()
     say = say or (lambda line: print(line, file=sys.stderr))
     folder = weights_folder()
+    try:
+        return _add(source, reference, folder, progress, say)
+    except OSError as exc:
+        if isinstance(exc, XmeshError):
+            raise
+        where = exc.filename or folder
+        raise UnwritableOutputError(
+            f"{where}: {os_error_reason(exc)}; 'xmesh weights add' reads the release and writes its checked copy "
+            f"(about 131 MB) in {folder.parent}: expected a readable release and a writable cache folder with room "
+            "(XDG_CACHE_HOME moves it)") from None
+
+
+def _add(source: str | os.PathLike, reference: Path, folder: Path, progress: bool, say: Callable[[str], None]) -> Path:
     downloaded = None
     text = os.fspath(source)
     if _is_url(text):
