@@ -196,6 +196,21 @@ def test_ctrl_c_while_the_loaders_start_is_one_line(small_set, tmp_path):
     assert not rows.exists() or rows.read_text().endswith("\n")
 
 
+@pytest.mark.parametrize("launch", ["python -m xmesh", "the xmesh script"])
+def test_ctrl_c_while_python_imports_xmesh_is_one_line(launch, tmp_path):
+    """Ctrl+C while the package's modules are imported (a second or more on a busy machine): a stand-in
+    for SciPy, which xmesh imports then, sends it, at a point no sleep has to find."""
+    (tmp_path / "scipy").mkdir()
+    (tmp_path / "scipy" / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    command = {"python -m xmesh": ["-m", "xmesh", "eval", "--help"],
+               "the xmesh script": ["-c", "import sys; sys.argv = ['/usr/local/bin/xmesh', 'eval', '--help']; "
+                                          "from xmesh.cli import command; command()"]}[launch]
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    assert done.returncode == 130 and done.stdout == "", done.stderr
+    assert done.stderr == "xmesh: interrupted while starting; nothing was written\n"
+
+
 def test_ctrl_c_in_the_middle_of_eval_is_one_line_and_keeps_whole_rows(small_set, tmp_path):
     from xmesh.results import read_csv
 
