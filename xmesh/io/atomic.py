@@ -1,12 +1,14 @@
 """Write outputs atomically: a temporary file beside the target, then ``os.replace``.
 
-An interrupted write leaves either the old file or the new one, never half of one.
+An interrupted write leaves either the old file or the new one, never half of one. The temporary
+file is created as ``open`` creates any new file (mode 0666 less the umask, and a folder's default
+ACL), not with ``tempfile.mkstemp``'s 0600, so the result is as readable as any other new file there.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -20,7 +22,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    fd, tmp = _new_temporary(folder, target.name)
     try:
         if mode == "w":
             handle = os.fdopen(fd, mode, encoding=encoding or "utf-8", newline="")
@@ -35,6 +37,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _new_temporary(folder: Path, name: str) -> tuple[int, str]:
+    """A new hidden file ``.{name}.{random}.tmp`` in ``folder``, opened for writing: (descriptor, path)."""
+    while True:
+        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def os_error_reason(exc: OSError) -> str:

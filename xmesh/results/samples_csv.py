@@ -90,7 +90,7 @@ class CsvAppender:
     def __init__(self, path: Path):
         self.path = path
         fresh = not path.exists() or path.stat().st_size == 0
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)   # the umask decides
         if fresh:
             self.write(",".join(CSV_COLUMNS) + "\n")
 
