@@ -66,7 +66,7 @@ def test_eval_on_two_workers_writes_the_rows_and_meshes_of_the_single_process_ru
                                "--save-ground")) == 0
     assert "cluster local:2: 2 worker(s)" in capsys.readouterr().err
     assert {p.name for p in spread.iterdir()} == {"samples.csv", "summary.json", "summary.txt", "f_score.log", "cd.log",
-                                                  "predict"}
+                                                  "run.json", "predict"}
     run = json.loads((spread / "summary.json").read_text())["run"]
     assert run["cluster"]["workers_used"] == 2 and run["cluster"]["shards"] == 2 and run["evaluated"] == 2
     assert sorted(_rows(spread)) == sorted(data["ids"][:2])

@@ -38,7 +38,17 @@ from .pipeline.executor import Executor, LocalExecutor
 from .pipeline.loop import format_timing
 from .pipeline.settings import GPU_BATCH, MESH_FORMATS, RunSettings
 from .pipeline.writing import FORMATS, GROUND_SUFFIX, prediction_files, prediction_stem, remove_stray_temporaries
-from .results import CSV_COLUMNS, ResultsStore, format_table, read_csv, repair_csv, summary_from_rows
+from .results import (
+    CSV_COLUMNS,
+    CSV_NAME,
+    SUMMARY_JSON,
+    SUMMARY_TXT,
+    ResultsStore,
+    format_table,
+    read_csv,
+    repair_csv,
+    summary_from_rows,
+)
 
 PREDICT_FOLDER = "predict"
 
@@ -113,6 +123,44 @@ def _prepare_out(out_dir) -> Path:
     return out_dir
 
 
+def clear_results(out_dir, evaluation: bool = True) -> int:
+    """Delete what an earlier :func:`evaluate_dataset` (``evaluation``) or :func:`reconstruct_dataset`
+    wrote in ``out_dir``, so that a run there starts afresh; other files stay. The count deleted."""
+    from .results.p2m_logs import CD_LOG, F_SCORE_LOG
+
+    out_dir = Path(out_dir)
+    meshes = out_dir / PREDICT_FOLDER if evaluation else out_dir
+    suffixes = (*FORMATS.values(), GROUND_SUFFIX) if evaluation else tuple(FORMATS.values())
+    files = [p for p in meshes.glob("*") if p.name.endswith(suffixes)] if meshes.is_dir() else []
+    if evaluation:
+        files += [out_dir / name for name in (CSV_NAME, SUMMARY_JSON, SUMMARY_TXT, F_SCORE_LOG, CD_LOG)]
+    removed = 0
+    for path in files:
+        if path.is_file():
+            path.unlink()
+            removed += 1
+    return removed + remove_stray_temporaries(meshes)
+
+
+def _check_identity(out_dir, identity, overwrite: bool) -> None:
+    if identity is not None:
+        from .results.run_identity import check_identity
+
+        check_identity(out_dir, identity, overwrite)
+
+
+def _start_out(out_dir, identity, overwrite: bool, evaluation: bool) -> None:
+    """Make ``out_dir`` once the inputs are checked: the earlier results cleared with ``overwrite``, this
+    run's identity recorded."""
+    _prepare_out(out_dir)
+    if overwrite:
+        clear_results(out_dir, evaluation)
+    if identity is not None:
+        from .results.run_identity import record_identity
+
+        record_identity(out_dir, identity)
+
+
 def _fail_on_missing(listed: list, todo: list) -> None:
     """Raise one MissingFileError for the samples to run with a file absent: the first one's message, and
     how many others there are with the first few of their ids."""
@@ -148,7 +196,7 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
                      workers: int | None = None, metric_backend: str = "auto", limit: int | None = None,
                      progress: bool = True, views: Sequence[int] = DEFAULT_VIEWS, save_meshes: bool = False,
                      meta: dict | None = None, loader_pool=None, client=None, shard_batches: int | None = None,
-                     save_ground: bool = False) -> dict:
+                     save_ground: bool = False, identity=None, overwrite: bool = False) -> dict:
     """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:meth:`RunSettings.choose`).
@@ -164,6 +212,10 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     ``reconstructor`` may be an :class:`xmesh.cluster.ModelSpec` from which each worker builds its
     own model, and ``shard_batches`` caps the batches sent to a worker at once; ``run`` gains
     ``cluster``, and its stage seconds are per worker.
+
+    ``identity``: the run's :class:`~xmesh.results.run_identity.RunIdentity`; an ``out_dir`` recording
+    another is refused, else it is recorded (``out_dir/run.json``) once the inputs are checked.
+    ``overwrite``: start afresh, the earlier results deleted (:func:`clear_results`) instead of resumed.
     """
     clock = startup.adopt()
     _check_options(batch_size, workers, metric_backend, limit, shard_batches)
@@ -176,14 +228,17 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
                                   ground_root=str(gt_root) if save_ground else None)
     listed = startup.take(list_samples, *listing_args(list_file, images_root, gt_root, views, limit, True))
     items = [(s, p) for s, p, _ in listed]
-    store = ResultsStore(_checked_out(out_dir))
-    if predict_dir is not None:
+    _check_identity(out_dir, identity, overwrite)
+    store = None if overwrite else ResultsStore(_checked_out(out_dir))
+    if predict_dir is not None and store is not None:
         remove_stray_temporaries(predict_dir)
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
-    todo = [(s, p) for s, p in items if str(s) not in store.done_ids
+    todo = [(s, p) for s, p in items if store is None or str(s) not in store.done_ids
             or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS, ground=save_ground))]
     _fail_on_missing(listed, todo)   # before any compute
-    _prepare_out(out_dir)
+    _start_out(out_dir, identity, overwrite, evaluation=True)
+    if store is None:
+        store = ResultsStore(Path(out_dir))
     clock.mark("listing")
 
     run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": store.repaired_last_line,
@@ -200,11 +255,12 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
 def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
                         workers: int | None = None, limit: int | None = None, progress: bool = True,
                         views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = MESH_FORMATS,
-                        loader_pool=None, client=None, shard_batches: int | None = None) -> dict:
+                        loader_pool=None, client=None, shard_batches: int | None = None, identity=None,
+                        overwrite: bool = False) -> dict:
     """Reconstruct every sample of ``list_file`` (official layout, no ground truth needed) into
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
     Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``.
-    ``client`` and ``shard_batches``: as for :func:`evaluate_dataset`."""
+    ``client``, ``shard_batches``, ``identity`` and ``overwrite``: as for :func:`evaluate_dataset`."""
     clock = startup.adopt()
     _check_options(batch_size, workers, "auto", limit, shard_batches)
     unknown = [f for f in formats if f not in FORMATS]
@@ -215,10 +271,12 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     listed = startup.take(list_samples, *listing_args(list_file, images_root, out_dir, views, limit, False))
     items = [(s, p) for s, p, _ in listed]
     out_dir = _checked_out(out_dir)
-    remove_stray_temporaries(out_dir)
-    todo = [(s, p) for s, p in items if not _have_files(out_dir, s, formats)]
+    _check_identity(out_dir, identity, overwrite)
+    if not overwrite:
+        remove_stray_temporaries(out_dir)
+    todo = [(s, p) for s, p in items if overwrite or not _have_files(out_dir, s, formats)]
     _fail_on_missing(listed, todo)
-    _prepare_out(out_dir)
+    _start_out(out_dir, identity, overwrite, evaluation=False)
     clock.mark("listing")
     info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0,
             **settings.as_summary()}

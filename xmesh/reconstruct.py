@@ -17,7 +17,7 @@ from .errors import DeviceOutOfMemoryError, InputError
 from .io.images import NUM_VIEWS
 from .io.template import Template, load_template
 from .io.weight_sources import is_named_source, resolve_weights
-from .io.weights import load_weights
+from .io.weights import load_weights, weights_fingerprint
 from .mesh import Mesh
 from .model import architecture as arch
 from .model import network
@@ -116,6 +116,14 @@ def _template(template) -> Template:
     raise InputError(f"template={template!r}: expected None (the built-in ellipsoid), a Template, or the path of a .dat file")
 
 
+def _host_inputs(template, weights) -> tuple[Template, dict, str]:
+    """The template, the weights' arrays and their fingerprint (what a run's results depend on:
+    :mod:`xmesh.results.run_identity`)."""
+    mesh = _template(template)   # first: a bad template is named before the weights are read
+    arrays = load_weights(resolve_weights(weights))
+    return mesh, arrays, weights_fingerprint(arrays)
+
+
 class Reconstructor:
     """Pixel2Mesh++ with its weights and template resident on a backend, for repeated calls.
 
@@ -150,13 +158,13 @@ class Reconstructor:
             with suppress(ImportError):
                 importlib.import_module("cupy")
         host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xmesh-model-host")
-        inputs = host.submit(lambda: (_template(template), load_weights(resolve_weights(weights))))
+        inputs = host.submit(_host_inputs, template, weights)
         host.shutdown(wait=False)
         self.backend = get_backend(backend, precision=precision) if isinstance(backend, str) else get_backend(backend)
         # how to build this model again in another process (a cluster worker: xmesh.cluster)
         self.spec = ModelSpec.of(weights, template, self.backend.name, getattr(self.backend, "precision", precision),
                                  view_quirk, graphs)
-        self.template, arrays = inputs.result()
+        self.template, arrays, self.weights_fingerprint = inputs.result()
         self.stage1 = prepare_stage1(self.backend, arrays, self.template)
         self.stage2 = prepare_stage2(self.backend, arrays, self.template)
         self.view_quirk = bool(view_quirk)

@@ -97,6 +97,32 @@ def reconstructor_from_args(args):
                          precision=args.precision, view_quirk=not args.no_view_quirk)
 
 
+def add_overwrite_option(parser, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"start afresh: delete the {what} of an earlier run in --out instead of resuming it "
+                             "(a resume with other weights, template or settings than those recorded in "
+                             "--out/run.json is refused)")
+
+
+def run_identity(args, model):
+    """What a dataset command's results depend on (:mod:`xmesh.results.run_identity`): ``model``'s
+    weights fingerprint and template (a ModelSpec for a cluster: the weights are read here for it) and
+    the result-changing options, checked against --out's record (another run's folder is refused here,
+    unless --overwrite); the dataset run records it once its inputs are checked."""
+    from ..results.run_identity import check_identity, model_identity
+
+    fingerprint = getattr(model, "weights_fingerprint", None)
+    if fingerprint is None:
+        from ..io.weights import load_weights, weights_fingerprint
+
+        fingerprint = weights_fingerprint(load_weights(resolve_weights(args.weights)))
+    identity = model_identity(fingerprint, getattr(model, "template", args.template), args.backend, args.precision,
+                              args.views, not args.no_view_quirk, weights_about=" ".join(args.weights),
+                              template_about=args.template or "built-in ellipsoid")
+    check_identity(args.out, identity, args.overwrite)
+    return identity
+
+
 @contextlib.contextmanager
 def output_errors(what: str):
     """Turn an OS error while writing an output into one InputError: ``what`` names the output

@@ -7,10 +7,12 @@ from ..io.weight_sources import describe_weights
 from .common import (
     add_cluster_option,
     add_model_options,
+    add_overwrite_option,
     check_batch_size,
     check_folder,
     describe_processes,
     run_dataset_command,
+    run_identity,
 )
 
 IMAGES_ROOT = "the ShapeNetRendering folder ({synset}/{item}/rendering/NN.png), or a folder holding it"
@@ -47,6 +49,7 @@ def add_parser(sub) -> None:
     p.add_argument("--report", action="store_true",
                    help="also write OUT/report.html (charts, timing, a gallery) and its pictures in OUT/report/; "
                         'needs the report extra: pip install "xmesh-p2mpp[report]"')
+    add_overwrite_option(p, "samples.csv, summaries, logs, meshes and report")
     add_model_options(p)
     add_cluster_option(p)
     p.set_defaults(run=run)
@@ -76,6 +79,7 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import evaluate_dataset, format_table, format_timing
     from ..pipeline.startup import format_startup
 
+    identity = run_identity(args, model)
     said = describe_weights(args.weights)
     print(f"xmesh eval: {said}, backend {args.backend} ({args.precision}), batch size {chosen.batch_size}, "
           f"{describe_processes(chosen, args, client, 'mesh writer')}",
@@ -84,11 +88,20 @@ def _run(args, chosen, model, pool, client) -> int:
         model, args.list, args.images, args.gt, args.out, batch_size=args.batch_size, workers=args.workers,
         metric_backend=args.metric_backend, limit=args.limit, progress=not args.no_progress, views=args.views,
         save_meshes=args.save_meshes, save_ground=args.save_ground, loader_pool=pool, client=client, shard_batches=args.shard_batches,
+        identity=identity, overwrite=args.overwrite,
         meta={"weights": said, "backend": args.backend, "precision": args.precision,
               "template": args.template or "built-in ellipsoid", "views": list(args.views),
               "synthetic_weights": said.startswith("synthetic")},
     )
     info = summary["run"]
+    if args.overwrite:   # the earlier run's report goes with its results
+        import shutil
+        from pathlib import Path
+
+        from ..report import REPORT_FOLDER, REPORT_HTML
+
+        Path(args.out, REPORT_HTML).unlink(missing_ok=True)
+        shutil.rmtree(Path(args.out, REPORT_FOLDER), ignore_errors=True)
     if info["skipped"]:
         print(f"xmesh eval: resumed; {info['skipped']} sample(s) already in {args.out}/samples.csv were skipped",
               file=sys.stderr)

@@ -11,6 +11,7 @@ from ..io.writable import check_writable_file, check_writable_folder
 from .common import (
     add_cluster_option,
     add_model_options,
+    add_overwrite_option,
     check_batch_size,
     check_folder,
     check_weights_values,
@@ -18,6 +19,7 @@ from .common import (
     output_errors,
     resolve_weights,
     run_dataset_command,
+    run_identity,
 )
 from .eval import IMAGES_ROOT
 from .photo_options import add_photo_options, camera_source, inputs_from_args, reject_photo_options
@@ -48,6 +50,7 @@ def add_parser(sub) -> None:
     p.add_argument("--server", default=None, metavar="URL",
                    help="send the images and --cameras or --poses to a running 'xmesh serve' at URL instead of "
                         "reconstructing here (the model options are then the server's)")
+    add_overwrite_option(p, "meshes (with --list)")
     add_model_options(p, weights_required=False)
     add_cluster_option(p)
     p.set_defaults(run=run)
@@ -168,13 +171,14 @@ def _run(args, chosen, model, pool, client) -> int:
     from ..evaluate import format_timing, reconstruct_dataset
     from ..pipeline.startup import format_startup
 
+    identity = run_identity(args, model)
     print(f"xmesh reconstruct: {describe_weights(args.weights)}, backend {args.backend} ({args.precision}), "
           f"batch size {chosen.batch_size}, {describe_processes(chosen, args, client)}",
           file=sys.stderr)
     info = reconstruct_dataset(model, args.list, args.images_root, args.out, batch_size=args.batch_size,
                                workers=args.workers, limit=args.limit, progress=not args.no_progress,
                                views=args.views, loader_pool=pool, client=client,
-                               shard_batches=args.shard_batches)
+                               shard_batches=args.shard_batches, identity=identity, overwrite=args.overwrite)
     print(f"wrote {info['evaluated']} sample(s) to {args.out} ({info['skipped']} already there) in "
           f"{info['seconds']:.1f} s, {info['samples_per_s']:.1f} samples/s", file=sys.stderr)
     if "timing" in info:

@@ -17,6 +17,7 @@ the file, the key and the problem. Nothing in the pickle is executed (``xmesh.io
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
@@ -262,6 +263,27 @@ def template_to_dict(template: Template) -> dict:
     out["sample_coord"] = np.array(template.sample_coord, dtype=np.float32)
     out["sample_cheb_dense"] = [np.array(a, dtype=np.float32) for a in template.sample_cheb]
     return out
+
+
+def template_fingerprint(template: Template) -> str:
+    """SHA-256 (hex) of ``template``'s official layout: every array's place, dtype, shape and bytes, so the
+    same mesh from any file (or the built-in one) gives the same fingerprint."""
+    digest = hashlib.sha256()
+
+    def feed(place: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value):
+                feed(f"{place}/{key}", value[key])
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                feed(f"{place}/{i}", item)
+        else:
+            array = np.ascontiguousarray(value)
+            digest.update(f"{place}:{array.dtype.str}:{array.shape}\n".encode())
+            digest.update(array.tobytes())
+
+    feed("", template_to_dict(template))
+    return digest.hexdigest()
 
 
 # NumPy >= 2 names its array rebuilder ``numpy._core.multiarray``, a module NumPy 1 (and so
