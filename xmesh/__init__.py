@@ -6,18 +6,14 @@
 """
 from __future__ import annotations
 
-import os
-import sys
-
-from .errors import XmeshError, interrupted_while_starting
+from .errors import XmeshError, interrupted_while_starting, started_as_the_command
 
 try:   # a second or more on a busy machine, in which the xmesh command's Ctrl+C would print a traceback
     from . import cameras
     from .mesh import Mesh
     from .reconstruct import Reconstructor, reconstruct
 except KeyboardInterrupt:
-    # the xmesh command (its script, or python -m xmesh while the package is found) answers it in one line
-    if sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "xmesh":
+    if started_as_the_command():   # in one line; a library's user gets the KeyboardInterrupt
         interrupted_while_starting()
     raise
 

@@ -30,10 +30,14 @@ def main(argv=None) -> int:
     try:
         startup.begin()
         parser = build_parser()   # imports every command's module: Ctrl+C may come meanwhile
+        args = parser.parse_args(argv)
     except KeyboardInterrupt:
+        startup.end()
         print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
         return 130
-    args = parser.parse_args(argv)
+    except BaseException:   # argparse's exit (--help, --version, a usage error): no clock left for a later call
+        startup.end()
+        raise
     _ran.append(args.command)
     def one_line(message, category, filename, lineno, file=None, line=None):
         print(f"xmesh {args.command}: warning: {message}", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ on it without reading a traceback. Subclasses also derive from the built-in type
 """
 from __future__ import annotations
 
+import os
 import sys
 
 INTERRUPTED_WHILE_STARTING = "xmesh: interrupted while starting; nothing was written"
@@ -69,7 +70,17 @@ class UnwritableOutputError(XmeshError, PermissionError):
     a part of its path that is a file); found before any work is done."""
 
 
+def started_as_the_command() -> bool:
+    """Whether this process is the xmesh command (its script, or ``python -m xmesh`` while the package is
+    found or run) or a process the command started with multiprocessing (which sets ``sys.argv`` to the
+    command's)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return argv0 == "-m" or os.path.basename(argv0) == "xmesh" or argv0.endswith(os.path.join("xmesh", "__main__.py"))
+
+
 def interrupted_while_starting() -> None:
-    """The xmesh command's answer to Ctrl+C before its subcommand runs: one line and exit status 130."""
-    print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
+    """The xmesh command's answer to Ctrl+C before its subcommand runs: one line and exit status 130; in a
+    process the command started (a spawned worker importing xmesh) the status alone, the command says it."""
+    if "--multiprocessing-fork" not in getattr(sys, "orig_argv", ()):
+        print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
     raise SystemExit(130) from None

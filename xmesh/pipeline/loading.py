@@ -8,6 +8,7 @@ daemon process (a Dask worker) children are not allowed, so threads do the work 
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import select
@@ -125,20 +126,49 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
                                initargs=(os.getpid(), initializer, initargs))
 
 
-def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the forkserver (where it is not running yet) with SIGINT ignored, which its interpreter and
-    its children, the pool's processes, keep: Ctrl+C in a terminal reaches every process of the command,
-    and the command alone answers it (its pool shut down, one line said), without a traceback from the
-    forkserver's imports or each pool process. A Ctrl+C in the milliseconds its fork and exec take is lost."""
+@contextlib.contextmanager
+def children_deaf_to_ctrl_c():
+    """SIGINT ignored in this process while the block starts processes, which keep it ignored (a forked
+    one inherits it, a spawned interpreter leaves it so): Ctrl+C in a terminal reaches every process
+    of a command, and the command alone answers it, without a traceback from each process it started.
+    Only the main thread may set a handler (elsewhere the block runs as it is); a Ctrl+C in the
+    milliseconds the block takes is lost."""
     if threading.current_thread() is not threading.main_thread():
-        return   # only the main thread may set a handler; the forkserver then starts as multiprocessing starts it
-    from multiprocessing import forkserver
-
+        yield
+        return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        forkserver.ensure_running()
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Ctrl+C held back while the block forks processes, and raised here once it is done: a process
+    forked meanwhile keeps the holding handler (it never raises KeyboardInterrupt on its own, so it
+    prints no traceback), and no Ctrl+C is lost. For processes that exec a new interpreter, which
+    drops handlers, see :func:`children_deaf_to_ctrl_c`. Only the main thread may set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the forkserver (where it is not running yet) deaf to Ctrl+C, as its children, the pool's
+    processes, then are (:func:`children_deaf_to_ctrl_c`): no traceback from its imports or theirs."""
+    from multiprocessing import forkserver
+
+    with children_deaf_to_ctrl_c():
+        forkserver.ensure_running()
 
 
 def _pool_process_start(owner: int, initializer, initargs: tuple) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from litserve.transport.process_transport import MPQueueTransport
 from starlette.middleware.gzip import GZipMiddleware
 
+from xmesh.pipeline.loading import ctrl_c_held
 from xmesh.serve.batching import WorkerQueues
 from xmesh.serve.routes import Admission, Limits, add_routes
 from xmesh.serve.upload import Sample
@@ -93,13 +94,18 @@ class XmeshLitServer(ls.LitServer):
     event."""
 
     def _init_manager(self, num_api_servers: int):
-        manager = super()._init_manager(num_api_servers)
+        with ctrl_c_held():   # the Manager's process, forked: stopped by this one, without a traceback
+            manager = super()._init_manager(num_api_servers)
         context = multiprocessing.get_context("spawn")   # spawn-made locks may go to forked and spawned processes
         for path in self.litapi_request_queues:
             workers = len(self._inference_workers_config_for_api(path))
             self.litapi_request_queues[path] = WorkerQueues([pipe_queue(context) for _ in range(workers)])
         self._transport = MPQueueTransport(None, [pipe_queue(context) for _ in range(num_api_servers)])
         return manager
+
+    def _start_server(self, *args, **kwargs):
+        with ctrl_c_held():   # uvicorn's processes, forked: until uvicorn sets its own handlers
+            return super()._start_server(*args, **kwargs)
 
     def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
         # from a thread of its own: this thread's connection to the Manager may be cut in the middle of the
