@@ -29,6 +29,7 @@ __all__ = [
     "load_weights",
     "validate_weights",
     "normalize_name",
+    "weights_fingerprint",
 ]
 
 STAGE_PREFIXES = {1: "meshnetmvp2m/", 2: "meshnet/"}
