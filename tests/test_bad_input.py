@@ -487,7 +487,8 @@ def test_bad_weights_type():
         xmesh.Reconstructor([])
 
 
-WEIGHT_FILE_NAMES = {"keras_h5": "w.h5", "pytorch_zip": "w.pth", "png_image": "w.png", "random_no_suffix": "w"}
+WEIGHT_FILE_NAMES = {"keras_h5": "w.h5", "pytorch_zip": "w.pth", "png_image": "w.png", "random_no_suffix": "w",
+                     "release_zip": "w.zip"}
 
 
 def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
@@ -520,6 +521,12 @@ def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("archive/data.pkl", pickle.dumps({"w": 1}))
             archive.writestr("archive/version", "3\n")
+    elif case == "release_zip":   # the official release's zip, given as it was downloaded
+        import zipfile
+
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("checkpoint/meshnet.ckpt-10.index", b"\0" * 48)
+            archive.writestr("checkpoint/checkpoint", 'model_checkpoint_path: "meshnet.ckpt-10"\n')
     elif case == "png_image":
         path.write_bytes(cv2.imencode(".png", np.zeros((8, 8, 3), np.uint8))[1].tobytes())
     return path
@@ -541,6 +548,8 @@ WEIGHT_FILE_CASES = {
     "random_no_suffix": (WeightsError, ["5000 bytes of unknown content", "or a TensorFlow checkpoint prefix"]),
     "keras_h5": (WeightsError, ["an HDF5 file", "not Pixel2Mesh++ weights", "expected an .npz"]),
     "pytorch_zip": (WeightsError, ["a PyTorch checkpoint", "not Pixel2Mesh++ weights", "expected an .npz"]),
+    "release_zip": (WeightsError, ["a zip archive of 2 file(s) (checkpoint/meshnet.ckpt-10.index, "
+                                   "checkpoint/checkpoint", "xmesh weights add ZIP", "not Pixel2Mesh++ weights"]),
     "png_image": (XmeshError, ["image", "not", "weights"]),   # the command line sees it first: an image after --weights
 }
 # what the messages of a file of the wrong kind used to give instead of saying what the file is

@@ -196,6 +196,7 @@ _SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG 
                (b"PK\x03\x04", "a zip archive"), (b"PK\x05\x06", "an empty zip archive"),
                (b"\x80", "a Python pickle (a PyTorch checkpoint?)"), (b"\x1f\x8b", "a gzip file"))
 IMAGE_KINDS = ("a PNG image", "a JPEG image")
+NPZ_KIND = "an .npz (a zip archive of .npy arrays)"
 
 
 def describe_file(path: str | os.PathLike) -> str:
@@ -216,7 +217,10 @@ def describe_file(path: str | os.PathLike) -> str:
                     names = archive.namelist()
                 if any(n.endswith("data.pkl") for n in names):
                     return "a PyTorch checkpoint (a zip archive holding data.pkl)"
-                return f"a zip archive of {len(names)} file(s) ({first_few(names)})"
+                if names and all(n.endswith(".npy") for n in names):
+                    return NPZ_KIND
+                return (f"a zip archive of {len(names)} file(s) ({first_few(names)}; a release of the official "
+                        "checkpoints is stored by xmesh weights add ZIP, then named 'official')")
             if kind == "a zip archive":
                 return "a truncated or damaged zip archive (its table of contents is missing)"
             return kind
@@ -287,9 +291,10 @@ def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
     checkpoint_file = path.suffix == ".index" or re.fullmatch(r".*\.data-\d{5}-of-\d{5}", path.name)
     if path.is_file() and not checkpoint_file and not Path(f"{path}.index").exists():
         # a file that is no checkpoint's part: an .npz under another name, or a file of another kind
-        if zipfile.is_zipfile(path) and describe_file(path).startswith("a zip archive"):
+        what = describe_file(path)
+        if what == NPZ_KIND:
             return _from_npz(path, wanted)
-        raise wrong_kind(path, describe_file(path))
+        raise wrong_kind(path, what)
     from xmesh.io.checkpoint import read_checkpoint, read_index, resolve_prefix  # numba's import: only here
 
     prefix = resolve_prefix(path)
