@@ -12,7 +12,7 @@ from ..io.template import Template, load_template
 from ..io.weights import STAGE_PREFIXES
 from ..template_gen import generate_template
 from . import mesh_losses as ml
-from . import stage1
+from . import stage1, stage2
 
 STAGES = (1, 2)
 
@@ -53,6 +53,14 @@ def _stage1_template(xp, template: Template, dtype) -> stage1.Stage1Template:
     key = (template, xp.__name__, np.dtype(dtype).str)
     if key not in _prepared:
         _prepared[key] = stage1.Stage1Template.build(xp, template, dtype)
+    return _prepared[key]
+
+
+def _stage2_template(xp, template: Template, dtype) -> stage2.Stage2Template:
+    """Stage 2's training arrays of the template, built once per (template, array library, dtype)."""
+    key = (template, xp.__name__, np.dtype(dtype).str, 2)
+    if key not in _prepared:
+        _prepared[key] = stage2.Stage2Template.build(xp, template, dtype)
     return _prepared[key]
 
 
@@ -98,7 +106,14 @@ def batch_loss_and_gradients(stage, params_or_weights, template, images, cameras
                                                        _draws(xp, draws, stage1.MESH_LOSS_CALLS, dtype), rng,
                                                        view_quirk)
     else:
-        raise NotImplementedError("the stage-2 training step is xmesh/train/stage2.py's")
+        if starts is None or len(starts) != images.shape[0]:
+            raise InputError("stage 2 deforms a start mesh per sample (stage 1's prediction): pass starts, "
+                             f"one (N,3) array for each of the {images.shape[0]} sample(s)")
+        tmpl = _stage2_template(xp, template, dtype)
+        tf = stage1.transforms(xp, cameras)
+        start = xp.stack([xp.asarray(s, dtype=dtype) for s in starts])
+        loss, terms, grads = stage2.loss_and_gradients(xp, weights, tmpl, images, tf, gt, start,
+                                                       _draws(xp, draws, stage2.MESH_LOSS_CALLS, dtype), rng)
     return LossAndGradients(float(loss), {k: float(v) for k, v in terms.items()},
                             {name: np.asarray(be.to_numpy(g)) for name, g in grads.items()})
 
