@@ -5,20 +5,35 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradcheck import check_gradients
+from gradcheck import check_gradients, namespace, namespaces
 from xmesh.backends import get_backend
 from xmesh.model import deformation, deformation_train, local_projection_train, projection, view_pool
 from xmesh.model.camera import packed_transforms
 
-xp = get_backend("numpy").xp
+xp = get_backend("numpy").xp   # the inference comparisons run on NumPy
 # the demo's three cameras (golden/demo_seed1.npz)
 CAMERAS = np.array([[250.48103, 29.459713, 0.0, 0.6523131, 25.0], [8.366592, 26.475084, 0.0, 0.7132995, 25.0],
                     [59.490444, 28.93065, 0.0, 0.80579793, 25.0]])
 
 
-def transforms(batch: int, dtype=np.float64):
+@pytest.fixture(params=namespaces())
+def xpd(request):
+    """The array library a pair's float64 check runs on: NumPy, and CuPy where CUDA is present."""
+    return namespace(request.param)
+
+
+def on(xpd, inputs: dict) -> dict:
+    return {k: xpd.asarray(v) for k, v in inputs.items()}
+
+
+def host(array) -> np.ndarray:
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def transforms(batch: int, xpd=xp, dtype=np.float64):
     cameras = np.repeat(CAMERAS[None], batch, axis=0)
-    return projection.DeviceTransforms.from_packed(packed_transforms(cameras).astype(dtype), cameras.shape[1])
+    return projection.DeviceTransforms.from_packed(xpd.asarray(packed_transforms(cameras).astype(dtype)),
+                                                   cameras.shape[1])
 
 
 def hypothesis_points(rng, batch: int, n: int, outside: int = 0):
@@ -32,40 +47,41 @@ def padded_maps(rng, batch: int, views: int, sizes_channels):
     return [rng.standard_normal((batch * views, s + 1, s + 1, c)) for s, c in sizes_channels]
 
 
-def test_view_pool_pair_splits_the_max_among_ties():
+def test_view_pool_pair_splits_the_max_among_ties(xpd):
     rng = np.random.default_rng(1)
-    stacked = rng.standard_normal((3, 4, 5))
-    cache = view_pool.pool_views_forward(xp, stacked)[1]
-    check_gradients(lambda stacked: view_pool.pool_views_forward(xp, stacked)[0],
-                    lambda d: {"stacked": view_pool.pool_views_backward(xp, *d, cache)}, {"stacked": stacked})
-    tied = np.zeros((3, 1, 1))
-    tied[2] = -1.0
-    _, cache = view_pool.pool_views_forward(xp, tied)
-    grad = view_pool.pool_views_backward(xp, np.ones((1, 1)), np.zeros((1, 1)), np.zeros((1, 1)), cache)
-    np.testing.assert_array_equal(grad[:, 0, 0], [0.5, 0.5, 0.0])
+    stacked = xpd.asarray(rng.standard_normal((3, 4, 5)))
+    cache = view_pool.pool_views_forward(xpd, stacked)[1]
+    check_gradients(lambda stacked: view_pool.pool_views_forward(xpd, stacked)[0],
+                    lambda d: {"stacked": view_pool.pool_views_backward(xpd, *d, cache)}, {"stacked": stacked}, xpd)
+    tied = xpd.asarray(np.array([0.0, 0.0, -1.0]).reshape(3, 1, 1))
+    _, cache = view_pool.pool_views_forward(xpd, tied)
+    grad = view_pool.pool_views_backward(xpd, xpd.ones((1, 1)), xpd.zeros((1, 1)), xpd.zeros((1, 1)), cache)
+    np.testing.assert_array_equal(host(grad)[:, 0, 0], [0.5, 0.5, 0.0])
 
 
 @pytest.mark.parametrize("outside", [0, 2])
-def test_local_projection_pair(outside):
+def test_local_projection_pair(xpd, outside):
     rng = np.random.default_rng(2 + outside)
     batch, n = 2, 6
-    tf = transforms(batch)
+    tf = transforms(batch, xpd)
     inputs = {"points": hypothesis_points(rng, batch, n, outside),
               "map0": None, "map1": None}
     inputs["map0"], inputs["map1"] = padded_maps(rng, batch, 3, [(8, 3), (4, 2)])
+    inputs = on(xpd, inputs)
 
     def forward(points, map0, map1):
-        return local_projection_train.local_projection_forward(xp, points, [map0, map1], tf)[0]
+        return local_projection_train.local_projection_forward(xpd, points, [map0, map1], tf)[0]
 
     def backward(dfeats):
         maps = [inputs["map0"], inputs["map1"]]
-        _, cache = local_projection_train.local_projection_forward(xp, inputs["points"], maps, tf)
-        dpoints, (dmap0, dmap1) = local_projection_train.local_projection_backward(xp, dfeats, cache)
+        _, cache = local_projection_train.local_projection_forward(xpd, inputs["points"], maps, tf)
+        dpoints, (dmap0, dmap1) = local_projection_train.local_projection_backward(xpd, dfeats, cache)
         return {"points": dpoints, "map0": dmap0, "map1": dmap1}
 
-    inside = [local_projection_train.view_projection(xp, inputs["points"], tf, v).w_inside for v in range(3)]
-    assert (not np.all(inside)) == bool(outside)   # the clamp's zero gradient is checked where it applies
-    check_gradients(forward, backward, inputs, elements=40)
+    inside = [local_projection_train.view_projection(xpd, inputs["points"], tf, v).w_inside for v in range(3)]
+    # the clamp's zero gradient is checked where it applies
+    assert (not all(bool(xpd.all(i)) for i in inside)) == bool(outside)
+    check_gradients(forward, backward, inputs, xpd, elements=40)
 
 
 def test_local_projection_forward_is_the_inference_one():
@@ -83,7 +99,7 @@ def test_local_projection_forward_is_the_inference_one():
 
 @pytest.mark.parametrize("general_a0", [False, True])
 @pytest.mark.parametrize("residual", [False, True])
-def test_local_gconv_pair(general_a0, residual):
+def test_local_gconv_pair(xpd, general_a0, residual):
     rng = np.random.default_rng(int(general_a0) * 2 + int(residual))
     b, k, n, cin, cout = 2, 5, 3, 4, 6
     supports = (rng.standard_normal((k, k)) * 0.5 if general_a0 else None, rng.standard_normal((k, k)) * 0.5)
@@ -91,36 +107,39 @@ def test_local_gconv_pair(general_a0, residual):
               "w1": rng.standard_normal((cin, cout)), "bias": rng.standard_normal(cout) * 0.3}
     if residual:
         inputs["res"] = rng.standard_normal((b, k, n, cout))
+    inputs = on(xpd, inputs)
+    supports = tuple(None if a is None else xpd.asarray(a) for a in supports)
 
     def forward(x, w0, w1, bias, res=None):
-        return deformation_train.local_gconv_forward(xp, (w0, w1, bias), x, supports, res)[0]
+        return deformation_train.local_gconv_forward(xpd, (w0, w1, bias), x, supports, res)[0]
 
     def backward(dout):
-        _, cache = deformation_train.local_gconv_forward(xp, (inputs["w0"], inputs["w1"], inputs["bias"]), inputs["x"],
+        _, cache = deformation_train.local_gconv_forward(xpd, (inputs["w0"], inputs["w1"], inputs["bias"]), inputs["x"],
                                                          supports, inputs.get("res"))
-        dx, (dw0, dw1, db) = deformation_train.local_gconv_backward(xp, dout, cache)
+        dx, (dw0, dw1, db) = deformation_train.local_gconv_backward(xpd, dout, cache)
         grads = {"x": dx, "w0": dw0, "w1": dw1, "bias": db}
         if residual:
             grads["res"] = dout
         return grads
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
-def test_hypothesis_update_pair():
+def test_hypothesis_update_pair(xpd):
     rng = np.random.default_rng(7)
-    offsets = rng.standard_normal((5, 3)) * 0.01
+    offsets = xpd.asarray(rng.standard_normal((5, 3)) * 0.01)
     inputs = {"centers": rng.standard_normal((2, 4, 3)), "score": rng.standard_normal((2, 5, 4))}
+    inputs = on(xpd, inputs)
 
     def forward(centers, score):
-        return deformation_train.hypothesis_update_forward(xp, centers, score, offsets)[0]
+        return deformation_train.hypothesis_update_forward(xpd, centers, score, offsets)[0]
 
     def backward(dnew):
-        _, cache = deformation_train.hypothesis_update_forward(xp, inputs["centers"], inputs["score"], offsets)
-        dcenters, dscore = deformation_train.hypothesis_update_backward(xp, dnew, cache)
+        _, cache = deformation_train.hypothesis_update_forward(xpd, inputs["centers"], inputs["score"], offsets)
+        dcenters, dscore = deformation_train.hypothesis_update_backward(xpd, dnew, cache)
         return {"centers": dcenters, "score": dscore}
 
-    check_gradients(forward, backward, inputs)
+    check_gradients(forward, backward, inputs, xpd)
 
 
 def block_inputs(rng, batch: int, n: int, k: int, sizes_channels, hidden: int):
@@ -140,31 +159,32 @@ def layers_of(values):
     return [(values[f"w0_{i}"], values[f"w1_{i}"], values[f"b_{i}"]) for i in range(6)]
 
 
-def test_deformation_block_pair():
+def test_deformation_block_pair(xpd):
     rng = np.random.default_rng(8)
     k, sizes = 5, [(8, 2), (4, 2)]
-    inputs = block_inputs(rng, 2, 3, k, sizes, hidden=6)
+    inputs = on(xpd, block_inputs(rng, 2, 3, k, sizes, hidden=6))
     offsets = rng.standard_normal((k, 3)) * 0.02
     offsets[0] = 0.0
-    supports = (None, rng.standard_normal((k, k)) * 0.3)
-    tf = transforms(2)
+    offsets = xpd.asarray(offsets)
+    supports = (None, xpd.asarray(rng.standard_normal((k, k)) * 0.3))
+    tf = transforms(2, xpd)
 
     def forward(**values):
         maps = [values["map0"], values["map1"]]
-        return deformation_train.deformation_block_forward(xp, layers_of(values), supports, offsets, values["centers"],
+        return deformation_train.deformation_block_forward(xpd, layers_of(values), supports, offsets, values["centers"],
                                                            maps, tf)[0]
 
     def backward(dnew):
         maps = [inputs["map0"], inputs["map1"]]
-        _, cache = deformation_train.deformation_block_forward(xp, layers_of(inputs), supports, offsets,
+        _, cache = deformation_train.deformation_block_forward(xpd, layers_of(inputs), supports, offsets,
                                                                inputs["centers"], maps, tf)
-        dcenters, dmaps, grads = deformation_train.deformation_block_backward(xp, dnew, cache)
+        dcenters, dmaps, grads = deformation_train.deformation_block_backward(xpd, dnew, cache)
         out = {"centers": dcenters, "map0": dmaps[0], "map1": dmaps[1]}
         for i, (dw0, dw1, db) in enumerate(grads):
             out[f"w0_{i}"], out[f"w1_{i}"], out[f"b_{i}"] = dw0, dw1, db
         return out
 
-    check_gradients(forward, backward, inputs, elements=12, directions=2)
+    check_gradients(forward, backward, inputs, xpd, elements=12, directions=2)
 
 
 def test_deformation_block_forward_is_the_inference_one():

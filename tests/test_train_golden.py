@@ -20,6 +20,7 @@ import zlib
 import numpy as np
 import pytest
 
+from adam_golden import check_adam_steps
 from xmesh.backends import get_backend
 from xmesh.io.template import load_template
 from xmesh.io.weights import synthetic_weights
@@ -28,6 +29,7 @@ from xmesh.model import projection
 from xmesh.model.cnn import cnn_forward
 from xmesh.train import mesh_losses as ml
 from xmesh.train import stage1
+from xmesh.train.adam import AdamState, adam_step
 
 TERM_RTOL = 5e-5
 GRAD_ALL = 1e-2
@@ -137,7 +139,7 @@ def stage1_step(golden, golden_dir):
         loss, terms, grads = stage1.loss_and_gradients(xp, weights, tmpl, images, tf, gt, draws)
     finally:
         projection._view_pixels = sides.original
-    return blocks, loss, terms, grads, cnn[0]
+    return blocks, loss, terms, grads, cnn[0], sides
 
 
 @pytest.mark.parametrize("index,key", list(enumerate([f"stage1_feat{s}" for s in (56, 28, 14, 7)])))
@@ -154,7 +156,7 @@ def test_stage1_training_forward_is_the_originals(golden, stage1_step, block):
 
 def test_stage1_loss_and_terms(golden, stage1_step):
     train = golden[0]
-    _, loss, terms, _, _ = stage1_step
+    _, loss, terms, *_ = stage1_step
     assert set(terms) == {k[len("s1_term_"):] for k in train if k.startswith("s1_term_")}
     for name, value in terms.items():
         ref = float(train[f"s1_term_{name}"])
@@ -199,3 +201,36 @@ def test_stage1_gradients(golden, stage1_step):
     assert within_all == 1.0
     assert within_most >= GRAD_MOST_FRACTION
     assert min(cosines.values()) >= COSINE
+
+
+def test_stage1_two_adam_steps(golden, golden_dir, stage1_step):
+    """Two TF1 Adam steps from the step's gradients, against the original's changes and loss after them.
+
+    The view-0 edge sides hold at every weight (the template does not move); the later projections'
+    near-edge samples move with the weights, so after a step they are left to our own arithmetic."""
+    train = golden[0]
+    template = load_template(golden_dir / "template.dat")
+    weights = {k: v for k, v in synthetic_weights(1).items() if k.startswith("meshnetmvp2m/")}
+    tmpl = stage1.Stage1Template.build(xp, template, np.float32)
+    images = train["images"][None].astype(np.float32)
+    tf = stage1.transforms(xp, train["cameras"][None])
+    gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
+    draws = [ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
+             for k in range(3)]
+    found = stage1_step[5]
+    sides = EdgeSides(template.coord, found.h_edge, found.w_edge, [])
+    sides.choice = found.choice.copy()
+    variables = {name: value.copy() for name, value in weights.items()}
+    state = AdamState()
+    adam_step(xp, variables, stage1_step[3], state)
+    changes = [{name: variables[name] - weights[name] for name in variables}]
+    after1 = {name: value.copy() for name, value in variables.items()}
+    projection._view_pixels = sides
+    try:
+        grads = stage1.loss_and_gradients(xp, variables, tmpl, images, tf, gt, draws)[2]
+        adam_step(xp, variables, grads, state)
+        changes.append({name: variables[name] - after1[name] for name in variables})
+        loss_after2 = float(stage1.loss_and_gradients(xp, variables, tmpl, images, tf, gt, draws)[0])
+    finally:
+        projection._view_pixels = sides.original
+    check_adam_steps(train, "s1", changes, loss_after2)

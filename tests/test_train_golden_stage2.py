@@ -17,12 +17,12 @@ same start). Everything else is computed as the step computes it.
 from __future__ import annotations
 
 import itertools
-import zlib
 
 import numpy as np
 import pytest
 
-from test_train_golden import COSINE, FLOOR, GRAD_ALL, GRAD_MOST, GRAD_MOST_FRACTION, TERM_RTOL, gradient_errors
+from adam_golden import check_adam_steps, score_biases
+from test_train_golden import COSINE, GRAD_ALL, GRAD_MOST, GRAD_MOST_FRACTION, TERM_RTOL, gradient_errors
 from xmesh.backends import get_backend
 from xmesh.io.template import load_template
 from xmesh.io.weights import synthetic_weights
@@ -30,22 +30,13 @@ from xmesh.model import architecture as arch
 from xmesh.model import local_projection_train as lpt
 from xmesh.model.cnn import cnn_forward
 from xmesh.model.deformation_train import deformation_block_forward
+from xmesh.train import loss_and_gradients, stage1, stage2
 from xmesh.train import mesh_losses as ml
-from xmesh.train import stage1, stage2
 from xmesh.train.adam import AdamState, adam_step
 
 NEAR_INTEGER_PX = 5e-5   # a pixel position this near an integer is float32 noise (as tests/test_golden.py's edges)
 MOVE_ATOL = 1e-7         # a resolved vertex's move within this of the original's (the moves are 1e-4 .. 1e-3)
 MAX_AMBIGUOUS = 150      # per DRB: more would mean something else differs
-# an Adam change's error over its floored norm, and whole stored changes' cosine (check_adam_steps says why)
-STEP_ALL, STEP_MOST, STEP_MOST_FRACTION, STEP_COSINE = 5e-2, 1e-2, 0.9, 0.999
-# DRB 2's second gradient: one Adam step moves DRB 2's hypotheses by about 2e-3 px, and about 70 of
-# them again lie within float32 noise of an integer, with no forward of the original at those
-# weights to resolve them. Leaving DRB 2's (resolved) samples at the first weights to our own
-# arithmetic moves its variables' second change by up to 12% (L2) and no other variable's beyond
-# the score biases': so DRB 2's second change is held to 0.5 of its norm and a cosine of 0.97
-# (measured: 0.32 and 0.983).
-STEP2_UNRESOLVED = (0.5, 0.97)
 
 xp = get_backend("numpy").xp
 # three stage-2 steps on the CPU (gradients twice, the loss after two Adam steps): about 1-2 minutes on two cores
@@ -176,16 +167,21 @@ def pixels(golden, sample):
 
 
 @pytest.fixture(scope="module")
-def step(sample, pixels):
-    weights, tmpl, images, tf, gt, start, draws = sample
+def step(golden, golden_dir, sample, pixels):
+    """The step through the public entry, xmesh.train.loss_and_gradients(2, ...), with the resolved sides."""
+    train = golden[0]
+    weights, tmpl, images, tf, _, start, _ = sample
     patch = pixels[0]
     lpt.view_projection = patch
     try:
         fwd = stage2.forward(xp, weights, tmpl, images, tf, start)
-        loss, terms, grads = stage2.loss_and_gradients(xp, weights, tmpl, images, tf, gt, start, draws)
+        result = loss_and_gradients(2, synthetic_weights(1), load_template(golden_dir / "template.dat"),
+                                    train["images"], train["cameras"], train["labels"], start=train["s2_features"],
+                                    draws=[(train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])
+                                           for k in range(stage2.MESH_LOSS_CALLS)])
     finally:
         lpt.view_projection = patch.original
-    return fwd.blocks, float(loss), {k: float(v) for k, v in terms.items()}, grads
+    return fwd.blocks, result.loss, result.terms, result.gradients
 
 
 def test_stage2_ambiguous_samples_resolve_exactly(pixels):
@@ -251,72 +247,6 @@ def test_stage2_gradients(golden, step):
     assert within_all == 1.0
     assert within_most >= GRAD_MOST_FRACTION
     assert min(cosines.values()) >= COSINE
-
-
-def score_biases() -> set:
-    """The DRB score layers' biases: the softmax over the hypotheses is blind to them, so their gradient
-    is float32 noise (golden/README.md), and so is the direction of their Adam change, there as here."""
-    return {f"{arch.drb_layer_name(scope, ks[-1])}/bias:0" for scope, ks in arch.DRB_BLOCKS}
-
-
-def change_errors(train, prefix: str, step_index: int, changes: dict):
-    """Per variable, the error of its change's norm and projection over max(its norm, 1e-4 x the whole
-    change's), the variables of gradient below the floor aside; and the cosines of the whole stored changes."""
-    noise = score_biases()
-    names = [str(n) for n in train[f"{prefix}_names"]]
-    norms, projections = train[f"{prefix}_step{step_index}_norm"], train[f"{prefix}_step{step_index}_proj"]
-    floor = FLOOR * float(np.sqrt(np.sum(norms ** 2)))
-    errors = {}
-    for i, name in enumerate(names):
-        if name in noise:
-            continue
-        d = np.asarray(changes[name], np.float64)
-        r = np.random.default_rng([12345, zlib.crc32(name.encode())]).standard_normal(d.shape)
-        error = max(abs(np.linalg.norm(d) - norms[i]), abs(float(np.sum(d * r)) - projections[i]))
-        errors[name] = error / max(float(norms[i]), floor)
-    whole = {}
-    for key in train:
-        if key.startswith(f"{prefix}_step{step_index}|"):
-            name = key.split("|", 1)[1]
-            if name in noise:
-                continue
-            ref, ours = train[key].astype(np.float64), np.asarray(changes[name], np.float64)
-            if np.linalg.norm(ref) > floor:
-                whole[name] = float(np.sum(ref * ours) / (np.linalg.norm(ref) * np.linalg.norm(ours)))
-    return errors, whole
-
-
-def check_adam_steps(train, prefix: str, changes: list, loss_after2: float, unresolved: set = frozenset()):
-    """Both steps' changes by norm and projection and, where stored whole, by cosine; the loss after them.
-
-    Adam's first steps move an element by about lr * sign(g) whatever |g| (above 3e-7), so an element
-    whose gradient lies within the gradient's own error of 0 may move the other way: a change is
-    compared a step looser than the gradients. ``unresolved``: the variables whose second gradient
-    reads samples no reference resolves (STEP2_UNRESOLVED says why), held to their own bound."""
-    measured = []
-    for index, change in enumerate(changes, start=1):
-        errors, whole = change_errors(train, prefix, index, change)
-        loose = unresolved if index == 2 else set()
-        values = np.array([e for name, e in errors.items() if name not in loose])
-        worst = max(errors, key=errors.get)
-        print(f"{prefix} Adam step {index}: error <= {STEP_ALL}: {np.mean(values <= STEP_ALL):.1%}, <= {STEP_MOST}: "
-              f"{np.mean(values <= STEP_MOST):.1%} of {len(values)}; largest {errors[worst]:.2e} ({worst}); "
-              f"{len(whole)} whole changes, lowest cosine {min(whole.values()):.6f}")
-        if loose:
-            lowest = min(whole[n] for n in loose if n in whole)
-            print(f"{prefix} Adam step {index}, the {len(loose)} unresolved: largest error "
-                  f"{max(errors[n] for n in loose):.2e}, lowest cosine {lowest:.6f}")
-        measured.append((values, {n: c for n, c in whole.items() if n not in loose},
-                         [errors[n] for n in loose], [whole[n] for n in loose if n in whole]))
-    ref = float(train[f"{prefix}_loss_after2"])
-    print(f"{prefix} loss after two steps: {loss_after2:.8g} against {ref:.8g}")
-    for values, whole, loose_errors, loose_cosines in measured:
-        assert np.all(values <= STEP_ALL)
-        assert np.mean(values <= STEP_MOST) >= STEP_MOST_FRACTION
-        assert min(whole.values()) >= STEP_COSINE
-        assert all(e <= STEP2_UNRESOLVED[0] for e in loose_errors)
-        assert all(c >= STEP2_UNRESOLVED[1] for c in loose_cosines)
-    assert abs(loss_after2 - ref) <= TERM_RTOL * abs(ref)
 
 
 def test_stage2_two_adam_steps(golden, sample, pixels, step):
