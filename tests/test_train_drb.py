@@ -210,3 +210,35 @@ def test_deformation_block_forward_is_the_inference_one():
     layers = [Layer(*triple) for triple in layers_of(values)]
     theirs = deformation.deformation_block(backend, layers, Params, values["centers"], maps, tf)
     np.testing.assert_allclose(ours - values["centers"], theirs - values["centers"], rtol=1e-4, atol=1e-7)
+
+
+def test_deformation_block_batch_is_its_samples():
+    """A batch of two samples with their own cameras, maps and meshes: each sample's output and
+    gradients are those of the sample alone (the layers sum the batch's parameter gradients)."""
+    rng = np.random.default_rng(10)
+    k, sizes = 5, [(8, 2), (4, 3)]
+    inputs = block_inputs(rng, 2, 4, k, sizes, hidden=6)
+    offsets = rng.standard_normal((k, 3)) * 0.02
+    supports = (None, rng.standard_normal((k, k)) * 0.3)
+    cameras = np.stack([CAMERAS, CAMERAS[[2, 0, 1]]])
+    packed = packed_transforms(cameras).astype(np.float64)
+    dnew = rng.standard_normal((2, 4, 3))
+
+    def run(samples):
+        tf = projection.DeviceTransforms.from_packed(packed[samples], 3)
+        maps = [np.concatenate([inputs[f"map{i}"][3 * s:3 * s + 3] for s in samples]) for i in range(2)]
+        out, cache = deformation_train.deformation_block_forward(xp, layers_of(inputs), supports, offsets,
+                                                                 inputs["centers"][samples], maps, tf)
+        return out, deformation_train.deformation_block_backward(xp, dnew[samples], cache)
+
+    both, (dcenters, dmaps, grads) = run([0, 1])
+    singles = [run([s]) for s in (0, 1)]
+    for s, (out, (dc, dm, _)) in enumerate(singles):
+        np.testing.assert_allclose(both[s], out[0], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(dcenters[s], dc[0], rtol=1e-10, atol=1e-14)
+        for whole, alone in zip(dmaps, dm, strict=True):
+            np.testing.assert_allclose(whole[3 * s:3 * s + 3], alone, rtol=1e-10, atol=1e-14)
+    for i in range(6):
+        for part in range(3):
+            total = singles[0][1][2][i][part] + singles[1][1][2][i][part]
+            np.testing.assert_allclose(grads[i][part], total, rtol=1e-10, atol=1e-13)
