@@ -45,7 +45,8 @@ class AdamState:
 
     def arrays(self, to_numpy=np.asarray) -> dict[str, np.ndarray]:
         """Everything as host arrays by key ('m/NAME', 'v/NAME', 'beta1_power', 'beta2_power', 'step',
-        and the configuration's 'learning_rate', 'beta1', 'beta2', 'epsilon')."""
+        and the configuration's 'learning_rate', 'beta1', 'beta2', 'epsilon'); ``to_numpy`` brings a
+        moment to the host (a backend's ``to_numpy`` for device arrays)."""
         out = {f"m/{name}": to_numpy(value) for name, value in self.m.items()}
         out.update({f"v/{name}": to_numpy(value) for name, value in self.v.items()})
         out["beta1_power"] = np.asarray(self.beta1_power, dtype=np.float32)
