@@ -91,11 +91,13 @@ def _commands(place: str, dataset, demo_dir, golden_dir):
         "convert": ["convert", str(golden_dir / "tf_ckpt" / "meshnet_subset.ckpt-5"), place + ".npz"],
         "ground-truth": ["ground-truth", str(demo_dir / "predict.obj"), "--synset", "02691156", "--images", root,
                          "--out", place],
+        "train": ["train", "--stage", "2", "--images", root, "--gt", root + "/gt", "--list", str(dataset["test_list"]),
+                  "--weights", "synthetic:1", "--out", place, "--no-progress"],
     }
 
 
 COMMANDS = ("eval", "reconstruct --list", "reconstruct", "reconstruct --coarse-out", "render", "demo", "convert",
-            "ground-truth")
+            "ground-truth", "train")
 
 
 # with --coarse-out on a read-only file system, --out is refused first (as another test's case shows)

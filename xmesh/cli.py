@@ -10,7 +10,7 @@ import warnings
 from .errors import INTERRUPTED_WHILE_STARTING, XmeshError
 from .pipeline import startup
 
-COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve", "weights")
+COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", "bench", "serve", "weights", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -165,9 +165,11 @@ def _support_tuple(t1: sp.csr_matrix, n: int) -> list:
     return out
 
 
-def template_dict() -> dict:
-    """The default template in the official ``.dat`` layout."""
-    vertices, faces = uv_ellipsoid()
+def template_dict(rings: int = RINGS, segments: int = SEGMENTS) -> dict:
+    """The default template in the official ``.dat`` layout; fewer ``rings`` and ``segments`` make a
+    coarser ellipsoid of the same layout (a quick model for tests: 2 + rings * segments vertices at
+    the first level)."""
+    vertices, faces = uv_ellipsoid(rings, segments)
     coord = vertices.astype(np.float32)
     levels = [faces]
     pool_idx = []

@@ -1,0 +1,184 @@
+"""``xmesh train`` around the step: data order, checkpoints, a resume after a real kill, outputs, bad input."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xmesh.cli import main
+from xmesh.io.checkpoint import read_checkpoint
+from xmesh.io.weights import expected_variables, load_weights, synthetic_weights
+from xmesh.train import checkpoints
+from xmesh.train.logs import read_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+WEIGHTS = "synthetic:1"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """Four synthetic samples in the official layout."""
+    from xmesh.synthetic.dataset import write_dataset
+
+    root = tmp_path_factory.mktemp("train_data")
+    info = write_dataset(root, n_per_category=1, categories=("02691156", "03001627", "04379243", "02958343"), seed=3,
+                         n_points=1500)
+    return {"root": root, "list": info["test_list"], "gt": root / "gt", "ids": info["ids"]}
+
+
+def _args(dataset, out, *extra, stage: int = 1) -> list[str]:
+    """``xmesh train`` of stage 1 (stage 2 with ``--starts`` in ``extra``) for one epoch over the dataset."""
+    return ["train", "--stage", str(stage), "--images", str(dataset["root"]), "--gt", str(dataset["gt"]), "--list",
+            str(dataset["list"]), "--weights", WEIGHTS, "--out", str(out), "--epochs", "1", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(dataset, tmp_path_factory):
+    """Two epochs of stage 1 with a checkpoint at every step."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    assert main(_args(dataset, out, "--checkpoint-every", "1", "--epochs", "2")) == 0
+    return out
+
+
+def test_order_is_the_originals_shuffle(dataset, trained):
+    """Each epoch reads the list in the order of the original's DataFetcher: shuffled in place by
+    RandomState(123) before the first epoch and again after each."""
+    rows = read_rows(trained / "train_log.csv")
+    expected = list(dataset["ids"])
+    state = np.random.RandomState(123)
+    state.shuffle(expected)
+    assert [r["samples"] for r in rows if r["epoch"] == "1"] == expected
+    state.shuffle(expected)
+    assert [r["samples"] for r in rows if r["epoch"] == "2"] == expected
+    assert [int(r["step"]) for r in rows] == list(range(1, 9))
+    assert all(np.isfinite(float(r["loss"])) for r in rows)
+    # epoch-end checkpoints stay, the others go once a newer one is written
+    assert [step for _, step in checkpoints.listed(trained)] == [4, 8]
+
+
+def test_outputs_are_read_by_every_weights_reader(trained):
+    weights = np.load(trained / "weights.npz")
+    names = set(expected_variables(1))
+    # the same arrays as the TF checkpoint, which the original's Saver restores by these names
+    tf = read_checkpoint(trained / "meshnetmvp2m.ckpt-2")
+    assert set(tf) == names
+    assert all(tf[n].tobytes() == weights[n].tobytes() for n in names)
+    loaded = load_weights(trained / "weights.npz")
+    assert len(loaded) == 237   # with stage 2's variables as given: a whole model for every command
+    start = synthetic_weights(1)
+    assert all(np.array_equal(loaded[n], start[n]) for n in expected_variables(2))
+    assert all(not np.array_equal(loaded[n], start[n]) for n in names)   # every stage-1 variable trains
+    assert (trained / "loss.png").stat().st_size > 10_000
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(dataset, trained, tmp_path):
+    """SIGKILL once the second checkpoint is on disk (the third step then computing); the same command
+    again resumes from it, and its weights after the epoch equal the uninterrupted run's bit for bit."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = tmp_path / "killed"
+    args = ["-m", "xmesh", *_args(dataset, killed, "--checkpoint-every", "1")]
+    victim = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not checkpoints.path_for(killed, 2).exists():
+        assert victim.poll() is None and time.monotonic() < deadline, victim.communicate()
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert not (killed / "weights.npz").exists()
+    resumed = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at step 2" in resumed.stdout or "resumed at step 3" in resumed.stdout
+    after_epoch = checkpoints.load(checkpoints.path_for(trained, 4)).weights
+    got = np.load(killed / "weights.npz")
+    assert sorted(after_epoch) == sorted(expected_variables(1))
+    for name, value in after_epoch.items():
+        assert got[name].tobytes() == value.tobytes(), name
+    # the log is the uninterrupted run's: the rows after the checkpoint were dropped and computed again
+    rows_a, rows_b = read_rows(trained / "train_log.csv")[:4], read_rows(killed / "train_log.csv")
+    assert [(r["step"], r["samples"], r["loss"]) for r in rows_a] == [(r["step"], r["samples"], r["loss"])
+                                                                      for r in rows_b]
+
+
+def test_resume_with_other_settings_is_refused(dataset, trained, tmp_path, capsys):
+    before = sorted(p.name for p in trained.rglob("*"))
+    assert main(_args(dataset, trained, "--lr", "2e-5")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lr 1e-05 there, 2e-05 now" in err[0] and "--overwrite" in err[0], err
+    # the run folder of a stage-1 run, resumed as stage 2
+    assert main(_args(dataset, trained, "--starts", str(tmp_path), stage=2)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stage 1 there, 2 now" in err[0], err
+    assert sorted(p.name for p in trained.rglob("*")) == before
+
+
+def test_bad_input_one_line_exit_2_before_compute(dataset, tmp_path, capsys):
+    listing = tmp_path / "list.txt"
+    ids = list(dataset["ids"])
+
+    def refused(args, *words):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        for word in words:
+            assert word in err[0], err[0]
+        return err[0]
+
+    out = tmp_path / "run"
+    # a list entry without ground truth, and one without renderings
+    listing.write_text("\n".join(ids + ["02691156_nothere_00.dat"]) + "\n")
+    args = _args(dataset, out)
+    args[args.index("--list") + 1] = str(listing)
+    refused(args, "02691156_nothere_00.dat", "does not exist")
+    # stage 2's starting meshes missing for a sample
+    empty = tmp_path / "no_starts"
+    empty.mkdir()
+    refused(_args(dataset, out, "--starts", str(empty), stage=2), "--starts", "has no starting mesh")
+    # weights missing a variable; the checkpoint of the other stage
+    partial = dict(synthetic_weights(1, stages=1))
+    del partial["meshnetmvp2m/cnn/conv2d_3/W:0"]
+    np.savez(tmp_path / "partial.npz", **partial)
+    args = _args(dataset, out)
+    args[args.index("--weights") + 1] = str(tmp_path / "partial.npz")
+    refused(args, "--weights", "conv2d_3/W:0")
+    np.savez(tmp_path / "stage2.npz", **synthetic_weights(1, stages=2))
+    args[args.index("--weights") + 1] = str(tmp_path / "stage2.npz")
+    refused(args, "--weights", "stage-1")
+    # an unwritable --out
+    refused(_args(dataset, "/proc/xmesh-train"), "--out", "nothing was computed")
+    assert not out.exists()
+
+
+def test_non_finite_loss_stops_naming_sample_and_step(dataset, tmp_path, capsys):
+    """A ground truth 1e20 away overflows the Chamfer term to infinity: the run stops at that sample's step
+    with one line, before updating the weights, keeping its checkpoints (of every step before)."""
+    import pickle
+    import shutil
+
+    gt = tmp_path / "gt"
+    shutil.copytree(dataset["gt"], gt)
+    order = list(dataset["ids"])
+    np.random.RandomState(123).shuffle(order)
+    bad = order[2]
+    with open(gt / bad, "rb") as handle:
+        image, points = pickle.load(handle)
+    points = points.copy()
+    points[:, :3] *= np.float32(1e20)
+    with open(gt / bad, "wb") as handle:
+        pickle.dump((image, points), handle, protocol=2)
+    out = tmp_path / "run"
+    args = _args(dataset, out, "--checkpoint-every", "1")
+    args[args.index("--gt") + 1] = str(gt)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"step 3, sample(s) {bad}" in err[0] and "last good checkpoint" in err[0], err
+    assert [step for _, step in checkpoints.listed(out)] == [2]
+    assert not (out / "weights.npz").exists()
+    assert len(read_rows(out / "train_log.csv")) == 2

@@ -1,0 +1,86 @@
+"""``Trainer``: the weights and Adam's state of one stage, stepped through samples.
+
+One :meth:`Trainer.step` is one Adam update, as the original's ``opt_op``: the stage's loss and its
+gradients by official variable name (:func:`xmesh.train.step.batch_loss_and_gradients`), then TF1's
+Adam (:mod:`xmesh.train.adam`) on every variable of the stage that has a gradient. With more than one
+sample (``--batch-size B``, a deviation: the original takes one sample a step) the loss and the
+gradients are the means over the samples, so one step with B equal samples is the step with one.
+
+The loss's own random draws (the 4000 surface samples of each ``mesh_loss`` call) come from
+``draw_rng``, a seeded generator whose state the checkpoints keep, so a resumed run draws what an
+uninterrupted one draws. A loss or gradient that is not finite stops before any update
+(:class:`NonFiniteLossError`, naming the samples and the step): the weights stay the last good ones.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..backends import get_backend
+from ..errors import XmeshError
+from ..io.weights import expected_variables
+from .adam import AdamConfig, AdamState, adam_step
+from .data import Sample
+from .step import batch_loss_and_gradients, resolve_template
+
+
+class NonFiniteLossError(XmeshError, ArithmeticError):
+    """A training step's loss or gradient is NaN or infinite."""
+
+
+class Trainer:
+    """The variables of ``stage`` (1 or 2) from ``weights`` (a dict by official name; the other stage's,
+    if given, are kept as they are) and their Adam moments, resident on ``backend`` ("numpy" or
+    "cupy"). ``lr``: Adam's learning rate (the original's 1e-5); ``seed``: the loss's own draws."""
+
+    def __init__(self, stage: int, weights: dict[str, np.ndarray], template: Any = None, backend: str = "numpy",
+                 lr: float = 1e-5, seed: int = 123):
+        self.stage = int(stage)
+        self.template = resolve_template(template)
+        self.backend = backend
+        self.device = get_backend(backend)
+        xp = self.device.xp
+        self.weights = {name: xp.asarray(np.array(value, dtype=np.float32)) for name, value in weights.items()}
+        self.trained = list(expected_variables(self.stage))
+        self.adam = AdamState(AdamConfig(learning_rate=lr))
+        self.draw_rng = np.random.default_rng(seed)
+
+    def host_weights(self, names=None) -> dict[str, np.ndarray]:
+        """Host copies of the weights (all, or ``names``)."""
+        return {name: np.array(self.device.to_numpy(self.weights[name])) for name in (names or self.weights)}
+
+    def trained_weights(self) -> dict[str, np.ndarray]:
+        return self.host_weights(self.trained)
+
+    def adam_arrays(self) -> dict[str, np.ndarray]:
+        return self.adam.arrays(to_numpy=self.device.to_numpy)
+
+    def restore(self, weights: dict[str, np.ndarray], adam: dict[str, np.ndarray], draw_state: dict) -> None:
+        """Take a checkpoint's trained weights, Adam state and draw generator state."""
+        xp = self.device.xp
+        self.weights.update({name: xp.asarray(np.array(weights[name], dtype=np.float32)) for name in self.trained})
+        self.adam = AdamState.from_arrays(adam, asarray=xp.asarray)
+        self.draw_rng = np.random.Generator(getattr(np.random, draw_state["bit_generator"])())
+        self.draw_rng.bit_generator.state = draw_state
+
+    def step(self, samples: Sequence[Sample], step_number: int | None = None):
+        """One Adam step on the mean loss of ``samples``; returns the step's LossAndGradients."""
+        images = np.stack([s.images for s in samples])
+        cameras = np.stack([s.cameras for s in samples])
+        labels = [s.labels for s in samples]
+        starts = [s.start for s in samples] if self.stage == 2 else None
+        with np.errstate(all="ignore"):   # an overflow is reported below, as the step's one error
+            result = batch_loss_and_gradients(self.stage, self.weights, self.template, images, cameras, labels,
+                                              starts, None, self.backend, self.draw_rng)
+        bad = [name for name, g in result.gradients.items() if not np.isfinite(g).all()]
+        if not np.isfinite(result.loss) or bad:
+            where = f"step {step_number}" if step_number is not None else "this step"
+            what = (f"the loss is {result.loss}" if not np.isfinite(result.loss)
+                    else f"the gradient of {bad[0]} holds NaN or infinity")
+            raise NonFiniteLossError(
+                f"{where}, sample(s) {', '.join(str(s.id) for s in samples)}: {what}; the run stopped before "
+                "updating the weights, and the last good checkpoint is kept")
+        adam_step(self.device.xp, self.weights, result.gradients, self.adam)
+        return result
