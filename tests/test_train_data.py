@@ -102,3 +102,25 @@ def test_start_meshes_by_the_originals_name_and_bad_files(tmp_path):
     np.savetxt(tmp_path / "02691156_abc_03_predict.xyz", mesh[:3])   # the sample's own name comes first
     with pytest.raises(FileFormatError, match="holds 3x3 values; expected 4 finite vertices"):
         starts.load(sample)
+
+
+def test_own_objects_train_from_renderings_and_xmesh_ground_truth(tmp_path):
+    """A user's object: its mesh rendered ShapeNet-style, `xmesh ground-truth` for its .dat, a list line;
+    the training set reads it as it reads the official layout."""
+    from xmesh import cli
+    from xmesh.mesh import Mesh
+    from xmesh.synthetic.dataset import shapenet_cameras, write_rendering_set
+    from xmesh.synthetic.shapes import make_shape
+
+    vertices, faces = make_shape("chair", np.random.default_rng(4))
+    Mesh(vertices, faces).to_obj(tmp_path / "stool.obj")
+    write_rendering_set(tmp_path / "renders" / "03001627" / "stool", (vertices, faces),
+                        shapenet_cameras(24, np.random.default_rng(0)))
+    assert cli.main(["ground-truth", str(tmp_path / "stool.obj"), "--synset", "03001627", "--images",
+                     str(tmp_path / "renders"), "--out", str(tmp_path / "gt"), "--points", "900"]) == 0
+    (tmp_path / "list.txt").write_text("03001627_stool_00.dat\n")
+    data = TrainingSet(tmp_path / "list.txt", tmp_path / "renders", tmp_path / "gt")
+    data.check()
+    sample = data.load(0)
+    assert sample.images.shape == (3, 224, 224, 3) and sample.labels.shape == (900, 6)
+    np.testing.assert_allclose(np.linalg.norm(sample.labels[:, 3:], axis=1), 1.0, atol=1e-5)

@@ -46,6 +46,7 @@ def trained(dataset, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_order_is_the_originals_shuffle(dataset, trained):
     """Each epoch reads the list in the order of the original's DataFetcher: shuffled in place by
     RandomState(123) before the first epoch and again after each."""
@@ -77,6 +78,7 @@ def test_outputs_are_read_by_every_weights_reader(trained):
     assert (trained / "loss.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_equals_an_uninterrupted_run(dataset, trained, tmp_path):
     """SIGKILL once the second checkpoint is on disk (the third step then computing); the same command
     again resumes from it, and its weights after the epoch equal the uninterrupted run's bit for bit."""
@@ -156,6 +158,7 @@ def test_bad_input_one_line_exit_2_before_compute(dataset, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_naming_sample_and_step(dataset, tmp_path, capsys):
     """A ground truth 1e20 away overflows the Chamfer term to infinity: the run stops at that sample's step
     with one line, before updating the weights, keeping its checkpoints (of every step before)."""
@@ -182,3 +185,16 @@ def test_non_finite_loss_stops_naming_sample_and_step(dataset, tmp_path, capsys)
     assert [step for _, step in checkpoints.listed(out)] == [2]
     assert not (out / "weights.npz").exists()
     assert len(read_rows(out / "train_log.csv")) == 2
+
+
+@pytest.mark.slow
+def test_batch_size_two_takes_one_adam_step_per_pair(dataset, tmp_path):
+    """--batch-size 2 (a deviation): one Adam step per two samples of the order, the loss their mean."""
+    out = tmp_path / "run"
+    assert main(_args(dataset, out, "--batch-size", "2")) == 0
+    rows = read_rows(out / "train_log.csv")
+    order = list(dataset["ids"])
+    np.random.RandomState(123).shuffle(order)
+    assert [r["samples"] for r in rows] == [f"{order[0]};{order[1]}", f"{order[2]};{order[3]}"]
+    state = checkpoints.latest(out)
+    assert state.step == 2 and int(state.adam["step"]) == 2 and state.epoch == 1
