@@ -40,9 +40,10 @@ def _args(dataset, out, *extra, stage: int = 1) -> list[str]:
 
 @pytest.fixture(scope="module")
 def trained(dataset, tmp_path_factory):
-    """Two epochs of stage 1 with a checkpoint at every step."""
+    """Two epochs of stage 1 with a checkpoint at every step, validated on the same list after each."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    assert main(_args(dataset, out, "--checkpoint-every", "1", "--epochs", "2")) == 0
+    extra = ("--checkpoint-every", "1", "--epochs", "2", "--val-list", str(dataset["list"]))
+    assert main(_args(dataset, out, *extra)) == 0
     return out
 
 
@@ -76,6 +77,17 @@ def test_outputs_are_read_by_every_weights_reader(trained):
     assert all(np.array_equal(loaded[n], start[n]) for n in expected_variables(2))
     assert all(not np.array_equal(loaded[n], start[n]) for n in names)   # every stage-1 variable trains
     assert (trained / "loss.png").stat().st_size > 10_000
+
+
+def test_validation_each_epoch_through_the_evaluation_pipeline(trained):
+    """Stage 1's coarse meshes scored after each epoch: val_log.csv's row is the epoch's summary.json."""
+    import json
+
+    rows = read_rows(trained / "val_log.csv")
+    assert [(r["epoch"], r["step"], r["samples"]) for r in rows] == [("1", "4", "4"), ("2", "8", "4")]
+    for row in rows:
+        summary = json.loads((trained / "val" / f"epoch-00{row['epoch']}" / "summary.json").read_text())
+        assert float(row["chamfer"]) == summary["mean_over_samples"]["chamfer"] > 0
 
 
 @pytest.mark.slow
