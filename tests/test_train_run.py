@@ -210,3 +210,20 @@ def test_batch_size_two_takes_one_adam_step_per_pair(dataset, tmp_path):
     assert [r["samples"] for r in rows] == [f"{order[0]};{order[1]}", f"{order[2]};{order[3]}"]
     state = checkpoints.latest(out)
     assert state.step == 2 and int(state.adam["step"]) == 2 and state.epoch == 1
+
+
+@pytest.mark.slow
+def test_overwrite_starts_afresh(dataset, trained, tmp_path):
+    """--overwrite with other settings: the old run's checkpoints, logs and validation go, the new run's
+    identity is recorded."""
+    import json
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    assert main(_args(dataset, out, "--lr", "2e-5", "--overwrite")) == 0
+    assert json.loads((out / "run.json").read_text())["identity"]["lr"] == 2e-5
+    assert [step for _, step in checkpoints.listed(out)] == [4]
+    assert not (out / "val").exists() and not (out / "val_log.csv").exists()
+    assert not (out / "meshnetmvp2m.ckpt-2.index").exists() and (out / "meshnetmvp2m.ckpt-1.index").exists()
+    assert len(read_rows(out / "train_log.csv")) == 4
