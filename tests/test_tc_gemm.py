@@ -514,7 +514,7 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper, monkeyp
 
 
 def test_hopper_kernels_can_be_switched_off(cp, hopper, monkeypatch):
-    """XMESH_HOPPER_GEMM=0 (README): a new backend keeps every product on the mma.sync kernel."""
+    """XMESH_HOPPER_GEMM=0 (docs/gpu.md): a new backend keeps every product on the mma.sync kernel."""
     from xmesh.backends.cupy_backend import CupyBackend
 
     monkeypatch.setenv("XMESH_HOPPER_GEMM", "0")

@@ -1,1 +1,1 @@
-"""asv benchmarks of xmesh (run from ``asv_benchmarks/``; see the README's "Performance history")."""
+"""asv benchmarks of xmesh (run from ``asv_benchmarks/``; the manual's docs/gpu.md, "Benchmarks", says how)."""
