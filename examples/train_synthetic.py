@@ -1,6 +1,6 @@
 """Fine-tune stage 2 on a small synthetic dataset and print the held-out Chamfer distance before and after.
 
-    python examples/train_synthetic.py                       # NumPy, a coarse template: about 2 minutes
+    python examples/train_synthetic.py                       # NumPy, a coarse template: 2.5 minutes
     python examples/train_synthetic.py --backend cupy --per-category 16 --epochs 4 --template full
 
 Procedural objects of four categories, rendered ShapeNet-style with their ground truth

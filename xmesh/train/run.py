@@ -159,7 +159,7 @@ def train(trainer: Trainer, data: TrainingSet, out_dir, epochs: int, batch_size:
                "validation": []}
 
     def validate(epoch: int) -> None:
-        summary = validation.score(trainer.stage, trainer.weights, trainer.template, trainer.backend,
+        summary = validation.score(trainer.stage, trainer.host_weights(), trainer.template, trainer.backend,
                                    out_dir / VAL_FOLDER / f"epoch-{epoch:03d}")
         row = logs.append_validation(out_dir, epoch, state.step, summary)
         figures["validation"].append(row)
