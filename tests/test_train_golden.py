@@ -15,6 +15,7 @@ the near-edge samples of the later projections likewise from blocks 2 and 3.
 from __future__ import annotations
 
 import itertools
+import os
 import zlib
 
 import numpy as np
@@ -40,7 +41,10 @@ FLOOR = 1e-4
 BLOCK_ATOL = 1e-5
 NEAR_EDGE_PX = 5e-5   # as tests/test_golden.py: a pixel position this near a cell edge is float32 noise
 
-xp = get_backend("numpy").xp
+# The same tests run on the GPU with XMESH_TEST_BACKEND=cupy (fp32), as tests/test_golden.py's.
+BACKEND = os.environ.get("XMESH_TEST_BACKEND", "numpy")
+xp = get_backend(BACKEND).xp
+host = get_backend(BACKEND).to_numpy
 # stage 1's step on the CPU, with the search for the original's edge sides: about 25 s on two cores
 pytestmark = pytest.mark.slow
 
@@ -73,19 +77,19 @@ class EdgeSides:
 
     def __call__(self, xp_, points, tf, view):
         h, w = self.original(xp_, points, tf, view)
-        h, w = np.array(h, copy=True), np.array(w, copy=True)
+        h, w = np.array(host(h), copy=True), np.array(host(w), copy=True)
         below = np.nextafter(np.float32(112), np.float32(0))
         n = points.shape[1]
-        if n == len(self.coord) and np.array_equal(points[0], self.coord):
+        if n == len(self.coord) and np.array_equal(host(points[0]), self.coord):
             if view == 0:
                 h[:, self.h_edge] = np.where(self.choice[: len(self.h_edge)], np.float32(112), below)
                 w[:, self.w_edge] = np.where(self.choice[len(self.h_edge):], np.float32(112), below)
-            return h, w
+            return xp_.asarray(h), xp_.asarray(w)
         hw = [h, w]
         for (n_points, (vertex, v, axis, edge)), on_edge in zip(self.extra, self.extra_choice):
             if n_points == n and v == view:
                 hw[axis][:, vertex] = np.float32(edge) if on_edge else np.nextafter(np.float32(edge), np.float32(0))
-        return hw[0], hw[1]
+        return xp_.asarray(hw[0]), xp_.asarray(hw[1])
 
 
 @pytest.fixture(scope="module")
@@ -93,20 +97,21 @@ def stage1_step(golden, golden_dir):
     """Stage 1's step on the golden sample, with the edge sides that reproduce the original's blocks."""
     train, demo = golden
     template = load_template(golden_dir / "template.dat")
-    weights = {k: v for k, v in synthetic_weights(1).items() if k.startswith("meshnetmvp2m/")}
+    weights = {k: xp.asarray(v) for k, v in synthetic_weights(1).items() if k.startswith("meshnetmvp2m/")}
     tmpl = stage1.Stage1Template.build(xp, template, np.float32)
-    images = train["images"][None].astype(np.float32)
+    images = xp.asarray(train["images"][None].astype(np.float32))
     tf = stage1.transforms(xp, train["cameras"][None])
     cnn = cnn_forward(xp, stage1.cnn_layers(weights), stage1.cnn_images(xp, images, True), arch.STAGE1_TAPS)
     coord = np.asarray(template.coord, np.float64)
     # the later projections' inputs are blocks 1 and 2 (156 and 618 vertices)
-    later = [(156, s) for s in near_edge(demo["stage1_block1"], tf)]
-    later += [(618, s) for s in near_edge(demo["stage1_block2"], tf)]
+    host_tf = stage1.transforms(np, train["cameras"][None])
+    later = [(156, s) for s in near_edge(demo["stage1_block1"], host_tf)]
+    later += [(618, s) for s in near_edge(demo["stage1_block2"], host_tf)]
     on_h_edge, on_w_edge = np.where(np.abs(coord[:, 1]) < 1e-12)[0], np.where(np.abs(coord[:, 0]) < 1e-12)[0]
     sides = EdgeSides(template.coord, on_h_edge, on_w_edge, later)
 
     def score(blocks, i):
-        err = np.abs(blocks[i][0] - demo[f"stage1_block{i + 1}"]).max(axis=1)
+        err = np.abs(host(blocks[i][0]) - demo[f"stage1_block{i + 1}"]).max(axis=1)
         return (err <= BLOCK_ATOL).mean(), -float(np.median(err))
 
     projection._view_pixels = sides
@@ -139,7 +144,8 @@ def stage1_step(golden, golden_dir):
         loss, terms, grads = stage1.loss_and_gradients(xp, weights, tmpl, images, tf, gt, draws)
     finally:
         projection._view_pixels = sides.original
-    return blocks, loss, terms, grads, cnn[0], sides
+    return ([host(b) for b in blocks], float(loss), {k: float(v) for k, v in terms.items()},
+            {k: host(g) for k, g in grads.items()}, [host(m) for m in cnn[0]], sides)
 
 
 @pytest.mark.parametrize("index,key", list(enumerate([f"stage1_feat{s}" for s in (56, 28, 14, 7)])))
@@ -210,9 +216,9 @@ def test_stage1_two_adam_steps(golden, golden_dir, stage1_step):
     near-edge samples move with the weights, so after a step they are left to our own arithmetic."""
     train = golden[0]
     template = load_template(golden_dir / "template.dat")
-    weights = {k: v for k, v in synthetic_weights(1).items() if k.startswith("meshnetmvp2m/")}
+    weights = {k: xp.asarray(v) for k, v in synthetic_weights(1).items() if k.startswith("meshnetmvp2m/")}
     tmpl = stage1.Stage1Template.build(xp, template, np.float32)
-    images = train["images"][None].astype(np.float32)
+    images = xp.asarray(train["images"][None].astype(np.float32))
     tf = stage1.transforms(xp, train["cameras"][None])
     gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
     draws = [ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
@@ -220,16 +226,16 @@ def test_stage1_two_adam_steps(golden, golden_dir, stage1_step):
     found = stage1_step[5]
     sides = EdgeSides(template.coord, found.h_edge, found.w_edge, [])
     sides.choice = found.choice.copy()
-    variables = {name: value.copy() for name, value in weights.items()}
+    variables = {name: xp.asarray(value, copy=True) for name, value in weights.items()}
     state = AdamState()
     adam_step(xp, variables, stage1_step[3], state)
-    changes = [{name: variables[name] - weights[name] for name in variables}]
-    after1 = {name: value.copy() for name, value in variables.items()}
+    changes = [{name: host(variables[name] - weights[name]) for name in variables}]
+    after1 = {name: xp.asarray(value, copy=True) for name, value in variables.items()}
     projection._view_pixels = sides
     try:
         grads = stage1.loss_and_gradients(xp, variables, tmpl, images, tf, gt, draws)[2]
         adam_step(xp, variables, grads, state)
-        changes.append({name: variables[name] - after1[name] for name in variables})
+        changes.append({name: host(variables[name] - after1[name]) for name in variables})
         loss_after2 = float(stage1.loss_and_gradients(xp, variables, tmpl, images, tf, gt, draws)[0])
     finally:
         projection._view_pixels = sides.original
