@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .products import matmul
+
 
 def run_cnn(backend, convs, images, taps) -> list:
     """Run ``convs`` over images (N,224,224,3) and return the maps after the layers numbered in ``taps``."""
@@ -79,7 +81,7 @@ def conv_forward(xp, x, weight, bias, stride: int):
     """relu(conv_same(x, W) + b) for NHWC ``x``; returns (y, cache)."""
     kh, kw, cin, cout = weight.shape
     cols, (ho, wo) = im2col(xp, x, kh, kw, stride)
-    y = cols @ xp.reshape(weight, (kh * kw * cin, cout))
+    y = matmul(cols, xp.reshape(weight, (kh * kw * cin, cout)))
     y = xp.maximum(y + bias, 0.0)
     y = xp.reshape(y, (x.shape[0], ho, wo, cout))
     return y, ConvCache(cols, tuple(x.shape), y, weight, stride)
@@ -89,11 +91,11 @@ def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True):
     """(dx or None, dW, db) for the output gradient ``dy``; ReLU passes where the output is > 0."""
     kh, kw, cin, cout = cache.weight.shape
     dz = xp.reshape(xp.where(cache.y > 0, dy, xp.zeros_like(dy)), (-1, cout))
-    dweight = xp.reshape(xp.matrix_transpose(cache.cols) @ dz, cache.weight.shape)
+    dweight = xp.reshape(matmul(xp.matrix_transpose(cache.cols), dz), cache.weight.shape)
     dbias = xp.sum(dz, axis=0)
     dx = None
     if need_dx:
-        dcols = dz @ xp.matrix_transpose(xp.reshape(cache.weight, (kh * kw * cin, cout)))
+        dcols = matmul(dz, xp.matrix_transpose(xp.reshape(cache.weight, (kh * kw * cin, cout))))
         dx = col2im(xp, dcols, cache.x_shape, kh, kw, cache.stride)
     return dx, dweight, dbias
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .local_projection_train import LocalProjectionCache, local_projection_backward, local_projection_forward
+from .products import matmul
 
 
 def _over_hypotheses(xp, support, y):
@@ -37,12 +38,12 @@ def local_gconv_forward(xp, layer, x, supports, residual=None):
     cout = w0.shape[1]
     flat = xp.reshape(x, (b * k * n, cin))
     if a0 is None:
-        y = flat @ xp.concat([w0, w1], axis=1)
+        y = matmul(flat, xp.concat([w0, w1], axis=1))
         y0 = xp.reshape(y[:, :cout], (b, k, n, cout))
         y1 = xp.reshape(y[:, cout:], (b, k, n, cout))
     else:
-        y0 = _over_hypotheses(xp, a0, xp.reshape(flat @ w0, (b, k, n, cout)))
-        y1 = xp.reshape(flat @ w1, (b, k, n, cout))
+        y0 = _over_hypotheses(xp, a0, xp.reshape(matmul(flat, w0), (b, k, n, cout)))
+        y1 = xp.reshape(matmul(flat, w1), (b, k, n, cout))
     z = y0 + _over_hypotheses(xp, a1, y1) + bias
     active = z > 0
     out = xp.where(active, z, xp.zeros_like(z))
@@ -61,10 +62,10 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True)
     dy0 = xp.reshape(dz if a0 is None else _over_hypotheses(xp, xp.matrix_transpose(a0), dz), (-1, cout))
     flat = xp.reshape(cache.x, (b * k * n, cin))
     dy = xp.concat([dy0, dy1], axis=1)
-    dweight = xp.matrix_transpose(flat) @ dy
+    dweight = matmul(xp.matrix_transpose(flat), dy)
     dx = None
     if need_dx:
-        dx = xp.reshape(dy @ xp.matrix_transpose(xp.concat([w0, w1], axis=1)), (b, k, n, cin))
+        dx = xp.reshape(matmul(dy, xp.matrix_transpose(xp.concat([w0, w1], axis=1))), (b, k, n, cin))
     return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .products import matmul
 from .sparse import scatter_add_rows, sparse_matrix, sparse_product
 
 
@@ -93,10 +94,10 @@ def graph_conv_forward(xp, x, weight0, weight1, bias, supports: GraphSupports, r
     (out, cache). Where S0 is the identity the two products are one, x [W0 | W1], as in inference."""
     cout = weight0.shape[1]
     if supports.s0 is None:
-        y = x @ xp.concat([weight0, weight1], axis=1)
+        y = matmul(x, xp.concat([weight0, weight1], axis=1))
         out = y[..., :cout] + sparse_product(xp, supports.s1, y[..., cout:])
     else:
-        out = sparse_product(xp, supports.s0, x @ weight0) + sparse_product(xp, supports.s1, x @ weight1)
+        out = sparse_product(xp, supports.s0, matmul(x, weight0)) + sparse_product(xp, supports.s1, matmul(x, weight1))
     out = out + bias
     if relu:
         out = xp.maximum(out, 0.0)
@@ -116,8 +117,8 @@ def graph_conv_backward(xp, dout, cache: GraphConvCache):
     dy = xp.concat([d0, d1], axis=-1)
     cin, cout = cache.weight0.shape
     flat_x = xp.reshape(cache.x, (-1, cin))
-    dweights = xp.matrix_transpose(flat_x) @ xp.reshape(dy, (-1, 2 * cout))
-    dx = dy @ xp.matrix_transpose(xp.concat([cache.weight0, cache.weight1], axis=1))
+    dweights = matmul(xp.matrix_transpose(flat_x), xp.reshape(dy, (-1, 2 * cout)))
+    dx = matmul(dy, xp.matrix_transpose(xp.concat([cache.weight0, cache.weight1], axis=1)))
     dbias = xp.sum(xp.reshape(d, (-1, cout)), axis=0)
     return dx, dweights[:, :cout], dweights[:, cout:], dbias, dresidual
 

@@ -33,6 +33,7 @@ has no bfloat16 arrays). The camera arithmetic is always exact float32.
 """
 from __future__ import annotations
 
+from ...model import products
 from .convolution import ConvolutionStage
 from .deformation import DeformationStage
 from .device import CupyDevice
@@ -42,4 +43,11 @@ from .projection import ProjectionStage
 
 
 class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, ConvolutionStage, GemmStage, CupyDevice):
-    """The GPU backend (``get_backend("cupy", precision=..., device=...)``): the device and its stages."""
+    """The GPU backend (``get_backend("cupy", precision=..., device=...)``): the device and its stages.
+
+    Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products
+    (:mod:`xmesh.model.products`)."""
+
+    def __init__(self, precision: str = "fp32", device: int | None = None):
+        super().__init__(precision, device)
+        products.lend(self.training_product)

@@ -99,6 +99,11 @@ class GemmStage:
         entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn, bk)
         return self._launch_tc(entry, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
 
+    def training_product(self, a, b):
+        """``a @ b`` in 3xTF32 (float32 accuracy) for the training passes' large float32 products, lent to
+        :func:`xmesh.model.products.matmul` whatever this backend's precision."""
+        return self.gemm(a, b, passes=3)
+
     def _launch_tc(self, entry: tuple, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
         """Launch a kernel of tc_gemm.cu (``entry``: ``_gemm_kernel``'s (kernel, K slice width); A given
         by ``a_args``, B by ``b``) over (M/128 x N/bn) tiles, splitting K when there are few tiles (the

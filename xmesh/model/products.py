@@ -1,0 +1,36 @@
+"""The dense matrix products of the training passes: ``matmul(a, b)`` is ``a @ b``, or a faster
+product of float32 accuracy where a backend lends one (:func:`lend`).
+
+The CuPy backend lends its tensor-core GEMM in 3xTF32 (each operand split into two TF32 parts, three
+products accumulated in float32: float32's accuracy, the inference's fp32 products) for the products
+both of whose output sides are at least ``LENT_MIN`` long: the deformation blocks' and graph
+convolutions' wide layers, where cuBLAS's float32 SGEMM bounds a training step. The rest (the score
+layers, the CNN's narrow layers), every float64 product and NumPy take ``a @ b``.
+"""
+from __future__ import annotations
+
+LENT_MIN = 128   # a lent product's output is at least this many rows and columns
+
+_lent = None
+
+
+def lend(product):
+    """Route the large float32 products through ``product(a, b)`` (2-D a and b; None: take ``a @ b``);
+    returns the product lent before."""
+    global _lent
+    before, _lent = _lent, product
+    return before
+
+
+def matmul(a, b):
+    """``a @ b`` for a (..., K) and a 2-D b (K, N), the leading axes of a as rows."""
+    if _lent is not None and b.ndim == 2 and a.ndim >= 2 and str(a.dtype) == "float32" \
+            and str(b.dtype) == "float32" and b.shape[1] >= LENT_MIN:
+        rows = 1
+        for size in a.shape[:-1]:
+            rows *= int(size)
+        if rows >= LENT_MIN:
+            out = _lent(a.reshape(rows, a.shape[-1]), b)
+            if out is not None:
+                return out.reshape(tuple(a.shape[:-1]) + (b.shape[1],))
+    return a @ b
