@@ -84,7 +84,7 @@ def test_local_projection_pair(xpd, outside):
     check_gradients(forward, backward, inputs, xpd, elements=40)
 
 
-def test_local_projection_forward_is_the_inference_one():
+def test_local_projection_forward_is_the_inference_one(xpd):
     rng = np.random.default_rng(5)
     batch, n = 2, 300
     maps = [rng.random((batch * 3, s, s, c), dtype=np.float32) for s, c in [(224, 4), (112, 3), (56, 2)]]
@@ -92,9 +92,11 @@ def test_local_projection_forward_is_the_inference_one():
     backend = get_backend("numpy")
     tf = projection.DeviceTransforms.from_cameras(backend, np.repeat(CAMERAS[None], batch, axis=0))
     padded = projection.pad_maps(backend, maps)
-    ours = local_projection_train.local_projection_forward(xp, points, padded, tf)[0]
+    on_device = projection.DeviceTransforms.from_packed(xpd.asarray(tf.packed), tf.num_views)
+    ours = local_projection_train.local_projection_forward(xpd, xpd.asarray(points), [xpd.asarray(m) for m in padded],
+                                                           on_device)[0]
     theirs = projection.local_projection(backend, points, padded, tf)
-    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(to_host(ours), theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("general_a0", [False, True])

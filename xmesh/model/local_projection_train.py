@@ -6,12 +6,16 @@ max/mean/std over views). The backward reaches the maps, through a scatter-add o
 weight, and the points, through the bilinear weights, the clamp (TF passes the gradient where the
 unclamped pixel lies in [0, 223], ends included) and the camera projection. floor and ceil have no
 gradient, so at an integer coordinate, where the sample is 0, the coordinate's gradient is 0 too.
+On CuPy the bilinear taps of each view and map run in one launch each way (:mod:`.bilinear_cupy`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from array_api_compat import is_cupy_namespace
+
+from . import bilinear_cupy
 from .camera import CENTER, FOCAL, IMAGE_SIZE, MAX_PIXEL, mat3
 from .sparse import scatter_add
 from .view_pool import ViewPoolCache, pool_views_backward, pool_views_forward
@@ -67,6 +71,14 @@ def _base(xp, batch: int, views: int, view: int, padded: int):
     return (xp.arange(batch, dtype=xp.int64) * views + view)[:, None] * (padded * padded)
 
 
+#: CuPy runs the bilinear taps in bilinear_cupy's kernels; False runs the array-API code (for comparisons)
+FUSED_ON_CUPY = True
+
+
+def _fused(xp) -> bool:
+    return FUSED_ON_CUPY and is_cupy_namespace(xp)
+
+
 def local_projection_forward(xp, points, maps, tf):
     """(B,n,3) hypothesis points -> (B,n,3+3*sum(C)) features [points, max, mean, std], and the cache.
 
@@ -84,6 +96,12 @@ def local_projection_forward(xp, points, maps, tf):
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
             flat = xp.reshape(fmap, (-1, channels))
             rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
+            if _fused(xp):
+                wx1, wx2, wy1, wy2 = x2 - x, x - x1, y2 - y, y - y1
+                weights = xp.stack([xp.reshape(w, (-1,)) for w in (wx1 * wy1, wx2 * wy1, wx1 * wy2, wx2 * wy2)])
+                sample = bilinear_cupy.bilinear_forward(flat, xp.stack(rows), weights)
+                feats.append(xp.reshape(sample, (batch, n, channels)))
+                continue
             q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
             wx1, wx2 = (x2 - x)[..., None], (x - x1)[..., None]
             wy1, wy2 = (y2 - y)[..., None], (y - y1)[..., None]
@@ -103,6 +121,8 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
     dstacked = pool_views_backward(xp, dmax, dmean, dstd, cache.pool)         # (V,B,n,width)
     dpoints = dfeats[..., :3]
     dflat = [None] * len(maps)
+    if _fused(xp):
+        dflat = [xp.zeros((m.shape[0] * m.shape[1] * m.shape[2], m.shape[3]), dtype=m.dtype) for m in maps]
     for view, proj in enumerate(cache.views):
         dh = xp.zeros_like(proj.h)
         dw = xp.zeros_like(proj.w)
@@ -114,13 +134,21 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
             flat = xp.reshape(fmap, (-1, channels))
             rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
-            q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
             wx1, wx2 = x2 - x, x - x1
             wy1, wy2 = y2 - y, y - y1
+            scale = (padded - 1) / IMAGE_SIZE
+            if _fused(xp):
+                corner_weights = xp.stack([xp.reshape(w, (-1,)) for w in (wx1 * wy1, wx2 * wy1, wx1 * wy2, wx2 * wy2)])
+                axis_weights = xp.stack([xp.reshape(w, (-1,)) for w in (wx1, wx2, wy1, wy2)])
+                gx, gy = bilinear_cupy.bilinear_backward(xp.reshape(df, (-1, channels)), flat, xp.stack(rows),
+                                                         corner_weights, axis_weights, dflat[m])
+                dh = dh + xp.reshape(gx, dh.shape) * scale
+                dw = dw + xp.reshape(gy, dw.shape) * scale
+                continue
+            q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
             # d f / d x = (q21 - q11) wy1 + (q22 - q12) wy2, and likewise along y; x = h * s / 224
             gx = xp.sum(df * ((q21 - q11) * wy1[..., None] + (q22 - q12) * wy2[..., None]), axis=-1)
             gy = xp.sum(df * ((q12 - q11) * wx1[..., None] + (q22 - q21) * wx2[..., None]), axis=-1)
-            scale = (padded - 1) / IMAGE_SIZE
             dh = dh + gx * scale
             dw = dw + gy * scale
             flat_df = xp.reshape(df, (-1, channels))
