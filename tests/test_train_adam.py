@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradcheck import namespace, namespaces
 from xmesh.backends import get_backend
 from xmesh.io.weights import synthetic_weights
 from xmesh.train.adam import AdamConfig, AdamState, adam_step
@@ -45,19 +46,26 @@ def reference_adam(var, grads, config: AdamConfig):
     return var
 
 
-def test_steps_follow_the_update_rule():
+@pytest.mark.parametrize("library", namespaces())
+def test_steps_follow_the_update_rule(library):
+    """On NumPy and on CuPy (one kernel a variable there, each operation rounded as NumPy rounds it)."""
+    xpd = namespace(library)
     rng = np.random.default_rng(0)
     config = AdamConfig(learning_rate=1e-3)
     start = rng.standard_normal(50).astype(np.float32)
     # gradients far from 0 and near epsilon's scale, where epsilon matters
     grads = [rng.standard_normal(50) * np.where(np.arange(50) < 25, 1.0, 1e-8) for _ in range(6)]
-    variables = {"w": start.copy()}
-    state = AdamState(config)
+    variables = {"w": xpd.asarray(start.copy())}
+    on_host = {"w": start.copy()}
+    state, host_state = AdamState(config), AdamState(config)
     for g in grads:
-        adam_step(xp, variables, {"w": g.astype(np.float32)}, state)
+        adam_step(xpd, variables, {"w": xpd.asarray(g.astype(np.float32))}, state)
+        adam_step(xp, on_host, {"w": g.astype(np.float32)}, host_state)
+    ours = np.asarray(variables["w"].get() if hasattr(variables["w"], "get") else variables["w"])
     expected = reference_adam(start, [g.astype(np.float32).astype(np.float64) for g in grads], config)
     # each step rounds the variables (about 1) to float32: a few 1e-7 over six steps of about 1e-3
-    np.testing.assert_allclose(variables["w"] - start, expected - start, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ours - start, expected - start, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ours, on_host["w"], rtol=2e-7, atol=0)
     assert state.step == 6 and np.isclose(state.beta1_power, 0.9 ** 7, rtol=1e-6)
 
 

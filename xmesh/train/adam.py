@@ -8,13 +8,17 @@ a gradient keeps its value and its moments. The original trains with lr 1e-5 and
 otherwise: beta1 0.9, beta2 0.999, epsilon 1e-8.
 
 The state is plain arrays (:meth:`AdamState.arrays`), so a checkpoint stores and restores it exactly.
+On CuPy a float32 variable's update is one kernel (``_cupy_update``) in the same order of float32
+operations, each rounded on its own (no fused multiply-add), so it equals the array-API code's bit for bit.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from array_api_compat import is_cupy_namespace
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,20 @@ class AdamState:
                    step=int(arrays["step"]))
 
 
+@functools.cache
+def _cupy_update():
+    """m, v and the variable updated in place in one launch: the array-API lines of :func:`adam_step`."""
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "float32 grad, float32 keep1, float32 keep2, float32 alpha, float32 eps", "float32 var, float32 m, float32 v",
+        """
+        m = __fadd_rn(m, __fmul_rn(__fsub_rn(grad, m), keep1));
+        v = __fadd_rn(v, __fmul_rn(__fsub_rn(__fmul_rn(grad, grad), v), keep2));
+        var = __fsub_rn(var, __fdiv_rn(__fmul_rn(m, alpha), __fadd_rn(__fsqrt_rn(v), eps)));
+        """, "xmesh_adam_update")
+
+
 def adam_step(xp, variables: dict, gradients: Mapping, state: AdamState) -> None:
     """One Adam step: every variable of ``variables`` (name -> ``xp`` array) that has a gradient is
     updated in place, and ``state`` advances."""
@@ -81,6 +99,9 @@ def adam_step(xp, variables: dict, gradients: Mapping, state: AdamState) -> None
             state.m[name] = xp.zeros_like(var)
             state.v[name] = xp.zeros_like(var)
         m, v = state.m[name], state.v[name]
+        if is_cupy_namespace(xp) and var.dtype == xp.float32:
+            _cupy_update()(grad, one - beta1, one - beta2, alpha, eps, var, m, v)
+            continue
         m += (grad - m) * (one - beta1)
         v += (grad * grad - v) * (one - beta2)
         var -= (m * alpha) / (xp.sqrt(v) + eps)
