@@ -76,13 +76,15 @@ def _draws(xp, draws, calls: int, dtype):
 
 
 def batch_loss_and_gradients(stage, params_or_weights, template, images, cameras, labels, starts=None, draws=None,
-                             backend="numpy", rng=None, dtype=np.float32, view_quirk: bool = True) -> LossAndGradients:
+                             backend="numpy", rng=None, dtype=np.float32, view_quirk: bool = True,
+                             to_host: bool = True) -> LossAndGradients:
     """The step for B samples at once, the loss and gradients averaged over the B samples.
 
     ``params_or_weights``: the stage's variables by official name (host arrays, or arrays already on
     the backend's device in ``dtype``); images (B,V,224,224,3), cameras (B,V,5), labels a list of B
     (P_i,6) ground-truth arrays; ``starts`` the B meshes the stage deforms (stage 2); ``draws`` B
     lists of the ``(choice, r1, r2)`` of each mesh_loss call, or None for draws from ``rng``.
+    ``to_host=False`` leaves the gradients on the backend's device (the trainer's Adam reads them there).
     """
     stage = _check_stage(stage)
     be = get_backend(backend)
@@ -114,8 +116,9 @@ def batch_loss_and_gradients(stage, params_or_weights, template, images, cameras
         start = xp.stack([xp.asarray(s, dtype=dtype) for s in starts])
         loss, terms, grads = stage2.loss_and_gradients(xp, weights, tmpl, images, tf, gt, start,
                                                        _draws(xp, draws, stage2.MESH_LOSS_CALLS, dtype), rng)
-    return LossAndGradients(float(loss), {k: float(v) for k, v in terms.items()},
-                            {name: np.asarray(be.to_numpy(g)) for name, g in grads.items()})
+    if to_host:
+        grads = {name: np.asarray(be.to_numpy(g)) for name, g in grads.items()}
+    return LossAndGradients(float(loss), {k: float(v) for k, v in terms.items()}, grads)
 
 
 def loss_and_gradients(stage, weights, template, images, cameras, labels, start=None, draws=None,
