@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from adam_golden import check_adam_steps, score_biases
-from test_train_golden import COSINE, GRAD_ALL, GRAD_MOST, GRAD_MOST_FRACTION, TERM_RTOL, gradient_errors
+from test_train_golden import BACKEND, COSINE, GRAD_ALL, GRAD_MOST, GRAD_MOST_FRACTION, TERM_RTOL, gradient_errors, host
 from xmesh.backends import get_backend
 from xmesh.io.template import load_template
 from xmesh.io.weights import synthetic_weights
@@ -38,7 +38,7 @@ NEAR_INTEGER_PX = 5e-5   # a pixel position this near an integer is float32 nois
 MOVE_ATOL = 1e-7         # a resolved vertex's move within this of the original's (the moves are 1e-4 .. 1e-3)
 MAX_AMBIGUOUS = 150      # per DRB: more would mean something else differs
 
-xp = get_backend("numpy").xp
+xp = get_backend(BACKEND).xp   # XMESH_TEST_BACKEND=cupy runs these on the GPU (fp32)
 # three stage-2 steps on the CPU (gradients twice, the loss after two Adam steps): about 1-2 minutes on two cores
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ class HypothesisPixels:
 
     def __call__(self, xp_, points, tf, view):
         proj = self.original(xp_, points, tf, view)
-        block = self.block or (1 if np.array_equal(points, self.first_points) else 2)
+        block = self.block or (1 if np.array_equal(host(points), self.first_points) else 2)
         for (row, v, axis), value in self.nudges[block].items():
             if v == view:
                 (proj.h if axis == 0 else proj.w)[0, row] = value
@@ -70,6 +70,7 @@ class HypothesisPixels:
 
 def hypotheses(centers, offsets):
     n = centers.shape[1]
+    centers, offsets = host(centers), host(offsets)
     return np.reshape(centers[:, None] + offsets[None, :, None], (1, offsets.shape[0] * n, 3))
 
 
@@ -77,12 +78,12 @@ def near_integer_samples(centers, offsets, tf):
     """(vertex, hypothesis, view, axis, integer) of the hypotheses of ``centers`` (1,N,3) whose pixel row
     or column, inside the image, lies within NEAR_INTEGER_PX of an integer."""
     n = centers.shape[1]
-    points = hypotheses(centers, offsets)
+    points = xp.asarray(hypotheses(centers, offsets))
     found = []
     for view in range(tf.num_views):
         proj = lpt.view_projection(xp, points, tf, view)
         for axis, (values, inside) in enumerate(((proj.h, proj.h_inside), (proj.w, proj.w_inside))):
-            value = values[0].astype(np.float64)
+            value, inside = host(values)[0].astype(np.float64), host(inside)
             for row in np.where((np.abs(value - np.round(value)) < NEAR_INTEGER_PX) & inside[0])[0]:
                 found.append((int(row % n), int(row // n), view, axis, float(np.round(value[row]))))
     return found
@@ -105,7 +106,7 @@ def resolve_block(patch, layers, tmpl, padded, tf, centers, reference_move):
     vertices = sorted({s[0] for s in samples})
     mine = {v: [s for s in samples if s[0] == v] for v in vertices}
     combos = {v: list(itertools.product(range(3), repeat=len(mine[v]))) for v in vertices}
-    subset = centers[:, vertices]
+    subset = xp.asarray(host(centers)[:, vertices])
     best = {v: (np.inf, None) for v in vertices}
     patch.block = "search"
     try:
@@ -116,7 +117,7 @@ def resolve_block(patch, layers, tmpl, padded, tf, centers, reference_move):
                     for (_, hyp, view, axis, pixel), side in zip(mine[v], combos[v][c], strict=True):
                         patch.nudges["search"][(hyp * len(vertices) + j, view, axis)] = sides(pixel)[side]
             moved = deformation_block_forward(xp, layers, tmpl.supports, tmpl.offsets, subset, padded, tf)[0]
-            err = np.linalg.norm((moved - subset)[0] - reference_move[vertices], axis=1)
+            err = np.linalg.norm(host(moved - subset)[0] - reference_move[vertices], axis=1)
             for j, v in enumerate(vertices):
                 if c < len(combos[v]) and err[j] < best[v][0]:
                     best[v] = (float(err[j]), combos[v][c])
@@ -136,12 +137,12 @@ def sample(golden, golden_dir):
     template = load_template(golden_dir / "template.dat")
     weights = {k: xp.asarray(v) for k, v in synthetic_weights(1, stages=2).items()}
     tmpl = stage2.Stage2Template.build(xp, template, np.float32)
-    images = train["images"][None].astype(np.float32)
+    images = xp.asarray(train["images"][None].astype(np.float32))
     tf = stage1.transforms(xp, train["cameras"][None])
     gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
     draws = [ml.Draws.stack(xp, [(train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])], np.float32)
              for k in range(stage2.MESH_LOSS_CALLS)]
-    return weights, tmpl, images, tf, gt, train["s2_features"][None].astype(np.float32), draws
+    return weights, tmpl, images, tf, gt, xp.asarray(train["s2_features"][None].astype(np.float32)), draws
 
 
 @pytest.fixture(scope="module")
@@ -158,11 +159,12 @@ def pixels(golden, sample):
         # each DRB from the original's own input: the start, then the original's DRB-1 output
         patch.nudges[1], worst1 = resolve_block(patch, layers[0], tmpl, padded, tf, start,
                                                 demo["stage2_block1"] - demo["stage1_block3"])
-        patch.nudges[2], worst2 = resolve_block(patch, layers[1], tmpl, padded, tf, demo["stage2_block1"][None],
+        patch.nudges[2], worst2 = resolve_block(patch, layers[1], tmpl, padded, tf,
+                                                xp.asarray(demo["stage2_block1"][None]),
                                                 demo["stage2_block2"] - demo["stage2_block1"])
     finally:
         lpt.view_projection = patch.original
-    assert np.array_equal(start[0], demo["stage1_block3"])
+    assert np.array_equal(host(start)[0], demo["stage1_block3"])
     return patch, (worst1, worst2)
 
 
@@ -178,10 +180,10 @@ def step(golden, golden_dir, sample, pixels):
         result = loss_and_gradients(2, synthetic_weights(1), load_template(golden_dir / "template.dat"),
                                     train["images"], train["cameras"], train["labels"], start=train["s2_features"],
                                     draws=[(train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])
-                                           for k in range(stage2.MESH_LOSS_CALLS)])
+                                           for k in range(stage2.MESH_LOSS_CALLS)], backend=BACKEND)
     finally:
         lpt.view_projection = patch.original
-    return fwd.blocks, result.loss, result.terms, result.gradients
+    return [host(b) for b in fwd.blocks], result.loss, result.terms, result.gradients
 
 
 def test_stage2_ambiguous_samples_resolve_exactly(pixels):
@@ -195,7 +197,7 @@ def test_stage2_ambiguous_samples_resolve_exactly(pixels):
 def test_stage2_training_forward_is_the_originals(golden, sample, step, block):
     demo = golden[1]
     previous = demo["stage1_block3"] if block == 1 else demo["stage2_block1"]
-    ours_previous = sample[5][0] if block == 1 else step[0][0][0]
+    ours_previous = host(sample[5])[0] if block == 1 else step[0][0][0]
     ours = step[0][block - 1][0] - ours_previous
     ref = demo[f"stage2_block{block}"] - previous
     err = np.linalg.norm(ours - ref, axis=1)
@@ -252,8 +254,8 @@ def test_stage2_gradients(golden, step):
 def test_stage2_two_adam_steps(golden, sample, pixels, step):
     train = golden[0]
     weights, tmpl, images, tf, gt, start, draws = sample
-    before = {name: np.array(value, copy=True) for name, value in weights.items()}
-    variables = {name: np.array(value, copy=True) for name, value in weights.items()}
+    before = {name: xp.asarray(value, copy=True) for name, value in weights.items()}
+    variables = {name: xp.asarray(value, copy=True) for name, value in weights.items()}
     state = AdamState()
     # after a step DRB 2's hypotheses have moved (by about 2e-3 px): DRB 1's sides still hold, DRB 2's are its own
     patch = HypothesisPixels(pixels[0].first_points)
@@ -262,11 +264,11 @@ def test_stage2_two_adam_steps(golden, sample, pixels, step):
     lpt.view_projection = patch
     try:
         adam_step(xp, variables, step[3], state)
-        changes.append({name: variables[name] - before[name] for name in variables})
+        changes.append({name: host(variables[name] - before[name]) for name in variables})
         _, _, grads = stage2.loss_and_gradients(xp, variables, tmpl, images, tf, gt, start, draws)
-        after1 = {name: np.array(value, copy=True) for name, value in variables.items()}
+        after1 = {name: xp.asarray(value, copy=True) for name, value in variables.items()}
         adam_step(xp, variables, grads, state)
-        changes.append({name: variables[name] - after1[name] for name in variables})
+        changes.append({name: host(variables[name] - after1[name]) for name in variables})
         loss_after2 = float(stage2.loss(xp, variables, tmpl, images, tf, gt, start, draws))
     finally:
         lpt.view_projection = patch.original
