@@ -6,6 +6,8 @@
 #   bash scripts/device_checks.sh bench      # `xmesh bench` (CuPy b=1/16/64 and NumPy b=1 in one run)
 #   bash scripts/device_checks.sh profile    # per-kernel roofline tables under Nsight Compute (ncu on the PATH)
 #   bash scripts/device_checks.sh serve      # xmesh serve's GPU tests (a real server on the GPU, fp32 and fp16)
+#   bash scripts/device_checks.sh train      # training: the layer pairs' float64 checks and the golden steps on
+#                                            # CuPy, where a stage-2 step's time goes, then its samples/s table
 # Expects: .whl/base (the array-api-compat wheel), for `serve` also .whl/serve (litserve, fastapi, starlette,
 # uvicorn, pydantic, pydantic-core, pyzmq, python-multipart and what they need that the machine lacks:
 # typing-inspection, annotated-doc, annotated-types, typing-extensions, opentelemetry-api), and
@@ -44,6 +46,15 @@ serve)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/serve/*.whl >/dev/null 2>&1
   XMESH_TEST_BACKEND=cupy timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_serve.py -m gpu \
     --durations=10 2>&1 | tee "$OUT/gpu_serve.log" | tail -30
+  ;;
+train)
+  XMESH_TEST_BACKEND=cupy timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/test_train_layers.py \
+    tests/test_train_losses.py tests/test_train_drb.py tests/test_train_golden*.py -k "cupy or golden" \
+    --durations=8 > "$OUT/gpu_train_tests.log" 2>&1
+  grep -E "^stage|^s[12] |passed|failed|error" "$OUT/gpu_train_tests.log" | tail -25
+  timeout 150 python3 scripts/train_profile.py --backend cupy --batch-sizes 1 32 --steps 3 --compare 2>&1 | tee "$OUT/train_profile.txt"
+  timeout 200 python3 scripts/train_bench.py --backend cupy --batch-sizes 1 32 --steps 10 ${TRAIN_BENCH_ARGS:---no-command} \
+    2>&1 | tee "$OUT/train_bench.txt" | tail -6
   ;;
 profile)
   python3 scripts/kernel_profile.py --modes --budget 540 --out "$OUT/profile" 2>&1 | tail -150
