@@ -143,6 +143,11 @@ def main() -> None:
             peak = f"; device memory pool {cupy.get_default_memory_pool().total_bytes() / 2**30:.1f} GiB"
         print(f"stage {args.stage} on {args.backend}, batch {batch}: step {median * 1e3:.2f} ms "
               f"({batch / median:.1f} samples/s); with a sync around each phase {synced * 1e3:.2f} ms{peak}")
+        sync()
+        start = time.perf_counter()
+        work.trainer.trained_weights()
+        copy = time.perf_counter() - start
+        print(f"  (the trained variables to the host, as a gradient round trip would copy them: {copy * 1e3:.2f} ms)")
         print(f"  {'phase':<34} {'launch ms':>10} {'total ms':>10} {'calls':>6}")
         for label, _, _, depth in phases(args.stage):
             if label in table:

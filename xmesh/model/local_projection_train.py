@@ -93,15 +93,13 @@ def local_projection_forward(xp, points, maps, tf):
         feats = []
         for fmap in maps:
             padded, channels = fmap.shape[1], fmap.shape[3]
+            if _fused(xp):
+                sample = bilinear_cupy.bilinear_forward(fmap, proj.h, proj.w, views, view)
+                feats.append(xp.reshape(sample, (batch, n, channels)))
+                continue
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
             flat = xp.reshape(fmap, (-1, channels))
             rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
-            if _fused(xp):
-                wx1, wx2, wy1, wy2 = x2 - x, x - x1, y2 - y, y - y1
-                weights = xp.stack([xp.reshape(w, (-1,)) for w in (wx1 * wy1, wx2 * wy1, wx1 * wy2, wx2 * wy2)])
-                sample = bilinear_cupy.bilinear_forward(flat, xp.stack(rows), weights)
-                feats.append(xp.reshape(sample, (batch, n, channels)))
-                continue
             q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
             wx1, wx2 = (x2 - x)[..., None], (x - x1)[..., None]
             wy1, wy2 = (y2 - y)[..., None], (y - y1)[..., None]
@@ -131,20 +129,16 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
             padded, channels = fmap.shape[1], fmap.shape[3]
             df = dstacked[view, :, :, start:start + channels]                    # (B,n,C)
             start += channels
+            if _fused(xp):
+                bilinear_cupy.bilinear_backward(xp.reshape(df, (-1, channels)), fmap, proj.h, proj.w, views, view,
+                                                dflat[m], dh, dw)
+                continue
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
             flat = xp.reshape(fmap, (-1, channels))
             rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
             wx1, wx2 = x2 - x, x - x1
             wy1, wy2 = y2 - y, y - y1
             scale = (padded - 1) / IMAGE_SIZE
-            if _fused(xp):
-                corner_weights = xp.stack([xp.reshape(w, (-1,)) for w in (wx1 * wy1, wx2 * wy1, wx1 * wy2, wx2 * wy2)])
-                axis_weights = xp.stack([xp.reshape(w, (-1,)) for w in (wx1, wx2, wy1, wy2)])
-                gx, gy = bilinear_cupy.bilinear_backward(xp.reshape(df, (-1, channels)), flat, xp.stack(rows),
-                                                         corner_weights, axis_weights, dflat[m])
-                dh = dh + xp.reshape(gx, dh.shape) * scale
-                dw = dw + xp.reshape(gy, dw.shape) * scale
-                continue
             q11, q21, q12, q22 = (xp.reshape(xp.take(flat, r, axis=0), (batch, n, channels)) for r in rows)
             # d f / d x = (q21 - q11) wy1 + (q22 - q12) wy2, and likewise along y; x = h * s / 224
             gx = xp.sum(df * ((q21 - q11) * wy1[..., None] + (q22 - q12) * wy2[..., None]), axis=-1)
