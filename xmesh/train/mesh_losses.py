@@ -50,12 +50,18 @@ STAGE1_LAPLACE, STAGE2_LAPLACE = LaplaceWeights(), LaplaceWeights(move=100.0)
 @dataclass(frozen=True)
 class GroundTruth:
     """A batch's ground truth, padded to the longest sample: points and normals (B,P,3), ``valid``
-    (B,P) 1 for real points and 0 for padding, ``counts`` (B,) the real points per sample (host)."""
+    (B,P) 1 for real points and 0 for padding, ``counts`` (B,) the real points per sample (host), and
+    ``count_values`` the same on ``xp`` in the points' dtype (uploaded once, with the rest)."""
 
     points: Any
     normals: Any
     valid: Any
     counts: np.ndarray
+    count_values: Any
+
+    def lengths(self):
+        """The counts where some sample is padded, else None (every point is real)."""
+        return self.counts if int(self.counts.min()) < self.points.shape[1] else None
 
     @classmethod
     def from_labels(cls, xp, labels, dtype) -> GroundTruth:
@@ -70,7 +76,7 @@ class GroundTruth:
             valid[b, : counts[b]] = 1.0
         padded = padded.astype(np.dtype(dtype))
         return cls(xp.asarray(padded[..., :3]), xp.asarray(padded[..., 3:]), xp.asarray(valid.astype(padded.dtype)),
-                   counts)
+                   counts, xp.asarray(counts.astype(padded.dtype)))
 
 
 @dataclass(frozen=True)
@@ -120,15 +126,39 @@ def face_areas(xp, pred, faces):
     return xp.sqrt(xp.sum(cross * cross, axis=-1)) / 2
 
 
-def draw_samples(xp, rng: np.random.Generator, pred, faces, count: int = SAMPLES) -> Draws:
+@dataclass(frozen=True)
+class Uniforms:
+    """A mesh_loss call's uniforms for the trainer's own draws, on ``xp``: ``pick`` (B,S) float64 (the
+    face, through the areas' cumulative distribution) and ``r1``, ``r2`` (B,S,1)."""
+
+    pick: Any
+    r1: Any
+    r2: Any
+
+    @classmethod
+    def draw(cls, xp, rng: np.random.Generator, batch: int, calls: int, dtype, count: int = SAMPLES) -> list:
+        """``calls`` calls' uniforms from ``rng`` on the host (each call's pick, r1 and r2 in turn, so a
+        run's draws resume with its generator), all uploaded at once before a step's forward: an upload
+        from the host waits for the device's queue, which is empty then."""
+        host = []
+        for _ in range(calls):
+            pick = rng.random((batch, count))
+            r1 = rng.random((batch, count, 1), dtype=np.float32)
+            r2 = rng.random((batch, count, 1), dtype=np.float32)
+            host.append((pick, r1.astype(dtype), r2.astype(dtype)))
+        return [cls(xp.asarray(pick), xp.asarray(r1), xp.asarray(r2)) for pick, r1, r2 in host]
+
+
+def draw_samples(xp, rng: np.random.Generator | None, pred, faces, count: int = SAMPLES,
+                 uniforms: Uniforms | None = None) -> Draws:
     """The trainer's own draws: ``count`` faces per sample chosen with probability proportional to
-    area (as the original's ``choice_faces``) and two uniforms each. The uniforms come from ``rng`` on
-    the host (so a run's draws resume with its generator); the face choice inverts the areas'
-    cumulative distribution on the device."""
+    area (as the original's ``choice_faces``) and two uniforms each. The uniforms are ``uniforms``, or
+    drawn from ``rng`` now (:meth:`Uniforms.draw`); the face choice inverts the areas' cumulative
+    distribution on the device."""
     batch = pred.shape[0]
-    pick = xp.asarray(rng.random((batch, count)))
-    r1 = rng.random((batch, count, 1), dtype=np.float32)
-    r2 = rng.random((batch, count, 1), dtype=np.float32)
+    if uniforms is None:
+        uniforms = Uniforms.draw(xp, rng, batch, 1, pred.dtype, count)[0]
+    pick, r1, r2 = uniforms.pick, uniforms.r1, uniforms.r2
     areas = xp.astype(face_areas(xp, pred, faces), xp.float64)
     cdf = xp.cumulative_sum(areas, axis=1)
     cdf = cdf / cdf[:, -1:]
@@ -136,7 +166,7 @@ def draw_samples(xp, rng: np.random.Generator, pred, faces, count: int = SAMPLES
     choice = xp.searchsorted(xp.reshape(cdf + offsets, (-1,)), xp.reshape(pick + offsets, (-1,)), side="right")
     choice = xp.reshape(choice, (batch, count)) - xp.arange(batch, dtype=choice.dtype)[:, None] * faces.shape[0]
     choice = xp.clip(xp.astype(choice, xp.int64), 0, faces.shape[0] - 1)
-    return Draws(choice, xp.asarray(r1.astype(pred.dtype)), xp.asarray(r2.astype(pred.dtype)))
+    return Draws(choice, r1, r2)
 
 
 def nearest(xp, a, b, lengths_b=None):
@@ -195,10 +225,10 @@ def mesh_loss_forward(xp, pred, gt: GroundTruth, edges, faces, draws: Draws, wei
     points = (1 - u) * corners[0] + (u * (1 - v)) * corners[1] + (u * v) * corners[2]
     sample_pred = xp.concat([pred, points], axis=1)
     idx1 = nearest(xp, gt.points, sample_pred)
-    idx2 = nearest(xp, sample_pred, gt.points, gt.counts)
+    idx2 = nearest(xp, sample_pred, gt.points, gt.lengths())
     d1 = xp.sum((gt.points - _take(xp, sample_pred, idx1)) ** 2, axis=-1)
     d2 = xp.sum((sample_pred - _take(xp, gt.points, idx2)) ** 2, axis=-1)
-    counts = xp.asarray(gt.counts, dtype=pred.dtype)
+    counts = gt.count_values
     mean1 = xp.sum(d1 * gt.valid, axis=1) / counts
     point_loss = (mean1 + weights.chamfer_pred * xp.mean(d2, axis=1)) * weights.chamfer
 
@@ -233,7 +263,7 @@ def mesh_loss_backward(xp, dloss, cache: MeshLossCache):
     dpred = _scatter(xp, cache.edges[:, 0], dedge, n) - _scatter(xp, cache.edges[:, 1], dedge, n)
     # Chamfer: the op's gradient 2 (a - b[idx]) to a, its negative to b[idx]
     gt, sample_pred = cache.gt, cache.sample_pred
-    counts = xp.asarray(gt.counts, dtype=sample_pred.dtype)[:, None, None]
+    counts = gt.count_values[:, None, None]
     diff1 = gt.points - _take(xp, sample_pred, cache.idx1)
     to_nearest = (-2 * w.chamfer) * g * gt.valid[..., None] * diff1 / counts
     d_sample = _scatter(xp, cache.idx1, to_nearest, sample_pred.shape[1])

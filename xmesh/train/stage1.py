@@ -172,14 +172,16 @@ def loss_and_gradients(xp, weights: dict, tmpl: Stage1Template, images, tf: Devi
     scalars, and every variable's gradient by official name (``xp`` arrays).
 
     ``draws``: the three mesh_loss calls' :class:`~xmesh.train.mesh_losses.Draws`, or None to draw them
-    with ``rng`` from each block's predicted mesh."""
+    with ``rng`` from each block's predicted mesh (their uniforms drawn before the forward)."""
+    uniforms = None if draws is not None else ml.Uniforms.draw(xp, rng, images.shape[0], MESH_LOSS_CALLS, images.dtype)
     fwd = forward(xp, weights, tmpl, images, tf, view_quirk)
     batch = images.shape[0]
     per_sample = xp.ones((batch,), dtype=fwd.blocks[0].dtype) / batch
     terms, dblocks = {}, [None, None, None]
     mesh_caches = []
     for b, pred in enumerate(fwd.blocks):
-        block_draws = draws[b] if draws is not None else ml.draw_samples(xp, rng, pred, tmpl.faces[b])
+        block_draws = draws[b] if draws is not None else ml.draw_samples(xp, rng, pred, tmpl.faces[b],
+                                                                         uniforms=uniforms[b])
         loss, cache = ml.mesh_loss_forward(xp, pred, gt, tmpl.edges[b], tmpl.faces[b], block_draws, ml.STAGE1_MESH)
         terms[mesh_loss_name(b + 1)] = xp.mean(loss)
         mesh_caches.append(cache)

@@ -140,15 +140,17 @@ class Stage2Losses:
 
 
 def losses(xp, fwd: Stage2Forward, tmpl: Stage2Template, gt: ml.GroundTruth, starts, draws: list | None,
-           rng: np.random.Generator | None = None) -> Stage2Losses:
+           rng: np.random.Generator | None = None, uniforms: list | None = None) -> Stage2Losses:
     """mesh_loss_2 of each DRB's output and laplace_loss_2 between its input and output.
 
     ``draws``: the two mesh_loss calls' :class:`~xmesh.train.mesh_losses.Draws`, or None to draw them
-    with ``rng`` from each DRB's output."""
+    from each DRB's output with ``uniforms`` (:class:`~xmesh.train.mesh_losses.Uniforms` per call) or,
+    without them, with ``rng``."""
     terms, mesh_caches, laplace_caches = {}, [], []
     befores = [starts, fwd.blocks[0]]
     for call, pred in enumerate(fwd.blocks):
-        call_draws = draws[call] if draws is not None else ml.draw_samples(xp, rng, pred, tmpl.faces)
+        call_draws = draws[call] if draws is not None else ml.draw_samples(
+            xp, rng, pred, tmpl.faces, uniforms=None if uniforms is None else uniforms[call])
         terms[mesh_loss_name(call)], cache = ml.mesh_loss_forward(xp, pred, gt, tmpl.edges, tmpl.faces, call_draws,
                                                                   ml.STAGE2_MESH)
         mesh_caches.append(cache)
@@ -161,9 +163,11 @@ def losses(xp, fwd: Stage2Forward, tmpl: Stage2Template, gt: ml.GroundTruth, sta
 def loss_and_gradients(xp, weights: dict, tmpl: Stage2Template, images, tf: DeviceTransforms, gt: ml.GroundTruth,
                        starts, draws: list | None, rng: np.random.Generator | None = None):
     """Stage 2's loss averaged over the batch and its terms (each averaged over the batch), as ``xp``
-    scalars, and the gradient of every variable the loss reaches, by official name (``xp`` arrays)."""
+    scalars, and the gradient of every variable the loss reaches, by official name (``xp`` arrays).
+    Without ``draws``, the uniforms of the own draws are drawn from ``rng`` before the forward."""
+    uniforms = None if draws is not None else ml.Uniforms.draw(xp, rng, starts.shape[0], MESH_LOSS_CALLS, starts.dtype)
     fwd = forward(xp, weights, tmpl, images, tf, starts)
-    calls = losses(xp, fwd, tmpl, gt, starts, draws, rng)
+    calls = losses(xp, fwd, tmpl, gt, starts, draws, rng, uniforms)
     batch = starts.shape[0]
     per_sample = xp.ones((batch,), dtype=starts.dtype) / batch
     dblocks = [ml.mesh_loss_backward(xp, per_sample, cache) for cache in calls.mesh_caches]
