@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from array_api_compat import is_cupy_namespace
+
+from . import view_pool_cupy
+
 STD_EPS = 1e-6
 
 
@@ -23,7 +27,11 @@ class ViewPoolCache:
 
 
 def pool_views_forward(xp, stacked):
-    """(max, mean, std) over the leading view axis of ``stacked`` (V, ..., C); returns them and the cache."""
+    """(max, mean, std) over the leading view axis of ``stacked`` (V, ..., C); returns them and the cache.
+    On CuPy one kernel pass (:mod:`.view_pool_cupy`)."""
+    if is_cupy_namespace(xp):
+        stacked, (maximum, mean, std) = view_pool_cupy.pool_views_forward(stacked, STD_EPS)
+        return (maximum, mean, std), ViewPoolCache(stacked, maximum, mean, std)
     mean = xp.mean(stacked, axis=0)
     var = xp.mean((stacked - mean) ** 2, axis=0)
     std = xp.sqrt(var + STD_EPS)
@@ -33,6 +41,9 @@ def pool_views_forward(xp, stacked):
 
 def pool_views_backward(xp, dmax, dmean, dstd, cache: ViewPoolCache):
     """The gradient of the stacked features from those of (max, mean, std)."""
+    if is_cupy_namespace(xp):
+        return view_pool_cupy.pool_views_backward(dmax, dmean, dstd, cache.stacked, cache.maximum, cache.mean,
+                                                  cache.std)
     views = cache.stacked.shape[0]
     ties = xp.astype(cache.stacked == cache.maximum, cache.stacked.dtype)
     share = dmax / xp.sum(ties, axis=0)
