@@ -96,7 +96,7 @@ def test_local_projection_forward_is_the_inference_one(xpd):
     ours = local_projection_train.local_projection_forward(xpd, xpd.asarray(points), [xpd.asarray(m) for m in padded],
                                                            on_device)[0]
     theirs = projection.local_projection(backend, points, padded, tf)
-    np.testing.assert_allclose(to_host(ours), theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(host(ours), theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("general_a0", [False, True])
