@@ -66,15 +66,21 @@ class Trainer:
         self.draw_rng.bit_generator.state = draw_state
 
     def step(self, samples: Sequence[Sample], step_number: int | None = None):
-        """One Adam step on the mean loss of ``samples``; returns the step's LossAndGradients."""
+        """One Adam step on the mean loss of ``samples``; returns the step's LossAndGradients, its gradients
+        on the trainer's device."""
         images = np.stack([s.images for s in samples])
         cameras = np.stack([s.cameras for s in samples])
         labels = [s.labels for s in samples]
         starts = [s.start for s in samples] if self.stage == 2 else None
+        xp = self.device.xp
         with np.errstate(all="ignore"):   # an overflow is reported below, as the step's one error
             result = batch_loss_and_gradients(self.stage, self.weights, self.template, images, cameras, labels,
-                                              starts, None, self.backend, self.draw_rng)
-        bad = [name for name, g in result.gradients.items() if not np.isfinite(g).all()]
+                                              starts, None, self.backend, self.draw_rng, to_host=False)
+        # the gradients stay on the device: a NaN or an infinity anywhere makes its gradient's sum one, so
+        # the sums are read back at once, and only where one is not finite each gradient is looked at
+        sums = xp.stack([xp.sum(g) for g in result.gradients.values()])
+        bad = [] if bool(xp.all(xp.isfinite(sums))) else \
+            [name for name, g in result.gradients.items() if not bool(xp.all(xp.isfinite(g)))]
         if not np.isfinite(result.loss) or bad:
             where = f"step {step_number}" if step_number is not None else "this step"
             what = (f"the loss is {result.loss}" if not np.isfinite(result.loss)
@@ -82,5 +88,5 @@ class Trainer:
             raise NonFiniteLossError(
                 f"{where}, sample(s) {', '.join(str(s.id) for s in samples)}: {what}; the run stopped before "
                 "updating the weights, and the last good checkpoint is kept")
-        adam_step(self.device.xp, self.weights, result.gradients, self.adam)
+        adam_step(xp, self.weights, result.gradients, self.adam)
         return result
