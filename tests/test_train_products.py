@@ -59,5 +59,5 @@ def test_the_cupy_backends_lent_product_keeps_float32_accuracy(shape):
     cublas = cupy.asnumpy((da.T if transposed else da) @ db)
     error = np.linalg.norm(ours - exact) / np.linalg.norm(exact)
     reference = np.linalg.norm(cublas - exact) / np.linalg.norm(exact)
-    print(f"{shape}: lent 3xTF32 {error:.2e}, cuBLAS float32 {reference:.2e}")
+    print(f"{shape}: products.matmul {error:.2e}, cuBLAS float32 {reference:.2e}")
     assert error <= max(4 * reference, 1e-6)

@@ -15,7 +15,7 @@ from array_api_compat import is_cupy_namespace
 
 from . import epilogues_cupy
 from .local_projection_train import LocalProjectionCache, local_projection_backward, local_projection_forward
-from .products import matmul
+from .products import column_sums, matmul
 
 
 def _over_hypotheses(xp, support, y):
@@ -67,7 +67,7 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True)
         dz = epilogues_cupy.relu_gradient(dout, cache.active)
     else:
         dz = xp.where(cache.active, dout, xp.zeros_like(dout))
-    dbias = xp.sum(xp.reshape(dz, (-1, cout)), axis=0)
+    dbias = column_sums(xp, xp.reshape(dz, (-1, cout)))
     dy1 = xp.reshape(_over_hypotheses(xp, xp.matrix_transpose(a1), dz), (-1, cout))
     dy0 = xp.reshape(dz if a0 is None else _over_hypotheses(xp, xp.matrix_transpose(a0), dz), (-1, cout))
     flat = xp.reshape(cache.x, (b * k * n, cin))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .products import matmul
+from .products import column_sums, matmul
 from .sparse import scatter_add_rows, sparse_matrix, sparse_product
 
 
@@ -119,7 +119,7 @@ def graph_conv_backward(xp, dout, cache: GraphConvCache):
     flat_x = xp.reshape(cache.x, (-1, cin))
     dweights = matmul(xp.matrix_transpose(flat_x), xp.reshape(dy, (-1, 2 * cout)))
     dx = matmul(dy, xp.matrix_transpose(xp.concat([cache.weight0, cache.weight1], axis=1)))
-    dbias = xp.sum(xp.reshape(d, (-1, cout)), axis=0)
+    dbias = column_sums(xp, xp.reshape(d, (-1, cout)))
     return dx, dweights[:, :cout], dweights[:, cout:], dbias, dresidual
 
 

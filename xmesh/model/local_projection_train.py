@@ -49,7 +49,8 @@ def view_projection(xp, points, tf, view: int) -> ViewProjection:
     x, y, z = q[..., 0], q[..., 1], q[..., 2]
     h = FOCAL * ((-y) / (-z)) + CENTER
     w = FOCAL * (x / (-z)) + CENTER
-    return ViewProjection(q, xp.clip(h, 0.0, MAX_PIXEL), xp.clip(w, 0.0, MAX_PIXEL),
+    # min(max(.)) is clip's arithmetic in two launches (array-api-compat's clip takes several on CuPy)
+    return ViewProjection(q, xp.minimum(xp.maximum(h, 0.0), MAX_PIXEL), xp.minimum(xp.maximum(w, 0.0), MAX_PIXEL),
                           (h >= 0.0) & (h <= MAX_PIXEL), (w >= 0.0) & (w <= MAX_PIXEL))
 
 

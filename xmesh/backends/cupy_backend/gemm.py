@@ -101,7 +101,12 @@ class GemmStage:
 
     def training_product(self, a, b):
         """``a @ b`` in 3xTF32 (float32 accuracy) for the training passes' large float32 products, lent to
-        :func:`xmesh.model.products.matmul` whatever this backend's precision."""
+        :func:`xmesh.model.products.matmul` whatever this backend's precision: those of a row-major ``a``
+        with enough output tiles for the Hopper GEMM. None for the rest (a transposed ``a``, the weight
+        gradients' long sums over rows): cuBLAS takes them."""
+        m, n = a.shape[0], b.shape[1]
+        if self.hopper is None or a.strides[1] != a.itemsize or not plan.gemm_on_hopper(m, n):
+            return None
         return self.gemm(a, b, passes=3)
 
     def _launch_tc(self, entry: tuple, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
