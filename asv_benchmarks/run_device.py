@@ -12,6 +12,7 @@ UNIX_SECONDS: its commit time (``git log -1 --format=%ct``; default: now). Run i
 asv drops ``PYTHONPATH`` from the benchmarks' processes: a checkout that is not installed goes in
 ``ASV_PYTHONPATH`` instead (``ASV_PYTHONPATH=/path/to/checkout python3 run_device.py ...``).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> int:
     if rest[:1] == ["--date"]:
         when = datetime.datetime.fromtimestamp(int(rest[1]), datetime.timezone.utc)
         rest = rest[2:]
-    stamp = int(when.timestamp() * 1000)   # asv stores dates as JavaScript milliseconds
+    stamp = int(when.timestamp() * 1000)  # asv stores dates as JavaScript milliseconds
 
     class PinnedCommit(NoRepository):
         dvcs = "pinned"

@@ -4,6 +4,7 @@ NumPy style through napoleon), the command-line reference from xmesh's own argpa
 Built by .ci/run with warnings as errors; nitpicky for xmesh's own objects only (nothing is fetched,
 so references to NumPy, SciPy or the standard library have no target and are not checked).
 """
+
 import os
 import sys
 
@@ -56,8 +57,11 @@ def _drop_type_docstrings(app, what, name, obj, options, lines):
 def _annotation_as_text(app, env, node, contnode):
     """A signature's type annotation naming an xmesh class the manual does not document shows as text;
     references a docstring makes (``:class:``, ``:func:``, type fields) must resolve."""
-    if node.get("refdomain") == "py" and "refexplicit" not in node.attributes \
-            and node.get("reftarget", "").startswith("xmesh."):
+    if (
+        node.get("refdomain") == "py"
+        and "refexplicit" not in node.attributes
+        and node.get("reftarget", "").startswith("xmesh.")
+    ):
         return contnode
     return None
 

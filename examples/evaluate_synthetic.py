@@ -8,6 +8,7 @@ The weights are the synthetic test recipe (random, NOT the trained Pixel2Mesh++ 
 numbers show the pipeline working, not reconstruction quality. The same evaluation from the shell:
 ``xmesh eval --images ROOT --gt ROOT/gt --list ROOT/test_list.txt --weights synthetic:1 --out DIR``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,16 @@ def main() -> None:
         data = write_dataset(base / "dataset", n_per_category=args.per_category, categories=DEFAULT_CATEGORIES, seed=0)
         print(f"dataset: {len(data['ids'])} samples under {data['root']}")
         model = Reconstructor(synthetic_weights(1), backend=args.backend)
-        summary = evaluate_dataset(model, data["test_list"], data["root"], data["root"] / "gt", base / "results",
-                                   batch_size=args.batch_size, workers=args.workers, save_meshes=args.save_meshes)
+        summary = evaluate_dataset(
+            model,
+            data["test_list"],
+            data["root"],
+            data["root"] / "gt",
+            base / "results",
+            batch_size=args.batch_size,
+            workers=args.workers,
+            save_meshes=args.save_meshes,
+        )
         print(format_table(summary), end="")
         print("weights: synthetic recipe, seed 1 (random, NOT the trained Pixel2Mesh++ weights)")
         run = summary["run"]
@@ -49,6 +58,6 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except XmeshError as exc:   # bad input, or a backend this machine lacks: one line, as the xmesh command says it
+    except XmeshError as exc:  # bad input, or a backend this machine lacks: one line, as the xmesh command says it
         print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -14,6 +14,7 @@ refined meshes, as ``xmesh demo`` draws them. The same from the shell:
 ``xmesh reconstruct P1 P2 P3 --colmap DIR/sparse/0 --masks M1 M2 M3 --weights official --out mesh.obj``,
 then ``xmesh render mesh.obj --colmap DIR/sparse/0 --images P1 P2 P3 --masks M1 M2 M3 --out mesh.png``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,19 @@ from xmesh.io.weights import synthetic_weights
 from xmesh.pictures.demo import weights_caption, write_demo_picture
 from xmesh.synthetic.capture import write_capture
 
-CHOSEN = (0, 8, 16)   # three photos 120 degrees apart
-RECIPE = "the test recipe's small-move variant"   # the demo's synthetic weights
+CHOSEN = (0, 8, 16)  # three photos 120 degrees apart
+RECIPE = "the test recipe's small-move variant"  # the demo's synthetic weights
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", default="xmesh-photos", help="folder for the capture and the mesh")
-    parser.add_argument("--weights", nargs="+", default=None,
-                        help="'official', an .npz or both checkpoint prefixes (default: the demo's synthetic weights)")
+    parser.add_argument(
+        "--weights",
+        nargs="+",
+        default=None,
+        help="'official', an .npz or both checkpoint prefixes (default: the demo's synthetic weights)",
+    )
     parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
     args = parser.parse_args()
     folder = Path(args.keep)
@@ -49,15 +54,21 @@ def main() -> int:
     print(cams.describe())
     weights = resolve_weights(args.weights) if args.weights else synthetic_weights(1, small_moves=True)
     model = xmesh.Reconstructor(weights, backend=args.backend)
-    inputs = cams.prepare_images(photos)          # (3, 224, 224, 3) BGR in [0, 1], the network's views
+    inputs = cams.prepare_images(photos)  # (3, 224, 224, 3) BGR in [0, 1], the network's views
     start = time.perf_counter()
-    mesh = model(inputs, cams.rows)               # in camera 0's frame, as the network gives it
+    mesh = model(inputs, cams.rows)  # in camera 0's frame, as the network gives it
     elapsed = time.perf_counter() - start
-    path = cams.place(mesh).to_obj(folder / "mesh.obj")   # in COLMAP's world
-    seen = [np.round(255 * view[..., ::-1]).astype(np.uint8) for view in inputs]   # RGB pictures of the inputs
-    picture = write_demo_picture(folder / "mesh.png", seen, cams.rows, mesh, weights_caption(args.weights, 1, RECIPE),
-                                 f"from photos {', '.join(Path(p).name for p in photos)} through COLMAP; "
-                                 f"reconstructed in {elapsed:.2f} s on {args.backend}")
+    path = cams.place(mesh).to_obj(folder / "mesh.obj")  # in COLMAP's world
+    seen = [np.round(255 * view[..., ::-1]).astype(np.uint8) for view in inputs]  # RGB pictures of the inputs
+    picture = write_demo_picture(
+        folder / "mesh.png",
+        seen,
+        cams.rows,
+        mesh,
+        weights_caption(args.weights, 1, RECIPE),
+        f"from photos {', '.join(Path(p).name for p in photos)} through COLMAP; "
+        f"reconstructed in {elapsed:.2f} s on {args.backend}",
+    )
     print(f"wrote {path} ({len(mesh.vertices)} vertices) and {picture}")
     return 0
 
@@ -65,6 +76,6 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except XmeshError as exc:   # bad input, or a backend this machine lacks: one line, as the xmesh command says it
+    except XmeshError as exc:  # bad input, or a backend this machine lacks: one line, as the xmesh command says it
         print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
         sys.exit(2)

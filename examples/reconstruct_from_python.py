@@ -6,6 +6,7 @@ Uses synthetic weights (seed 1 of the test recipe's small-move variant, as ``xme
 XMESH_WEIGHTS names real ones (an .npz, or the two official checkpoint prefixes separated by a comma).
 The picture shows the inputs beside the coarse and refined meshes, with a caption naming the weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,20 +35,26 @@ def main() -> None:
     named = os.environ.get("XMESH_WEIGHTS")
     named = named.split(",") if named else None
     weights = named or synthetic_weights(1, small_moves=True)
-    model = xmesh.Reconstructor(weights, backend=args.backend)   # weights + template stay loaded
+    model = xmesh.Reconstructor(weights, backend=args.backend)  # weights + template stay loaded
     start = time.perf_counter()
     mesh = model(images, cameras)
     elapsed = time.perf_counter() - start
     print(f"reconstructed {len(mesh.vertices)} vertices in {elapsed:.2f} s on {args.backend}")
     path = mesh.to_obj(out / "mesh.obj")
-    picture = write_demo_picture(out / "mesh.png", images, load_cameras(cameras), mesh,
-                                 weights_caption(named, 1, RECIPE), f"reconstructed in {elapsed:.2f} s on {args.backend}")
+    picture = write_demo_picture(
+        out / "mesh.png",
+        images,
+        load_cameras(cameras),
+        mesh,
+        weights_caption(named, 1, RECIPE),
+        f"reconstructed in {elapsed:.2f} s on {args.backend}",
+    )
     print("wrote", path, picture)
 
 
 if __name__ == "__main__":
     try:
         main()
-    except XmeshError as exc:   # bad input, or a backend this machine lacks: one line, as the xmesh command says it
+    except XmeshError as exc:  # bad input, or a backend this machine lacks: one line, as the xmesh command says it
         print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -14,6 +14,7 @@ that a few steps show the change. The same run from the shell:
 ``xmesh train --stage 2 --images ROOT --gt ROOT/gt --list ROOT/test_list.txt --weights synthetic:1
 --out DIR --val-list HELD/test_list.txt --val-images HELD --val-gt HELD/gt --lr 1e-4``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate (the original's: 1e-5)")
     parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
-    parser.add_argument("--template", choices=("coarse", "full"), default=None,
-                        help="coarse: 386 refined vertices; full: the built-in 2466 (default: coarse on numpy)")
+    parser.add_argument(
+        "--template",
+        choices=("coarse", "full"),
+        default=None,
+        help="coarse: 386 refined vertices; full: the built-in 2466 (default: coarse on numpy)",
+    )
     parser.add_argument("--keep", default=None, help="write the datasets and the run here instead of a temp folder")
     args = parser.parse_args()
 
@@ -52,19 +57,36 @@ def main() -> None:
         held = write_dataset(base / "held_out", n_per_category=args.held_out, seed=1)
         print(f"training on {len(train['ids'])} objects, scoring on {len(held['ids'])} others")
         model = Reconstructor(synthetic_weights(1), template=template, backend=args.backend)
-        before = evaluate_dataset(model, held["test_list"], held["root"], held["root"] / "gt", base / "before",
-                                  progress=False)["mean_over_samples"]
-        figures = fit(2, train["root"], train["root"] / "gt", train["test_list"], "synthetic:1", base / "run",
-                      epochs=args.epochs, lr=args.lr, backend=args.backend, template=template,
-                      val_list=held["test_list"],
-                      val_images=held["root"], val_gt=held["root"] / "gt")
+        before = evaluate_dataset(
+            model, held["test_list"], held["root"], held["root"] / "gt", base / "before", progress=False
+        )["mean_over_samples"]
+        figures = fit(
+            2,
+            train["root"],
+            train["root"] / "gt",
+            train["test_list"],
+            "synthetic:1",
+            base / "run",
+            epochs=args.epochs,
+            lr=args.lr,
+            backend=args.backend,
+            template=template,
+            val_list=held["test_list"],
+            val_images=held["root"],
+            val_gt=held["root"] / "gt",
+        )
         after = figures["validation"][-1]
-        print(f"held-out Chamfer x1000: before {before['chamfer_x1000']:.4f}, after {args.epochs} epoch(s) "
-              f"({figures['step']} steps) {float(after['chamfer_x1000']):.4f}")
+        print(
+            f"held-out Chamfer x1000: before {before['chamfer_x1000']:.4f}, after {args.epochs} epoch(s) "
+            f"({figures['step']} steps) {float(after['chamfer_x1000']):.4f}"
+        )
         for tau, value in before["fscore"].items():
             print(f"held-out F-score(tau={tau}): before {value:.2f}, after {float(after[f'f_{tau}']):.2f}")
-        print(f"run folder: {base / 'run'} (train_log.csv, val_log.csv, loss.png, weights.npz, meshnet.ckpt-*)"
-              if args.keep else "(add --keep DIR to keep the run folder)")
+        print(
+            f"run folder: {base / 'run'} (train_log.csv, val_log.csv, loss.png, weights.npz, meshnet.ckpt-*)"
+            if args.keep
+            else "(add --keep DIR to keep the run folder)"
+        )
 
 
 if __name__ == "__main__":

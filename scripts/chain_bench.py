@@ -19,16 +19,17 @@ Usage (H100/H200): python3 scripts/chain_bench.py [--batch 64] [--operands fp16]
                    [--support real identity zero]
 Under Nsight Compute, ``--repeat 1`` launches the kernel twice (warm-up, then the timed call).
 """
+
 from __future__ import annotations
 
 import argparse
 
 import numpy as np
 
-WGMMA16_PEAK_TFLOPS = 989.0   # H100 SXM, dense
+WGMMA16_PEAK_TFLOPS = 989.0  # H100 SXM, dense
 VERTICES, HYPOTHESES, CIN, WIDE = 2466, 43, 339, 192
-TILE_VERTICES, TILE_ROWS, MMA_ROWS, K_SLICE = 4, 176, 192, 32   # kernels/drb16_tile.cuh, wgmma_drb16_chain.cu
-SHARED_BYTES_PER_CLOCK = 128   # per multiprocessor
+TILE_VERTICES, TILE_ROWS, MMA_ROWS, K_SLICE = 4, 176, 192, 32  # kernels/drb16_tile.cuh, wgmma_drb16_chain.cu
+SHARED_BYTES_PER_CLOCK = 128  # per multiprocessor
 
 
 def chain_flop(batch: int, cin: int = CIN) -> float:
@@ -70,7 +71,7 @@ def floors_ms(batch: int, sms: int, clock_hz: float, cin: int = CIN) -> tuple[fl
     the 16-bit wgmma peak (the padded rows' work counted) and at 128 bytes of shared memory a clock."""
     tiles = batch * -(-VERTICES // TILE_VERTICES) / sms
     wgmma_flop = tile_slices(cin) * 2 * 2.0 * MMA_ROWS * WIDE * K_SLICE
-    flop_per_clock = WGMMA16_PEAK_TFLOPS * 1e12 / (132 * 1.83e9)   # the H100 SXM's peak per SM and clock
+    flop_per_clock = WGMMA16_PEAK_TFLOPS * 1e12 / (132 * 1.83e9)  # the H100 SXM's peak per SM and clock
     tensor = tiles * wgmma_flop / flop_per_clock / clock_hz
     shared = tiles * sum(shared_bytes_per_tile(cin).values()) / SHARED_BYTES_PER_CLOCK / clock_hz
     return tensor * 1e3, shared * 1e3
@@ -92,8 +93,13 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--operands", default="fp16", choices=["fp16", "bf16"])
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--support", nargs="+", default=["real"], choices=["real", "identity", "zero"],
-                        help="A1 for the producer's Z: the template's, or one that takes its work apart")
+    parser.add_argument(
+        "--support",
+        nargs="+",
+        default=["real"],
+        choices=["real", "identity", "zero"],
+        help="A1 for the producer's Z: the template's, or one that takes its work apart",
+    )
     args = parser.parse_args()
     hopper = CupyBackend().hopper
     if hopper is None:
@@ -113,8 +119,11 @@ def main():
     props = cp.cuda.runtime.getDeviceProperties(0)
     name, sms, clock_hz = props["name"].decode(), props["multiProcessorCount"], props["clockRate"] * 1e3
     tensor, shared = floors_ms(args.batch, sms, clock_hz)
-    print(f"{name}: floors at {clock_hz / 1e9:.2f} GHz: tensor {tensor:.3f} ms, shared memory {shared:.3f} ms "
-          f"({sum(shared_bytes_per_tile().values()) / tile_slices() / 1e3:.1f} KB a K slice)", flush=True)
+    print(
+        f"{name}: floors at {clock_hz / 1e9:.2f} GHz: tensor {tensor:.3f} ms, shared memory {shared:.3f} ms "
+        f"({sum(shared_bytes_per_tile().values()) / tile_slices() / 1e3:.1f} KB a K slice)",
+        flush=True,
+    )
     for kind in args.support:
         mixing = mixing_source(support(kind, a1))
 
@@ -133,10 +142,13 @@ def main():
             times.append(cp.cuda.get_elapsed_time(start, stop))
         ms = float(np.median(times))
         tflops = chain_flop(args.batch) / ms / 1e9
-        print(f"{name}: chain+score {args.operands} b={args.batch} support {kind}: {ms:.3f} ms a call "
-              f"(min {min(times):.3f}), {ms / args.batch * 1000:.1f} us a sample, {tflops:.1f} TFLOP/s "
-              f"({tflops / WGMMA16_PEAK_TFLOPS:.0%} of {WGMMA16_PEAK_TFLOPS:.0f}); x{ms / tensor:.2f} the tensor "
-              f"floor, x{ms / shared:.2f} the shared-memory floor", flush=True)
+        print(
+            f"{name}: chain+score {args.operands} b={args.batch} support {kind}: {ms:.3f} ms a call "
+            f"(min {min(times):.3f}), {ms / args.batch * 1000:.1f} us a sample, {tflops:.1f} TFLOP/s "
+            f"({tflops / WGMMA16_PEAK_TFLOPS:.0%} of {WGMMA16_PEAK_TFLOPS:.0f}); x{ms / tensor:.2f} the tensor "
+            f"floor, x{ms / shared:.2f} the shared-memory floor",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

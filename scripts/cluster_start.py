@@ -9,6 +9,7 @@ model built and its kernels loaded (asked of each worker every 20 ms), then the 
 client's context left: the workers stopped and their processes gone). ``--no-model`` starts the
 cluster alone. Prints one line per round and each worker's build seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,10 @@ def main() -> None:
                     time.sleep(0.02)
             ready = time.perf_counter()
         closed = time.perf_counter()
-        line = (f"round {round_}: {workers} workers joined "
-                f"{joined - start:.2f} s, all models ready {ready - start:.2f} s, close {closed - ready:.2f} s")
+        line = (
+            f"round {round_}: {workers} workers joined "
+            f"{joined - start:.2f} s, all models ready {ready - start:.2f} s, close {closed - ready:.2f} s"
+        )
         if builds:
             line += "; builds " + ", ".join(f"{b['model_s']:.2f}+{b['kernels_s']:.2f}" for b in builds.values())
         print(line, flush=True)

@@ -11,6 +11,7 @@ process's rate against the first GPU alone, and the GPUs' SM clocks and power re
 in the middle of the timed window. ``scripts/gpu_scaling.py`` measures the whole pipeline; this one
 tells what of its per-GPU loss the host and the GPUs cause with no pipeline around the network.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def _worker(gpu: int, backend: str, precision: str, batch: int, seconds: float, 
 
 def gpu_clocks() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,clocks.sm,power.draw,temperature.gpu",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return f"nvidia-smi: {exc}"
     return "; ".join(line.strip() for line in out.splitlines() if line.strip())
@@ -57,8 +62,10 @@ def gpu_clocks() -> str:
 def run_count(count: int, args) -> list[tuple[int, float, float]]:
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(count + 1), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(g, args.backend, args.precision, args.batch, args.seconds, barrier, results))
-             for g in range(count)]
+    procs = [
+        ctx.Process(target=_worker, args=(g, args.backend, args.precision, args.batch, args.seconds, barrier, results))
+        for g in range(count)
+    ]
     for p in procs:
         p.start()
     barrier.wait()
@@ -80,15 +87,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     args = parser.parse_args()
     alone = None
-    print(f"{args.precision} b={args.batch}, {args.seconds:.0f} s timed per count, {os.cpu_count()} CPU cores",
-          flush=True)
+    print(
+        f"{args.precision} b={args.batch}, {args.seconds:.0f} s timed per count, {os.cpu_count()} CPU cores", flush=True
+    )
     for count in args.gpus:
         rows = run_count(count, args)
         alone = alone or rows[0][1]
         total = sum(rate for _, rate, _ in rows)
         for gpu, rate, ms in rows:
-            print(f"  GPU {gpu}: {rate:8.1f} samples/s ({100 * rate / alone:5.1f}% of GPU 0 alone), "
-                  f"median call {ms:.2f} ms", flush=True)
+            print(
+                f"  GPU {gpu}: {rate:8.1f} samples/s ({100 * rate / alone:5.1f}% of GPU 0 alone), "
+                f"median call {ms:.2f} ms",
+                flush=True,
+            )
         print(f"{count} GPU(s): {total:.1f} samples/s together, {total / alone:.2f}x GPU 0 alone", flush=True)
 
 

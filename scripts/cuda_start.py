@@ -11,6 +11,7 @@ model is ready with the driver started first in a thread (``xmesh.backends.cuda_
    ("late"): the seconds from the process's start to the model ready. A first build fills the
    kernel caches and is not counted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,18 +54,34 @@ def cuinit_table(gpus: int) -> None:
         for count in sorted({1, gpus}):
             seen = [every[i] if alone else ",".join(every[i:] + every[:i]) for i in range(count)]
             start = time.perf_counter()
-            procs = [subprocess.Popen([sys.executable, __file__, "--cuinit"], env=_env(CUDA_VISIBLE_DEVICES=s),
-                                      stdout=subprocess.PIPE, text=True) for s in seen]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, __file__, "--cuinit"],
+                    env=_env(CUDA_VISIBLE_DEVICES=s),
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for s in seen
+            ]
             times = [float(p.communicate()[0]) for p in procs]
             wall = time.perf_counter() - start
             what = "its own GPU alone" if alone else f"all {gpus} GPUs"
-            print(f"cuInit, {what} visible, {count} process(es) at once: " + ", ".join(f"{t:.2f}" for t in times)
-                  + f" s (all done {wall:.2f} s after the first began)", flush=True)
+            print(
+                f"cuInit, {what} visible, {count} process(es) at once: "
+                + ", ".join(f"{t:.2f}" for t in times)
+                + f" s (all done {wall:.2f} s after the first began)",
+                flush=True,
+            )
 
 
 def build_seconds(mode: str, precision: str) -> float:
-    out = subprocess.run([sys.executable, "-c", BUILD, mode, precision], env=_env(CUDA_VISIBLE_DEVICES="0"),
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD, mode, precision],
+        env=_env(CUDA_VISIBLE_DEVICES="0"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--precision", default="fp16")
-    parser.add_argument("--cuinit", action="store_true", help=argparse.SUPPRESS)   # one child's cuInit
+    parser.add_argument("--cuinit", action="store_true", help=argparse.SUPPRESS)  # one child's cuInit
     args = parser.parse_args()
     if args.cuinit:
         _cuinit()
@@ -80,14 +97,18 @@ def main() -> None:
     import cupy
 
     cuinit_table(cupy.cuda.runtime.getDeviceCount())
-    build_seconds("late", args.precision)   # the kernel caches filled
+    build_seconds("late", args.precision)  # the kernel caches filled
     seen: dict[str, list[float]] = {"late": [], "early": []}
     for _ in range(args.rounds):
         for mode in seen:
             seen[mode].append(build_seconds(mode, args.precision))
     for mode, times in seen.items():
-        print(f"model ready ({mode}): " + ", ".join(f"{t:.2f}" for t in times)
-              + f" s after the process's start (median {statistics.median(times):.2f})", flush=True)
+        print(
+            f"model ready ({mode}): "
+            + ", ".join(f"{t:.2f}" for t in times)
+            + f" s after the process's start (median {statistics.median(times):.2f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

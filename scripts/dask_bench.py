@@ -12,6 +12,7 @@
    whether every row's metrics agree between the two.
 Full outputs go to ``$OUT`` (or /tmp/dask_bench).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,19 +36,21 @@ def run(cmd: list[str], log: Path, timeout: int = 300, env: dict | None = None) 
     """Run one command (at most ``timeout`` s: a run that hangs is reported and killed with every
     process it started, not waited for); its output goes to ``log``."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # the command, its cluster's workers and their pools
+        os.killpg(proc.pid, signal.SIGKILL)  # the command, its cluster's workers and their pools
         stdout, stderr = proc.communicate()
         log.write_text(f"$ {' '.join(cmd)}\n[TIMED OUT after {timeout} s]\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
         print(f"TIMED OUT after {timeout} s: {' '.join(cmd)}\n{stderr[-6000:]}", flush=True)
         return float(timeout), False
     seconds = time.perf_counter() - start
-    log.write_text(f"$ {' '.join(cmd)}\n[{seconds:.1f} s, exit {proc.returncode}]\n"
-                   f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
+    log.write_text(
+        f"$ {' '.join(cmd)}\n[{seconds:.1f} s, exit {proc.returncode}]\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    )
     if proc.returncode != 0:
         print(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{stderr[-3000:]}", flush=True)
     return seconds, proc.returncode == 0
@@ -90,11 +93,38 @@ def main() -> None:
     lst = make_dataset(work, args.samples, distinct_per_category=min(32, -(-args.samples // 4)))
     print(f"dataset: {args.samples} samples in {time.perf_counter() - start:.1f} s", flush=True)
     py = sys.executable
-    common = ["--images", str(work), "--gt", str(work / "gt"), "--list", str(lst), "--weights", "synthetic:1",
-              "--backend", args.backend, "--no-progress", *(["--save-meshes"] if args.save_meshes else [])]
+    common = [
+        "--images",
+        str(work),
+        "--gt",
+        str(work / "gt"),
+        "--list",
+        str(lst),
+        "--weights",
+        "synthetic:1",
+        "--backend",
+        args.backend,
+        "--no-progress",
+        *(["--save-meshes"] if args.save_meshes else []),
+    ]
     for precision in args.precisions:
-        run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(work / "warmup"),
-             "--limit", str(min(128, args.samples))], out / f"warmup_{precision}.txt", args.timeout)
+        run(
+            [
+                py,
+                "-m",
+                "xmesh",
+                "eval",
+                *common,
+                "--precision",
+                precision,
+                "--out",
+                str(work / "warmup"),
+                "--limit",
+                str(min(128, args.samples)),
+            ],
+            out / f"warmup_{precision}.txt",
+            args.timeout,
+        )
         shutil.rmtree(work / "warmup", ignore_errors=True)
 
     table, summary = [], []
@@ -105,32 +135,50 @@ def main() -> None:
             for name, extra in (("plain", []), ("cluster", ["--cluster", args.cluster])):
                 res = work / f"res_{name}_{precision}"
                 shutil.rmtree(res, ignore_errors=True)
-                seconds, ok = run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res),
-                                   *extra], out / f"{name}_{precision}_{k}.txt", args.timeout)
+                seconds, ok = run(
+                    [py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), *extra],
+                    out / f"{name}_{precision}_{k}.txt",
+                    args.timeout,
+                )
                 info = figures(res) if ok else {}
                 rate = info.get("samples_per_s")
                 if rate:
                     rates[name].append(rate)
                 last[name] = res
                 cluster = info.get("cluster", {})
-                table.append((f"{name} {precision} #{k + 1}", rate, seconds, cluster.get("setup_s"),
-                              cluster.get("shards"), info.get("timing", {})))
+                table.append(
+                    (
+                        f"{name} {precision} #{k + 1}",
+                        rate,
+                        seconds,
+                        cluster.get("setup_s"),
+                        cluster.get("shards"),
+                        info.get("timing", {}),
+                    )
+                )
                 print(f"{name} {precision} #{k + 1}: {rate} samples/s, {seconds:.1f} s in all", flush=True)
-        ratio = (statistics.median(rates["cluster"]) / statistics.median(rates["plain"])
-                 if rates["plain"] and rates["cluster"] else None)
+        ratio = (
+            statistics.median(rates["cluster"]) / statistics.median(rates["plain"])
+            if rates["plain"] and rates["cluster"]
+            else None
+        )
         agree = agreement(rows(last["plain"]), rows(last["cluster"])) if len(last) == 2 else "not compared"
         summary.append((precision, rates, ratio, agree))
 
     print(f"\n{'run':<22} {'samples/s':>10} {'command s':>10} {'setup s':>8} {'shards':>7}  timing (s)")
     for name, rate, seconds, setup, shards, timing in table:
         stages = ", ".join(f"{k} {v:.2f}" for k, v in sorted(timing.items(), key=lambda kv: -kv[1]) if k != "wall")
-        print(f"{name:<22} {rate if rate is not None else float('nan'):>10.1f} {seconds:>10.1f} "
-              f"{'' if setup is None else f'{setup:.1f}':>8} {'' if shards is None else shards:>7}  {stages}")
+        print(
+            f"{name:<22} {rate if rate is not None else float('nan'):>10.1f} {seconds:>10.1f} "
+            f"{'' if setup is None else f'{setup:.1f}':>8} {'' if shards is None else shards:>7}  {stages}"
+        )
     print()
     for precision, rates, ratio, agree in summary:
         shown = "n/a" if ratio is None else f"{100 * ratio:.1f}%"
-        print(f"{precision}: plain {[round(r, 1) for r in rates['plain']]} samples/s, --cluster {args.cluster} "
-              f"{[round(r, 1) for r in rates['cluster']]} samples/s; cluster / plain (medians) = {shown}; {agree}")
+        print(
+            f"{precision}: plain {[round(r, 1) for r in rates['plain']]} samples/s, --cluster {args.cluster} "
+            f"{[round(r, 1) for r in rates['cluster']]} samples/s; cluster / plain (medians) = {shown}; {agree}"
+        )
 
 
 if __name__ == "__main__":

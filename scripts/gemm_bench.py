@@ -7,6 +7,7 @@ Usage (GPU): python3 scripts/gemm_bench.py [--repeat 20]
 Prints, per shape, milliseconds (median of --repeat, CUDA events, after warm-up) and TFLOP/s.
 Inputs are random (never zeros) and rotated between two sets so repeated runs do not time the cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,12 +48,14 @@ def main():
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     gb = CupyBackend()
-    hopper, gb.hopper = gb.hopper, None   # gb.gemm: always the mma.sync kernel
+    hopper, gb.hopper = gb.hopper, None  # gb.gemm: always the mma.sync kernel
     rows = []
     for name, (m, k, n) in SHAPES.items():
         rng = cp.random.default_rng(m + k + n)
-        sets = [(rng.standard_normal((m, k), dtype=cp.float32), rng.standard_normal((k, n), dtype=cp.float32))
-                for _ in range(2)]
+        sets = [
+            (rng.standard_normal((m, k), dtype=cp.float32), rng.standard_normal((k, n), dtype=cp.float32))
+            for _ in range(2)
+        ]
         out = cp.empty((m, n), cp.float32)
         flop = 2.0 * m * k * n
         result = {}
@@ -70,7 +73,7 @@ def main():
             finally:
                 linalg.set_compute_type(np.float32, old)
         rows.append((name, (m, k, n), result, flop))
-        sets = out = None   # free the operands before the next shape's
+        sets = out = None  # free the operands before the next shape's
         cp.get_default_memory_pool().free_all_blocks()
     print(f"{'shape':42s} {'M x K x N':>22s} " + " ".join(f"{c:>20s}" for c in rows[0][2]), flush=True)
     for name, (m, k, n), result, flop in rows:
@@ -89,27 +92,38 @@ def deformation_layers(cp, gb, hopper, repeat):
     from xmesh.backends.cupy_backend.hopper import OPERANDS, mixing_source
     from xmesh.template_gen import template_dict
 
-    a1_host = template_dict()["sample_cheb_dense"][1]   # the model's support (367 of 1849 nonzero)
+    a1_host = template_dict()["sample_cheb_dense"][1]  # the model's support (367 of 1849 nonzero)
     a1, mixing = cp.asarray(a1_host), mixing_source(a1_host)
     heads = [f"fused {mode}" for mode in OPERANDS] + ["mma.sync + mix"]
-    print(f"\n{'deformation layer (cin -> 192, residual)':42s} {'B x 43 x N x cin':>22s} "
-          + " ".join(f"{h:>20s}" for h in heads))
+    print(
+        f"\n{'deformation layer (cin -> 192, residual)':42s} {'B x 43 x N x cin':>22s} "
+        + " ".join(f"{h:>20s}" for h in heads)
+    )
     for b, cin in ((1, 339), (1, 192), (16, 192)):
         rng = cp.random.default_rng(b + cin)
-        layer = SimpleNamespace(weight=rng.standard_normal((cin, 384), dtype=cp.float32) / 14,
-                                bias=rng.standard_normal(192, dtype=cp.float32), cout=192, weight0=None, relu=True)
+        layer = SimpleNamespace(
+            weight=rng.standard_normal((cin, 384), dtype=cp.float32) / 14,
+            bias=rng.standard_normal(192, dtype=cp.float32),
+            cout=192,
+            weight0=None,
+            relu=True,
+        )
         xs = [rng.standard_normal((b, 43, 2466, cin), dtype=cp.float32) for _ in range(2)]
         res = rng.standard_normal((b, 43, 2466, 192), dtype=cp.float32)
         flop = 2.0 * b * 43 * 2466 * cin * 384
         times = []
         for mode in OPERANDS:
             weight = hopper.prepare(layer.weight, mode, paired=True)
-            times.append(median_ms(cp, lambda i: hopper.drb_layer(xs[i], weight, a1, layer.bias, res, mixing=mixing),
-                                   repeat))
+            times.append(
+                median_ms(cp, lambda i: hopper.drb_layer(xs[i], weight, a1, layer.bias, res, mixing=mixing), repeat)
+            )
         gb.hopper = None
         times.append(median_ms(cp, lambda i: gb.op_local_gconv(layer, xs[i], a1, residual=res), repeat))
-        print(f"{'':42s} {f'{b}x43x2466x{cin}':>22s} "
-              + " ".join(f"{f'{ms:8.3f} ms {flop / ms / 1e9:6.1f} TF':>20s}" for ms in times), flush=True)
+        print(
+            f"{'':42s} {f'{b}x43x2466x{cin}':>22s} "
+            + " ".join(f"{f'{ms:8.3f} ms {flop / ms / 1e9:6.1f} TF':>20s}" for ms in times),
+            flush=True,
+        )
         xs = res = None
         cp.get_default_memory_pool().free_all_blocks()
 

@@ -5,6 +5,7 @@
 
 Uses the test module's own fixtures, so the numbers are exactly what the tests check.
 """
+
 from __future__ import annotations
 
 import sys
@@ -30,14 +31,18 @@ for i, key in enumerate(["stage2_feat224_view0", "stage2_feat112", "stage2_feat5
 def blocks_line(label, blocks):
     for i in range(3):
         err = np.abs(blocks[i][0] - golden[f"stage1_block{i + 1}"]).max(axis=1)
-        print(f"{label} block {i + 1}: {np.mean(err <= T.BLOCK_ATOL):7.2%} of vertices within {T.BLOCK_ATOL}, "
-              f"max {err.max():.2e}")
+        print(
+            f"{label} block {i + 1}: {np.mean(err <= T.BLOCK_ATOL):7.2%} of vertices within {T.BLOCK_ATOL}, "
+            f"max {err.max():.2e}"
+        )
 
 
 blocks_line("stage 1 as computed      ", run[1].stage1_blocks)
 choice, blocks, count, extra = T.stage1_with_resolved_edges.__wrapped__(SHARED / "golden", golden, inputs, run)
-print(f"edge samples: {count}, the original's noise put {int(choice.sum())} at the cell edge and "
-      f"{count - int(choice.sum())} below it")
+print(
+    f"edge samples: {count}, the original's noise put {int(choice.sum())} at the cell edge and "
+    f"{count - int(choice.sum())} below it"
+)
 print(f"near-edge samples of the later projections searched: {extra}")
 blocks_line("stage 1, edges recovered ", blocks)
 stage2 = T.stage2_from_golden.__wrapped__(golden, inputs, run)
@@ -47,6 +52,8 @@ for b in (1, 2):
     ours, ref = stage2[b - 1][0] - ours_previous, golden[f"stage2_block{b}"] - previous
     err = np.linalg.norm(ours - ref, axis=1)
     keep = np.argsort(err)[: int(np.ceil(len(err) * (1 - T.OUTLIER_FRACTION)))]
-    print(f"stage 2 block {b} from the original's input: displacement relative error {T.relative(ours, ref):.2e} (all), "
-          f"{T.relative(ours[keep], ref[keep]):.2e} (best {1 - T.OUTLIER_FRACTION:.1%}); "
-          f"{np.mean(err == 0):.1%} of vertices bit-identical, {(err > 1e-6).sum()} off by more than 1e-6")
+    print(
+        f"stage 2 block {b} from the original's input: displacement relative error {T.relative(ours, ref):.2e} (all), "
+        f"{T.relative(ours[keep], ref[keep]):.2e} (best {1 - T.OUTLIER_FRACTION:.1%}); "
+        f"{np.mean(err == 0):.1%} of vertices bit-identical, {(err > 1e-6).sum()} off by more than 1e-6"
+    )

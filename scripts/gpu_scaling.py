@@ -20,6 +20,7 @@
    every row equals the plain run's.
 Full outputs go to ``$OUT`` (or /tmp/gpu_scaling).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,34 @@ FINISH = "finish"
 
 
 # what ``xmesh eval --cluster local-cuda`` imports in its processes
-IMPORTED = ("xmesh", "distributed", "dask", "tornado", "msgpack", "cloudpickle", "toolz", "tlz", "zict", "tblib",
-            "psutil", "yaml", "jinja2", "click", "fsspec", "partd", "locket", "sortedcontainers", "array_api_compat",
-            "numpy", "scipy", "cv2", "cupy", "cupyx", "fastrlock", "tqdm")
+IMPORTED = (
+    "xmesh",
+    "distributed",
+    "dask",
+    "tornado",
+    "msgpack",
+    "cloudpickle",
+    "toolz",
+    "tlz",
+    "zict",
+    "tblib",
+    "psutil",
+    "yaml",
+    "jinja2",
+    "click",
+    "fsspec",
+    "partd",
+    "locket",
+    "sortedcontainers",
+    "array_api_compat",
+    "numpy",
+    "scipy",
+    "cv2",
+    "cupy",
+    "cupyx",
+    "fastrlock",
+    "tqdm",
+)
 
 
 def compile_bytecode(names=IMPORTED) -> str:
@@ -69,7 +95,7 @@ def visible_gpus() -> int:
 def startup_split(timing: dict) -> str:
     if "startup" not in timing:
         return "no start-up figures"
-    parts = sorted(((k[len(STARTUP):], v) for k, v in timing.items() if k.startswith(STARTUP)), key=lambda kv: -kv[1])
+    parts = sorted(((k[len(STARTUP) :], v) for k, v in timing.items() if k.startswith(STARTUP)), key=lambda kv: -kv[1])
     return f"start-up {timing['startup']:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in parts if v >= 0.005)
 
 
@@ -80,13 +106,13 @@ def after_last_batch(timing: dict, seconds: float) -> str:
     if "startup" not in timing or FINISH not in timing:
         return "no figures after the last batch"
     after = seconds - timing["startup"] - timing["wall"]
-    return (f"after the last batch {after:.2f} s: outputs {timing[FINISH]:.2f}, "
-            f"close and exit {after - timing[FINISH]:.2f}")
+    return (
+        f"after the last batch {after:.2f} s: outputs {timing[FINISH]:.2f}, close and exit {after - timing[FINISH]:.2f}"
+    )
 
 
 def stage_timing(timing: dict) -> str:
-    stages = [(k, v) for k, v in timing.items()
-              if k not in ("wall", "startup", FINISH) and not k.startswith(STARTUP)]
+    stages = [(k, v) for k, v in timing.items() if k not in ("wall", "startup", FINISH) and not k.startswith(STARTUP)]
     return ", ".join(f"{k} {v:.2f}" for k, v in sorted(stages, key=lambda kv: -kv[1]))
 
 
@@ -112,14 +138,21 @@ class Table:
         sooner = f"{self.plain_wall / seconds:.2f}x" if gpus >= 1 and ok and self.plain_wall else ""
         same = agreement(self.plain_rows, rows(res)) if ok and self.plain_rows is not None and gpus >= 1 else ""
         setup = info.get("cluster", {})
-        prepared = "; ".join(f"{w.get('loaders')} loaders on {w.get('cores')} cores, model {w.get('model_s', 0):.1f} s "
-                             f"+ kernels {w.get('kernels_s', 0):.1f} s" for w in setup.get("prepared", []))
-        line = (f"{self.precision:<5} {name:<26} {rate or float('nan'):>9.1f} {of_plain:>6} "
-                f"{'' if speedup is None else f'{speedup:.2f}x':>7} "
-                f"{'' if speedup is None else f'{100 * speedup / gpus:.0f}%':>5} {seconds:>8.1f} {sooner:>7} "
-                f"{setup.get('shards', ''):>6}")
-        line += (f"\n{'':8}{startup_split(timing)}; {after_last_batch(timing, seconds)}"
-                 f"\n{'':8}per-worker stages: {stage_timing(timing)}")
+        prepared = "; ".join(
+            f"{w.get('loaders')} loaders on {w.get('cores')} cores, model {w.get('model_s', 0):.1f} s "
+            f"+ kernels {w.get('kernels_s', 0):.1f} s"
+            for w in setup.get("prepared", [])
+        )
+        line = (
+            f"{self.precision:<5} {name:<26} {rate or float('nan'):>9.1f} {of_plain:>6} "
+            f"{'' if speedup is None else f'{speedup:.2f}x':>7} "
+            f"{'' if speedup is None else f'{100 * speedup / gpus:.0f}%':>5} {seconds:>8.1f} {sooner:>7} "
+            f"{setup.get('shards', ''):>6}"
+        )
+        line += (
+            f"\n{'':8}{startup_split(timing)}; {after_last_batch(timing, seconds)}"
+            f"\n{'':8}per-worker stages: {stage_timing(timing)}"
+        )
         if same:
             line += f"\n{'':8}rows against plain: {same}"
         if prepared:
@@ -132,10 +165,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=8192)
     parser.add_argument("--precisions", nargs="+", default=["fp16", "fp32"])
-    parser.add_argument("--gpus", type=int, nargs="+", default=None,
-                        help="GPU counts to run (default: 1, 2, 4, ... up to the GPUs visible)")
-    parser.add_argument("--variant", action="append", default=[], metavar="ARGS",
-                        help="extra xmesh eval arguments for one more cluster run on the most GPUs (repeatable)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        nargs="+",
+        default=None,
+        help="GPU counts to run (default: 1, 2, 4, ... up to the GPUs visible)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="extra xmesh eval arguments for one more cluster run on the most GPUs (repeatable)",
+    )
     parser.add_argument("--data", default=None, help="dataset folder (made if missing, kept)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds after which a run is reported as hung")
     args = parser.parse_args()
@@ -148,14 +191,43 @@ def main() -> None:
     work = Path(args.data or "/tmp/pipeline_bench_data")
     start = time.perf_counter()
     lst = make_dataset(work, args.samples, distinct_per_category=min(32, -(-args.samples // 4)))
-    print(f"dataset: {args.samples} samples ready in {time.perf_counter() - start:.1f} s (not counted); "
-          f"{available} GPU(s) visible, {os.cpu_count()} CPU cores; {compile_bytecode()}", flush=True)
+    print(
+        f"dataset: {args.samples} samples ready in {time.perf_counter() - start:.1f} s (not counted); "
+        f"{available} GPU(s) visible, {os.cpu_count()} CPU cores; {compile_bytecode()}",
+        flush=True,
+    )
     py = sys.executable
-    common = ["--images", str(work), "--gt", str(work / "gt"), "--list", str(lst), "--weights", "synthetic:1",
-              "--backend", "cupy", "--no-progress"]
+    common = [
+        "--images",
+        str(work),
+        "--gt",
+        str(work / "gt"),
+        "--list",
+        str(lst),
+        "--weights",
+        "synthetic:1",
+        "--backend",
+        "cupy",
+        "--no-progress",
+    ]
     for precision in args.precisions:
-        run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(work / "warmup"),
-             "--limit", "128"], out / f"warmup_{precision}.txt", timeout=args.timeout)
+        run(
+            [
+                py,
+                "-m",
+                "xmesh",
+                "eval",
+                *common,
+                "--precision",
+                precision,
+                "--out",
+                str(work / "warmup"),
+                "--limit",
+                "128",
+            ],
+            out / f"warmup_{precision}.txt",
+            timeout=args.timeout,
+        )
         shutil.rmtree(work / "warmup", ignore_errors=True)
 
     tables = []
@@ -169,15 +241,21 @@ def main() -> None:
             res = work / f"scaling_{precision}_{number}"
             shutil.rmtree(res, ignore_errors=True)
             cluster = [] if gpus == 0 else ["--cluster", "local-cuda"]
-            seconds, ok = run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res),
-                               *cluster, *extra], out / f"{precision}_{number}.txt", timeout=args.timeout, env=env)
+            seconds, ok = run(
+                [py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), *cluster, *extra],
+                out / f"{precision}_{number}.txt",
+                timeout=args.timeout,
+                env=env,
+            )
             table.add(name, gpus, res, seconds, ok)
             shutil.rmtree(res, ignore_errors=True)
             if not ok:
-                break   # a failed or hung run: the others would fail the same way
-    print(f"\n{'mode':<5} {'run':<26} {'samples/s':>9} {'plain':>6} {'speedup':>7} {'eff':>5} {'cmd s':>8} "
-          f"{'sooner':>7} {'shards':>6}\n{'':8}(samples/s: the pipeline's clock from the first batch; cmd s: the "
-          "whole command; sooner: the plain command's seconds over this one's)")
+                break  # a failed or hung run: the others would fail the same way
+    print(
+        f"\n{'mode':<5} {'run':<26} {'samples/s':>9} {'plain':>6} {'speedup':>7} {'eff':>5} {'cmd s':>8} "
+        f"{'sooner':>7} {'shards':>6}\n{'':8}(samples/s: the pipeline's clock from the first batch; cmd s: the "
+        "whole command; sooner: the plain command's seconds over this one's)"
+    )
     for table in tables:
         print("\n".join(table.lines))
 

@@ -8,6 +8,7 @@ held after the eager calls. Every size is captured here; a Reconstructor capture
 
 Usage: python3 scripts/graph_memory.py --precision fp16 --batch-sizes 1 16 64 [--repeat 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import numpy as np
 def median_ms(cp, work, graphs: bool, repeat: int) -> float:
     """The median time of ``work``'s whole reconstruction, eager or through CUDA graphs."""
     work.model.graphs = graphs
-    for _ in range(3):   # eager, then (with graphs) capture and replay
+    for _ in range(3):  # eager, then (with graphs) capture and replay
         work.total()
     times = []
     for _ in range(repeat):
@@ -44,19 +45,21 @@ def main():
     for batch in args.batch_sizes:
         work = Workload("cupy", batch=batch, precision=args.precision)
         model = work.model
-        model.graph_memory_share, model.graph_max_batch = 1.0, batch   # measure every size
+        model.graph_memory_share, model.graph_max_batch = 1.0, batch  # measure every size
         eager = median_ms(cp, work, False, args.repeat)
         held = work.backend.held_bytes()
         graphed = median_ms(cp, work, True, args.repeat)
         held_by_graphs = model.graph_bytes().get(batch)
         total = work.backend.memory_bytes()[1]
         if held_by_graphs is None:
-            print(f"{args.precision} b={batch}: eager {eager:.2f} ms; not captured (no room on the device)",
-                  flush=True)
+            print(f"{args.precision} b={batch}: eager {eager:.2f} ms; not captured (no room on the device)", flush=True)
         else:
-            print(f"{args.precision} b={batch}: eager {eager:.2f} ms, graphs {graphed:.2f} ms ({eager / graphed:.2f}x); "
-                  f"graphs hold {held_by_graphs / 1e9:.3f} GB ({held_by_graphs / batch / 1e9:.3f} a sample, "
-                  f"{held_by_graphs / total:.1%} of the device), the eager pool {held / 1e9:.3f} GB", flush=True)
+            print(
+                f"{args.precision} b={batch}: eager {eager:.2f} ms, graphs {graphed:.2f} ms ({eager / graphed:.2f}x); "
+                f"graphs hold {held_by_graphs / 1e9:.3f} GB ({held_by_graphs / batch / 1e9:.3f} a sample, "
+                f"{held_by_graphs / total:.1%} of the device), the eager pool {held / 1e9:.3f} GB",
+                flush=True,
+            )
         del work, model
         pool.free_all_blocks()
 

@@ -24,6 +24,7 @@ time at 100% of the busiest unit measured: what this design could reach); then p
 and the mode's time at every kernel's floors. Peaks, FLOP attribution and limiter rules are
 described where they are defined below and in docs/PERFORMANCE.md ("Per kernel").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,29 +43,56 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PROFILED_STAGES = ("cnn_stage1", "graph_projection", "graph_block_1", "graph_block_2", "graph_block_3",
-                   "cnn_stage2", "drb_1", "drb_2")
-MODES = {"fp16-b64": ("fp16", 64), "fp32-b1": ("fp32", 1), "fp32-b64": ("fp32", 64)}   # in the order run
-SHARE_CUT = 0.03              # kernels below this share of a mode's GPU time stay out of the roofline table
-DRAM_PEAK_GBS = 3350.0        # H100 SXM HBM3; a device-to-device copy measured about 3,000 GB/s
+PROFILED_STAGES = (
+    "cnn_stage1",
+    "graph_projection",
+    "graph_block_1",
+    "graph_block_2",
+    "graph_block_3",
+    "cnn_stage2",
+    "drb_1",
+    "drb_2",
+)
+MODES = {"fp16-b64": ("fp16", 64), "fp32-b1": ("fp32", 1), "fp32-b64": ("fp32", 64)}  # in the order run
+SHARE_CUT = 0.03  # kernels below this share of a mode's GPU time stay out of the roofline table
+DRAM_PEAK_GBS = 3350.0  # H100 SXM HBM3; a device-to-device copy measured about 3,000 GB/s
 
 # ---------------------------------------------------------------------------- metrics
 TIME = "gpu__time_duration.sum"
 DRAM_READ, DRAM_WRITE = "dram__bytes_read.sum", "dram__bytes_write.sum"
 SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 MEM_PCT = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
-MEMORY_UNITS = {"DRAM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-                "L2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-                "L1": "l1tex__throughput.avg.pct_of_peak_sustained_elapsed"}
+MEMORY_UNITS = {
+    "DRAM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "L2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "L1": "l1tex__throughput.avg.pct_of_peak_sustained_elapsed",
+}
 WAVES = "launch__waves_per_multiprocessor"
 TENSOR_CYCLES = "sm__pipe_tensor_cycles_active.sum"
 GMMA_INST, HMMA_INST = "sm__inst_executed_pipe_tensor_op_gmma.sum", "sm__inst_executed_pipe_tensor_op_hmma.sum"
-STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "lg_throttle", "long_scoreboard",
-                 "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction", "not_selected",
-                 "short_scoreboard", "sleeping", "tex_throttle", "wait")
-HOPPER_STALL_REASONS = ("gmma", "imc_miss")   # gmma: waiting on warpgroup MMAs
-STALLS = {reason: f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
-          for reason in STALL_REASONS + HOPPER_STALL_REASONS}
+STALL_REASONS = (
+    "barrier",
+    "branch_resolving",
+    "dispatch_stall",
+    "drain",
+    "lg_throttle",
+    "long_scoreboard",
+    "math_pipe_throttle",
+    "membar",
+    "mio_throttle",
+    "misc",
+    "no_instruction",
+    "not_selected",
+    "short_scoreboard",
+    "sleeping",
+    "tex_throttle",
+    "wait",
+)
+HOPPER_STALL_REASONS = ("gmma", "imc_miss")  # gmma: waiting on warpgroup MMAs
+STALLS = {
+    reason: f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+    for reason in STALL_REASONS + HOPPER_STALL_REASONS
+}
 
 # What the table needs (a run without these is refused), then groups that add detail: a group
 # whose metrics this Nsight Compute does not know is left out as a whole (``probe_metrics``).
@@ -103,9 +131,14 @@ def profile(batch: int, precision: str = "fp32", meta_path: str | None = None) -
     cupy.get_default_memory_pool().free_all_blocks()
     if meta_path:
         per_sample = stage_flops(work.flop)
-        meta = {"precision": precision, "batch": batch, "device": work.device(), "stages": list(PROFILED_STAGES),
-                "flop_per_call": {stage: flop * batch for stage, flop in per_sample.items()},
-                "flop_per_sample": work.flop["total"]}
+        meta = {
+            "precision": precision,
+            "batch": batch,
+            "device": work.device(),
+            "stages": list(PROFILED_STAGES),
+            "flop_per_call": {stage: flop * batch for stage, flop in per_sample.items()},
+            "flop_per_sample": work.flop["total"],
+        }
         write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     cupy.cuda.profiler.start()
     for name in PROFILED_STAGES:
@@ -151,6 +184,7 @@ def to_base(text: str, unit: str) -> float | None:
 @dataclass
 class Launch:
     """One profiled kernel launch: its stage (NVTX range), kernel name and metric values in base units."""
+
     stage: str
     kernel: str
     values: dict[str, float]
@@ -189,8 +223,19 @@ def read_launches(path) -> list[Launch]:
     if "Kernel Name" not in col or TIME not in col:
         raise ValueError(f"{path}: the header lacks 'Kernel Name' or {TIME}; is it ncu's --page raw output?")
     nvtx = next((i for name, i in col.items() if name.startswith("thread Domain") or "Push/Pop_Range" in name), None)
-    known = {TIME, DRAM_READ, DRAM_WRITE, SM_PCT, MEM_PCT, WAVES, TENSOR_CYCLES, GMMA_INST, HMMA_INST,
-             *MEMORY_UNITS.values(), *STALLS.values()}
+    known = {
+        TIME,
+        DRAM_READ,
+        DRAM_WRITE,
+        SM_PCT,
+        MEM_PCT,
+        WAVES,
+        TENSOR_CYCLES,
+        GMMA_INST,
+        HMMA_INST,
+        *MEMORY_UNITS.values(),
+        *STALLS.values(),
+    }
     metric_cols = [(name, i) for name, i in col.items() if name in known]
     launches = []
     for row in records:
@@ -203,8 +248,9 @@ def read_launches(path) -> list[Launch]:
                 values[name] = value
         if TIME not in values:
             continue
-        launches.append(Launch(stage_of(row[nvtx]) if nvtx is not None else "?",
-                               kernel_label(row[col["Kernel Name"]]), values))
+        launches.append(
+            Launch(stage_of(row[nvtx]) if nvtx is not None else "?", kernel_label(row[col["Kernel Name"]]), values)
+        )
     return launches
 
 
@@ -217,6 +263,7 @@ class Instruction:
     products, whose useful rate is a third of the instruction's). ``pipe_peak_tflops``: the tensor
     pipe's own peak for the operand type where the instruction's is only an estimate below it
     (mma.sync): the floors take that, so that no kernel can beat its floor."""
+
     name: str
     peak_tflops: float
     products: int = 1
@@ -259,8 +306,9 @@ _OWN_KERNELS = (
 )
 
 
-def instruction_of(kernel: str, gmma: float | None = None, hmma: float | None = None,
-                   tensor_cycles: float | None = None) -> Instruction | None:
+def instruction_of(
+    kernel: str, gmma: float | None = None, hmma: float | None = None, tensor_cycles: float | None = None
+) -> Instruction | None:
     """The tensor-core instruction a kernel's products run on; None for a kernel without any.
 
     xmesh's kernels by name; others (cuDNN's convolutions, which take float32 with tensor-op math)
@@ -282,6 +330,7 @@ def instruction_of(kernel: str, gmma: float | None = None, hmma: float | None = 
 @dataclass
 class KernelStats:
     """The launches of one kernel within one stage, summed (time, bytes, counters) or time-weighted."""
+
     stage: str
     kernel: str
     calls: int = 0
@@ -292,7 +341,7 @@ class KernelStats:
     weight: dict = field(default_factory=lambda: defaultdict(float))
     flop: float = 0.0
     instruction: Instruction | None = None
-    busiest_ns: float = 0.0      # sum over launches of time x their busiest unit's share of its peak
+    busiest_ns: float = 0.0  # sum over launches of time x their busiest unit's share of its peak
     busiest_seen_ns: float = 0.0  # the time of the launches that reported SM and memory throughput
 
     def add(self, launch: Launch) -> None:
@@ -318,11 +367,11 @@ class KernelStats:
 
     @property
     def gbs(self) -> float:
-        return self.dram_bytes / self.ns if self.ns else 0.0          # bytes per ns = GB/s
+        return self.dram_bytes / self.ns if self.ns else 0.0  # bytes per ns = GB/s
 
     @property
     def tflops(self) -> float:
-        return self.flop / self.ns / 1e3 if self.ns else 0.0          # FLOP per ns / 1e3 = TFLOP/s
+        return self.flop / self.ns / 1e3 if self.ns else 0.0  # FLOP per ns / 1e3 = TFLOP/s
 
     @property
     def flop_floor_ns(self) -> float:
@@ -371,8 +420,9 @@ def summarise(launches: list[Launch], flop_per_call: dict[str, float] | None = N
             stats[key] = KernelStats(launch.stage, launch.kernel)
         stats[key].add(launch)
     for s in stats.values():
-        s.instruction = instruction_of(s.kernel, s.sums.get(GMMA_INST), s.sums.get(HMMA_INST),
-                                       s.sums.get(TENSOR_CYCLES))
+        s.instruction = instruction_of(
+            s.kernel, s.sums.get(GMMA_INST), s.sums.get(HMMA_INST), s.sums.get(TENSOR_CYCLES)
+        )
     attribute_flops(list(stats.values()), flop_per_call or {})
     return list(stats.values())
 
@@ -406,18 +456,18 @@ def attribute_flops(stats: list[KernelStats], flop_per_call: dict[str, float]) -
             full = []
             for s in unfilled:
                 s.flop += left * s.tensor_work / work
-                capacity = s.instruction.floor_peak_tflops * 1e3 * s.ns   # FLOP its pipe can do in its time
+                capacity = s.instruction.floor_peak_tflops * 1e3 * s.ns  # FLOP its pipe can do in its time
                 if s.flop > capacity:
                     full.append((s, s.flop - capacity))
                     s.flop = capacity
             left = sum(excess for _, excess in full)
             unfilled = [s for s in unfilled if all(s is not f for f, _ in full)]
-        if left > 0:   # more than every kernel's pipe could do: the count or the counters are off; shown as is
+        if left > 0:  # more than every kernel's pipe could do: the count or the counters are off; shown as is
             max(members, key=lambda s: s.ns).flop += left
 
 
 # ---------------------------------------------------------------------------- the limiter
-LATENCY_BELOW, HIGH_FROM, BALANCED_WITHIN = 60.0, 80.0, 10.0   # the SpeedOfLight section's bottleneck rule
+LATENCY_BELOW, HIGH_FROM, BALANCED_WITHIN = 60.0, 80.0, 10.0  # the SpeedOfLight section's bottleneck rule
 
 
 def dominant_stall(s: KernelStats) -> tuple[str, float] | None:
@@ -459,6 +509,7 @@ def limiter(s: KernelStats) -> str:
 @dataclass
 class ModeReport:
     """A mode's per-kernel figures: ``total_ns`` is every profiled launch's GPU time."""
+
     title: str
     stats: list[KernelStats]
     total_ns: float
@@ -479,8 +530,15 @@ class ModeReport:
         for stage in (*PROFILED_STAGES, "?"):
             members = [s for s in self.stats if s.stage == stage]
             if members or stage != "?":
-                out.append((stage, sum(s.calls for s in members), sum(s.ns for s in members),
-                            self.flop_per_call.get(stage, 0.0), *floors(members)))
+                out.append(
+                    (
+                        stage,
+                        sum(s.calls for s in members),
+                        sum(s.ns for s in members),
+                        self.flop_per_call.get(stage, 0.0),
+                        *floors(members),
+                    )
+                )
         return out
 
 
@@ -488,8 +546,7 @@ def floors(stats: list[KernelStats]) -> tuple[float, float]:
     """(work floor, unit floor) of these kernels together, in ns: each kernel's summed; a kernel without the
     throughput figures counts at its time in the unit floor."""
     unit = [s.unit_floor_ns for s in stats]
-    return (sum(s.work_floor_ns for s in stats),
-            sum(s.ns if u is None else u for s, u in zip(stats, unit)))
+    return (sum(s.work_floor_ns for s in stats), sum(s.ns if u is None else u for s, u in zip(stats, unit)))
 
 
 def load_mode(csv_path, meta: dict | None = None) -> ModeReport:
@@ -497,8 +554,11 @@ def load_mode(csv_path, meta: dict | None = None) -> ModeReport:
     launches = read_launches(csv_path)
     flop_per_call = meta.get("flop_per_call", {})
     stats = summarise(launches, flop_per_call)
-    title = (f"{meta['precision']}, batch {meta['batch']}" + (f", {meta['device']}" if meta.get("device") else "")
-             if "precision" in meta else Path(csv_path).stem)
+    title = (
+        f"{meta['precision']}, batch {meta['batch']}" + (f", {meta['device']}" if meta.get("device") else "")
+        if "precision" in meta
+        else Path(csv_path).stem
+    )
     return ModeReport(title, stats, sum(s.ns for s in stats), meta.get("batch"), flop_per_call)
 
 
@@ -512,10 +572,13 @@ def format_mode(mode: ModeReport, cut: float = SHARE_CUT) -> str:
     lines = [f"### {mode.title}", ""]
     per_sample = f" ({total_ms / mode.batch:.3f} ms a sample)" if mode.batch else ""
     lines.append(f"GPU time of the profiled kernels: {total_ms:.3f} ms{per_sample}.")
-    lines += ["", "| kernel | stage | calls | ms a call | share | TFLOP/s | instruction (peak TFLOP/s) | of peak "
-              "| DRAM MB a call | GB/s (of 3,350) | SM % | memory % | limiter | work floor ms a call (x off) "
-              "| unit floor ms a call (x off) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    lines += [
+        "",
+        "| kernel | stage | calls | ms a call | share | TFLOP/s | instruction (peak TFLOP/s) | of peak "
+        "| DRAM MB a call | GB/s (of 3,350) | SM % | memory % | limiter | work floor ms a call (x off) "
+        "| unit floor ms a call (x off) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
     rows = mode.roofline_rows(cut)
     for s in rows:
         ins = s.instruction
@@ -527,24 +590,37 @@ def format_mode(mode: ModeReport, cut: float = SHARE_CUT) -> str:
             f"| {_cell(tflops, '.1f')} | {ins.label() if ins else '-'} | {_cell(of_peak, '.0%')} "
             f"| {s.dram_bytes / s.calls / 1e6:.1f} | {s.gbs:.0f} ({s.gbs / DRAM_PEAK_GBS:.0%}) "
             f"| {_cell(s.mean(SM_PCT), '.0f')} | {_cell(s.mean(MEM_PCT), '.0f')} | {limiter(s)} "
-            f"| {_floor_cell(s.work_floor_ns, s, s.work_floor_by + ' ')} | {_floor_cell(s.unit_floor_ns, s)} |")
+            f"| {_floor_cell(s.work_floor_ns, s, s.work_floor_by + ' ')} | {_floor_cell(s.unit_floor_ns, s)} |"
+        )
     shown = {id(s) for s in rows}
     rest = [s for s in mode.stats if id(s) not in shown]
     lines += ["", f"Below {cut:.0%}: {len(rest)} kernel rows, {sum(mode.share(s) for s in rest):.1%} of the time.", ""]
-    lines += ["| stage | launches | GPU ms | share | GFLOP | TFLOP/s | work floor ms | unit floor ms |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [
+        "| stage | launches | GPU ms | share | GFLOP | TFLOP/s | work floor ms | unit floor ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for stage, launches, ns, flop, work, unit in mode.stage_totals():
         share = ns / mode.total_ns if mode.total_ns else 0.0
         rate = f"{flop / ns / 1e3:.1f}" if flop and ns else "-"
-        lines.append(f"| {stage} | {launches} | {ns / 1e6:.3f} | {share:.1%} | {flop / 1e9:.1f} | {rate} "
-                     f"| {work / 1e6:.3f} | {unit / 1e6:.3f} |")
+        lines.append(
+            f"| {stage} | {launches} | {ns / 1e6:.3f} | {share:.1%} | {flop / 1e9:.1f} | {rate} "
+            f"| {work / 1e6:.3f} | {unit / 1e6:.3f} |"
+        )
     flop = sum(mode.flop_per_call.values())
     rate = f"{flop / mode.total_ns / 1e3:.1f}" if flop and mode.total_ns else "-"
     work, unit = floors(mode.stats)
-    lines.append(f"| all | {sum(s.calls for s in mode.stats)} | {total_ms:.3f} | 100% | {flop / 1e9:.1f} | {rate} "
-                 f"| {work / 1e6:.3f} | {unit / 1e6:.3f} |")
-    lines += ["", "At the floors, every kernel of the mode: " + _at_floor("work", work, mode)
-              + "; " + _at_floor("unit", unit, mode) + "."]
+    lines.append(
+        f"| all | {sum(s.calls for s in mode.stats)} | {total_ms:.3f} | 100% | {flop / 1e9:.1f} | {rate} "
+        f"| {work / 1e6:.3f} | {unit / 1e6:.3f} |"
+    )
+    lines += [
+        "",
+        "At the floors, every kernel of the mode: "
+        + _at_floor("work", work, mode)
+        + "; "
+        + _at_floor("unit", unit, mode)
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -600,8 +676,10 @@ def run_bounded(cmd: list[str], timeout: float, stdout, stderr) -> tuple[int | N
     return rc, time.monotonic() - start
 
 
-_PROBE_PROGRAM = ("import cupy; x = cupy.arange(4096, dtype=cupy.float32); "
-                  "float((x * 2).sum()); cupy.cuda.runtime.deviceSynchronize()")
+_PROBE_PROGRAM = (
+    "import cupy; x = cupy.arange(4096, dtype=cupy.float32); "
+    "float((x * 2).sum()); cupy.cuda.runtime.deviceSynchronize()"
+)
 
 
 def _probe(ncu: str, metrics: list[str], flags: tuple[str, ...], log) -> bool:
@@ -612,7 +690,9 @@ def _probe(ncu: str, metrics: list[str], flags: tuple[str, ...], log) -> bool:
         log.write(f"$ {' '.join(cmd)}\n-> timed out after 120 s\n")
         return False
     text = out.stdout + out.stderr
-    ok = out.returncode == 0 and "==ERROR==" not in text and sum(line.startswith('"') for line in text.splitlines()) >= 3
+    ok = (
+        out.returncode == 0 and "==ERROR==" not in text and sum(line.startswith('"') for line in text.splitlines()) >= 3
+    )
     log.write(f"$ {' '.join(cmd)}\n-> {'ok' if ok else 'failed'} (exit {out.returncode})\n{text[-3000:]}\n")
     return ok
 
@@ -630,8 +710,10 @@ def probe_metrics(ncu: str, log) -> tuple[list[str], tuple[str, ...], list[str]]
         flags = NCU_FLAGS
         notes.append("ncu refused --print-units base: values are read with the units row's scale")
         if not _probe(ncu, list(CORE_METRICS), flags, log):
-            raise SystemExit("kernel_profile: ncu could not collect the core metrics on a one-kernel program; "
-                             "see probe.log (counter permissions: ERR_NVGPUCTRPERM?)")
+            raise SystemExit(
+                "kernel_profile: ncu could not collect the core metrics on a one-kernel program; "
+                "see probe.log (counter permissions: ERR_NVGPUCTRPERM?)"
+            )
     metrics = list(CORE_METRICS)
     for name, group in OPTIONAL_METRICS.items():
         if _probe(ncu, [*CORE_METRICS, *group], flags, log):
@@ -653,9 +735,21 @@ def run_modes(names: list[str], out: Path, budget: float) -> int:
     for i, name in enumerate(names):
         precision, batch = MODES[name]
         csv_path, meta_path, log_path = out / f"{name}.csv", out / f"{name}.json", out / f"{name}.log"
-        timeout = (deadline - time.monotonic()) / (len(names) - i)   # a fair share; time left over rolls on
-        cmd = [ncu, *flags, "--profile-from-start", "off", "--metrics", ",".join(metrics),
-               sys.executable, str(Path(__file__).resolve()), str(batch), precision, "--meta", str(meta_path)]
+        timeout = (deadline - time.monotonic()) / (len(names) - i)  # a fair share; time left over rolls on
+        cmd = [
+            ncu,
+            *flags,
+            "--profile-from-start",
+            "off",
+            "--metrics",
+            ",".join(metrics),
+            sys.executable,
+            str(Path(__file__).resolve()),
+            str(batch),
+            precision,
+            "--meta",
+            str(meta_path),
+        ]
         with open(csv_path, "w") as stdout, open(log_path, "w") as stderr:
             stderr.write("$ " + " ".join(cmd) + "\n")
             stderr.flush()
@@ -670,10 +764,13 @@ def run_modes(names: list[str], out: Path, budget: float) -> int:
             continue
         write_text(out / f"{name}.md", table)
         sections.append(table)
-    head = ["## Per-kernel roofline (Nsight Compute)", "",
-            f"`python3 scripts/kernel_profile.py --modes {' '.join(names)}`; "
-            f"{version[-1] if version else 'ncu'}; flags {' '.join(flags)} --profile-from-start off.",
-            f"Metrics: {', '.join(metrics)}."]
+    head = [
+        "## Per-kernel roofline (Nsight Compute)",
+        "",
+        f"`python3 scripts/kernel_profile.py --modes {' '.join(names)}`; "
+        f"{version[-1] if version else 'ncu'}; flags {' '.join(flags)} --profile-from-start off.",
+        f"Metrics: {', '.join(metrics)}.",
+    ]
     head += [f"Note: {note}." for note in notes]
     text = "\n".join(head) + "\n\n" + "\n".join(sections)
     write_text(out / "roofline.md", text)
@@ -683,14 +780,20 @@ def run_modes(names: list[str], out: Path, budget: float) -> int:
 
 # ---------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("batch", nargs="?", type=int, help="the profiled program: batch size")
     parser.add_argument("precision", nargs="?", default="fp32", help="the profiled program: precision mode")
     parser.add_argument("--meta", help="the profiled program writes, or --report reads, this JSON (batch, FLOP)")
     parser.add_argument("--report", metavar="CSV", help="print the tables of an ncu --csv --page raw output")
-    parser.add_argument("--modes", nargs="*", choices=sorted(MODES), metavar="MODE",
-                        help=f"profile these modes under ncu (default: {' '.join(MODES)})")
+    parser.add_argument(
+        "--modes",
+        nargs="*",
+        choices=sorted(MODES),
+        metavar="MODE",
+        help=f"profile these modes under ncu (default: {' '.join(MODES)})",
+    )
     parser.add_argument("--out", type=Path, help="--modes: output folder (default: $OUT/profile, else ./profile)")
     parser.add_argument("--budget", type=float, default=540.0, help="--modes: seconds for all modes (default 540)")
     args = parser.parse_args(argv)

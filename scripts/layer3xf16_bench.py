@@ -10,6 +10,7 @@ counted once, as docs/PERFORMANCE.md counts them). Inputs come from a seeded gen
 see the same ones: ``--save DIR`` keeps the outputs of the batches up to 4, ``--compare DIR`` reports
 whether this tree's are the same bit for bit.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,7 @@ Prints per round the milliseconds a sample, split into images and cameras (``dec
 truth (``gt``). A loader's cost sets how many loader processes keep a GPU fed: at 1,000 samples/s a
 GPU needs 1000 x (ms a sample) / 1000 cores of them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def main() -> None:
     root = Path(args.data)
     listing = make_dataset(root, args.samples, distinct_per_category=8)
     items = [(sample, paths) for sample, paths, _ in list_samples(listing, root, root / "gt")]
-    for sample, paths in items[:16]:   # files into the page cache
+    for sample, paths in items[:16]:  # files into the page cache
         load_sample(sample, paths)
     for number in range(args.rounds):
         start = time.perf_counter()

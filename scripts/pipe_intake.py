@@ -10,6 +10,7 @@ makes lets go of the interpreter lock; a thread running Python gives it back onl
 interpreter's switch interval (5 ms unless ``--switch-interval`` sets the reader's). Prints
 requests/s per pipe.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--busy", action="store_true", help="a thread running Python beside the receiving one")
-    parser.add_argument("--switch-interval", type=float, default=None, metavar="S",
-                        help="the reader's sys.setswitchinterval (default: the interpreter's, 0.005 s)")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the reader's sys.setswitchinterval (default: the interpreter's, 0.005 s)",
+    )
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     for name, queue in (("default pipe", context.Queue()), ("pipe_queue", pipe_queue(context))):

@@ -11,6 +11,7 @@
 4. prints one table: samples/s of each run, its ratio to the bench figure, and each run's timing line.
 Full outputs go to ``$OUT`` (or /tmp/pipeline_bench).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,11 @@ def make_dataset(root: Path, samples: int, distinct_per_category: int = 32) -> P
     if lst.exists():
         return lst
     chunk = 4
-    parts = [(root / f"part{synset}_{first}", synset, first, min(chunk, distinct_per_category - first))
-             for synset in DEFAULT_CATEGORIES for first in range(0, distinct_per_category, chunk)]
+    parts = [
+        (root / f"part{synset}_{first}", synset, first, min(chunk, distinct_per_category - first))
+        for synset in DEFAULT_CATEGORIES
+        for first in range(0, distinct_per_category, chunk)
+    ]
     with ProcessPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
         ids = [pair for part in pool.map(_write_part, parts) for pair in part]
     render = root / "ShapeNetRendering"
@@ -68,8 +72,10 @@ def make_dataset(root: Path, samples: int, distinct_per_category: int = 32) -> P
 def run(cmd: list[str], log: Path, cwd: str | None = None, env: dict | None = None, timeout: int = 900) -> str:
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
-    log.write_text(f"$ {' '.join(cmd)}\n[{time.perf_counter() - start:.1f} s, exit {proc.returncode}]\n"
-                   f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    log.write_text(
+        f"$ {' '.join(cmd)}\n[{time.perf_counter() - start:.1f} s, exit {proc.returncode}]\n"
+        f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
     if proc.returncode != 0:
         print(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}", flush=True)
     return proc.stdout + proc.stderr
@@ -77,7 +83,7 @@ def run(cmd: list[str], log: Path, cwd: str | None = None, env: dict | None = No
 
 def bench_rate(text: str) -> float | None:
     try:
-        data = json.loads(text[text.index("{"):text.rindex("}") + 1])
+        data = json.loads(text[text.index("{") : text.rindex("}") + 1])
     except ValueError:
         return None
     for entry in data.get("results", []):
@@ -102,8 +108,12 @@ def main() -> None:
     parser.add_argument("--backend", default="cupy")
     parser.add_argument("--old", default=None, help="an older xmesh tree to run `xmesh eval` from, for a before figure")
     parser.add_argument("--data", default=None, help="dataset folder (made if missing)")
-    parser.add_argument("--cluster", default=None, metavar="SPEC",
-                        help="also run `xmesh eval --cluster SPEC` (e.g. local-cuda) beside the plain run")
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="SPEC",
+        help="also run `xmesh eval --cluster SPEC` (e.g. local-cuda) beside the plain run",
+    )
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or "/tmp/pipeline_bench")
     out.mkdir(parents=True, exist_ok=True)
@@ -112,16 +122,60 @@ def main() -> None:
     lst = make_dataset(work, args.samples)
     print(f"dataset: {args.samples} samples in {time.perf_counter() - start:.1f} s", flush=True)
     py = sys.executable
-    common = ["--images", str(work), "--gt", str(work / "gt"), "--list", str(lst), "--weights", "synthetic:1",
-              "--backend", args.backend, "--no-progress"]
+    common = [
+        "--images",
+        str(work),
+        "--gt",
+        str(work / "gt"),
+        "--list",
+        str(lst),
+        "--weights",
+        "synthetic:1",
+        "--backend",
+        args.backend,
+        "--no-progress",
+    ]
     table = []
     for precision in args.precisions:  # first use compiles (GPU kernels, numba): keep that out of the figures
-        run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(work / "warmup"),
-             "--limit", str(2 * args.batch_size), "--save-meshes"], out / f"warmup_{precision}.txt")
+        run(
+            [
+                py,
+                "-m",
+                "xmesh",
+                "eval",
+                *common,
+                "--precision",
+                precision,
+                "--out",
+                str(work / "warmup"),
+                "--limit",
+                str(2 * args.batch_size),
+                "--save-meshes",
+            ],
+            out / f"warmup_{precision}.txt",
+        )
         shutil.rmtree(work / "warmup", ignore_errors=True)
     for k, precision in enumerate(args.precisions):
-        text = run([py, "-m", "xmesh", "bench", "--backend", args.backend, "--precision", precision, "--batch-sizes",
-                    str(args.batch_size), "--repeat", "5", "--stages", "total", "--json"], out / f"bench_{precision}.txt")
+        text = run(
+            [
+                py,
+                "-m",
+                "xmesh",
+                "bench",
+                "--backend",
+                args.backend,
+                "--precision",
+                precision,
+                "--batch-sizes",
+                str(args.batch_size),
+                "--repeat",
+                "5",
+                "--stages",
+                "total",
+                "--json",
+            ],
+            out / f"bench_{precision}.txt",
+        )
         bench = bench_rate(text)
         table.append((f"xmesh bench {precision} b={args.batch_size}", bench, None, ""))
         runs = [("eval", []), ("eval --save-meshes", ["--save-meshes"])]
@@ -130,8 +184,10 @@ def main() -> None:
         for name, extra in runs:
             res = work / f"res_{precision}_{name.replace(' ', '_').replace('-', '').replace(':', '')}"
             shutil.rmtree(res, ignore_errors=True)
-            text = run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), *extra],
-                       out / f"{name.replace(' ', '').replace('-', '_').replace(':', '')}_{precision}.txt")
+            text = run(
+                [py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), *extra],
+                out / f"{name.replace(' ', '').replace('-', '_').replace(':', '')}_{precision}.txt",
+            )
             rate, timing = eval_rate(res)
             line = next((ln for ln in text.splitlines() if ln.startswith("xmesh eval: time")), "")
             if extra[:1] == ["--cluster"] and rate:
@@ -141,27 +197,76 @@ def main() -> None:
         if k == 0:
             res = work / f"rec_{precision}"
             shutil.rmtree(res, ignore_errors=True)
-            text = run([py, "-m", "xmesh", "reconstruct", "--list", str(lst), "--images", str(work), "--weights",
-                        "synthetic:1", "--backend", args.backend, "--precision", precision, "--out", str(res),
-                        "--no-progress"], out / f"reconstruct_list_{precision}.txt")
+            text = run(
+                [
+                    py,
+                    "-m",
+                    "xmesh",
+                    "reconstruct",
+                    "--list",
+                    str(lst),
+                    "--images",
+                    str(work),
+                    "--weights",
+                    "synthetic:1",
+                    "--backend",
+                    args.backend,
+                    "--precision",
+                    precision,
+                    "--out",
+                    str(res),
+                    "--no-progress",
+                ],
+                out / f"reconstruct_list_{precision}.txt",
+            )
             m = re.search(r"([0-9.]+) samples/s", text)
             rate = float(m.group(1)) if m else None
             line = next((ln for ln in text.splitlines() if ln.startswith("xmesh reconstruct: time")), "")
-            table.append((f"xmesh reconstruct --list {precision}", rate, rate / bench if rate and bench else None, line))
+            table.append(
+                (f"xmesh reconstruct --list {precision}", rate, rate / bench if rate and bench else None, line)
+            )
         if args.old:
             res = work / f"old_{precision}"
             shutil.rmtree(res, ignore_errors=True)
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(args.old).resolve()),
-                                                               os.environ.get("PYTHONPATH", "")]))
-            run([py, "-m", "xmesh", "eval", *common, "--precision", precision, "--out", str(res), "--batch-size",
-                 str(args.batch_size), "--workers", "8"], out / f"old_eval_{precision}.txt", cwd=args.old, env=env)
+            env = dict(
+                os.environ,
+                PYTHONPATH=os.pathsep.join([str(Path(args.old).resolve()), os.environ.get("PYTHONPATH", "")]),
+            )
+            run(
+                [
+                    py,
+                    "-m",
+                    "xmesh",
+                    "eval",
+                    *common,
+                    "--precision",
+                    precision,
+                    "--out",
+                    str(res),
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--workers",
+                    "8",
+                ],
+                out / f"old_eval_{precision}.txt",
+                cwd=args.old,
+                env=env,
+            )
             rate, _ = eval_rate(res)
-            table.append((f"old xmesh eval {precision} (b={args.batch_size}, 8 threads)", rate,
-                          rate / bench if rate and bench else None, ""))
+            table.append(
+                (
+                    f"old xmesh eval {precision} (b={args.batch_size}, 8 threads)",
+                    rate,
+                    rate / bench if rate and bench else None,
+                    "",
+                )
+            )
     print(f"\n{'run':<44} {'samples/s':>10} {'of bench':>9}")
     for name, rate, ratio, _ in table:
-        print(f"{name:<44} {rate if rate is not None else float('nan'):>10.1f} "
-              f"{'' if ratio is None else f'{100 * ratio:.0f}%':>9}")
+        print(
+            f"{name:<44} {rate if rate is not None else float('nan'):>10.1f} "
+            f"{'' if ratio is None else f'{100 * ratio:.0f}%':>9}"
+        )
     for name, _, _, line in table:
         if line:
             print(f"{name}: {line}")

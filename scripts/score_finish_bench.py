@@ -9,6 +9,7 @@ so that two trees' outputs can be compared bit for bit.
 
 Usage (GPU): python3 scripts/score_finish_bench.py [--save DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ def main():
             centers = cp.asarray(rng.standard_normal((b, VERTICES, 3)).astype(np.float32))
 
             def call():
-                return backend._move_vertices("drb_score_finish", (planes, np.int32(parts),
-                                              np.int64(b * HYPOTHESES * VERTICES)), a1, bias, centers, offsets)
+                return backend._move_vertices(
+                    "drb_score_finish",
+                    (planes, np.int32(parts), np.int64(b * HYPOTHESES * VERTICES)),
+                    a1,
+                    bias,
+                    centers,
+                    offsets,
+                )
 
             out = call()
             cp.cuda.Device().synchronize()
@@ -55,8 +62,11 @@ def main():
             if args.save:
                 os.makedirs(args.save, exist_ok=True)
                 np.save(os.path.join(args.save, f"finish_{b}_{parts}.npy"), out.get())
-            print(f"{name}: drb_score_finish b={b} parts={parts}: {np.median(times) * 1e3:.1f} us a call "
-                  f"(min {min(times) * 1e3:.1f})", flush=True)
+            print(
+                f"{name}: drb_score_finish b={b} parts={parts}: {np.median(times) * 1e3:.1f} us a call "
+                f"(min {min(times) * 1e3:.1f})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ HTTP handling, the transfer, the client). For a lone request's breakdown on a CP
 
     python3 scripts/serve_load.py --backend numpy --concurrency 1 --max-batches 64 --seconds 40
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,15 @@ from xmesh.serve.routes import PHASES, parse_server_timing  # noqa: E402
 
 def request_bytes(port: int, fmt: str) -> bytes:
     images, cameras, _ = default_inputs()
-    files = [(f"view{i}.png", cv2.imencode(".png", (np.asarray(v) * 255.0).round().astype(np.uint8))[1].tobytes())
-             for i, v in enumerate(images)]
+    files = [
+        (f"view{i}.png", cv2.imencode(".png", (np.asarray(v) * 255.0).round().astype(np.uint8))[1].tobytes())
+        for i, v in enumerate(images)
+    ]
     body, kind = multipart_body(files, {"cameras": json.dumps(np.asarray(cameras, np.float64).tolist())})
-    head = (f"POST /v1/reconstruct?format={fmt} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {kind}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST /v1/reconstruct?format={fmt} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode("ascii") + body
 
 
@@ -73,10 +78,17 @@ async def _connection(port: int, payload: bytes, warm_until: float, stop_at: flo
         headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
         await reader.readexactly(int(headers.get("content-length", 0)))
         finished = time.perf_counter()
-        if started >= warm_until and finished <= stop_at:   # the measured window holds whole requests only
-            out.append((finished - started, status, int(headers.get("x-xmesh-batch-size", 0)),
-                        float(headers.get("x-xmesh-server-ms", "nan")), float(headers.get("x-xmesh-compute-ms", "nan")),
-                        parse_server_timing(headers.get("server-timing", ""))))
+        if started >= warm_until and finished <= stop_at:  # the measured window holds whole requests only
+            out.append(
+                (
+                    finished - started,
+                    status,
+                    int(headers.get("x-xmesh-batch-size", 0)),
+                    float(headers.get("x-xmesh-server-ms", "nan")),
+                    float(headers.get("x-xmesh-compute-ms", "nan")),
+                    parse_server_timing(headers.get("server-timing", "")),
+                )
+            )
         if headers.get("connection", "").lower() == "close":
             writer.close()
             writer = None
@@ -101,7 +113,7 @@ def cpu_times() -> tuple[int, int] | None:
         fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)   # idle and iowait
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
     return sum(fields) - idle, sum(fields)
 
 
@@ -116,8 +128,17 @@ def host_cpu_busy(start: float, stop: float, out: dict) -> None:
         out["host_cpu_pct"] = 100.0 * (last[0] - first[0]) / (last[1] - first[1])
 
 
-def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int, warmup: float, seconds: float,
-              max_batch: int, devices: int) -> dict:
+def run_level(
+    pool,
+    port: int,
+    payload: bytes,
+    concurrency: int,
+    processes: int,
+    warmup: float,
+    seconds: float,
+    max_batch: int,
+    devices: int,
+) -> dict:
     now = time.perf_counter()
     warm_until, stop_at = now + warmup, now + warmup + seconds
     used = max(1, min(processes, concurrency))
@@ -136,17 +157,27 @@ def run_level(pool, port: int, payload: bytes, concurrency: int, processes: int,
     timings = [{**r[5], "outside": r[0] * 1000.0 - r[5]["total"]} for r in results if r[1] == 200 and "total" in r[5]]
     steps = [name for name, *_ in PHASES] + ["outside"]
     busy = device_busy(batches, compute_ms, seconds, devices)
-    return {"concurrency": concurrency, "requests": len(results), "ok": ok, "errors": len(results) - ok,
-            "per_s": ok / seconds,
-            "p50_ms": float(np.percentile(latencies, 50)) if ok else float("nan"),
-            "p95_ms": float(np.percentile(latencies, 95)) if ok else float("nan"),
-            "p99_ms": float(np.percentile(latencies, 99)) if ok else float("nan"),
-            "mean_batch": float(batches.mean()) if ok else float("nan"), **cpu, "device_busy_pct": busy,
-            "server_p50_ms": median(server_ms), "compute_p50_ms": median(compute_ms),
-            "phases_p50_ms": {name: float(np.median([t[name] for t in timings])) if timings else float("nan")
-                              for name in steps},
-            "bound": bound(median(latencies), median(server_ms), median(compute_ms),
-                           float(batches.mean()) if ok else 0.0, max_batch)}
+    return {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "ok": ok,
+        "errors": len(results) - ok,
+        "per_s": ok / seconds,
+        "p50_ms": float(np.percentile(latencies, 50)) if ok else float("nan"),
+        "p95_ms": float(np.percentile(latencies, 95)) if ok else float("nan"),
+        "p99_ms": float(np.percentile(latencies, 99)) if ok else float("nan"),
+        "mean_batch": float(batches.mean()) if ok else float("nan"),
+        **cpu,
+        "device_busy_pct": busy,
+        "server_p50_ms": median(server_ms),
+        "compute_p50_ms": median(compute_ms),
+        "phases_p50_ms": {
+            name: float(np.median([t[name] for t in timings])) if timings else float("nan") for name in steps
+        },
+        "bound": bound(
+            median(latencies), median(server_ms), median(compute_ms), float(batches.mean()) if ok else 0.0, max_batch
+        ),
+    }
 
 
 def device_busy(batches: np.ndarray, compute_ms: np.ndarray, seconds: float, devices: int) -> float:
@@ -167,7 +198,11 @@ def bound(latency_ms: float, server_ms: float, compute_ms: float, mean_batch: fl
     latency less X-Xmesh-Server-Ms: the connection backlog, HTTP transfer, the client itself)."""
     if not np.isfinite(latency_ms) or not np.isfinite(server_ms):
         return "-"
-    parts = {"network": compute_ms, "server queue+decode": server_ms - compute_ms, "HTTP/backlog": latency_ms - server_ms}
+    parts = {
+        "network": compute_ms,
+        "server queue+decode": server_ms - compute_ms,
+        "HTTP/backlog": latency_ms - server_ms,
+    }
     name = max(parts, key=parts.get)
     share = parts[name] / latency_ms * 100.0
     full = " (batches near full)" if name == "network" and mean_batch >= 0.8 * max_batch else ""
@@ -188,9 +223,24 @@ def server_info(port: int) -> dict:
 def start_server(args, max_batch: int) -> tuple[subprocess.Popen, int, int]:
     """The server's process, its port and how many devices it serves on, once it is healthy."""
     port = free_port()
-    command = [sys.executable, "-m", "xmesh", "serve", "--weights", args.weights, "--backend", args.backend,
-               "--port", str(port), "--max-batch", str(max_batch), "--batch-timeout-ms", str(args.batch_timeout_ms),
-               "--max-queue", str(max(args.concurrency) * 2)]
+    command = [
+        sys.executable,
+        "-m",
+        "xmesh",
+        "serve",
+        "--weights",
+        args.weights,
+        "--backend",
+        args.backend,
+        "--port",
+        str(port),
+        "--max-batch",
+        str(max_batch),
+        "--batch-timeout-ms",
+        str(args.batch_timeout_ms),
+        "--max-queue",
+        str(max(args.concurrency) * 2),
+    ]
     if args.backend == "cupy":
         command += ["--precision", args.precision, "--devices", args.devices]
     if args.http_processes:
@@ -220,14 +270,18 @@ def stop_server(process: subprocess.Popen) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| max batch | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean batch | "
-             "host CPU % | device busy % | server p50 ms | compute p50 ms | bound (p50) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| max batch | concurrency | requests | errors | requests/s | p50 ms | p95 ms | p99 ms | mean batch | "
+        "host CPU % | device busy % | server p50 ms | compute p50 ms | bound (p50) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['max_batch']} | {r['concurrency']} | {r['ok']} | {r['errors']} | {r['per_s']:.0f} | "
-                     f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | "
-                     f"{r['host_cpu_pct']:.0f} | "
-                     f"{r['device_busy_pct']:.0f} | {r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |")
+        lines.append(
+            f"| {r['max_batch']} | {r['concurrency']} | {r['ok']} | {r['errors']} | {r['per_s']:.0f} | "
+            f"{r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.1f} | "
+            f"{r['host_cpu_pct']:.0f} | "
+            f"{r['device_busy_pct']:.0f} | {r['server_p50_ms']:.1f} | {r['compute_p50_ms']:.1f} | {r['bound']} |"
+        )
     return "\n".join(lines)
 
 
@@ -235,11 +289,18 @@ def phase_table(rows: list[dict]) -> str:
     names = list(rows[0]["phases_p50_ms"]) if rows else []
     lines = ["| max batch | concurrency | " + " | ".join(names) + " |", "| --- | --- |" + " ---: |" * len(names)]
     for r in rows:
-        lines.append(f"| {r['max_batch']} | {r['concurrency']} | "
-                     + " | ".join(f"{r['phases_p50_ms'][n]:.2f}" for n in names) + " |")
+        lines.append(
+            f"| {r['max_batch']} | {r['concurrency']} | "
+            + " | ".join(f"{r['phases_p50_ms'][n]:.2f}" for n in names)
+            + " |"
+        )
     legend = "; ".join(f"{name}: {what}" for name, _, _, what in PHASES)
-    return ("Median ms of each step (Server-Timing; " + legend + "; outside: the client's latency less total)\n"
-            + "\n".join(lines))
+    return (
+        "Median ms of each step (Server-Timing; "
+        + legend
+        + "; outside: the client's latency less total)\n"
+        + "\n".join(lines)
+    )
 
 
 def main() -> int:
@@ -261,7 +322,7 @@ def main() -> int:
     args = p.parse_args()
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))   # 1024 connections on each side
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1024 connections on each side
     rows = []
     started = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(args.client_processes) as pool:
@@ -270,16 +331,30 @@ def main() -> int:
             try:
                 payload = request_bytes(port, args.format)
                 for concurrency in args.concurrency:
-                    row = {"max_batch": max_batch, **run_level(pool, port, payload, concurrency, args.client_processes,
-                                                                 args.warmup_seconds, args.seconds, max_batch, devices)}
+                    row = {
+                        "max_batch": max_batch,
+                        **run_level(
+                            pool,
+                            port,
+                            payload,
+                            concurrency,
+                            args.client_processes,
+                            args.warmup_seconds,
+                            args.seconds,
+                            max_batch,
+                            devices,
+                        ),
+                    }
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
             finally:
                 stop_server(process)
-    print(f"xmesh serve load test: {args.backend} {args.precision if args.backend == 'cupy' else 'fp32'}, devices "
-          f"{args.devices if args.backend == 'cupy' else 'cpu'}, answers as {args.format}, batch timeout "
-          f"{args.batch_timeout_ms:g} ms, {args.seconds:g} s per run after {args.warmup_seconds:g} s of warm-up; "
-          f"{time.monotonic() - started:.0f} s in all")
+    print(
+        f"xmesh serve load test: {args.backend} {args.precision if args.backend == 'cupy' else 'fp32'}, devices "
+        f"{args.devices if args.backend == 'cupy' else 'cpu'}, answers as {args.format}, batch timeout "
+        f"{args.batch_timeout_ms:g} ms, {args.seconds:g} s per run after {args.warmup_seconds:g} s of warm-up; "
+        f"{time.monotonic() - started:.0f} s in all"
+    )
     print(table(rows))
     print(phase_table(rows))
     if args.json:

@@ -12,6 +12,7 @@ share is the share of the warps' time spent there. For kernels/wgmma_drb16_chain
     ncu --import chain.ncu-rep --page source --csv --print-source sass > chain_source.csv
     python3 scripts/stall_regions.py chain_source.csv
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def read_source(path: str) -> tuple[list[str], list[list[str]]]:
     with open(path, newline="") as f:
         rows = [row for row in csv.reader(f) if row]
     start = next(i for i, row in enumerate(rows) if row[:2] == ["Address", "Source"])
-    return rows[start], rows[start + 1:]
+    return rows[start], rows[start + 1 :]
 
 
 def regions(code: list[str]) -> dict[str, tuple[int, int]]:
@@ -40,10 +41,14 @@ def regions(code: list[str]) -> dict[str, tuple[int, int]]:
     grow = next(i for i, c in enumerate(code) if "USETMAXREG.TRY_ALLOC" in c)
     shrink = next(i for i, c in enumerate(code) if "USETMAXREG.DEALLOC" in c)
     last_wait = max(i for i, c in enumerate(code[:shrink]) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in c)
-    if grow > shrink:   # the producer's branch came first
+    if grow > shrink:  # the producer's branch came first
         raise SystemExit("stall_regions: expected the MMA warpgroups' branch before the producer's")
-    return {"before the branches": (0, grow), "MMA K loop": (grow, last_wait + 1),
-            "MMA epilogue": (last_wait + 1, shrink), "producer": (shrink, len(code))}
+    return {
+        "before the branches": (0, grow),
+        "MMA K loop": (grow, last_wait + 1),
+        "MMA epilogue": (last_wait + 1, shrink),
+        "producer": (shrink, len(code)),
+    }
 
 
 def main() -> None:
@@ -62,7 +67,7 @@ def main() -> None:
         lead = sorted(((sum(_number(r[i]) for r in rows[a:b]) / total, h[6:]) for h, i in reasons), reverse=True)[:4]
         print(f"{name:20s} {share:6.1%}  " + ", ".join(f"{reason} {part:.1%}" for part, reason in lead))
     print("\ninstructions with the most samples:")
-    for i in sorted(range(len(rows)), key=lambda i: -samples[i])[:args.top]:
+    for i in sorted(range(len(rows)), key=lambda i: -samples[i])[: args.top]:
         lead = max(((_number(rows[i][j]), h[6:]) for h, j in reasons), default=(0, ""))
         print(f"{i:6d} {samples[i] / total:6.1%}  {rows[i][1].strip()[:64]:64s} {lead[1]}")
 

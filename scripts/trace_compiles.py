@@ -10,6 +10,7 @@ xmesh's direct NVRTC builds (the ``sm_90a`` kernels). This script wraps that fun
 all: the program's name, its options, the source's length, the seconds it took and the thread. At the
 end it prints them longest first, the totals per program name, and the command's wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,16 @@ def main(argv=None) -> int:
         finally:
             name, chars = names.get(program, ("?", 0))
             with lock:
-                records.append({"name": name.rsplit("/", 1)[-1], "chars": chars, "options": list(options),
-                                "seconds": time.perf_counter() - start, "thread": threading.get_ident(),
-                                "start": start})
+                records.append(
+                    {
+                        "name": name.rsplit("/", 1)[-1],
+                        "chars": chars,
+                        "options": list(options),
+                        "seconds": time.perf_counter() - start,
+                        "thread": threading.get_ident(),
+                        "start": start,
+                    }
+                )
 
     nvrtc.createProgram, nvrtc.compileProgram = traced_create, traced_compile
     from xmesh.cli import main as xmesh_main
@@ -54,8 +62,10 @@ def main(argv=None) -> int:
     status = xmesh_main(command)
     wall = time.perf_counter() - start
     total = sum(r["seconds"] for r in records)
-    print(f"\n{len(records)} NVRTC compilations, {total:.2f} s of compiling, {wall:.2f} s wall for the command",
-          file=sys.stderr)
+    print(
+        f"\n{len(records)} NVRTC compilations, {total:.2f} s of compiling, {wall:.2f} s wall for the command",
+        file=sys.stderr,
+    )
     for r in sorted(records, key=lambda r: -r["seconds"])[:40]:
         opts = " ".join(o for o in r["options"] if not o.startswith("-I"))
         print(f"  {r['seconds']:7.2f} s  {r['name']:28s} {r['chars']:7d} chars  {opts}", file=sys.stderr)

@@ -11,6 +11,7 @@
    logging and the epoch's checkpoint included.
 Prints one table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,29 @@ def command_rate(root: Path, args, batch: int) -> float:
     from xmesh.train.logs import read_rows
 
     out = root / f"run_b{batch}"
-    argv = ["train", "--stage", str(args.stage), "--images", str(root / "data"), "--gt", str(root / "data" / "gt"),
-            "--list", str(root / "data" / "test_list.txt"), "--weights", "synthetic:1", "--out", str(out),
-            "--epochs", "1", "--batch-size", str(batch), "--backend", args.backend, "--no-progress", "--overwrite"]
+    argv = [
+        "train",
+        "--stage",
+        str(args.stage),
+        "--images",
+        str(root / "data"),
+        "--gt",
+        str(root / "data" / "gt"),
+        "--list",
+        str(root / "data" / "test_list.txt"),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--batch-size",
+        str(batch),
+        "--backend",
+        args.backend,
+        "--no-progress",
+        "--overwrite",
+    ]
     if args.stage == 2:
         argv += ["--starts", str(root / "starts")]
     with contextlib.redirect_stdout(io.StringIO()):
@@ -71,19 +92,30 @@ def main() -> None:
             root = Path(tmp)
             data = write_dataset(root / "data", n_per_category=max(1, args.samples // 4), seed=11)
             if args.stage == 2:
-                compute_starts(synthetic_weights(1), generate_template(), data["test_list"], root / "data",
-                               root / "starts", backend=args.backend, progress=False)
+                compute_starts(
+                    synthetic_weights(1),
+                    generate_template(),
+                    data["test_list"],
+                    root / "data",
+                    root / "starts",
+                    backend=args.backend,
+                    progress=False,
+                )
             for row in rows:
                 row["command_samples_per_s"] = command_rate(root, args, row["batch"])
     print(f"stage {args.stage} training on {args.backend}; sample: {sources[0]}; template: {sources[1]}")
     print(f"{'batch':>5} {'ms/step':>9} {'min ms':>8} {'samples/s':>10} {'xmesh train samples/s':>22}")
     for row in rows:
         command = row.get("command_samples_per_s")
-        print(f"{row['batch']:>5} {row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>8.2f} "
-              f"{row['samples_per_s']:>10.2f} {'' if command is None else f'{command:.2f}':>22}")
+        print(
+            f"{row['batch']:>5} {row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>8.2f} "
+            f"{row['samples_per_s']:>10.2f} {'' if command is None else f'{command:.2f}':>22}"
+        )
     if np.isfinite([r["samples_per_s"] for r in rows]).all():
-        print("(step: median of the timed steps; xmesh train: the wall clock over its steps after the first, "
-              "loading, logging and checkpoints included)")
+        print(
+            "(step: median of the timed steps; xmesh train: the wall clock over its steps after the first, "
+            "loading, logging and checkpoints included)"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ is about its launch time is bound by the host (Python, launches, copies that wai
 means the device's arithmetic or memory bounds it. Nested phases are indented and included in their
 parent's time. The first lines give the step's own median time without the synchronisations.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,34 +26,44 @@ from xmesh.train.bench import StepWorkload
 
 try:
     from xmesh.train import stage2
-except ImportError:   # a tree without stage 2's step
+except ImportError:  # a tree without stage 2's step
     stage2 = None
 
 
 def phases(stage: int) -> list:
     """(label, module, attribute, depth) of the wrapped functions, in the step's order."""
     s = stage2 if stage == 2 else stage1
-    out = [("loss and gradients (to host)", trainer, "batch_loss_and_gradients", 0),
-           ("CNN forward", s, "cnn_forward", 1)]
+    out = [
+        ("loss and gradients (to host)", trainer, "batch_loss_and_gradients", 0),
+        ("CNN forward", s, "cnn_forward", 1),
+    ]
     if stage == 2:
-        out += [("DRB forward", s, "deformation_block_forward", 1),
-                ("local projection fwd", deformation_train, "local_projection_forward", 2),
-                ("local gconv fwd (x6)", deformation_train, "local_gconv_forward", 2),
-                ("losses forward", s, "losses", 1)]
-    out += [("mesh_loss forward", mesh_losses, "mesh_loss_forward", 2),
-            ("Chamfer nearest", mesh_losses, "nearest", 3),
-            ("own draws", mesh_losses, "draw_samples", 2),
-            ("laplace_loss forward", mesh_losses, "laplace_loss_forward", 2),
-            ("mesh_loss backward", mesh_losses, "mesh_loss_backward", 1),
-            ("laplace_loss backward", mesh_losses, "laplace_loss_backward", 1)]
+        out += [
+            ("DRB forward", s, "deformation_block_forward", 1),
+            ("local projection fwd", deformation_train, "local_projection_forward", 2),
+            ("local gconv fwd (x6)", deformation_train, "local_gconv_forward", 2),
+            ("losses forward", s, "losses", 1),
+        ]
+    out += [
+        ("mesh_loss forward", mesh_losses, "mesh_loss_forward", 2),
+        ("Chamfer nearest", mesh_losses, "nearest", 3),
+        ("own draws", mesh_losses, "draw_samples", 2),
+        ("laplace_loss forward", mesh_losses, "laplace_loss_forward", 2),
+        ("mesh_loss backward", mesh_losses, "mesh_loss_backward", 1),
+        ("laplace_loss backward", mesh_losses, "laplace_loss_backward", 1),
+    ]
     if stage == 2:
-        out += [("DRB backward", s, "deformation_block_backward", 1),
-                ("local gconv bwd (x6)", deformation_train, "local_gconv_backward", 2),
-                ("local projection bwd", deformation_train, "local_projection_backward", 2)]
-    out += [("CNN backward", s, "cnn_backward", 1),
-            ("conv backward (each)", cnn, "conv_backward", 2),
-            ("CNN regulariser", s, "cnn_regulariser", 1),
-            ("Adam", trainer, "adam_step", 0)]
+        out += [
+            ("DRB backward", s, "deformation_block_backward", 1),
+            ("local gconv bwd (x6)", deformation_train, "local_gconv_backward", 2),
+            ("local projection bwd", deformation_train, "local_projection_backward", 2),
+        ]
+    out += [
+        ("CNN backward", s, "cnn_backward", 1),
+        ("conv backward (each)", cnn, "conv_backward", 2),
+        ("CNN regulariser", s, "cnn_regulariser", 1),
+        ("Adam", trainer, "adam_step", 0),
+    ]
     return [p for p in out if p[1] is not None and hasattr(p[1], p[2])]
 
 
@@ -117,8 +128,10 @@ def profile(work: StepWorkload, steps: int, sync) -> tuple:
     finally:
         timers.restore()
     synced = (time.perf_counter() - start) / steps
-    table = {label: (timers.launch[label] / steps, timers.total[label] / steps, timers.calls[label] // steps)
-             for label in timers.total}
+    table = {
+        label: (timers.launch[label] / steps, timers.total[label] / steps, timers.calls[label] // steps)
+        for label in timers.total
+    }
     return float(np.median(times)), synced, table
 
 
@@ -128,9 +141,12 @@ def main() -> None:
     parser.add_argument("--stage", type=int, default=2, choices=(1, 2))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--compare", action="store_true",
-                        help="also time the step with every product in cuBLAS (none lent, xmesh.model.products) and "
-                             "with the local projection's array-API taps (local_projection_train.FUSED_ON_CUPY)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also time the step with every product in cuBLAS (none lent, xmesh.model.products) and "
+        "with the local projection's array-API taps (local_projection_train.FUSED_ON_CUPY)",
+    )
     args = parser.parse_args()
     sync = device_sync(args.backend)
     for batch in args.batch_sizes:
@@ -141,8 +157,10 @@ def main() -> None:
             import cupy
 
             peak = f"; device memory pool {cupy.get_default_memory_pool().total_bytes() / 2**30:.1f} GiB"
-        print(f"stage {args.stage} on {args.backend}, batch {batch}: step {median * 1e3:.2f} ms "
-              f"({batch / median:.1f} samples/s); with a sync around each phase {synced * 1e3:.2f} ms{peak}")
+        print(
+            f"stage {args.stage} on {args.backend}, batch {batch}: step {median * 1e3:.2f} ms "
+            f"({batch / median:.1f} samples/s); with a sync around each phase {synced * 1e3:.2f} ms{peak}"
+        )
         sync()
         start = time.perf_counter()
         work.trainer.trained_weights()
@@ -157,13 +175,16 @@ def main() -> None:
             lent = products.lend(None)
             median, _, _ = profile(work, args.steps, sync)
             products.lend(lent)
-            print(f"  with cuBLAS's float32 products instead: step {median * 1e3:.2f} ms "
-                  f"({batch / median:.1f} samples/s)")
+            print(
+                f"  with cuBLAS's float32 products instead: step {median * 1e3:.2f} ms ({batch / median:.1f} samples/s)"
+            )
             local_projection_train.FUSED_ON_CUPY = False
             median, _, _ = profile(work, args.steps, sync)
             local_projection_train.FUSED_ON_CUPY = True
-            print(f"  with the local projection's array-API taps instead: step {median * 1e3:.2f} ms "
-                  f"({batch / median:.1f} samples/s)")
+            print(
+                f"  with the local projection's array-API taps instead: step {median * 1e3:.2f} ms "
+                f"({batch / median:.1f} samples/s)"
+            )
         del work
         if args.backend == "cupy":
             import cupy

@@ -1,6 +1,7 @@
 """The two Adam steps of train_seed1.npz (``*_step1_*``, ``*_step2_*``, ``*_loss_after2``): each step's
 change of every variable (the second step's alone, w2 - w1), by norm and seeded projection and,
 where stored whole, by cosine; and the loss after both. Shared by both stages' golden tests."""
+
 from __future__ import annotations
 
 import zlib
@@ -9,8 +10,8 @@ import numpy as np
 
 from xmesh.model import architecture as arch
 
-FLOOR = 1e-4          # golden/README.md: an error is over max(the norm, 1e-4 x the whole norm)
-TERM_RTOL = 5e-5      # golden/README.md: a loss within 5e-5 relative
+FLOOR = 1e-4  # golden/README.md: an error is over max(the norm, 1e-4 x the whole norm)
+TERM_RTOL = 5e-5  # golden/README.md: a loss within 5e-5 relative
 # an Adam change's error over its floored norm, and whole stored changes' cosine (check_adam_steps says
 # why). Measured on NumPy: stage 1 89.1% (step 1) and 97.0% (step 2) within 1e-2, largest 3.4e-2;
 # stage 2 97.1% and 98.1%, largest 2.4e-2 (pytest -s tests/test_train_golden.py tests/test_train_golden_stage2.py)
@@ -36,7 +37,7 @@ def change_errors(train, prefix: str, step_index: int, changes: dict):
     noise = score_biases()
     names = [str(n) for n in train[f"{prefix}_names"]]
     norms, projections = train[f"{prefix}_step{step_index}_norm"], train[f"{prefix}_step{step_index}_proj"]
-    floor = FLOOR * float(np.sqrt(np.sum(norms ** 2)))
+    floor = FLOOR * float(np.sqrt(np.sum(norms**2)))
     errors = {}
     for i, name in enumerate(names):
         if name in noise:
@@ -71,15 +72,25 @@ def check_adam_steps(train, prefix: str, changes: list, loss_after2: float, unre
         held = {name: e for name, e in errors.items() if name not in loose}
         values = np.array(list(held.values()))
         worst = max(held, key=held.get)
-        print(f"{prefix} Adam step {index}: error <= {STEP_ALL}: {np.mean(values <= STEP_ALL):.1%}, <= {STEP_MOST}: "
-              f"{np.mean(values <= STEP_MOST):.1%} of {len(values)}; largest {held[worst]:.2e} ({worst}); "
-              f"{len(whole)} whole changes, lowest cosine {min(c for n, c in whole.items() if n not in loose):.6f}")
+        print(
+            f"{prefix} Adam step {index}: error <= {STEP_ALL}: {np.mean(values <= STEP_ALL):.1%}, <= {STEP_MOST}: "
+            f"{np.mean(values <= STEP_MOST):.1%} of {len(values)}; largest {held[worst]:.2e} ({worst}); "
+            f"{len(whole)} whole changes, lowest cosine {min(c for n, c in whole.items() if n not in loose):.6f}"
+        )
         if loose:
             lowest = min(whole[n] for n in loose if n in whole)
-            print(f"{prefix} Adam step {index}, the {len(loose)} unresolved: largest error "
-                  f"{max(errors[n] for n in loose):.2e}, lowest cosine {lowest:.6f}")
-        measured.append((values, {n: c for n, c in whole.items() if n not in loose},
-                         [errors[n] for n in loose], [whole[n] for n in loose if n in whole]))
+            print(
+                f"{prefix} Adam step {index}, the {len(loose)} unresolved: largest error "
+                f"{max(errors[n] for n in loose):.2e}, lowest cosine {lowest:.6f}"
+            )
+        measured.append(
+            (
+                values,
+                {n: c for n, c in whole.items() if n not in loose},
+                [errors[n] for n in loose],
+                [whole[n] for n in loose if n in whole],
+            )
+        )
     ref = float(train[f"{prefix}_loss_after2"])
     print(f"{prefix} loss after two steps: {loss_after2:.8g} against {ref:.8g}")
     for values, whole, loose_errors, loose_cosines in measured:
@@ -89,5 +100,3 @@ def check_adam_steps(train, prefix: str, changes: list, loss_after2: float, unre
         assert all(e <= STEP2_UNRESOLVED[0] for e in loose_errors)
         assert all(c >= STEP2_UNRESOLVED[1] for c in loose_cosines)
     assert abs(loss_after2 - ref) <= TERM_RTOL * abs(ref)
-
-

@@ -5,6 +5,7 @@ and returns what the script saw after the load event: every image's natural size
 and the page height. :func:`dom_after` returns a page's DOM after it has run a while (e.g. a form
 a script filled in and sent). :func:`screenshot` takes a picture of the page at a given window size.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,16 @@ import subprocess
 from pathlib import Path
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-         "--disable-extensions", "--disable-background-networking", "--mute-audio")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--no-first-run",
+    "--disable-extensions",
+    "--disable-background-networking",
+    "--mute-audio",
+)
 TIMEOUT_S = 120
 
 PROBE = """<script>
@@ -74,8 +83,9 @@ def probe(page: Path) -> dict:
     match = re.search(r'<pre id="xmesh-probe">(.*?)</pre>', done.stdout, re.S)
     if not match:
         raise AssertionError(f"chromium did not run the probe (rc {done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
-                      .replace("&amp;", "&"))
+    return json.loads(
+        match.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    )
 
 
 def dom_after(page: Path, *flags: str, budget_ms: int = 10000) -> str:
@@ -87,8 +97,9 @@ def dom_after(page: Path, *flags: str, budget_ms: int = 10000) -> str:
 
 def screenshot(page: Path, out: Path, width: int, height: int) -> Path:
     """A PNG of ``page`` in a ``width`` x ``height`` window."""
-    done = _run([f"--window-size={width},{height}", f"--screenshot={Path(out).resolve()}",
-                 Path(page).resolve().as_uri()])
+    done = _run(
+        [f"--window-size={width},{height}", f"--screenshot={Path(out).resolve()}", Path(page).resolve().as_uri()]
+    )
     if not Path(out).is_file():
         raise AssertionError(f"chromium wrote no screenshot (rc {done.returncode}): {done.stderr[-2000:]}")
     return Path(out)

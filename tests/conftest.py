@@ -1,4 +1,5 @@
 """Shared test fixtures: where ../shared lives, and skips for what this machine lacks."""
+
 from __future__ import annotations
 
 import os

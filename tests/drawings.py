@@ -11,6 +11,7 @@ prediction (a needle-thin mesh, the hardest case): vertices moved by 1e-5 of the
 coverage overlap >= 0.96 and by 1e-4 >= 0.79, all changes on the band; by 1e-3 it drops to 0.42 with
 changes off the band, so the checks below tell a last-bit difference from another drawing.
 """
+
 from __future__ import annotations
 
 import cv2
@@ -42,7 +43,9 @@ def assert_same_drawing(got: np.ndarray, expected: np.ndarray, band: np.ndarray,
     assert got.shape == expected.shape and band.shape == got.shape[:2], (got.shape, expected.shape, band.shape)
     changed = np.any(np.abs(got.astype(int) - expected.astype(int)) > 1, axis=2)
     off = changed & ~band
-    assert not off.any(), f"{off.sum()} pixel(s) differ away from the mesh's edges, e.g. at {np.argwhere(off)[:3].tolist()}"
+    assert not off.any(), (
+        f"{off.sum()} pixel(s) differ away from the mesh's edges, e.g. at {np.argwhere(off)[:3].tolist()}"
+    )
     drawn, wanted = coverage(got, background) & band, coverage(expected, background) & band
     assert wanted.any(), "the expected drawing shows nothing of the mesh"
     overlap = (drawn & wanted).sum() / (drawn | wanted).sum()

@@ -8,6 +8,7 @@ so five calls of :func:`reference_layer16` must give the chain's x5 bit for bit
 
     out = relu(X W0 + Z W1 + b) (+ res),   Z = A1 X rounded to the mode's 16 bits.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,9 +35,18 @@ def takes(x, weight, mixing: str) -> bool:
     """Whether the kernel runs this layer: 16-bit X with 16-byte aligned rows, an unpaired 16-bit
     [W0 | W1] of cin <= 384 rows and 2 x 192 columns, and the A1 built into ``mixing``."""
     cin = x.shape[-1]
-    return (bool(mixing) and x.dtype.itemsize == 2 and weight.passes == 0 and not weight.paired and x.ndim == 4
-            and weight.n == 2 * WIDE_COLS and weight.k == cin and 0 < cin <= CHAIN.max_cin
-            and (x.strides[2] // 2) % 8 == 0 and x.data.ptr % 16 == 0)
+    return (
+        bool(mixing)
+        and x.dtype.itemsize == 2
+        and weight.passes == 0
+        and not weight.paired
+        and x.ndim == 4
+        and weight.n == 2 * WIDE_COLS
+        and weight.k == cin
+        and 0 < cin <= CHAIN.max_cin
+        and (x.strides[2] // 2) % 8 == 0
+        and x.data.ptr % 16 == 0
+    )
 
 
 def reference_layer16(hopper, x, weight, bias, residual=None, mixing: str = ""):
@@ -46,27 +56,44 @@ def reference_layer16(hopper, x, weight, bias, residual=None, mixing: str = ""):
     (B, 43, N, 192) in the activation type."""
     cp = hopper.cupy
     if not takes(x, weight, mixing):
-        raise ValueError(f"reference_layer16: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
-                         f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
-                         f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
-                         f"elements apart, cin up to {CHAIN.max_cin}, an unpaired 16-bit (cin, {2 * WIDE_COLS}) "
-                         f"weight and mixing_source(A1)")
+        raise ValueError(
+            f"reference_layer16: X {x.shape} ({x.dtype}, strides {x.strides}) with weight ({weight.k}, "
+            f"{weight.n}, {weight.operands}, paired={weight.paired}) and "
+            f"{'a' if mixing else 'no'} mixing source: needs 16-bit X with rows a multiple of 8 "
+            f"elements apart, cin up to {CHAIN.max_cin}, an unpaired 16-bit (cin, {2 * WIDE_COLS}) "
+            f"weight and mixing_source(A1)"
+        )
     act = activation_dtype(cp, weight.operands)
     if x.dtype != act or hypothesis_rows(cp, x) is not x or x.shape[1] != HYPOTHESES:
-        raise ValueError(f"reference_layer16: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
-                         f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}")
+        raise ValueError(
+            f"reference_layer16: X must be (B, {HYPOTHESES}, N, cin) with evenly spaced rows, in the "
+            f"{weight.operands} activations' type {act}; got {x.shape} {x.dtype}"
+        )
     b, _, n, cin = x.shape
-    residual, bias = hopper.input_side_epilogue_operands("reference_layer16", residual, bias,
-                                                         (b, HYPOTHESES, n, WIDE_COLS), act, 16)
+    residual, bias = hopper.input_side_epilogue_operands(
+        "reference_layer16", residual, bias, (b, HYPOTHESES, n, WIDE_COLS), act, 16
+    )
     out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=act)
     columns = tile_columns(cin)
     tiles, blocks = hopper.column_group_grid(b, n, columns)
     name = f"wg_drb_reference16_{OPERANDS[weight.operands].kernel_part}" + ("_n96" if columns < WIDE_COLS else "")
     hopper._kernel(name, SMEM, mixing, SOURCE)(
-        (blocks,), (DRB_LAYER.threads,),
-        (x, np.int64(x.strides[2] // 2), np.int32(cin), weight.big, np.int64(weight.big.shape[1]), bias,
-         np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(tiles)),
-        shared_mem=SMEM)
+        (blocks,),
+        (DRB_LAYER.threads,),
+        (
+            x,
+            np.int64(x.strides[2] // 2),
+            np.int32(cin),
+            weight.big,
+            np.int64(weight.big.shape[1]),
+            bias,
+            np.uint64(0) if residual is None else residual,
+            out,
+            np.int32(n),
+            np.int32(tiles),
+        ),
+        shared_mem=SMEM,
+    )
     return out
 
 

@@ -6,6 +6,7 @@ element for a random subset of each input's elements, and along random direction
 input (a large tensor is checked through its random projections). It runs on NumPy and on CuPy
 (pass ``xp``); inputs are float64 arrays of that library.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,19 @@ def _as_tuple(value):
     return value if isinstance(value, tuple) else (value,)
 
 
-def check_gradients(forward, backward, inputs: dict, xp=np, *, eps: float = 1e-6, rtol: float = 1e-5,
-                    elements: int = 24, directions: int = 3, seed: int = 0, wrt=None) -> float:
+def check_gradients(
+    forward,
+    backward,
+    inputs: dict,
+    xp=np,
+    *,
+    eps: float = 1e-6,
+    rtol: float = 1e-5,
+    elements: int = 24,
+    directions: int = 3,
+    seed: int = 0,
+    wrt=None,
+) -> float:
     """Assert that ``backward`` is the gradient of ``forward`` and return the largest relative error.
 
     ``forward(**inputs)`` returns an array or a tuple of arrays; ``backward(douts)`` takes the output
@@ -56,8 +68,9 @@ def check_gradients(forward, backward, inputs: dict, xp=np, *, eps: float = 1e-6
             numeric = (plus - minus) / (2 * eps)
             error = abs(numeric - a) / scale
             worst = max(worst, error)
-            assert error <= rtol, (f"{name}: analytic {a:.10g}, central difference {numeric:.10g} "
-                                   f"(error {error:.2e} of {scale:.3g})")
+            assert error <= rtol, (
+                f"{name}: analytic {a:.10g}, central difference {numeric:.10g} (error {error:.2e} of {scale:.3g})"
+            )
     return worst
 
 
@@ -74,8 +87,12 @@ def namespaces() -> list:
     """pytest parameters for a test body run on each array library: NumPy, and CuPy where CUDA is."""
     import pytest
 
-    return ["numpy", pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not _cuda_present(),
-                                                                                    reason="needs CUDA and CuPy")])]
+    return [
+        "numpy",
+        pytest.param(
+            "cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not _cuda_present(), reason="needs CUDA and CuPy")]
+        ),
+    ]
 
 
 def namespace(name: str):

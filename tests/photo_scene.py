@@ -1,6 +1,7 @@
 """A synthetic capture for the photo-camera tests: a procedural object in the network's world (centred
 and scaled by the converter's own object sphere), ShapeNet-style cameras, and the same scene moved by
 a similarity into an arbitrary "input world", with renderers for any pinhole camera."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,12 +18,12 @@ from xmesh.synthetic.shapes import make_shape, sample_surface
 
 @dataclass
 class Scene:
-    vertices: np.ndarray      # network world, float32
+    vertices: np.ndarray  # network world, float32
     faces: np.ndarray
-    points: np.ndarray        # surface samples, network world, float64
-    rows: np.ndarray          # (3, 5) float64 camera rows (float32-representable)
-    others: np.ndarray        # (21, 5) the rest of a 24-camera capture around the object
-    rotation: np.ndarray      # similarity: input = sigma * rotation @ network + shift
+    points: np.ndarray  # surface samples, network world, float64
+    rows: np.ndarray  # (3, 5) float64 camera rows (float32-representable)
+    others: np.ndarray  # (21, 5) the rest of a 24-camera capture around the object
+    rotation: np.ndarray  # similarity: input = sigma * rotation @ network + shift
     sigma: float
     shift: np.ndarray
 
@@ -56,9 +57,16 @@ def make_scene(seed: int = 0, shape: str = "chair") -> Scene:
     capture = shapenet_cameras(24, rng).astype(np.float32).astype(np.float64)
     chosen = [0, 6, 7]
     rows, others = capture[chosen], np.delete(capture, chosen, axis=0)
-    return Scene(((vertices - centre) * s).astype(np.float32), faces, (points - centre) * s, rows, others,
-                 Rotation.random(random_state=seed + 100).as_matrix(), float(rng.uniform(0.2, 30.0)),
-                 rng.uniform(-50, 50, size=3))
+    return Scene(
+        ((vertices - centre) * s).astype(np.float32),
+        faces,
+        (points - centre) * s,
+        rows,
+        others,
+        Rotation.random(random_state=seed + 100).as_matrix(),
+        float(rng.uniform(0.2, 30.0)),
+        rng.uniform(-50, 50, size=3),
+    )
 
 
 def network_intrinsics(size: int) -> Intrinsics:
@@ -78,7 +86,9 @@ def network_photos(scene: Scene, size: int = 137) -> list[np.ndarray]:
 
 def render_pinhole(scene: Scene, rotation, centre, k: Intrinsics, supersample: int = 3) -> np.ndarray:
     """BGRA uint8 photo of the object (input world) through any pinhole camera, flat face colours."""
-    return capture.render_pinhole(scene.to_input(scene.vertices), scene.faces, rotation, centre, k, supersample=supersample)
+    return capture.render_pinhole(
+        scene.to_input(scene.vertices), scene.faces, rotation, centre, k, supersample=supersample
+    )
 
 
 def write_colmap(scene: Scene, folder, names, intrinsics=None, turns=None, other_rolls=None) -> None:
@@ -93,8 +103,9 @@ def write_colmap(scene: Scene, folder, names, intrinsics=None, turns=None, other
             poses.append(scene.input_pose(0, roll(angle), row=row))
             names.append(f"other_{j:02d}.jpg")
             intrinsics.append(network_intrinsics(137))
-    colmap.write_text_model(folder, names, [r for r, _ in poses], [-r @ c for r, c in poses], intrinsics,
-                            scene.to_input(scene.points))
+    colmap.write_text_model(
+        folder, names, [r for r, _ in poses], [-r @ c for r, c in poses], intrinsics, scene.to_input(scene.points)
+    )
 
 
 def roll(degrees: float) -> np.ndarray:

@@ -1,5 +1,6 @@
 """A stand-in network for tests of the dataset pipeline's plumbing (resume, timing, writing), which
 do not depend on what the network computes: cheap, and deterministic in its inputs."""
+
 from __future__ import annotations
 
 import sys
@@ -73,11 +74,33 @@ def main(argv: list[str]) -> None:
         from xmesh.cluster import open_client
 
         with open_client(argv[3]) as client:
-            evaluate_dataset(ToySpec(delay=0.25), list_file, root, f"{root}/gt", out, batch_size=2, workers=1,
-                             progress=False, save_meshes=True, save_ground=True, client=client, shard_batches=1)
+            evaluate_dataset(
+                ToySpec(delay=0.25),
+                list_file,
+                root,
+                f"{root}/gt",
+                out,
+                batch_size=2,
+                workers=1,
+                progress=False,
+                save_meshes=True,
+                save_ground=True,
+                client=client,
+                shard_batches=1,
+            )
         return
-    evaluate_dataset(ToyReconstructor(delay=0.25), list_file, root, f"{root}/gt", out, batch_size=2, workers=2,
-                     progress=False, save_meshes=True, save_ground=True)
+    evaluate_dataset(
+        ToyReconstructor(delay=0.25),
+        list_file,
+        root,
+        f"{root}/gt",
+        out,
+        batch_size=2,
+        workers=2,
+        progress=False,
+        save_meshes=True,
+        save_ground=True,
+    )
 
 
 if __name__ == "__main__":

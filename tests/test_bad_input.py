@@ -7,6 +7,7 @@ below makes ``network.run_network`` fail loudly, and the one-shot API and the CL
 that does not exist, so an input that is not checked before the weights are loaded shows up as the
 wrong error. The last part checks that interrupted writes leave the previous output intact.
 """
+
 from __future__ import annotations
 
 import base64
@@ -101,8 +102,17 @@ def check_message(message: str, *parts: str) -> None:
 def run_entry(entry, images, cameras, capsys, model, tmp_path, views=None, extra=()):
     """Feed one bad input through an entry point; return (error class name, message)."""
     if entry == "cli":
-        argv = ["reconstruct", *images, "--cameras", str(cameras), "--out", str(tmp_path / "m.obj"),
-                "--weights", NO_WEIGHTS, *extra]
+        argv = [
+            "reconstruct",
+            *images,
+            "--cameras",
+            str(cameras),
+            "--out",
+            str(tmp_path / "m.obj"),
+            "--weights",
+            NO_WEIGHTS,
+            *extra,
+        ]
         if views is not None:
             argv += ["--views", *map(str, views)]
         message = cli_error(capsys, argv)
@@ -211,7 +221,10 @@ def _object_array():
 
 ARRAY_CASES = {
     # name: (images, text that must be in the message)
-    "net_3d": (np.zeros((3, 224, 224), np.float32), ["images array has shape (3, 224, 224)", "expected (3, 224, 224, 3)"]),
+    "net_3d": (
+        np.zeros((3, 224, 224), np.float32),
+        ["images array has shape (3, 224, 224)", "expected (3, 224, 224, 3)"],
+    ),
     "net_5d": (np.zeros((1, 3, 224, 224, 3), np.float32), ["images array has shape (1, 3, 224, 224, 3)", "expected"]),
     "net_4ch": (np.zeros((3, 224, 224, 4), np.float32), ["shape (3, 224, 224, 4)", "expected (3, 224, 224, 3)"]),
     "net_small": (np.zeros((3, 112, 112, 3), np.float32), ["shape (3, 112, 112, 3)", "expected (3, 224, 224, 3)"]),
@@ -221,8 +234,10 @@ ARRAY_CASES = {
     "net_above_1": (_net(1.5, np.float32), ["values span [1.5, 1.5]", "expected BGR values in [0, 1]"]),
     "net_below_0": (_net(-0.25, np.float64), ["values span [-0.25, -0.25]", "expected BGR values in [0, 1]"]),
     "net_int_255": (_net(255, np.int32), ["values span [255, 255]", "expected BGR values in [0, 1]"]),
-    "net_nan": (np.where(np.arange(3)[:, None, None, None] == 1, np.nan, _net(0.5, np.float32)),
-                ["images array holds NaN or infinite", "expected finite values in [0, 1]"]),
+    "net_nan": (
+        np.where(np.arange(3)[:, None, None, None] == 1, np.nan, _net(0.5, np.float32)),
+        ["images array holds NaN or infinite", "expected finite values in [0, 1]"],
+    ),
     "net_inf": (_net(np.inf, np.float32), ["NaN or infinite", "expected finite values"]),
     "item_5ch": (_item(np.zeros((10, 10, 5), np.float32)), ["image 1", "shape (10, 10, 5)", "expected (H, W) gray"]),
     "item_1d": (_item(np.zeros(10, np.float32)), ["image 1", "shape (10,)", "expected"]),
@@ -232,8 +247,14 @@ ARRAY_CASES = {
     "item_object": (_item(_object_array()), ["image 1", "dtype object is not numeric", "expected uint8"]),
     "item_bool": (_item(np.ones((8, 8, 3), bool)), ["image 1", "dtype bool", "expected uint8"]),
     "item_int64": (_item(np.ones((8, 8, 3), np.int64)), ["image 1", "int64 is not supported", "expected uint8"]),
-    "item_above_1": (_item(np.full((8, 8, 3), 2.0, np.float32)), ["image 1", "span [0, 2]", "expected values in [0, 1]"]),
-    "item_below_0": (_item(np.full((8, 8, 3), -1.0, np.float64)), ["image 1", "span [-1, 0]", "expected values in [0, 1]"]),
+    "item_above_1": (
+        _item(np.full((8, 8, 3), 2.0, np.float32)),
+        ["image 1", "span [0, 2]", "expected values in [0, 1]"],
+    ),
+    "item_below_0": (
+        _item(np.full((8, 8, 3), -1.0, np.float64)),
+        ["image 1", "span [-1, 0]", "expected values in [0, 1]"],
+    ),
     "item_nan": (_item(np.full((8, 8, 3), np.nan, np.float32)), ["image 1", "NaN or infinite", "expected finite"]),
     "item_inf": (_item(np.full((8, 8, 3), -np.inf, np.float16)), ["image 1", "NaN or infinite", "expected finite"]),
     "item_not_array": (_item(12345), ["image 1 is a int", "expected a path or an (H, W, 3) array"]),
@@ -278,7 +299,8 @@ CMYK_RED_JPEG = base64.b64decode(
     "CgwJCgoK/8AAFAgACAAIBEMRAE0RAFkRAEsRAP/EAB8AAAEFAQEBAQEBAAAAAAAAAAABAgMEBQYHCAkKC//EALUQAAIBAwMCBAMFBQQEAAAB"
     "fQECAwAEEQUSITFBBhNRYQcicRQygZGhCCNCscEVUtHwJDNicoIJChYXGBkaJSYnKCkqNDU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVmZ2hp"
     "anN0dXZ3eHl6g4SFhoeIiYqSk5SVlpeYmZqio6Slpqeoqaqys7S1tre4ubrCw8TFxsfIycrS09TV1tfY2drh4uPk5ebn6Onq8fLz9PX29/j5"
-    "+v/aAA4EQwBNAFkASwAAPwD9/K/n/r+f+v38r//Z")
+    "+v/aAA4EQwBNAFkASwAAPwD9/K/n/r+f+v38r//Z"
+)
 
 
 class _Captured(Exception):
@@ -314,20 +336,27 @@ def test_odd_image_files_are_converted(model, monkeypatch, demo_files, tmp_path)
     indices[:, 112:] = 1
     indices[200:, :] = 2
     (tmp_path / "palette.png").write_bytes(
-        paletted_png(indices, [(255, 0, 0), (0, 128, 255), (9, 9, 9)], transparent=[255, 255, 0]))
+        paletted_png(indices, [(255, 0, 0), (0, 128, 255), (9, 9, 9)], transparent=[255, 255, 0])
+    )
     (tmp_path / "cmyk.jpg").write_bytes(CMYK_RED_JPEG)
 
-    got = network_input(model, monkeypatch, [str(tmp_path / n) for n in ("deep.png", "gray.png", "palette.png")],
-                        cameras)
-    np.testing.assert_allclose(got[0], np.broadcast_to(np.array([1000, 30000, 65535]) / 65535, (224, 224, 3)),
-                               rtol=0, atol=1e-7)
+    got = network_input(
+        model, monkeypatch, [str(tmp_path / n) for n in ("deep.png", "gray.png", "palette.png")], cameras
+    )
+    np.testing.assert_allclose(
+        got[0], np.broadcast_to(np.array([1000, 30000, 65535]) / 65535, (224, 224, 3)), rtol=0, atol=1e-7
+    )
     np.testing.assert_allclose(got[1], 100 / 255, rtol=0, atol=1e-7)
     np.testing.assert_allclose(got[2][:200, :112], np.broadcast_to([0, 0, 1.0], (200, 112, 3)), atol=1e-7)  # red
     np.testing.assert_allclose(got[2][:200, 112:], np.broadcast_to([1.0, 128 / 255, 0], (200, 112, 3)), atol=1e-7)
     np.testing.assert_allclose(got[2][200:], 1.0, atol=1e-7)  # palette entry 2 is transparent -> white
 
-    got = network_input(model, monkeypatch, [str(tmp_path / "cmyk.jpg"), str(tmp_path / "gray_alpha.png"),
-                                             str(tmp_path / "gray.png")], cameras)
+    got = network_input(
+        model,
+        monkeypatch,
+        [str(tmp_path / "cmyk.jpg"), str(tmp_path / "gray_alpha.png"), str(tmp_path / "gray.png")],
+        cameras,
+    )
     np.testing.assert_allclose(got[0], np.broadcast_to([0, 0, 1.0], (224, 224, 3)), atol=3 / 255)  # CMYK red -> BGR
     np.testing.assert_allclose(got[1][:, :112], 1.0, atol=1e-7)
     np.testing.assert_allclose(got[1][:, 112:], 40 / 255, atol=1e-7)
@@ -338,8 +367,9 @@ def test_odd_image_arrays_are_converted(model, monkeypatch, demo_files):
     _, cameras = demo_files
     bgra = np.zeros((30, 30, 4), np.uint8)
     bgra[..., :3] = (10, 20, 30)  # alpha 0 everywhere -> white
-    got = network_input(model, monkeypatch,
-                        [np.full((224, 224, 3), 51, np.uint8), np.full((10, 20), 13107, np.uint16), bgra], cameras)
+    got = network_input(
+        model, monkeypatch, [np.full((224, 224, 3), 51, np.uint8), np.full((10, 20), 13107, np.uint16), bgra], cameras
+    )
     np.testing.assert_allclose(got[0], 0.2, atol=1e-7)
     np.testing.assert_allclose(got[1], 0.2, atol=1e-7)
     np.testing.assert_allclose(got[2], 1.0, atol=1e-7)
@@ -351,21 +381,38 @@ def test_odd_image_arrays_are_converted(model, monkeypatch, demo_files):
 CAMERA_FILE_CASES = {
     # name: (file text or None for special, error class, message parts)
     "two_rows": ("250 29 0 0.65 25\n8 26 0 0.71 25\n", InputError, ["holds 2 camera rows", "3 views are needed"]),
-    "four_values": ("250 29 0 0.65 25\n8 26 0 0.71\n59 28 0 0.8 25\n", FileFormatError,
-                    ["line 2: 4 values", "expected 5"]),
-    "six_values": ("250 29 0 0.65 25 1\n8 26 0 0.71 25\n59 28 0 0.8 25\n", FileFormatError,
-                   ["line 1: 6 values", "expected 5"]),
-    "words": ("250 29 0 0.65 25\n8 26 zero 0.71 25\n59 28 0 0.8 25\n", FileFormatError,
-              ["line 2", "is not 5 numbers"]),
-    "nan": ("250 29 0 0.65 25\n8 nan 0 0.71 25\n59 28 0 0.8 25\n", InputError,
-            ["camera row 1", "NaN or infinite", "expected finite numbers"]),
+    "four_values": (
+        "250 29 0 0.65 25\n8 26 0 0.71\n59 28 0 0.8 25\n",
+        FileFormatError,
+        ["line 2: 4 values", "expected 5"],
+    ),
+    "six_values": (
+        "250 29 0 0.65 25 1\n8 26 0 0.71 25\n59 28 0 0.8 25\n",
+        FileFormatError,
+        ["line 1: 6 values", "expected 5"],
+    ),
+    "words": ("250 29 0 0.65 25\n8 26 zero 0.71 25\n59 28 0 0.8 25\n", FileFormatError, ["line 2", "is not 5 numbers"]),
+    "nan": (
+        "250 29 0 0.65 25\n8 nan 0 0.71 25\n59 28 0 0.8 25\n",
+        InputError,
+        ["camera row 1", "NaN or infinite", "expected finite numbers"],
+    ),
     "inf": ("250 29 0 0.65 25\n8 26 0 0.71 25\n59 28 0 inf 25\n", InputError, ["camera row 2", "expected finite"]),
-    "float32_overflow": ("1e39 29 0 0.65 25\n8 26 0 0.71 25\n59 28 0 0.8 25\n", InputError,
-                         ["camera row 0", "float32 range", "expected finite"]),
-    "zero_distance": ("250 29 0 0 25\n8 26 0 0.71 25\n59 28 0 0.8 25\n", InputError,
-                      ["camera row 0 has distance 0", "expected a distance > 0"]),
-    "negative_distance": ("250 29 0 0.65 25\n8 26 0 -0.5 25\n59 28 0 0.8 25\n", InputError,
-                          ["camera row 1 has distance -0.5", "expected a distance > 0"]),
+    "float32_overflow": (
+        "1e39 29 0 0.65 25\n8 26 0 0.71 25\n59 28 0 0.8 25\n",
+        InputError,
+        ["camera row 0", "float32 range", "expected finite"],
+    ),
+    "zero_distance": (
+        "250 29 0 0 25\n8 26 0 0.71 25\n59 28 0 0.8 25\n",
+        InputError,
+        ["camera row 0 has distance 0", "expected a distance > 0"],
+    ),
+    "negative_distance": (
+        "250 29 0 0.65 25\n8 26 0 -0.5 25\n59 28 0 0.8 25\n",
+        InputError,
+        ["camera row 1 has distance -0.5", "expected a distance > 0"],
+    ),
     "empty": ("# only a comment\n\n", FileFormatError, ["holds no camera rows", "expected lines of 5 numbers"]),
     "binary": (None, FileFormatError, ["is not UTF-8 text", "expected lines of 5 numbers"]),
     "missing": (None, MissingFileError, ["does not exist", "expected a text file of camera rows"]),
@@ -394,11 +441,15 @@ CAMERA_ARRAY_CASES = {
     "shape_3x4": (np.ones((3, 4)), ["cameras array has shape (3, 4)", "expected (3, 5)"]),
     "shape_flat": (np.ones(15), ["cameras array has shape (15,)", "expected (3, 5)"]),
     "two_rows": (np.ones((2, 5)), ["holds 2 camera rows", "3 views are needed"]),
-    "nan": (np.array([[250, 29, 0, 0.65, 25], [8, 26, np.nan, 0.71, 25], [59, 28, 0, 0.8, 25]]),
-            ["camera row 1", "NaN or infinite", "expected finite"]),
+    "nan": (
+        np.array([[250, 29, 0, 0.65, 25], [8, 26, np.nan, 0.71, 25], [59, 28, 0, 0.8, 25]]),
+        ["camera row 1", "NaN or infinite", "expected finite"],
+    ),
     "overflow": (np.full((3, 5), 1e300), ["camera row 0", "float32 range", "expected finite"]),
-    "zero_distance": (np.array([[250, 29, 0, 0.65, 25], [8, 26, 0, 0.71, 25], [59, 28, 0, 0.0, 25]]),
-                      ["camera row 2 has distance 0", "expected a distance > 0"]),
+    "zero_distance": (
+        np.array([[250, 29, 0, 0.65, 25], [8, 26, 0, 0.71, 25], [59, 28, 0, 0.0, 25]]),
+        ["camera row 2 has distance 0", "expected a distance > 0"],
+    ),
     "complex": (np.ones((3, 5), complex), ["dtype complex128", "expected real numbers"]),
     "strings": ([["a"] * 5] * 3, ["dtype <U1", "expected real numbers"]),
     "ragged": ([[1, 2, 3, 4, 5], [1, 2]], ["could not be read as an array", "expected shape (3, 5)"]),
@@ -439,7 +490,10 @@ def test_bad_views(case, entry, demo_files, tmp_path, capsys, model):
 def _weights_case(case: str, weights: dict) -> dict:
     bad = dict(weights)
     if case == "missing":
-        del bad["meshnetmvp2m/cnn/conv2d_3/b:0"], bad["meshnet/pixel2mesh/graph_drb_blk2_layer_5/localgconv_12_vars/bias:0"]
+        del (
+            bad["meshnetmvp2m/cnn/conv2d_3/b:0"],
+            bad["meshnet/pixel2mesh/graph_drb_blk2_layer_5/localgconv_12_vars/bias:0"],
+        )
     elif case == "wrong_shape":
         bad["meshnetmvp2m/cnn/conv2d_1/W:0"] = np.zeros((3, 3, 3, 8), np.float32)
     elif case == "transposed":
@@ -461,8 +515,11 @@ def _weights_case(case: str, weights: dict) -> dict:
 
 
 WEIGHT_CASES = {
-    "missing": ["2 missing variable(s)", "meshnetmvp2m/cnn/conv2d_3/b:0",
-                "meshnet/pixel2mesh/graph_drb_blk2_layer_5/localgconv_12_vars/bias:0"],
+    "missing": [
+        "2 missing variable(s)",
+        "meshnetmvp2m/cnn/conv2d_3/b:0",
+        "meshnet/pixel2mesh/graph_drb_blk2_layer_5/localgconv_12_vars/bias:0",
+    ],
     "wrong_shape": ["wrong shape", "meshnetmvp2m/cnn/conv2d_1/W:0: expected (3, 3, 3, 16), got (3, 3, 3, 8)"],
     "transposed": ["wrong shape", "localgconv_1_vars/weights_0:0: expected (339, 192), got (192, 339)"],
     "int_dtype": ["non-floating dtype (expected float32)", "meshnet/cnn/conv2d_2/W:0: int32"],
@@ -487,8 +544,13 @@ def test_bad_weights_type():
         xmesh.Reconstructor([])
 
 
-WEIGHT_FILE_NAMES = {"keras_h5": "w.h5", "pytorch_zip": "w.pth", "png_image": "w.png", "random_no_suffix": "w",
-                     "release_zip": "w.zip"}
+WEIGHT_FILE_NAMES = {
+    "keras_h5": "w.h5",
+    "pytorch_zip": "w.pth",
+    "png_image": "w.png",
+    "random_no_suffix": "w",
+    "release_zip": "w.zip",
+}
 
 
 def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
@@ -509,7 +571,7 @@ def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
             np.save(handle, np.zeros(3, np.float32))
     elif case == "stage2_one_variable":  # '|' keys as written by tools that dislike '/'
         np.savez(path, **{"meshnet|cnn|conv2d_1|W": weights["meshnet/cnn/conv2d_1/W:0"]})
-    elif case == "other_arrays":   # a valid .npz of another model's 240 arrays
+    elif case == "other_arrays":  # a valid .npz of another model's 240 arrays
         np.savez(path, **{f"encoder/layer{i:03d}/kernel": np.zeros(2, np.float32) for i in range(240)})
     elif case in ("random_bytes", "random_no_suffix"):
         path.write_bytes(np.random.default_rng(7).integers(0, 256, 5000, dtype=np.uint8).tobytes())
@@ -521,7 +583,7 @@ def _weights_file(case: str, tmp_path: Path, weights: dict) -> Path:
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("archive/data.pkl", pickle.dumps({"w": 1}))
             archive.writestr("archive/version", "3\n")
-    elif case == "release_zip":   # the official release's zip, given as it was downloaded
+    elif case == "release_zip":  # the official release's zip, given as it was downloaded
         import zipfile
 
         with zipfile.ZipFile(path, "w") as archive:
@@ -540,17 +602,28 @@ WEIGHT_FILE_CASES = {
     "truncated": (WeightsError, ["a truncated or damaged zip archive", "expected an .npz"]),
     "single_array": (WeightsError, ["single array", "expected an .npz"]),
     "stage2_one_variable": (WeightsError, ["pass the meshnetmvp2m checkpoint too", "meshnet/cnn/conv2d_2/W:0"]),
-    "other_arrays": (WeightsError, ["an .npz of 240 array(s) (encoder/layer000/kernel, encoder/layer001/kernel, "
-                                    "encoder/layer002/kernel and 237 more), none of them a Pixel2Mesh++ variable",
-                                    "expected the official names, 237 in all (meshnetmvp2m/cnn/conv2d_1/W:0, "
-                                    "meshnetmvp2m/cnn/conv2d_1/b:0, meshnetmvp2m/cnn/conv2d_2/W:0 and 234 more)"]),
+    "other_arrays": (
+        WeightsError,
+        [
+            "an .npz of 240 array(s) (encoder/layer000/kernel, encoder/layer001/kernel, "
+            "encoder/layer002/kernel and 237 more), none of them a Pixel2Mesh++ variable",
+            "expected the official names, 237 in all (meshnetmvp2m/cnn/conv2d_1/W:0, "
+            "meshnetmvp2m/cnn/conv2d_1/b:0, meshnetmvp2m/cnn/conv2d_2/W:0 and 234 more)",
+        ],
+    ),
     "random_bytes": (WeightsError, ["5000 bytes of unknown content", "not Pixel2Mesh++ weights", "expected an .npz"]),
     "random_no_suffix": (WeightsError, ["5000 bytes of unknown content", "or a TensorFlow checkpoint prefix"]),
     "keras_h5": (WeightsError, ["an HDF5 file", "not Pixel2Mesh++ weights", "expected an .npz"]),
     "pytorch_zip": (WeightsError, ["a PyTorch checkpoint", "not Pixel2Mesh++ weights", "expected an .npz"]),
-    "release_zip": (WeightsError, ["a zip archive of 2 file(s) (checkpoint/meshnet.ckpt-10.index, "
-                                   "checkpoint/checkpoint", "xmesh weights add ZIP", "not Pixel2Mesh++ weights"]),
-    "png_image": (XmeshError, ["image", "not", "weights"]),   # the command line sees it first: an image after --weights
+    "release_zip": (
+        WeightsError,
+        [
+            "a zip archive of 2 file(s) (checkpoint/meshnet.ckpt-10.index, checkpoint/checkpoint",
+            "xmesh weights add ZIP",
+            "not Pixel2Mesh++ weights",
+        ],
+    ),
+    "png_image": (XmeshError, ["image", "not", "weights"]),  # the command line sees it first: an image after --weights
 }
 # what the messages of a file of the wrong kind used to give instead of saying what the file is
 MISLEADING = ("allow_pickle", "checkpoint index not found", "missing variable")
@@ -567,8 +640,10 @@ def test_bad_weights_file(case, entry, weights, demo_files, tmp_path, capsys):
         message = str(info.value)
     else:
         images, cameras = demo_files
-        message = cli_error(capsys, ["reconstruct", *images, "--cameras", cameras, "--out", str(tmp_path / "m.obj"),
-                                     "--weights", str(path)])
+        message = cli_error(
+            capsys,
+            ["reconstruct", *images, "--cameras", cameras, "--out", str(tmp_path / "m.obj"), "--weights", str(path)],
+        )
     check_message(message, *parts)
     if case != "stage2_one_variable":
         check_message(message, path.name)
@@ -622,8 +697,10 @@ def test_bad_checkpoint(case, entry, ckpt, tmp_path, capsys, demo_files):
         message = cli_error(capsys, ["convert", str(ckpt), str(out)])
     elif entry == "cli_reconstruct":
         images, cameras = demo_files
-        message = cli_error(capsys, ["reconstruct", *images, "--cameras", cameras, "--out", str(tmp_path / "m.obj"),
-                                     "--weights", str(ckpt)])
+        message = cli_error(
+            capsys,
+            ["reconstruct", *images, "--cameras", cameras, "--out", str(tmp_path / "m.obj"), "--weights", str(ckpt)],
+        )
     else:
         with pytest.raises(want_cls) as info:
             xmesh.Reconstructor(weights=str(ckpt))
@@ -637,8 +714,12 @@ def test_intact_stage2_checkpoint_asks_for_the_other(ckpt, tmp_path, capsys):
     """The subset checkpoint holds only stage-2 variables: the error says to pass the meshnetmvp2m one."""
     with pytest.raises(WeightsError) as info:
         xmesh.Reconstructor(weights=str(ckpt))
-    check_message(str(info.value), "185 missing variable(s)", "pass the meshnetmvp2m checkpoint too",
-                  "meshnet/cnn/conv2d_9/W:0, meshnet/cnn/conv2d_9/b:0, meshnet/cnn/conv2d_10/W:0 and 17 more")
+    check_message(
+        str(info.value),
+        "185 missing variable(s)",
+        "pass the meshnetmvp2m checkpoint too",
+        "meshnet/cnn/conv2d_9/W:0, meshnet/cnn/conv2d_9/b:0, meshnet/cnn/conv2d_10/W:0 and 17 more",
+    )
     assert "\n" not in str(info.value)
     # and convert works on it (the positive control for the damaged copies above)
     assert main(["convert", str(ckpt), str(tmp_path / "out.npz")]) == 0
@@ -728,15 +809,31 @@ def _template_file(case: str, tmp_path: Path, template_dict: dict) -> Path:
 @pytest.mark.parametrize("case", sorted(TEMPLATE_CASES) + ["garbage", "folder", "missing"])
 def test_bad_template(case, entry, template_dict, weights, demo_files, tmp_path, capsys):
     path = _template_file(case, tmp_path, template_dict)
-    parts = TEMPLATE_CASES.get(case) or {
-        "garbage": ["not a readable data pickle", "expected a Python pickle of NumPy arrays"],
-        "folder": ["is a folder", "expected a mesh template (.dat) file"],
-        "missing": ["no such mesh template (.dat) file"],
-    }[case]
+    parts = (
+        TEMPLATE_CASES.get(case)
+        or {
+            "garbage": ["not a readable data pickle", "expected a Python pickle of NumPy arrays"],
+            "folder": ["is a folder", "expected a mesh template (.dat) file"],
+            "missing": ["no such mesh template (.dat) file"],
+        }[case]
+    )
     images, cameras = demo_files
     if entry == "cli":  # the template is checked before the weights are even looked for
-        message = cli_error(capsys, ["reconstruct", *images, "--cameras", cameras, "--out", str(tmp_path / "m.obj"),
-                                     "--weights", NO_WEIGHTS, "--template", str(path)])
+        message = cli_error(
+            capsys,
+            [
+                "reconstruct",
+                *images,
+                "--cameras",
+                cameras,
+                "--out",
+                str(tmp_path / "m.obj"),
+                "--weights",
+                NO_WEIGHTS,
+                "--template",
+                str(path),
+            ],
+        )
     else:
         with pytest.raises(XmeshError) as info:
             if entry == "model":
@@ -759,8 +856,22 @@ def test_valid_template_file_is_accepted(template_dict, weights, tmp_path):
 # ----------------------------------------------------------------------------------- render / demo CLI
 
 
-@pytest.mark.parametrize("case", ["missing_mesh", "faces_only", "png_as_mesh", "bad_cameras", "size_0", "size_huge",
-                                  "out_jpg", "out_folder", "points_unsafe", "points_missing", "mesh_folder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing_mesh",
+        "faces_only",
+        "png_as_mesh",
+        "bad_cameras",
+        "size_0",
+        "size_huge",
+        "out_jpg",
+        "out_folder",
+        "points_unsafe",
+        "points_missing",
+        "mesh_folder",
+    ],
+)
 def test_render_bad_input(case, demo_dir, tmp_path, capsys):
     mesh, cameras, out = str(demo_dir / "predict.obj"), str(demo_dir / "cameras.txt"), str(tmp_path / "r.png")
     extra = []
@@ -804,11 +915,21 @@ def test_demo_bad_input(case, weights, tmp_path, capsys):
         out.write_text("a file, not a folder")
         parts = ["--out", "demo: is a file", "expected a folder"]
     else:
-        path = _weights_file({"weights_missing": "missing", "weights_garbage": "garbage",
-                              "weights_stage2_only": "stage2_one_variable"}[case], tmp_path, weights)
+        path = _weights_file(
+            {"weights_missing": "missing", "weights_garbage": "garbage", "weights_stage2_only": "stage2_one_variable"}[
+                case
+            ],
+            tmp_path,
+            weights,
+        )
         argv += ["--weights", str(path)]
-        parts = [{"weights_missing": "weights file not found", "weights_garbage": "text, not Pixel2Mesh++ weights",
-                  "weights_stage2_only": "pass the meshnetmvp2m checkpoint too"}[case]]
+        parts = [
+            {
+                "weights_missing": "weights file not found",
+                "weights_garbage": "text, not Pixel2Mesh++ weights",
+                "weights_stage2_only": "pass the meshnetmvp2m checkpoint too",
+            }[case]
+        ]
     message = cli_error(capsys, argv)
     check_message(message, *parts)
     if case != "out_is_file":
@@ -818,6 +939,7 @@ def test_demo_bad_input(case, weights, tmp_path, capsys):
 def test_demo_unavailable_backend(tmp_path, capsys):
     try:
         import cupy  # noqa: F401
+
         pytest.skip("CuPy is installed here")
     except ImportError:
         pass
@@ -829,35 +951,62 @@ def test_demo_unavailable_backend(tmp_path, capsys):
 def test_reconstruct_bad_output_option(demo_files, tmp_path, capsys):
     images, cameras = demo_files
     base = ["reconstruct", *images, "--cameras", cameras, "--weights", NO_WEIGHTS]
-    check_message(cli_error(capsys, base + ["--out", str(tmp_path / "m.stl")]), "--out", "m.stl", "'.stl'",
-                  "use one of .obj, .ply, .xyz")
+    check_message(
+        cli_error(capsys, base + ["--out", str(tmp_path / "m.stl")]),
+        "--out",
+        "m.stl",
+        "'.stl'",
+        "use one of .obj, .ply, .xyz",
+    )
     (tmp_path / "dir.obj").mkdir()
-    check_message(cli_error(capsys, base + ["--out", str(tmp_path / "dir.obj")]), "dir.obj", "is a folder",
-                  "expected the path of a mesh file")
-    check_message(cli_error(capsys, base + ["--out", str(tmp_path / "m.obj"), "--coarse-out", "c.off"]),
-                  "--coarse-out c.off", "use one of")
-    check_message(cli_error(capsys, base[:1] + images + ["--cameras", cameras, "--out", str(tmp_path / "m.obj"),
-                                                          "--weights", "synthetic:abc"]),
-                  "synthetic:abc", "expected synthetic:N")
+    check_message(
+        cli_error(capsys, base + ["--out", str(tmp_path / "dir.obj")]),
+        "dir.obj",
+        "is a folder",
+        "expected the path of a mesh file",
+    )
+    check_message(
+        cli_error(capsys, base + ["--out", str(tmp_path / "m.obj"), "--coarse-out", "c.off"]),
+        "--coarse-out c.off",
+        "use one of",
+    )
+    check_message(
+        cli_error(
+            capsys,
+            base[:1] + images + ["--cameras", cameras, "--out", str(tmp_path / "m.obj"), "--weights", "synthetic:abc"],
+        ),
+        "synthetic:abc",
+        "expected synthetic:N",
+    )
 
 
 def test_images_after_weights_are_named_not_taken_for_weights(demo_files, tmp_path, capsys):
     images, cameras = demo_files
-    message = cli_error(capsys, ["reconstruct", "--weights", "synthetic:1", *images, "--cameras", cameras,
-                                 "--out", str(tmp_path / "m.obj")])
-    check_message(message, "--weights took 4 value(s), 3 of them image(s)", ", ".join(images),
-                  "give the images before --weights")
+    message = cli_error(
+        capsys,
+        ["reconstruct", "--weights", "synthetic:1", *images, "--cameras", cameras, "--out", str(tmp_path / "m.obj")],
+    )
+    check_message(
+        message, "--weights took 4 value(s), 3 of them image(s)", ", ".join(images), "give the images before --weights"
+    )
 
 
 def test_misleading_one_liners_now_name_the_real_fault(demo_files, tmp_path, capsys):
     images, cameras = demo_files
     base = ["reconstruct", *images, "--cameras", cameras]
     (tmp_path / "results").mkdir()
-    check_message(cli_error(capsys, base + ["--out", str(tmp_path / "results"), "--weights", NO_WEIGHTS]),
-                  "results: is a folder", "a folder goes with --list")
+    check_message(
+        cli_error(capsys, base + ["--out", str(tmp_path / "results"), "--weights", NO_WEIGHTS]),
+        "results: is a folder",
+        "a folder goes with --list",
+    )
     for url in ("127.0.0.1:8000", "localhost:8000/"):
-        check_message(cli_error(capsys, base + ["--out", str(tmp_path / "m.obj"), "--server", url]),
-                      f"server URL {url!r}", "expected http://HOST:PORT", f"e.g. http://{url}")
+        check_message(
+            cli_error(capsys, base + ["--out", str(tmp_path / "m.obj"), "--server", url]),
+            f"server URL {url!r}",
+            "expected http://HOST:PORT",
+            f"e.g. http://{url}",
+        )
     mesh = str(tmp_path / "m.stl")
     Path(mesh).write_text("solid x\n")
     message = cli_error(capsys, ["render", mesh, "--cameras", cameras, "--out", str(tmp_path / "r.png")])
@@ -868,13 +1017,27 @@ def test_misleading_one_liners_now_name_the_real_fault(demo_files, tmp_path, cap
 def test_camera_rows_count_from_0_in_every_message_and_lines_from_1(demo_files, tmp_path, capsys):
     images, _ = demo_files
     cameras = tmp_path / "c.txt"
-    for text, parts in (("# header\n250 29 0 0.65 25\n8 26 0 -1 25\n59 28 0 0.7 25\n",
-                         ["camera row 1 has distance -1", "line 3; camera rows count from 0"]),
-                        ("250 29 0 0.65 25\n\n8 26 0 0.7\n",
-                         ["line 3: 4 values", "camera row 1; camera rows count from 0"])):
+    for text, parts in (
+        (
+            "# header\n250 29 0 0.65 25\n8 26 0 -1 25\n59 28 0 0.7 25\n",
+            ["camera row 1 has distance -1", "line 3; camera rows count from 0"],
+        ),
+        ("250 29 0 0.65 25\n\n8 26 0 0.7\n", ["line 3: 4 values", "camera row 1; camera rows count from 0"]),
+    ):
         cameras.write_text(text)
-        message = cli_error(capsys, ["reconstruct", *images, "--cameras", str(cameras),
-                                     "--out", str(tmp_path / "m.obj"), "--weights", NO_WEIGHTS])
+        message = cli_error(
+            capsys,
+            [
+                "reconstruct",
+                *images,
+                "--cameras",
+                str(cameras),
+                "--out",
+                str(tmp_path / "m.obj"),
+                "--weights",
+                NO_WEIGHTS,
+            ],
+        )
         check_message(message, *parts)
 
 
@@ -889,36 +1052,57 @@ def listed(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["eval", "reconstruct"])
-def test_dataset_commands_name_a_missing_root_and_every_missing_sample_and_leave_no_folder(command, listed, tmp_path,
-                                                                                          capsys):
+def test_dataset_commands_name_a_missing_root_and_every_missing_sample_and_leave_no_folder(
+    command, listed, tmp_path, capsys
+):
     def argv(images, gt=str(tmp_path / "gt")):
-        given = ["--list", str(tmp_path / "list.txt"), "--images", images, "--weights", "synthetic:1",
-                 "--out", str(tmp_path / "out"), "--no-progress"]
+        given = [
+            "--list",
+            str(tmp_path / "list.txt"),
+            "--images",
+            images,
+            "--weights",
+            "synthetic:1",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ]
         return [command, *given, *(["--gt", gt] if command == "eval" else [])]
 
     message = cli_error(capsys, argv(str(tmp_path / "nosuch")))
     check_message(message, f"--images {tmp_path / 'nosuch'}: does not exist", "expected the ShapeNetRendering folder")
     if command == "eval":
-        check_message(cli_error(capsys, argv(str(tmp_path / "renderings"), str(tmp_path / "list.txt"))),
-                      "--gt", "list.txt: is a file", "expected the folder of the ground truth")
+        check_message(
+            cli_error(capsys, argv(str(tmp_path / "renderings"), str(tmp_path / "list.txt"))),
+            "--gt",
+            "list.txt: is a file",
+            "expected the folder of the ground truth",
+        )
     message = cli_error(capsys, argv(str(tmp_path / "renderings")))
-    check_message(message, "3 of the 3 sample(s) to run lack files", f"sample {listed[0]}: rendering 00.png file",
-                  f"also {listed[1]}, {listed[2]}")
-    assert not (tmp_path / "out").exists()   # refused before the output folder was made
+    check_message(
+        message,
+        "3 of the 3 sample(s) to run lack files",
+        f"sample {listed[0]}: rendering 00.png file",
+        f"also {listed[1]}, {listed[2]}",
+    )
+    assert not (tmp_path / "out").exists()  # refused before the output folder was made
 
 
 # ----------------------------------------------------------------------------------- mesh arguments
 
 
-@pytest.mark.parametrize("vertices, faces, parts", [
-    ([[0, 0, 0], [1, 0]], [], ["vertices", "cannot be read as an array"]),
-    (np.zeros((3, 2)), [], ["vertices has shape (3, 2)", "expected (V, 3)"]),
-    (np.full((3, 3), 1e39), [], ["vertices row 0", "expected finite coordinates"]),
-    (np.zeros((3, 3), complex), [], ["vertices has dtype complex128", "expected real numbers"]),
-    (np.zeros((3, 3)), [[0, 1, 2], [0, 1]], ["faces", "cannot be read as an array"]),
-    (np.zeros((3, 3)), [[0, 1, 3]], ["face 0 is [0, 1, 3]", "expected 0-based vertex indices in [0, 2]"]),
-    (np.zeros((3, 3)), np.zeros((1, 3)), ["faces have dtype float64", "expected integer vertex indices"]),
-])
+@pytest.mark.parametrize(
+    "vertices, faces, parts",
+    [
+        ([[0, 0, 0], [1, 0]], [], ["vertices", "cannot be read as an array"]),
+        (np.zeros((3, 2)), [], ["vertices has shape (3, 2)", "expected (V, 3)"]),
+        (np.full((3, 3), 1e39), [], ["vertices row 0", "expected finite coordinates"]),
+        (np.zeros((3, 3), complex), [], ["vertices has dtype complex128", "expected real numbers"]),
+        (np.zeros((3, 3)), [[0, 1, 2], [0, 1]], ["faces", "cannot be read as an array"]),
+        (np.zeros((3, 3)), [[0, 1, 3]], ["face 0 is [0, 1, 3]", "expected 0-based vertex indices in [0, 2]"]),
+        (np.zeros((3, 3)), np.zeros((1, 3)), ["faces have dtype float64", "expected integer vertex indices"]),
+    ],
+)
 def test_bad_mesh_arguments(vertices, faces, parts):
     with pytest.raises(InputError) as info:
         Mesh(vertices, faces)
@@ -931,8 +1115,11 @@ def test_mesh_writer_bad_paths(tmp_path):
         mesh.to_obj(tmp_path)
     (tmp_path / "f").write_text("x")
     for write in (mesh.to_obj, mesh.to_xyz, mesh.to_ply):
-        with pytest.raises(InputError, match=r"cannot write the (OBJ|XYZ|PLY) file .*f/m' "
-                                             r"\(a part of its folder path is a file.*expected a writable"):
+        with pytest.raises(
+            InputError,
+            match=r"cannot write the (OBJ|XYZ|PLY) file .*f/m' "
+            r"\(a part of its folder path is a file.*expected a writable",
+        ):
             write(tmp_path / "f" / "m")
     with pytest.raises(InputError, match="PLY path .* is a directory"):
         read_ply(tmp_path)
@@ -1002,6 +1189,7 @@ def test_reconstruct_failed_write_keeps_old_file(how, suffix, demo_files, weight
 
         monkeypatch.setattr(mesh_module, "_write_rows", rows_then_fail)
     elif how == "replace":
+
         def no_replace(src, dst):
             raise PermissionError(13, "Permission denied (simulated)", str(dst))
 
@@ -1019,15 +1207,19 @@ def test_reconstruct_failed_write_keeps_old_file(how, suffix, demo_files, weight
 
             yield  # pragma: no cover
 
-        monkeypatch.setattr(atomic_module, "atomic_write", interrupted)   # what Mesh's writers open
+        monkeypatch.setattr(atomic_module, "atomic_write", interrupted)  # what Mesh's writers open
     argv = ["reconstruct", *images, "--cameras", cameras, "--out", str(out), "--weights", "unused.npz"]
     if how == "interrupt":
         assert main(argv) == 130
         assert "interrupted" in capsys.readouterr().err
     else:
         message = cli_error(capsys, argv)
-        check_message(message, out.name, "Permission denied" if how == "replace" else "No space left",
-                      "previous file, if any, is unchanged")
+        check_message(
+            message,
+            out.name,
+            "Permission denied" if how == "replace" else "No space left",
+            "previous file, if any, is unchanged",
+        )
     assert out.read_text() == "previous mesh\n"
     assert _leftovers(tmp_path) == [out.name]
 
@@ -1048,10 +1240,29 @@ def test_reconstruct_cli_writes_after_validation(demo_files, weights, tmp_path, 
     monkeypatch.setattr(xmesh.Reconstructor, "run", recording_run)
     images, cameras = demo_files
     out, coarse = tmp_path / "m.obj", tmp_path / "c.ply"
-    assert main(["reconstruct", *images, "--cameras", cameras, "--out", str(out), "--coarse-out", str(coarse),
-                 "--weights", "unused.npz", "--views", "2", "0", "1"]) == 0
+    assert (
+        main(
+            [
+                "reconstruct",
+                *images,
+                "--cameras",
+                cameras,
+                "--out",
+                str(out),
+                "--coarse-out",
+                str(coarse),
+                "--weights",
+                "unused.npz",
+                "--views",
+                "2",
+                "0",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().err
-    (host_images, host_cameras), = seen
+    ((host_images, host_cameras),) = seen
     np.testing.assert_array_equal(host_images[0], load_images(images))
     np.testing.assert_array_equal(host_cameras[0], np.loadtxt(cameras, dtype=np.float64)[[2, 0, 1]].astype(np.float32))
     mesh, coarse_mesh = read_obj(out), read_ply(coarse)
@@ -1097,13 +1308,24 @@ def test_render_failed_write_keeps_old_file(how, demo_dir, tmp_path, capsys, mon
         real = draw.atomic_write
         monkeypatch.setattr(draw, "atomic_write", lambda path, mode: breaking_handle(real, path, mode))
     else:
+
         def no_fsync(fd):
             raise OSError(5, "Input/output error (simulated)")
 
         monkeypatch.setattr(os, "fsync", no_fsync)
-    message = cli_error(capsys, ["render", str(demo_dir / "predict.obj"), "--cameras", str(demo_dir / "cameras.txt"),
-                                 "--out", str(out), "--size", "32"])
+    message = cli_error(
+        capsys,
+        [
+            "render",
+            str(demo_dir / "predict.obj"),
+            "--cameras",
+            str(demo_dir / "cameras.txt"),
+            "--out",
+            str(out),
+            "--size",
+            "32",
+        ],
+    )
     check_message(message, "picture.png", "writing failed", "previous file, if any, is unchanged")
     assert out.read_bytes() == b"previous png"
     assert _leftovers(tmp_path) == ["picture.png"]
-

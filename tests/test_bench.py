@@ -1,4 +1,5 @@
 """xmesh.benchmarking, `xmesh bench` and the asv suite in asv_benchmarks/ (the same timing code)."""
+
 from __future__ import annotations
 
 import io
@@ -45,13 +46,13 @@ def test_stage_segments_chain_to_run_stage1(work):
 def test_flop_count_matches_model_md(work):
     flop = work.flop
     assert set(flop) >= {"cnn_stage1", "cnn_stage2", "graph_block_3", "drb_1", "drb_2", "total"}
-    assert 200e9 < flop["total"] < 280e9                      # MODEL.md: ~250 GFLOP per sample
-    assert (flop["drb_1"] + flop["drb_2"]) / flop["total"] > 0.8   # "nine tenths in the two DRBs"
+    assert 200e9 < flop["total"] < 280e9  # MODEL.md: ~250 GFLOP per sample
+    assert (flop["drb_1"] + flop["drb_2"]) / flop["total"] > 0.8  # "nine tenths in the two DRBs"
 
 
 def test_run_bench_report_is_sane():
     report = bm.run_bench("numpy", [1], repeat=2, warmup=0, stages=CHEAP)
-    json.dumps(report)                                        # JSON-ready
+    json.dumps(report)  # JSON-ready
     (entry,) = report["results"]
     assert entry["backend"] == "numpy" and entry["batch"] == 1
     assert set(entry["stages"]) == set(CHEAP)
@@ -59,7 +60,7 @@ def test_run_bench_report_is_sane():
         assert 0 < stats["min_ms"] <= stats["median_ms"] and stats["per_sample_ms"] == stats["median_ms"]
         assert len(stats["times_ms"]) == 2
     assert "gflop_per_s" in entry["stages"]["graph_block_1"]
-    assert "total_ms" not in entry                            # total was not asked for
+    assert "total_ms" not in entry  # total was not asked for
     assert "graph_block_1" in bm.format_table(report)
 
 
@@ -123,8 +124,9 @@ def test_cli_unavailable_backend_says_why(capsys):
 
 @pytest.mark.skipif(shutil.which("asv") is None, reason="asv is not installed")
 def test_asv_suite_imports_and_checks():
-    proc = subprocess.run(["asv", "check", "--python=same"], cwd=ROOT / "asv_benchmarks",
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["asv", "check", "--python=same"], cwd=ROOT / "asv_benchmarks", capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "No problems found" in proc.stdout + proc.stderr
 
@@ -136,9 +138,12 @@ def test_asv_suite_uses_the_shared_code():
     finally:
         sys.path.remove(str(ROOT / "asv_benchmarks"))
     assert common.benchmarking() is bm
-    timed = {name[len("time_"):] for cls in (bench_stages.CNN, bench_stages.GraphStage1,
-                                              bench_stages.DeformationReasoning, bench_stages.Stages)
-             for name in vars(cls) if name.startswith("time_")}
+    timed = {
+        name[len("time_") :]
+        for cls in (bench_stages.CNN, bench_stages.GraphStage1, bench_stages.DeformationReasoning, bench_stages.Stages)
+        for name in vars(cls)
+        if name.startswith("time_")
+    }
     assert timed == set(bm.STAGES)
 
 
@@ -150,8 +155,17 @@ def test_precision_is_refused_for_numpy_alone(capsys):
 
 def test_table_names_a_speed_mode():
     stats = {"total": {"median_ms": 10.0, "per_sample_ms": 0.625}}
-    report = {"stages": ["total"], "inputs": "x", "template": "x", "weights": "x", "repeat": 1, "warmup": 0,
-              "results": [{"backend": "cupy", "batch": 16, "precision": "tf32", "device": "GPU", "stages": stats},
-                          {"backend": "cupy", "batch": 1, "precision": "fp32", "device": "GPU", "stages": stats}]}
+    report = {
+        "stages": ["total"],
+        "inputs": "x",
+        "template": "x",
+        "weights": "x",
+        "repeat": 1,
+        "warmup": 0,
+        "results": [
+            {"backend": "cupy", "batch": 16, "precision": "tf32", "device": "GPU", "stages": stats},
+            {"backend": "cupy", "batch": 1, "precision": "fp32", "device": "GPU", "stages": stats},
+        ],
+    }
     table = bm.format_table(report)
     assert "cupy b=16 tf32: GPU" in table and "cupy b=1: GPU" in table and "fp32" not in table

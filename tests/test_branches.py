@@ -1,5 +1,6 @@
 """Work that may overlap: a backend's branches (a second queue, a second CUDA stream on CuPy) and the
 view-by-view image upload that lets the upload of stage 2's views run beside stage 1."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,12 +40,12 @@ def test_a_cpu_branch_runs_its_blocks_in_place_and_lets_errors_through():
     branch = be.branch()
     with branch:
         x += 1.0
-    assert x.tolist() == [1.0] * 4            # done before the join
+    assert x.tolist() == [1.0] * 4  # done before the join
     with branch:
         y = x * 3.0
     branch.join()
     assert y.tolist() == [3.0] * 4
-    with pytest.raises(ZeroDivisionError):   # __exit__ must not swallow it
+    with pytest.raises(ZeroDivisionError):  # __exit__ must not swallow it
         with be.branch():
             raise ZeroDivisionError("raised inside the branch")
 
@@ -63,7 +64,9 @@ def test_copy_views_into_writes_those_views_only_cupy(cp, gb, views):
         else:
             assert np.isnan(per_sample[:, v]).all()
     # a non-contiguous float64 host array is converted first
-    wide = np.ascontiguousarray(images(rng, batch=4).astype(np.float64).transpose(1, 0, 2, 3, 4)).transpose(1, 0, 2, 3, 4)
+    wide = np.ascontiguousarray(images(rng, batch=4).astype(np.float64).transpose(1, 0, 2, 3, 4)).transpose(
+        1, 0, 2, 3, 4
+    )
     gb.copy_views_into(dst, wide, (0, 1, 2))
     np.testing.assert_array_equal(dst.get().reshape(host.shape), wide.astype(np.float32))
     with pytest.raises(ValueError, match="C-contiguous float32"):
@@ -78,10 +81,10 @@ def test_a_stream_branch_orders_its_work_with_the_main_stream(cp, gb):
     for _ in range(40):
         x += 1.0
     branch = gb.branch()
-    for _ in range(40):             # queued on the main stream after the branch was made: not waited for
+    for _ in range(40):  # queued on the main stream after the branch was made: not waited for
         x += 0.0
     with branch:
-        y = x * 2.0                 # reads x as it was when the branch was made (40 everywhere)
+        y = x * 2.0  # reads x as it was when the branch was made (40 everywhere)
         for _ in range(20):
             y += 1.0
     branch.join()

@@ -1,4 +1,5 @@
 """Camera rows from arrays, cameras.txt and ShapeNet rendering_metadata.txt."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,7 +51,9 @@ def test_rendering_metadata_default_views(tmp_path):
 
 def test_comments_blank_lines_commas_and_bom(tmp_path):
     path = tmp_path / "cameras.txt"
-    path.write_bytes("\ufeff# az el 0 d 25\n\n10, 20, 0, 0.5, 25\n  30 40 0 0.7 25   # second\n\n50 60 0 0.9 25\n".encode())
+    path.write_bytes(
+        "\ufeff# az el 0 d 25\n\n10, 20, 0, 0.5, 25\n  30 40 0 0.7 25   # second\n\n50 60 0 0.9 25\n".encode()
+    )
     out = load_cameras(path)
     assert np.array_equal(out, np.array([[10, 20, 0, 0.5, 25], [30, 40, 0, 0.7, 25], [50, 60, 0, 0.9, 25]], np.float32))
 

@@ -1,5 +1,6 @@
 """scripts/chain_bench.py's arithmetic on the CPU: the K slices a tile runs, its shared-memory traffic
 and the two floors it prints beside the chained kernel's time."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,7 +42,7 @@ def test_floors_scale_with_the_tiles_each_multiprocessor_runs():
     flop = 35 * 2 * 2 * 192 * 192 * 32 * tiles
     assert tensor == pytest.approx(flop / (989e12 / (132 * 1.83e9)) / 1.98e9 * 1e3)
     assert shared == pytest.approx(tiles * sum(cb.shared_bytes_per_tile().values()) / 128 / 1.98e9 * 1e3)
-    assert shared > tensor   # this design moves more through shared memory than its products take
+    assert shared > tensor  # this design moves more through shared memory than its products take
     assert cb.floors_ms(128, 132, 1.98e9) == pytest.approx((2 * tensor, 2 * shared))
     assert cb.floors_ms(64, 132, 0.99e9) == pytest.approx((2 * tensor, 2 * shared))
 

@@ -1,4 +1,5 @@
 """CRC-32C and the TensorFlow-free V2 checkpoint reader, against a checkpoint TensorFlow itself wrote."""
+
 from __future__ import annotations
 
 import json
@@ -256,9 +257,15 @@ def _write_bundle(prefix: Path, tensors: dict, num_shards: int = 2, big_endian: 
         raw = arr.astype(arr.dtype.newbyteorder(">" if big_endian else "<")).tobytes()
         shard = k % num_shards
         shape = b"".join(_field(2, _field(1, d)) for d in arr.shape)
-        entry = (_field(1, tf_dtype) + _field(2, shape) + (_field(3, shard) if shard else b"")
-                 + _field(4, len(shards[shard])) + _field(5, len(raw))
-                 + _varint(6 << 3 | 5) + struct.pack("<I", mask(crc32c(raw))))
+        entry = (
+            _field(1, tf_dtype)
+            + _field(2, shape)
+            + (_field(3, shard) if shard else b"")
+            + _field(4, len(shards[shard]))
+            + _field(5, len(raw))
+            + _varint(6 << 3 | 5)
+            + struct.pack("<I", mask(crc32c(raw)))
+        )
         entries.append((name.encode(), entry))
         shards[shard].extend(raw)
     Path(f"{prefix}.index").write_bytes(_table(entries, ctype))

@@ -1,6 +1,7 @@
 """The command line's smaller promises: one-line refusals of --batch-size 0, OpenCV kept quiet, warnings
 for images unlike the renderings the network knows, help and ignore files that say what they should, one
 line for Ctrl+C and for an example run on a backend this machine lacks."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -49,18 +50,22 @@ def one_error_line(capfd, argv) -> str:
 @pytest.mark.parametrize("command", ["eval", "reconstruct", "reconstruct --list"])
 def test_batch_size_0_is_refused_the_same_way_everywhere(command, demo_files, tmp_path, capfd, no_model):
     images, cameras = demo_files
-    argv = {"eval": ["eval", "--images", str(tmp_path), "--gt", str(tmp_path), "--list", cameras],
-            "reconstruct": ["reconstruct", *images, "--cameras", cameras],
-            "reconstruct --list": ["reconstruct", "--list", cameras, "--images", str(tmp_path)]}[command]
-    line = one_error_line(capfd, argv + ["--weights", "synthetic:1", "--out", str(tmp_path / "o.obj"),
-                                         "--batch-size", "0"])
+    argv = {
+        "eval": ["eval", "--images", str(tmp_path), "--gt", str(tmp_path), "--list", cameras],
+        "reconstruct": ["reconstruct", *images, "--cameras", cameras],
+        "reconstruct --list": ["reconstruct", "--list", cameras, "--images", str(tmp_path)],
+    }[command]
+    line = one_error_line(
+        capfd, argv + ["--weights", "synthetic:1", "--out", str(tmp_path / "o.obj"), "--batch-size", "0"]
+    )
     assert line.endswith("error: --batch-size 0: expected a whole number >= 1 (default: 64 on the GPU, 1 on the CPU)")
     assert not list(tmp_path.iterdir())
 
 
 def test_bench_refuses_batch_size_0_in_one_line(capfd, no_model):
     assert "--batch-sizes 1 0: expected whole numbers >= 1" in one_error_line(
-        capfd, ["bench", "--backend", "numpy", "--batch-sizes", "1", "0"])
+        capfd, ["bench", "--backend", "numpy", "--batch-sizes", "1", "0"]
+    )
 
 
 def test_an_undecodable_image_shows_only_xmeshs_line(demo_files, tmp_path, capfd, no_model):
@@ -68,8 +73,20 @@ def test_an_undecodable_image_shows_only_xmeshs_line(demo_files, tmp_path, capfd
     truncated = tmp_path / "truncated.png"
     truncated.write_bytes(Path(images[0]).read_bytes()[:300])  # OpenCV logs a WARN for it unless silenced
     level = cv2.utils.logging.getLogLevel()
-    line = one_error_line(capfd, ["reconstruct", str(truncated), *images[1:], "--cameras", cameras,
-                                  "--weights", "synthetic:1", "--out", str(tmp_path / "m.obj")])
+    line = one_error_line(
+        capfd,
+        [
+            "reconstruct",
+            str(truncated),
+            *images[1:],
+            "--cameras",
+            cameras,
+            "--weights",
+            "synthetic:1",
+            "--out",
+            str(tmp_path / "m.obj"),
+        ],
+    )
     assert "truncated.png" in line and "could not be decoded" in line
     assert cv2.utils.logging.getLogLevel() == level  # the caller's level is back
 
@@ -109,12 +126,31 @@ def test_the_cli_prints_each_image_warning_on_one_line(demo_files, tmp_path, cap
         def __call__(self, images, cameras):
             return Mesh(np.zeros((3, 3), np.float32), np.array([[0, 1, 2]]))
 
-    monkeypatch.setattr(sys.modules["xmesh.reconstruct"], "Reconstructor", Model)  # xmesh.reconstruct is also a function
-    assert cli.main(["reconstruct", wide, grey, images[2], "--cameras", cameras, "--weights", "synthetic:1",
-                     "--out", str(tmp_path / "m.obj")]) == 0
+    monkeypatch.setattr(
+        sys.modules["xmesh.reconstruct"], "Reconstructor", Model
+    )  # xmesh.reconstruct is also a function
+    assert (
+        cli.main(
+            [
+                "reconstruct",
+                wide,
+                grey,
+                images[2],
+                "--cameras",
+                cameras,
+                "--weights",
+                "synthetic:1",
+                "--out",
+                str(tmp_path / "m.obj"),
+            ]
+        )
+        == 0
+    )
     lines = capfd.readouterr().err.strip().splitlines()
-    assert [line[:len("xmesh reconstruct: warning: view 1")] for line in lines[:2]] == [
-        "xmesh reconstruct: warning: view 1", "xmesh reconstruct: warning: view 2"]
+    assert [line[: len("xmesh reconstruct: warning: view 1")] for line in lines[:2]] == [
+        "xmesh reconstruct: warning: view 1",
+        "xmesh reconstruct: warning: view 2",
+    ]
     assert lines[2].startswith("wrote ") and len(lines) == 3
 
 
@@ -147,7 +183,7 @@ def test_what_the_demo_readme_and_examples_write_is_git_ignored():
 # ------------------------------------------------------------------------------------------ Ctrl+C
 
 INTERRUPTED = "xmesh eval: interrupted; finished outputs are complete, nothing was left half-written"
-WAIT_S = 120   # the longest a run may take to reach the moment a test interrupts it
+WAIT_S = 120  # the longest a run may take to reach the moment a test interrupts it
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +195,28 @@ def small_set(tmp_path_factory):
 
 def _eval_process(data, out: Path):
     root = data["root"]
-    command = [sys.executable, "-m", "xmesh", "eval", "--images", str(root), "--gt", str(root / "gt"), "--list",
-               str(data["test_list"]), "--weights", "synthetic:1", "--out", str(out), "--workers", "2",
-               "--no-progress"]
-    return subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "xmesh",
+        "eval",
+        "--images",
+        str(root),
+        "--gt",
+        str(root / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
+    return subprocess.Popen(
+        command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _children(pid: int) -> list[str]:
@@ -192,7 +245,7 @@ def test_ctrl_c_while_the_loaders_start_is_one_line(small_set, tmp_path):
     err = _ctrl_c(process, lambda: any(_children(int(child)) for child in _children(process.pid)))
     assert "Traceback" not in err and err.strip().splitlines()[-1] == INTERRUPTED, err
     assert all(line.startswith("xmesh eval: ") for line in err.strip().splitlines()), err
-    rows = tmp_path / "out" / "samples.csv"   # its header, where the model was built before the loaders started
+    rows = tmp_path / "out" / "samples.csv"  # its header, where the model was built before the loaders started
     assert not rows.exists() or rows.read_text().endswith("\n")
 
 
@@ -202,11 +255,22 @@ def test_ctrl_c_while_python_imports_xmesh_is_one_line(launch, tmp_path):
     for SciPy, which xmesh imports then, sends it, at a point no sleep has to find."""
     (tmp_path / "scipy").mkdir()
     (tmp_path / "scipy" / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
-    command = {"python -m xmesh": ["-m", "xmesh", "eval", "--help"],
-               "the xmesh script": ["-c", "import sys; sys.argv = ['/usr/local/bin/xmesh', 'eval', '--help']; "
-                                          "from xmesh.cli import command; command()"]}[launch]
-    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    command = {
+        "python -m xmesh": ["-m", "xmesh", "eval", "--help"],
+        "the xmesh script": [
+            "-c",
+            "import sys; sys.argv = ['/usr/local/bin/xmesh', 'eval', '--help']; "
+            "from xmesh.cli import command; command()",
+        ],
+    }[launch]
+    done = subprocess.run(
+        [sys.executable, *command],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
+    )
     assert done.returncode == 130 and done.stdout == "", done.stderr
     assert done.stderr == "xmesh: interrupted while starting; nothing was written\n"
 
@@ -221,15 +285,21 @@ def test_ctrl_c_in_the_middle_of_eval_is_one_line_and_keeps_whole_rows(small_set
     assert all(line.startswith("xmesh eval: ") for line in err.strip().splitlines()), err
     done = read_csv(rows)
     assert 1 <= len(done) < len(small_set["ids"]) and {row["id"] for row in done} <= set(small_set["ids"])
-    assert rows.read_text().endswith("\n")   # every row whole
+    assert rows.read_text().endswith("\n")  # every row whole
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
 def test_an_example_run_with_backend_cupy_without_cupy_says_so_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "reconstruct_from_python.py"), str(tmp_path),
-                           "--backend", "cupy"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "reconstruct_from_python.py"), str(tmp_path), "--backend", "cupy"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.startswith("reconstruct_from_python.py: error: backend='cupy' needs CuPy, which is not "
-                                  "installed")
+    assert done.stderr.startswith(
+        "reconstruct_from_python.py: error: backend='cupy' needs CuPy, which is not installed"
+    )
     assert done.stderr.count("\n") == 1

@@ -1,5 +1,6 @@
 """Evaluation on a Dask cluster: the same rows and files as one process, a worker killed mid-shard,
 a bad sample file, a client killed and restarted, and the errors of --cluster."""
+
 from __future__ import annotations
 
 import json
@@ -58,40 +59,80 @@ def test_eval_on_two_workers_writes_the_rows_and_meshes_of_the_single_process_ru
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
-        evaluate_dataset(ModelSpec.of("synthetic:1").build(), data["test_list"], data["root"], data["root"] / "gt",
-                         tmp_path / "alone", limit=2, workers=0, progress=False, save_meshes=True,
-                         save_ground=True)
+        evaluate_dataset(
+            ModelSpec.of("synthetic:1").build(),
+            data["test_list"],
+            data["root"],
+            data["root"] / "gt",
+            tmp_path / "alone",
+            limit=2,
+            workers=0,
+            progress=False,
+            save_meshes=True,
+            save_ground=True,
+        )
     spread = tmp_path / "spread"
-    assert cli.main(_eval_args(data, spread, "--cluster", "local:2", "--limit", "2", "--save-meshes",
-                               "--save-ground")) == 0
+    assert (
+        cli.main(_eval_args(data, spread, "--cluster", "local:2", "--limit", "2", "--save-meshes", "--save-ground"))
+        == 0
+    )
     assert "cluster local:2: 2 worker(s)" in capsys.readouterr().err
-    assert {p.name for p in spread.iterdir()} == {"samples.csv", "summary.json", "summary.txt", "f_score.log", "cd.log",
-                                                  "run.json", "predict"}
+    assert {p.name for p in spread.iterdir()} == {
+        "samples.csv",
+        "summary.json",
+        "summary.txt",
+        "f_score.log",
+        "cd.log",
+        "run.json",
+        "predict",
+    }
     run = json.loads((spread / "summary.json").read_text())["run"]
     assert run["cluster"]["workers_used"] == 2 and run["cluster"]["shards"] == 2 and run["evaluated"] == 2
     assert sorted(_rows(spread)) == sorted(data["ids"][:2])
     assert _rows(spread) == _rows(tmp_path / "alone")
     assert _files(spread / "predict") == _files(tmp_path / "alone" / "predict")
-    assert len(_files(spread / "predict")) == 6   # 2 samples: prediction .xyz and .obj, ground truth .xyz
+    assert len(_files(spread / "predict")) == 6  # 2 samples: prediction .xyz and .obj, ground truth .xyz
 
 
 def test_toy_rows_meshes_and_reconstruct_list_equal_the_single_process_run(data, client, tmp_path):
     """12 samples in batches of 2, one batch per shard, through evaluate_dataset and reconstruct_dataset."""
     root, gt = data["root"], data["root"] / "gt"
-    evaluate_dataset(ToyReconstructor(), data["test_list"], root, gt, tmp_path / "alone", batch_size=2, workers=0,
-                     progress=False, save_meshes=True)
-    summary = evaluate_dataset(ToySpec(), data["test_list"], root, gt, tmp_path / "spread", batch_size=2, workers=1,
-                               progress=False, save_meshes=True, client=client, shard_batches=1)
-    info = reconstruct_dataset(ToySpec(), data["test_list"], root, tmp_path / "listed", batch_size=3, workers=0,
-                               progress=False, client=client)
+    evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        root,
+        gt,
+        tmp_path / "alone",
+        batch_size=2,
+        workers=0,
+        progress=False,
+        save_meshes=True,
+    )
+    summary = evaluate_dataset(
+        ToySpec(),
+        data["test_list"],
+        root,
+        gt,
+        tmp_path / "spread",
+        batch_size=2,
+        workers=1,
+        progress=False,
+        save_meshes=True,
+        client=client,
+        shard_batches=1,
+    )
+    info = reconstruct_dataset(
+        ToySpec(), data["test_list"], root, tmp_path / "listed", batch_size=3, workers=0, progress=False, client=client
+    )
     assert summary["run"]["cluster"]["shards"] == 6 and summary["run"]["evaluated"] == 12
     assert sorted(_rows(tmp_path / "spread")) == sorted(data["ids"])
     assert _rows(tmp_path / "spread") == _rows(tmp_path / "alone")
     assert _files(tmp_path / "spread" / "predict") == _files(tmp_path / "alone" / "predict")
     meshes = {name: data for name, data in _files(tmp_path / "alone" / "predict").items() if "_predict." in name}
-    assert info["evaluated"] == 12 and _files(tmp_path / "listed") == meshes   # no ground truth without --gt
-    again = evaluate_dataset(ToySpec(), data["test_list"], root, gt, tmp_path / "spread", batch_size=2, progress=False,
-                             client=client)
+    assert info["evaluated"] == 12 and _files(tmp_path / "listed") == meshes  # no ground truth without --gt
+    again = evaluate_dataset(
+        ToySpec(), data["test_list"], root, gt, tmp_path / "spread", batch_size=2, progress=False, client=client
+    )
     assert again["run"]["skipped"] == 12 and again["run"]["evaluated"] == 0
 
 
@@ -101,8 +142,17 @@ def test_toy_rows_meshes_and_reconstruct_list_equal_the_single_process_run(data,
 @pytest.mark.slow
 def test_a_worker_killed_mid_shard_has_its_shard_rerun_and_every_sample_once(data, tmp_path):
     root, gt = data["root"], data["root"] / "gt"
-    evaluate_dataset(ToyReconstructor(), data["test_list"], root, gt, tmp_path / "alone", batch_size=1, workers=0,
-                     progress=False, save_meshes=True)
+    evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        root,
+        gt,
+        tmp_path / "alone",
+        batch_size=1,
+        workers=0,
+        progress=False,
+        save_meshes=True,
+    )
     out = tmp_path / "spread"
     with open_client("local:2") as own:
         pids = own.run(os.getpid)
@@ -110,10 +160,20 @@ def test_a_worker_killed_mid_shard_has_its_shard_rerun_and_every_sample_once(dat
 
         def run() -> None:
             try:
-                outcome["summary"] = evaluate_dataset(ToySpec(delay=0.4), data["test_list"], root, gt, out, batch_size=1,
-                                                      workers=1, progress=False, save_meshes=True, client=own,
-                                                      shard_batches=2)
-            except BaseException as exc:   # handed to the test's thread
+                outcome["summary"] = evaluate_dataset(
+                    ToySpec(delay=0.4),
+                    data["test_list"],
+                    root,
+                    gt,
+                    out,
+                    batch_size=1,
+                    workers=1,
+                    progress=False,
+                    save_meshes=True,
+                    client=own,
+                    shard_batches=2,
+                )
+            except BaseException as exc:  # handed to the test's thread
                 outcome["error"] = exc
 
         thread = threading.Thread(target=run)
@@ -131,9 +191,9 @@ def test_a_worker_killed_mid_shard_has_its_shard_rerun_and_every_sample_once(dat
         assert "error" not in outcome, outcome.get("error")
         assert pids[busy[0]] not in own.run(os.getpid).values()
     assert rows_before < 12
-    assert sorted(_rows(out)) == sorted(data["ids"])   # read_csv refuses a repeated id
+    assert sorted(_rows(out)) == sorted(data["ids"])  # read_csv refuses a repeated id
     assert _rows(out) == _rows(tmp_path / "alone")
-    assert _files(out / "predict") == _files(tmp_path / "alone" / "predict")   # no temporary file left either
+    assert _files(out / "predict") == _files(tmp_path / "alone" / "predict")  # no temporary file left either
 
 
 def test_a_bad_sample_file_fails_as_in_one_process_and_leaves_only_whole_rows(data, client, tmp_path):
@@ -143,41 +203,96 @@ def test_a_bad_sample_file_fails_as_in_one_process_and_leaves_only_whole_rows(da
     synset, item, _ = bad[: -len(".dat")].split("_")
     (root / "ShapeNetRendering" / synset / item / "rendering" / "06.png").write_bytes(b"not a png")
     with pytest.raises(XmeshError) as alone:
-        evaluate_dataset(ToyReconstructor(), root / "test_list.txt", root, root / "gt", tmp_path / "alone", batch_size=2,
-                         workers=0, progress=False)
+        evaluate_dataset(
+            ToyReconstructor(),
+            root / "test_list.txt",
+            root,
+            root / "gt",
+            tmp_path / "alone",
+            batch_size=2,
+            workers=0,
+            progress=False,
+        )
     with pytest.raises(XmeshError) as spread:
-        evaluate_dataset(ToySpec(), root / "test_list.txt", root, root / "gt", tmp_path / "spread", batch_size=2,
-                         workers=1, progress=False, save_meshes=True, client=client, shard_batches=1)
+        evaluate_dataset(
+            ToySpec(),
+            root / "test_list.txt",
+            root,
+            root / "gt",
+            tmp_path / "spread",
+            batch_size=2,
+            workers=1,
+            progress=False,
+            save_meshes=True,
+            client=client,
+            shard_batches=1,
+        )
     assert type(spread.value) is type(alone.value)
     assert str(spread.value) == str(alone.value) and str(spread.value).startswith(f"sample {bad}:")
-    rows = _rows(tmp_path / "spread")   # every line whole
-    assert bad not in rows and data["ids"][6] not in rows   # nothing of the failed batch
-    evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt", tmp_path / "good",
-                     batch_size=2, workers=0, progress=False)
+    rows = _rows(tmp_path / "spread")  # every line whole
+    assert bad not in rows and data["ids"][6] not in rows  # nothing of the failed batch
+    evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "good",
+        batch_size=2,
+        workers=0,
+        progress=False,
+    )
     expected = _rows(tmp_path / "good")
     assert all(expected[k] == v for k, v in rows.items())
 
 
 def test_weights_the_workers_cannot_read_fail_once_before_any_row(data, client, tmp_path):
     with pytest.raises(MissingFileError, match="nowhere.npz: weights file not found"):
-        evaluate_dataset(ModelSpec.of(tmp_path / "nowhere.npz"), data["test_list"], data["root"], data["root"] / "gt",
-                         tmp_path / "out", progress=False, client=client)
+        evaluate_dataset(
+            ModelSpec.of(tmp_path / "nowhere.npz"),
+            data["test_list"],
+            data["root"],
+            data["root"] / "gt",
+            tmp_path / "out",
+            progress=False,
+            client=client,
+        )
     assert read_csv(tmp_path / "out" / "samples.csv") == []
     left = client.run(lambda dask_worker: [name for name in dask_worker.plugins if name.startswith("xmesh-model-")])
-    assert len(left) == 2 and all(names == [] for names in left.values())   # the model plugin was removed
+    assert len(left) == 2 and all(names == [] for names in left.values())  # the model plugin was removed
 
 
 def _toy_client_run(data, out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, str(TESTS / "pipeline_toy.py"), str(data["test_list"]), str(data["root"]),
-                             str(out), "local:2"], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(TESTS / "pipeline_toy.py"),
+            str(data["test_list"]),
+            str(data["root"]),
+            str(out),
+            "local:2",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.slow
 def test_a_client_killed_with_its_cluster_resumes_to_the_uninterrupted_result(data, tmp_path):
-    evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt", tmp_path / "alone",
-                     batch_size=2, workers=0, progress=False, save_meshes=True, save_ground=True)
+    evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "alone",
+        batch_size=2,
+        workers=0,
+        progress=False,
+        save_meshes=True,
+        save_ground=True,
+    )
     out = tmp_path / "spread"
     csv_path = out / "samples.csv"
     proc = _toy_client_run(data, out)
@@ -185,7 +300,7 @@ def test_a_client_killed_with_its_cluster_resumes_to_the_uninterrupted_result(da
     while not (csv_path.exists() and len(read_csv(csv_path)) >= 4):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode() if proc.poll() else ""
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)   # the client, its scheduler and its workers
+    os.killpg(proc.pid, signal.SIGKILL)  # the client, its scheduler and its workers
     proc.wait(timeout=60)
     assert len(read_csv(csv_path)) < 12
     proc = _toy_client_run(data, out)
@@ -197,14 +312,17 @@ def test_a_client_killed_with_its_cluster_resumes_to_the_uninterrupted_result(da
 # ------------------------------------------------------------------------------------ --cluster
 
 
-@pytest.mark.parametrize("spec, why", [
-    ("local:0", "at least 1 worker"),
-    ("local:x", "not a cluster"),
-    ("local", "not a cluster"),
-    ("gpu", "not a cluster"),
-    ("http://host:8786", "not a cluster"),
-    ("tcp://host", "not a cluster"),
-])
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("local:0", "at least 1 worker"),
+        ("local:x", "not a cluster"),
+        ("local", "not a cluster"),
+        ("gpu", "not a cluster"),
+        ("http://host:8786", "not a cluster"),
+        ("tcp://host", "not a cluster"),
+    ],
+)
 def test_a_malformed_cluster_spec_is_refused_naming_the_forms(spec, why):
     with pytest.raises(InputError, match=why) as info:
         parse_cluster_spec(spec)
@@ -222,17 +340,34 @@ def test_cluster_specs_parse():
 
 def _eval_args(data, out, *extra):
     root = data["root"]
-    return ["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(data["test_list"]),
-            "--weights", "synthetic:1", "--out", str(out), "--no-progress", *extra]
+    return [
+        "eval",
+        "--images",
+        str(root),
+        "--gt",
+        str(root / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("cluster, backend, missing, extra", [
-    ("local:2", "numpy", "distributed", "dask"),
-    ("local-cuda", "cupy", "distributed", "dask"),
-])
-def test_cluster_without_dask_fails_at_once_naming_the_extra(data, tmp_path, monkeypatch, capsys, cluster, backend,
-                                                             missing, extra):
-    monkeypatch.setitem(sys.modules, missing, None)   # `import` of it then fails, as when it is not installed
+@pytest.mark.parametrize(
+    "cluster, backend, missing, extra",
+    [
+        ("local:2", "numpy", "distributed", "dask"),
+        ("local-cuda", "cupy", "distributed", "dask"),
+    ],
+)
+def test_cluster_without_dask_fails_at_once_naming_the_extra(
+    data, tmp_path, monkeypatch, capsys, cluster, backend, missing, extra
+):
+    monkeypatch.setitem(sys.modules, missing, None)  # `import` of it then fails, as when it is not installed
     with pytest.raises(BackendUnavailableError, match=f'pip install "xmesh-p2mpp\\[{extra}\\]"'):
         with open_client(cluster):
             pass
@@ -241,9 +376,22 @@ def test_cluster_without_dask_fails_at_once_naming_the_extra(data, tmp_path, mon
     assert time.monotonic() - start < 10
     err = capsys.readouterr().err
     assert f'pip install "xmesh-p2mpp[{extra}]"' in err and f"--cluster {cluster}" in err
-    assert not (tmp_path / "out").exists()   # nothing started, nothing written
-    listed = ["reconstruct", "--list", str(data["test_list"]), "--images", str(data["root"]), "--weights",
-              "synthetic:1", "--out", str(tmp_path / "rec"), "--cluster", cluster, "--backend", backend]
+    assert not (tmp_path / "out").exists()  # nothing started, nothing written
+    listed = [
+        "reconstruct",
+        "--list",
+        str(data["test_list"]),
+        "--images",
+        str(data["root"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(tmp_path / "rec"),
+        "--cluster",
+        cluster,
+        "--backend",
+        backend,
+    ]
     assert cli.main(listed) == 2
     assert f'pip install "xmesh-p2mpp[{extra}]"' in capsys.readouterr().err
 
@@ -258,11 +406,29 @@ def test_local_cuda_rows_equal_the_single_process_run(data, tmp_path):
     listed = tmp_path / "four.txt"
     listed.write_text("".join(f"{i}\n" for i in data["ids"][:4]))
     spec = ModelSpec.of("synthetic:1", backend="cupy")
-    evaluate_dataset(spec.build(), listed, data["root"], data["root"] / "gt", tmp_path / "alone", batch_size=2,
-                     progress=False, save_meshes=True)
+    evaluate_dataset(
+        spec.build(),
+        listed,
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "alone",
+        batch_size=2,
+        progress=False,
+        save_meshes=True,
+    )
     with open_client("local-cuda") as gpu_client:
-        evaluate_dataset(spec, listed, data["root"], data["root"] / "gt", tmp_path / "spread", batch_size=2,
-                         progress=False, save_meshes=True, client=gpu_client, shard_batches=1)
+        evaluate_dataset(
+            spec,
+            listed,
+            data["root"],
+            data["root"] / "gt",
+            tmp_path / "spread",
+            batch_size=2,
+            progress=False,
+            save_meshes=True,
+            client=gpu_client,
+            shard_batches=1,
+        )
     assert _rows(tmp_path / "spread") == _rows(tmp_path / "alone")
     assert _files(tmp_path / "spread" / "predict") == _files(tmp_path / "alone" / "predict")
 
@@ -311,11 +477,14 @@ def test_one_loop_fed_shard_after_shard_gives_the_rows_of_one_run(data):
     from xmesh.pipeline.settings import RunSettings
 
     items = _feed_items(data["root"], data["test_list"])
-    batches = [items[i:i + 2] for i in range(0, len(items), 2)]
+    batches = [items[i : i + 2] for i in range(0, len(items), 2)]
     expected = {}
-    run_batches(ToyReconstructor(), batches, lambda r: expected.update(zip(map(str, r.samples),
-                                                                            r.scores["chamfer"].tolist())),
-                RunSettings(batch_size=2, loaders=0, writers=0))
+    run_batches(
+        ToyReconstructor(),
+        batches,
+        lambda r: expected.update(zip(map(str, r.samples), r.scores["chamfer"].tolist())),
+        RunSettings(batch_size=2, loaders=0, writers=0),
+    )
     feed = _feed(delay=0.02)
     try:
         shards, rows = _through_feed(feed, [batches[0:2], batches[2:4], batches[4:6]])
@@ -330,11 +499,11 @@ def test_one_loop_fed_shard_after_shard_gives_the_rows_of_one_run(data):
 def test_a_bad_file_fails_only_its_shard_in_the_loop(data, tmp_path):
     root = tmp_path / "ds"
     shutil.copytree(data["root"], root, symlinks=True)
-    bad = data["ids"][5]   # shard 2 (batches 2 and 3), batch 2's second sample
+    bad = data["ids"][5]  # shard 2 (batches 2 and 3), batch 2's second sample
     synset, item, _ = bad[: -len(".dat")].split("_")
     (root / "ShapeNetRendering" / synset / item / "rendering" / "06.png").write_bytes(b"not a png")
     items = _feed_items(root, root / "test_list.txt")
-    batches = [items[i:i + 2] for i in range(0, len(items), 2)]
+    batches = [items[i : i + 2] for i in range(0, len(items), 2)]
     feed = _feed()
     try:
         shards, rows = _through_feed(feed, [batches[0:2], batches[2:4], batches[4:6]])
@@ -342,7 +511,7 @@ def test_a_bad_file_fails_only_its_shard_in_the_loop(data, tmp_path):
         feed.close()
     assert shards[0].error is None and shards[2].error is None
     assert isinstance(shards[1].error, XmeshError) and str(shards[1].error).startswith(f"sample {bad}:")
-    assert set(rows) == {str(s) for s, _ in items[:4] + items[8:]}   # nothing of the failed shard
+    assert set(rows) == {str(s) for s, _ in items[:4] + items[8:]}  # nothing of the failed shard
 
 
 class _FailsOnce(ToyReconstructor):
@@ -363,7 +532,7 @@ def test_a_loop_stopped_by_another_error_fails_its_shard_and_the_next_shard_runs
     from xmesh.pipeline.writing import BatchFinisher
 
     items = _feed_items(data["root"], data["test_list"])
-    batches = [items[i:i + 2] for i in range(0, 4, 2)]
+    batches = [items[i : i + 2] for i in range(0, 4, 2)]
     settings = RunSettings(batch_size=2, loaders=0, writers=0, views=(0, 6, 7), with_gt=True, metric_backend="auto")
     state = WorkerModel(ToySpec())
     state.model = _FailsOnce()

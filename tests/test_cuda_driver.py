@@ -1,5 +1,6 @@
 """CUDA's driver started in a thread: without a driver (or with a library that is not CUDA's) the
 thread ends quietly, leaving the error to CuPy's own start."""
+
 import threading
 
 import pytest

@@ -1,5 +1,6 @@
 """Which convolutions the CuPy backend sends to cuDNN, and how the library is found (CPU; the GPU
 results are in test_cupy_backend.py::test_large_convolutions_of_the_speed_modes_go_to_cudnn)."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,15 +29,18 @@ def _flop(x_shape, w_shape):
     return 2.0 * n * h * w * cout * k * k * cin
 
 
-@pytest.mark.parametrize("x_shape,w_shape,stride,taken", [
-    ((192, 112, 112, 32), (3, 3, 32, 32), 1, True),     # stage 2 at 64 samples
-    ((64, 7, 7, 512), (3, 3, 512, 512), 1, True),       # stage 1's last layers at 64 samples
-    ((192, 224, 224, 16), (3, 3, 16, 32), 2, False),    # strided: TF's uneven 'SAME' padding
-    ((64, 28, 28, 128), (5, 5, 128, 256), 2, False),
-    ((192, 56, 56, 64), (2, 2, 64, 64), 1, False),      # even kernel: no symmetric 'SAME' padding
-    ((3, 112, 112, 32), (3, 3, 32, 32), 1, False),      # one sample's views: our kernel was as fast
-    ((16, 224, 224, 16), (3, 3, 16, 16), 1, False),     # stage 1 at 16 samples, 3.7 GFLOP
-])
+@pytest.mark.parametrize(
+    "x_shape,w_shape,stride,taken",
+    [
+        ((192, 112, 112, 32), (3, 3, 32, 32), 1, True),  # stage 2 at 64 samples
+        ((64, 7, 7, 512), (3, 3, 512, 512), 1, True),  # stage 1's last layers at 64 samples
+        ((192, 224, 224, 16), (3, 3, 16, 32), 2, False),  # strided: TF's uneven 'SAME' padding
+        ((64, 28, 28, 128), (5, 5, 128, 256), 2, False),
+        ((192, 56, 56, 64), (2, 2, 64, 64), 1, False),  # even kernel: no symmetric 'SAME' padding
+        ((3, 112, 112, 32), (3, 3, 32, 32), 1, False),  # one sample's views: our kernel was as fast
+        ((16, 224, 224, 16), (3, 3, 16, 16), 1, False),  # stage 1 at 16 samples, 3.7 GFLOP
+    ],
+)
 def test_only_large_stride_1_odd_square_convolutions_go_to_cudnn(x_shape, w_shape, stride, taken):
     assert conv_on_cudnn(x_shape, w_shape, stride) is taken
     if stride == 1 and w_shape[0] % 2:

@@ -7,6 +7,7 @@ GPU_ATOL (tests/tolerance.py); two runs on the GPU (a batch and lone samples, a 
 eager kernels) by more than VERTEX_ATOL; the projection kernels themselves must match their references exactly in
 pixel choice (checked on random points with identical inputs).
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,7 +25,7 @@ gpu = [requires_cuda, pytest.mark.gpu]
 def test_missing_cupy_names_what_to_install(monkeypatch):
     from xmesh.backends.cupy_backend import CupyBackend
 
-    monkeypatch.setitem(sys.modules, "cupy", None)   # `import cupy` now raises ImportError
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` now raises ImportError
     with pytest.raises(BackendUnavailableError) as info:
         CupyBackend()
     message = str(info.value)
@@ -75,25 +76,43 @@ def test_graph_projection_kernel_equals_reference(cp, gb, ref_gb, quirk, seed):
     batch, n = 2, 618
     cams = random_cameras(rng, batch)
     coords = random_points(rng, batch, n)
-    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
-    out = gb.to_numpy(graph_projection(gb, cp.asarray(coords), [cp.asarray(m) for m in maps],
-                                       DeviceTransforms.from_cameras(gb, cams), quirk))
-    ref = ref_gb.to_numpy(graph_projection(ref_gb, cp.asarray(coords), [cp.asarray(m) for m in maps],
-                                           DeviceTransforms.from_cameras(ref_gb, cams), quirk))
+    maps = [
+        rng.standard_normal((batch * 3, s, s, c)).astype(np.float32)
+        for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))
+    ]
+    out = gb.to_numpy(
+        graph_projection(
+            gb, cp.asarray(coords), [cp.asarray(m) for m in maps], DeviceTransforms.from_cameras(gb, cams), quirk
+        )
+    )
+    ref = ref_gb.to_numpy(
+        graph_projection(
+            ref_gb,
+            cp.asarray(coords),
+            [cp.asarray(m) for m in maps],
+            DeviceTransforms.from_cameras(ref_gb, cams),
+            quirk,
+        )
+    )
     assert out.shape == (batch, n, 2883) and np.isfinite(out).all()
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
     cpu = get_backend("numpy")
     host = graph_projection(cpu, coords, maps, DeviceTransforms.from_cameras(cpu, cams), quirk)
     np.testing.assert_allclose(out, host, rtol=1e-6, atol=1e-6)
-    if quirk:   # view 0's maps alone (what stage 1 computes with the quirk): the same values
+    if quirk:  # view 0's maps alone (what stage 1 computes with the quirk): the same values
         view0 = [cp.asarray(m.reshape((batch, 3) + m.shape[1:])[:, 0]) for m in maps]
-        alone = gb.to_numpy(graph_projection(gb, cp.asarray(coords), view0, DeviceTransforms.from_cameras(gb, cams), quirk))
+        alone = gb.to_numpy(
+            graph_projection(gb, cp.asarray(coords), view0, DeviceTransforms.from_cameras(gb, cams), quirk)
+        )
         np.testing.assert_array_equal(alone, out)
     # the tiled kernel (taken above: channel counts a multiple of 4) against a thread per channel, bit for bit
     gb.tiled_graph_projection = False
     try:
-        per_channel = gb.to_numpy(graph_projection(gb, cp.asarray(coords), [cp.asarray(m) for m in maps],
-                                                   DeviceTransforms.from_cameras(gb, cams), quirk))
+        per_channel = gb.to_numpy(
+            graph_projection(
+                gb, cp.asarray(coords), [cp.asarray(m) for m in maps], DeviceTransforms.from_cameras(gb, cams), quirk
+            )
+        )
     finally:
         gb.tiled_graph_projection = True
     np.testing.assert_array_equal(out, per_channel)
@@ -110,7 +129,7 @@ def test_local_projection_kernel_equals_reference(cp, gb, ref_gb, seed, channels
     batch, n = 2, 5031
     cams = random_cameras(rng, batch)
     pts = random_points(rng, batch, n)
-    pts[0, :8] = [[0, 0, -0.8]] * 8       # on-axis points: h = w = 112 exactly (integer: zero-weight quirk)
+    pts[0, :8] = [[0, 0, -0.8]] * 8  # on-axis points: h = w = 112 exactly (integer: zero-weight quirk)
     maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in zip((224, 112, 56), channels)]
     dmaps = pad_maps(gb, [cp.asarray(m) for m in maps])
     out = gb.to_numpy(local_projection(gb, cp.asarray(pts), dmaps, DeviceTransforms.from_cameras(gb, cams)))
@@ -127,7 +146,7 @@ def step16(x, precision):
     x = np.abs(np.asarray(x, dtype=np.float32))
     if precision == "fp16":
         return np.spacing(x.astype(np.float16)).astype(np.float64)
-    return np.spacing(x).astype(np.float64) * 2.0 ** 16   # bfloat16 keeps float32's exponent, 8 bits of significand
+    return np.spacing(x).astype(np.float64) * 2.0**16  # bfloat16 keeps float32's exponent, 8 bits of significand
 
 
 def assert_rounded16(got16, want32, precision, scale, max_fraction=0.01):
@@ -140,13 +159,15 @@ def assert_rounded16(got16, want32, precision, scale, max_fraction=0.01):
     err = np.abs(got16.astype(np.float64) - want32)
     excess = err - 0.5 * step16(want32, precision)
     other = got16 != round16(want32, precision)
-    assert excess.max() <= 2.0 ** -20 * scale, \
-        f"{int((excess > 2.0 ** -20 * scale).sum())} values beyond half a 16-bit step: up to {excess.max():.3g} over"
+    assert excess.max() <= 2.0**-20 * scale, (
+        f"{int((excess > 2.0**-20 * scale).sum())} values beyond half a 16-bit step: up to {excess.max():.3g} over"
+    )
     assert other.mean() <= max_fraction, f"{other.mean():.2e} of the values rounded the other way"
 
 
-@pytest.mark.parametrize("views,channels", [(3, (16, 32, 64)), (2, (16, 32, 64)), (5, (16, 32, 64)),
-                                            (3, (16, 32, 1024))])
+@pytest.mark.parametrize(
+    "views,channels", [(3, (16, 32, 64)), (2, (16, 32, 64)), (5, (16, 32, 64)), (3, (16, 32, 1024))]
+)
 def test_tiled_local_projection_equals_the_per_channel_kernel_bit_for_bit(cp, gb, views, channels):
     """The tiled kernel (three views built in, or any count up to 8; up to 224 four-channel groups a
     thread each, or more groups than threads) gives the bits of the one-thread-per-channel kernel.
@@ -159,27 +180,45 @@ def test_tiled_local_projection_equals_the_per_channel_kernel_bit_for_bit(cp, gb
     from xmesh.model.projection import DeviceTransforms, local_projection, pad_maps
 
     rng = np.random.default_rng(50 + views)
-    batch, n = 2, 1001                    # 1001 points a sample: a block straddles the samples, the last is partial
+    batch, n = 2, 1001  # 1001 points a sample: a block straddles the samples, the last is partial
     cams = random_cameras(rng, batch, views)
     pts = random_points(rng, batch, n)
-    pts[1, :5] = [[0, 0, -0.8]] * 5       # on-axis points: the zero-weight quirk
-    maps = pad_maps(gb, [cp.asarray(rng.standard_normal((batch * views, s, s, c)).astype(np.float32))
-                         for s, c in zip((224, 112, 56), channels)])
+    pts[1, :5] = [[0, 0, -0.8]] * 5  # on-axis points: the zero-weight quirk
+    maps = pad_maps(
+        gb,
+        [
+            cp.asarray(rng.standard_normal((batch * views, s, s, c)).astype(np.float32))
+            for s, c in zip((224, 112, 56), channels)
+        ],
+    )
     tf = DeviceTransforms.from_cameras(gb, cams)
     tiled = cp.ascontiguousarray(local_projection(gb, cp.asarray(pts), maps, tf))
     width = 3 + 3 * sum(channels)
     per_channel = cp.empty((batch, n, width), dtype=cp.float32)
     gb._kernel("local_projection")(
-        ((batch * n * sum(channels) + THREADS - 1) // THREADS,), (THREADS,),
-        (cp.asarray(pts), tf.packed, *maps, *[np.int32(m.shape[1] - 1) for m in maps],
-         *[np.int32(c) for c in channels], np.int32(batch), np.int32(n), np.int32(views), per_channel,
-         np.int64(width)))
+        ((batch * n * sum(channels) + THREADS - 1) // THREADS,),
+        (THREADS,),
+        (
+            cp.asarray(pts),
+            tf.packed,
+            *maps,
+            *[np.int32(m.shape[1] - 1) for m in maps],
+            *[np.int32(c) for c in channels],
+            np.int32(batch),
+            np.int32(n),
+            np.int32(views),
+            per_channel,
+            np.int64(width),
+        ),
+    )
     assert tiled.shape == (batch, n, width) and float(cp.abs(tiled).max()) > 0
     np.testing.assert_array_equal(tiled.get(), per_channel.get())
-    if gb.hopper is not None:   # bf16 keeps float32 maps and writes 16-bit rows
+    if gb.hopper is not None:  # bf16 keeps float32 maps and writes 16-bit rows
         be = get_backend("cupy", precision="bf16")
         got = cp.ascontiguousarray(local_projection(be, cp.asarray(pts), maps, tf))
-        assert_rounded16(widen16(cp, got, "bf16").get(), per_channel.get(), "bf16", max(float(cp.abs(m).max()) for m in maps))
+        assert_rounded16(
+            widen16(cp, got, "bf16").get(), per_channel.get(), "bf16", max(float(cp.abs(m).max()) for m in maps)
+        )
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -200,9 +239,13 @@ def test_local_projection_in_16bit_modes_is_the_rounded_float32_one(cp, gb, prec
     batch, n = 2, 3001
     cams = random_cameras(rng, batch)
     pts = random_points(rng, batch, n)
-    maps = [cp.asarray(rng.standard_normal((batch * 3, s, s, c)).astype(np.float32))
-            for s, c in zip((224, 112, 56), (16, 32, 64))]
-    want = gb.to_numpy(local_projection(gb, cp.asarray(pts), pad_maps(gb, maps), DeviceTransforms.from_cameras(gb, cams)))
+    maps = [
+        cp.asarray(rng.standard_normal((batch * 3, s, s, c)).astype(np.float32))
+        for s, c in zip((224, 112, 56), (16, 32, 64))
+    ]
+    want = gb.to_numpy(
+        local_projection(gb, cp.asarray(pts), pad_maps(gb, maps), DeviceTransforms.from_cameras(gb, cams))
+    )
     got = local_projection(be, cp.asarray(pts), pad_maps(be, maps), DeviceTransforms.from_cameras(be, cams))
     assert got.dtype == activation_dtype(cp, precision) and got.shape == (batch, n, 339)
     assert got.strides[1] == 344 * 2 and got.data.ptr % 16 == 0
@@ -246,7 +289,7 @@ def test_hypothesis_update_kernel_equals_reference(cp, gb, ref_gb, batch, n):
     w /= w.sum(axis=1, keepdims=True)
     exact = centers.get() + np.einsum("bkn,kd->bnd", w, offsets.get().astype(np.float64))
     np.testing.assert_allclose(out, exact, rtol=0, atol=2e-7)
-    np.testing.assert_allclose(out, ref, rtol=0, atol=5e-7)   # the reference rounds in another order
+    np.testing.assert_allclose(out, ref, rtol=0, atol=5e-7)  # the reference rounds in another order
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
@@ -267,8 +310,12 @@ def test_fused_score_update_equals_the_layer_then_the_update(cp, precision, batc
     x = cp.asarray(np.maximum(rng.standard_normal((batch, 43, n, 192)), 0).astype(np.float32))
     if precision != "fp32":
         x = narrow16(cp, x, precision)
-    layer = GraphConv(cp.asarray((rng.standard_normal((192, 2)) * 0.1).astype(np.float32)),
-                      cp.asarray(np.float32([0.05])), 1, relu=True)
+    layer = GraphConv(
+        cp.asarray((rng.standard_normal((192, 2)) * 0.1).astype(np.float32)),
+        cp.asarray(np.float32([0.05])),
+        1,
+        relu=True,
+    )
     cheb1 = cp.asarray((rng.standard_normal((43, 43)) * (rng.uniform(size=(43, 43)) < 0.2)).astype(np.float32))
     centers = cp.asarray(rng.standard_normal((batch, n, 3)).astype(np.float32))
     offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.02).astype(np.float32))
@@ -277,7 +324,7 @@ def test_fused_score_update_equals_the_layer_then_the_update(cp, precision, batc
     fused = fused.get()
     xf = (be._activation_f32(x) if precision != "fp32" else x).get().astype(np.float64)
     w = layer.weight.get().astype(np.float64)
-    y0, y1 = xf @ w[:, 0], xf @ w[:, 1]                                   # (B, K, N)
+    y0, y1 = xf @ w[:, 0], xf @ w[:, 1]  # (B, K, N)
     s = np.maximum(y0 + np.einsum("kj,bjn->bkn", cheb1.get().astype(np.float64), y1) + 0.05, 0)
     p = np.exp(s - s.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
@@ -285,7 +332,7 @@ def test_fused_score_update_equals_the_layer_then_the_update(cp, precision, batc
     np.testing.assert_allclose(fused, exact, rtol=0, atol=2e-6)
     score = local_gconv(be, layer, x, cheb1)[..., 0]
     apart = hypothesis_update(be, centers, score, offsets).get()
-    if precision == "fp32":   # the unfused layer's product is 3xTF32: float32-accurate, another order
+    if precision == "fp32":  # the unfused layer's product is 3xTF32: float32-accurate, another order
         np.testing.assert_allclose(fused, apart, rtol=0, atol=2e-6)
     else:
         np.testing.assert_array_equal(fused, apart)
@@ -305,8 +352,10 @@ def test_conv2d_same_equals_numpy(cp, gb, size, kernel, stride, cin):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-@pytest.mark.parametrize("size,kernel,stride,cin,cout,relu", [
-    (224, 3, 1, 3, 16, True), (57, 3, 2, 3, 16, False), (30, 5, 2, 4, 8, True), (9, 3, 1, 1, 4, False)])
+@pytest.mark.parametrize(
+    "size,kernel,stride,cin,cout,relu",
+    [(224, 3, 1, 3, 16, True), (57, 3, 2, 3, 16, False), (30, 5, 2, 4, 8, True), (9, 3, 1, 1, 4, False)],
+)
 def test_few_channel_conv_is_float32_in_every_mode(cp, precision, size, kernel, stride, cin, cout, relu):
     """Convolutions with fewer than 16 input channels (the CNNs' first layer) run as direct float32
     sums (conv_direct_x4) in every mode: float32 error against float64, where one TF32 pass (the
@@ -323,8 +372,14 @@ def test_few_channel_conv_is_float32_in_every_mode(cp, precision, size, kernel, 
     ho, top, bottom = same_padding(size, kernel, stride)
     padded = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (top, bottom), (0, 0)))
     span = (ho - 1) * stride + 1
-    want = sum(padded[:, i:i + span:stride, j:j + span:stride] @ w[i, j].astype(np.float64)
-               for i in range(kernel) for j in range(kernel)) + b
+    want = (
+        sum(
+            padded[:, i : i + span : stride, j : j + span : stride] @ w[i, j].astype(np.float64)
+            for i in range(kernel)
+            for j in range(kernel)
+        )
+        + b
+    )
     if relu:
         want = np.maximum(want, 0.0)
     assert got.shape == want.shape == (2, ho, ho, cout)
@@ -344,10 +399,27 @@ def test_first_layer_conv_kernel_equals_the_general_direct_one_bit_for_bit(cp, g
     got = gb.conv2d_same(x, w, b, 1, relu=relu)
     want = cp.full_like(got, np.nan)
     gb._kernel("conv_direct_x4")(
-        (size, 2), (THREADS,),
-        (x, w.reshape(27, 16), np.uint64(0) if b is None else b, want, np.int32(size), np.int32(size), np.int32(3),
-         np.int32(3), np.int32(3), np.int32(1), np.int32(size), np.int32(1), np.int32(1), np.int32(16), np.int32(relu)),
-        shared_mem=27 * 16 * 4)
+        (size, 2),
+        (THREADS,),
+        (
+            x,
+            w.reshape(27, 16),
+            np.uint64(0) if b is None else b,
+            want,
+            np.int32(size),
+            np.int32(size),
+            np.int32(3),
+            np.int32(3),
+            np.int32(3),
+            np.int32(1),
+            np.int32(size),
+            np.int32(1),
+            np.int32(1),
+            np.int32(16),
+            np.int32(relu),
+        ),
+        shared_mem=27 * 16 * 4,
+    )
     assert bool(cp.isfinite(got).all()) and float(cp.abs(got).max()) > 0
     np.testing.assert_array_equal(got.get(), want.get())
 
@@ -405,7 +477,7 @@ def test_batched_equals_one_by_one(cp, gpu_model, scenes):
     images, cameras = scenes
     coarse, refined = (a.get() for a in gpu_model.run(images, cameras))
     for b in range(3):
-        c1, r1 = (a.get() for a in gpu_model.run(images[b:b + 1], cameras[b:b + 1]))
+        c1, r1 = (a.get() for a in gpu_model.run(images[b : b + 1], cameras[b : b + 1]))
         assert_mostly_within(coarse[b], c1[0], VERTEX_ATOL, GPU_MAX_FRACTION)
         assert_mostly_within(refined[b], r1[0], VERTEX_ATOL, GPU_MAX_FRACTION)
 
@@ -418,8 +490,14 @@ def test_graph_replay_equals_eager(cp, gb):
     cams = random_cameras(rng, 2)
     tf = DeviceTransforms.from_cameras(gb, cams)
     coords = cp.asarray(random_points(rng, 2, 618))
-    maps1 = [cp.asarray(rng.standard_normal((6, s, s, c)).astype(np.float32)) for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
-    maps2 = pad_maps(gb, [cp.asarray(rng.standard_normal((6, s, s, c)).astype(np.float32)) for s, c in ((224, 16), (112, 32), (56, 64))])
+    maps1 = [
+        cp.asarray(rng.standard_normal((6, s, s, c)).astype(np.float32))
+        for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))
+    ]
+    maps2 = pad_maps(
+        gb,
+        [cp.asarray(rng.standard_normal((6, s, s, c)).astype(np.float32)) for s, c in ((224, 16), (112, 32), (56, 64))],
+    )
 
     def step(pts):
         f1 = graph_projection(gb, pts, maps1, tf)
@@ -448,7 +526,7 @@ def test_capturing_cublas_work_says_why_it_fails(cp, scenes, monkeypatch):
     from xmesh.model.deformation import local_gconv
     from xmesh.template_gen import generate_template
 
-    monkeypatch.setenv("XMESH_HOPPER_GEMM", "0")   # as on a GPU other than an H100/H200
+    monkeypatch.setenv("XMESH_HOPPER_GEMM", "0")  # as on a GPU other than an H100/H200
     # a backend of its own: get_backend's shared fp16 backend keeps the Hopper kernels
     model = Reconstructor(synthetic_weights(2), template=generate_template(), backend=CupyBackend(precision="fp16"))
     be = model.backend
@@ -456,8 +534,9 @@ def test_capturing_cublas_work_says_why_it_fails(cp, scenes, monkeypatch):
     layers = model.stage2.blocks[0]
     x = cp.asarray(np.random.default_rng(1).standard_normal((1, 43, 100, 339)).astype(np.float32))
     with pytest.raises(GraphCaptureError, match="cuBLAS"):
-        be.capture(lambda h: local_gconv(be, layers[0], h, model.stage2.sample_cheb1, model.stage2.sample_cheb0),
-                   x, warmup=1)
+        be.capture(
+            lambda h: local_gconv(be, layers[0], h, model.stage2.sample_cheb1, model.stage2.sample_cheb0), x, warmup=1
+        )
     images, cameras = scenes
     assert np.isfinite(model.run(images[:1], cameras[:1])[1].get()).all()
 
@@ -476,7 +555,7 @@ def test_whole_reconstruction_replays_as_a_cuda_graph(cp, scenes):
     graphed = Reconstructor(weights, template=template, backend="cupy")
     assert graphed.graphs
     for size in (1, 2):
-        for start in (0, 1, 0):          # call 1 eager, call 2 captures + replays, call 3 replays new inputs
+        for start in (0, 1, 0):  # call 1 eager, call 2 captures + replays, call 3 replays new inputs
             sl = slice(start, start + size)
             want = [a.get() for a in eager.run(images[sl], cameras[sl])]
             got = [a.get() for a in graphed.run(images[sl], cameras[sl])]
@@ -516,7 +595,7 @@ def test_graphs_stay_within_their_memory_share(cp, scenes):
     assert sorted(graphed.graph_bytes()) == [1, 2]
     assert sum(graphed.graph_bytes().values()) <= graphed.graph_memory_share * total
     graphed.graph_memory_share = 0.25
-    call(3)                                   # with room again, the next call captures it
+    call(3)  # with room again, the next call captures it
     assert sorted(graphed.graph_bytes()) == [1, 2, 3]
 
 
@@ -532,7 +611,7 @@ def test_graph_replay_takes_device_images_and_leaves_them_alone(cp, scenes):
     eager = Reconstructor(weights, template=template, backend="cupy", graphs=False)
     graphed = Reconstructor(weights, template=template, backend="cupy")
     first = cp.asarray(images[0:1])
-    for start in (0, 0, 1, 2):             # eager, capture + replay, replays of new device inputs
+    for start in (0, 0, 1, 2):  # eager, capture + replay, replays of new device inputs
         sl = slice(start, start + 1)
         got = graphed.run(first if start == 0 else cp.asarray(images[sl]), cameras[sl])
         want = eager.run(images[sl], cameras[sl])
@@ -589,16 +668,22 @@ def test_projection_with_carried_columns_feeds_the_graph_conv_in_place(cp, gb, b
     rng = np.random.default_rng(n)
     tf = DeviceTransforms.from_cameras(gb, random_cameras(rng, batch))
     coords = cp.asarray(random_points(rng, batch, n))
-    maps = [cp.asarray(rng.standard_normal((batch, s, s, c)).astype(np.float32))
-            for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))]
+    maps = [
+        cp.asarray(rng.standard_normal((batch, s, s, c)).astype(np.float32))
+        for s, c in ((56, 64), (28, 128), (14, 256), (7, 512))
+    ]
     carried = cp.asarray(rng.standard_normal((batch, n, 192)).astype(np.float32))
     joined = graph_projection(gb, coords, maps, tf, True, carried)
     alone = graph_projection(gb, coords, maps, tf, True)
     assert joined.shape == (batch, n, 3075) and joined.strides[1] == 3076 * 4
     np.testing.assert_array_equal(joined.get(), np.concatenate([alone.get(), carried.get()], axis=-1))
     s1 = gb.sparse(sp.random(n, n, density=6 / n, random_state=1, dtype=np.float32).tocsr())
-    layer = GraphConv(cp.asarray((rng.standard_normal((3075, 384)) / 55).astype(np.float32)),
-                      cp.asarray(rng.standard_normal(192).astype(np.float32)), 192, True)
+    layer = GraphConv(
+        cp.asarray((rng.standard_normal((3075, 384)) / 55).astype(np.float32)),
+        cp.asarray(rng.standard_normal(192).astype(np.float32)),
+        192,
+        True,
+    )
     in_place = graph_conv(gb, layer, joined, (None, s1))
     copied = graph_conv(gb, layer, cp.ascontiguousarray(joined), (None, s1))
     np.testing.assert_array_equal(in_place.get(), copied.get())
@@ -628,11 +713,13 @@ def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
     real = be._cudnn.conv2d_same_relu
     monkeypatch.setattr(be._cudnn, "conv2d_same_relu", lambda *a: (calls.append(a[0].shape), real(*a))[1])
     got = be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 1).get()
-    be.conv2d_same(cp.asarray(x[:2]), cp.asarray(w), cp.asarray(b), 1)          # too small
-    be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 2)              # strided
+    be.conv2d_same(cp.asarray(x[:2]), cp.asarray(w), cp.asarray(b), 1)  # too small
+    be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.asarray(b), 2)  # strided
     assert calls == [x.shape]
     padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    exact = sum(padded[:, i:i + 112, j:j + 112] @ w[i, j].astype(np.float64) for i in range(3) for j in range(3)) + b
+    exact = (
+        sum(padded[:, i : i + 112, j : j + 112] @ w[i, j].astype(np.float64) for i in range(3) for j in range(3)) + b
+    )
     want = np.maximum(exact, 0.0)
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert 3e-5 < err < 3e-3, err
@@ -653,7 +740,9 @@ def test_large_convolutions_of_the_speed_modes_go_to_cudnn(cp, monkeypatch):
     assert 3e-5 < err < 3e-3, err
 
 
-@pytest.mark.parametrize("batch,n,relu,with_res", [(1, 2466, True, True), (3, 618, False, False), (2, 156, True, False)])
+@pytest.mark.parametrize(
+    "batch,n,relu,with_res", [(1, 2466, True, True), (3, 618, False, False), (2, 156, True, False)]
+)
 def test_csr_gconv_x4_equals_the_scalar_kernel_bit_for_bit(cp, gb, batch, n, relu, with_res):
     """csr_gconv_x4 (4 columns a thread, 32-bit indices) gives exactly csr_gconv's results."""
     import scipy.sparse as sp
@@ -668,10 +757,25 @@ def test_csr_gconv_x4_equals_the_scalar_kernel_bit_for_bit(cp, gb, batch, n, rel
     for kernel, per_thread in (("csr_gconv", 1), ("csr_gconv_x4", 4)):
         out = cp.full((batch, n, cout), np.nan, dtype=cp.float32)
         total = out.size // per_thread
-        gb._kernel(kernel)(((total + 255) // 256,), (256,),
-                           (s1.indptr, s1.indices, s1.data, y, np.int32(2 * cout), np.int32(cout), bias,
-                            np.uint64(0) if res is None else res, out, np.int32(batch), np.int32(n),
-                            np.int32(cout), np.int32(relu)))
+        gb._kernel(kernel)(
+            ((total + 255) // 256,),
+            (256,),
+            (
+                s1.indptr,
+                s1.indices,
+                s1.data,
+                y,
+                np.int32(2 * cout),
+                np.int32(cout),
+                bias,
+                np.uint64(0) if res is None else res,
+                out,
+                np.int32(batch),
+                np.int32(n),
+                np.int32(cout),
+                np.int32(relu),
+            ),
+        )
         outs.append(out.get())
     assert np.isfinite(outs[1]).all()
     np.testing.assert_array_equal(outs[1], outs[0])
@@ -708,7 +812,7 @@ def test_stage1_graph_conv_after_unpooling_equals_reference(cp, gb, ref_gb, n_ol
     first = graph_conv(ref_gb, layer, unpool(ref_gb, x, edges), (None, ref_gb.sparse(s1)))
     np.testing.assert_allclose(out.get(), first.get(), rtol=1e-4, atol=1e-5)
     with pytest.raises(InputError, match="support"):
-        graph_conv(gb, layer, x, (None, gb.sparse(s1[:n - 1, :n - 1])), pool_idx=edges)
+        graph_conv(gb, layer, x, (None, gb.sparse(s1[: n - 1, : n - 1])), pool_idx=edges)
 
 
 @pytest.mark.parametrize("batch,n,c", [(1, 156, 963), (3, 618, 3075), (2, 5, 1)])
@@ -752,7 +856,7 @@ def test_16bit_modes_replay_as_cuda_graphs_on_hopper(cp, hopper, scenes, precisi
     eager = Reconstructor(weights, template=template, backend="cupy", precision=precision, graphs=False)
     assert graphed.backend.can_capture_network and graphed.graphs
     want = [a.get() for a in eager.run(images[:1], cameras[:1])]
-    for _ in range(3):   # eager, capture + replay, replay
+    for _ in range(3):  # eager, capture + replay, replay
         got = [a.get() for a in graphed.run(images[:1], cameras[:1])]
     assert 1 in graphed.graph_bytes()
     for w, g in zip(want, got):
@@ -777,7 +881,7 @@ def test_products_outside_the_deformation_layers_follow_the_mode(cp, precision):
     w = (rng.standard_normal((3, 3, 16, 32)) / 12).astype(np.float32)
     conv = be.conv2d_same(cp.asarray(x), cp.asarray(w), cp.zeros(32, dtype=cp.float32), 1, relu=False).get()
     padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    conv_exact = sum(padded[:, i:i + 30, j:j + 30] @ w[i, j].astype(np.float64) for i in range(3) for j in range(3))
+    conv_exact = sum(padded[:, i : i + 30, j : j + 30] @ w[i, j].astype(np.float64) for i in range(3) for j in range(3))
     conv_err = np.linalg.norm(conv - conv_exact) / np.linalg.norm(conv_exact)
     if precision == "fp32":
         assert err < 1e-6 and conv_err < 1e-6, (err, conv_err)
@@ -811,4 +915,3 @@ _CPU_TESTS = {"test_missing_cupy_names_what_to_install", "test_unknown_precision
 for _name, _obj in list(globals().items()):
     if _name.startswith("test_") and _name not in _CPU_TESTS and callable(_obj):
         globals()[_name] = requires_cuda(pytest.mark.gpu(_obj))
-

@@ -1,6 +1,7 @@
 """The manual (docs/, Sphinx): every public name is in its API reference. The manual is built here
 into a temporary folder and its inventory (objects.inv, what Sphinx indexed) is read back; .ci/run
 builds it again with warnings as errors."""
+
 from __future__ import annotations
 
 import importlib
@@ -55,9 +56,13 @@ def public_names(module) -> list[str]:
     """``__all__``, else the classes and functions the module itself defines without a leading underscore."""
     if hasattr(module, "__all__"):
         return list(module.__all__)
-    return [name for name, obj in vars(module).items()
-            if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
-            and obj.__module__ == module.__name__]
+    return [
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and obj.__module__ == module.__name__
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +93,12 @@ def test_the_manual_builds_without_warnings(documented):
 def is_documented(documented, qualified: str, obj) -> bool:
     names, objects, _ = documented
     canonical = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
-    return qualified in names or canonical in names or (inspect.ismodule(obj) and obj.__name__ in names) \
+    return (
+        qualified in names
+        or canonical in names
+        or (inspect.ismodule(obj) and obj.__name__ in names)
         or id(obj) in objects
+    )
 
 
 def test_every_name_of_xmesh_all_is_in_the_api_reference(documented):

@@ -8,6 +8,7 @@ reference_layer16 calls bit for bit (tests/drb16_reference.py; test_drb16_refere
 kernel against float64). The W stream's layout is
 checked on the CPU; the rest needs a GPU of compute capability 9.0.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,7 @@ def test_w_stream_holds_each_weight_once_in_the_kernels_order():
     prepared 384 x 192 weight appears exactly once."""
     from xmesh.backends.cupy_backend.hopper import accumulator_columns, chain_piece_index
 
-    ldb = 200   # a row pitch other than 192: the index must use it
+    ldb = 200  # a row pitch other than 192: the index must use it
     index = chain_piece_index(ldb)
     assert index.shape == (6, 2, 192, 4, 8)
     columns = accumulator_columns()
@@ -76,13 +77,16 @@ def chain_case(cp, operands, b, n, seed, cin=339, ldx=344):
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("b,n,cin,ldx", [
-    (1, 2466, 339, 344),   # the model's size: 617 tiles, persistent blocks take four or five
-    (2, 10, 339, 344),     # partial vertex tiles, fewer tiles than multiprocessors
-    (3, 301, 339, 352),    # 228 tiles: blocks take one or two, tiles cross samples
-    (2, 77, 130, 136),     # five first-layer slices: fewer than the six X half-buffers
-    (1, 50, 384, 392),     # twelve first-layer slices, the last one whole
-])
+@pytest.mark.parametrize(
+    "b,n,cin,ldx",
+    [
+        (1, 2466, 339, 344),  # the model's size: 617 tiles, persistent blocks take four or five
+        (2, 10, 339, 344),  # partial vertex tiles, fewer tiles than multiprocessors
+        (3, 301, 339, 352),  # 228 tiles: blocks take one or two, tiles cross samples
+        (2, 77, 130, 136),  # five first-layer slices: fewer than the six X half-buffers
+        (1, 50, 384, 392),  # twelve first-layer slices, the last one whole
+    ],
+)
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
 def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n, cin, ldx):
     from xmesh.backends.cupy_backend.hopper import mixing_source, widen16
@@ -94,16 +98,16 @@ def test_chain_equals_five_single_layers_bit_for_bit(cp, hopper, operands, b, n,
     want = reference_block16(hopper, x, weights, bias, mixing)
 
     chain = hopper.prepare_chain16(weights[0], weights[1:], bias)
-    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)  # the pool hands this memory out next
     del poison
     got = hopper.drb_chain16(x, chain, mixing)
     assert got.dtype == x.dtype and got.shape == (b, 43, n, 192)
     want16, got16 = want.view(cp.uint16).get(), got.view(cp.uint16).get()
-    assert (want16 != 0).mean() > 0.3   # the layers did not die out: a real comparison
-    assert bool(cp.isfinite(widen16(cp, got, operands)).all())   # the NaN past cin was not read
+    assert (want16 != 0).mean() > 0.3  # the layers did not die out: a real comparison
+    assert bool(cp.isfinite(widen16(cp, got, operands)).all())  # the NaN past cin was not read
     mismatch = np.argwhere(want16 != got16)
     assert mismatch.size == 0, (len(mismatch), mismatch[:5])
-    again = hopper.drb_chain16(x, chain, mixing)   # deterministic
+    again = hopper.drb_chain16(x, chain, mixing)  # deterministic
     np.testing.assert_array_equal(again.view(cp.uint16).get(), got16)
 
 
@@ -126,8 +130,8 @@ def test_chain_with_the_score_layer_leaves_its_products(cp, hopper, operands, b,
     got = hopper.drb_chain16(x, chain, mixing, score_weight=cp.asarray(w)).get()
     assert got.shape == (b, 43, n, 2) and got.dtype == np.float32
     want = x5 @ w.astype(np.float64)
-    bound = 192 * 2.0 ** -24 * (np.abs(x5) @ np.abs(w.astype(np.float64)))
-    assert (np.abs(want) > 1e-3).mean() > 0.9   # real products, not a dead block
+    bound = 192 * 2.0**-24 * (np.abs(x5) @ np.abs(w.astype(np.float64)))
+    assert (np.abs(want) > 1e-3).mean() > 0.9  # real products, not a dead block
     excess = np.abs(got - want) - bound
     assert excess.max() <= 0, (int((excess > 0).sum()), float(excess.max()))
     with pytest.raises(ValueError, match="192, 2"):
@@ -156,9 +160,12 @@ def test_score_finish_against_float64(cp, parts):
     backend = CupyBackend(precision="fp16")
     out = cp.full((b, n, 3), np.nan, dtype=cp.float32)
     backend._kernel("drb_score_finish")(
-        (-(-(b * n) // SCORE_FINISH_VERTICES),), (SCORE_FINISH_THREADS,),
+        (-(-(b * n) // SCORE_FINISH_VERTICES),),
+        (SCORE_FINISH_THREADS,),
         (cp.asarray(planes), np.int32(parts), np.int64(b * 43 * n))
-        + tuple(cp.asarray(a) for a in (a1, bias, offsets, centers)) + (out, np.int32(b), np.int32(n)))
+        + tuple(cp.asarray(a) for a in (a1, bias, offsets, centers))
+        + (out, np.int32(b), np.int32(n)),
+    )
     r = planes.astype(np.float64).sum(axis=0)
     score = np.maximum(r[..., 0] + np.einsum("kj,bjn->bkn", a1.astype(np.float64), r[..., 1]) + bias[0], 0)
     weight = np.exp(score - score.max(axis=1, keepdims=True))
@@ -166,7 +173,7 @@ def test_score_finish_against_float64(cp, parts):
     want = centers + np.einsum("bkn,kc->bnc", weight, offsets.astype(np.float64))
     np.testing.assert_allclose(out.get(), want, rtol=0, atol=2e-6)
     moved = np.abs(want - centers).max()
-    assert moved > 1e-3   # the offsets matter at this tolerance
+    assert moved > 1e-3  # the offsets matter at this tolerance
 
 
 @requires_cuda
@@ -222,22 +229,23 @@ def test_model_with_the_chain_equals_the_model_without(cp, hopper, precision):
     original = backend.hopper.drb_chain16
     backend.hopper.drb_chain16 = lambda *a, **kw: calls.append("score_weight" in kw) or original(*a, **kw)
     fused = [a.get() for a in model.run(images, cameras)]
-    assert calls == [True, True]   # one call per deformation block, the score layer inside
+    assert calls == [True, True]  # one call per deformation block, the score layer inside
     backend.fuse_drb_score = False
     chained = [a.get() for a in model.run(images, cameras)]
     assert calls[2:] == [False, False]
 
     def one_by_one(layers, x, cheb1, cheb0=None):
         prepared = [backend.hopper.prepare(layer.weight, precision) for layer in layers]
-        return reference_block16(backend.hopper, x, prepared, [layer.bias for layer in layers],
-                                 mixing_source(cheb1.get()))
+        return reference_block16(
+            backend.hopper, x, prepared, [layer.bias for layer in layers], mixing_source(cheb1.get())
+        )
 
     backend.op_drb_block_layers = one_by_one
     single = [a.get() for a in model.run(images, cameras)]
     assert len(calls) == 4
     for c, s in zip(chained, single):
         np.testing.assert_array_equal(c, s)
-    np.testing.assert_array_equal(fused[0], chained[0])   # the coarse mesh: stage 1 alone
+    np.testing.assert_array_equal(fused[0], chained[0])  # the coarse mesh: stage 1 alone
     assert_mostly_within(fused[1], chained[1], GPU_ATOL, GPU_MAX_FRACTION)
     assert np.isfinite(fused[1]).all() and not np.array_equal(fused[1], fused[0])
 
@@ -256,8 +264,11 @@ def test_block_tail_with_the_score_in_the_chain(cp, hopper, operands):
     a1, x, ws, biases = chain_case(cp, operands, b, n, seed=21)
     rng = np.random.default_rng(21)
     layers = [GraphConv(cp.asarray(w), cp.asarray(v), 192, True) for w, v in zip(ws, biases)]
-    layers.append(GraphConv(cp.asarray((rng.standard_normal((192, 2)) / 8).astype(np.float32)),
-                            cp.asarray(np.float32([0.1])), 1, True))
+    layers.append(
+        GraphConv(
+            cp.asarray((rng.standard_normal((192, 2)) / 8).astype(np.float32)), cp.asarray(np.float32([0.1])), 1, True
+        )
+    )
     cheb1 = cp.asarray(a1)
     offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.05).astype(np.float32))
     centers = cp.asarray(rng.standard_normal((b, n, 3)).astype(np.float32))
@@ -267,7 +278,7 @@ def test_block_tail_with_the_score_in_the_chain(cp, hopper, operands):
     separate = backend.op_score_update(layers[5], x5, cheb1, None, centers, offsets)
     assert fused is not None and separate is not None
     moved = cp.abs(separate - centers).max()
-    assert float(moved) > 1e-2   # the scores matter at this tolerance
+    assert float(moved) > 1e-2  # the scores matter at this tolerance
     np.testing.assert_allclose(fused.get(), separate.get(), rtol=0, atol=1e-6)
     backend.fuse_drb_score = False
     assert backend.op_drb_block_tail(layers, x, cheb1, None, centers, offsets) is None

@@ -6,6 +6,7 @@ skipped elsewhere).
 
 which is the layer relu(X W0 + A1 (X W1) + b) (+ res) of MODEL.md with one more 16-bit rounding (Z's).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,7 @@ pytestmark = [requires_cuda, pytest.mark.gpu]
 def unit_in_last_place(y, operands):
     """The spacing of the mode's 16-bit values at |y| (float16: 11 significant bits, bfloat16: 8)."""
     bits = 11 if operands == "fp16" else 8
-    _, exponent = np.frexp(np.maximum(np.abs(y), 2.0 ** -14))
+    _, exponent = np.frexp(np.maximum(np.abs(y), 2.0**-14))
     return np.ldexp(1.0, exponent - bits)
 
 
@@ -51,7 +52,7 @@ def float64_layer16(x16, w, a1, bias, res16, operands):
     z = z.astype(np.float64)
     out = np.maximum(x @ w16[:, :cout] + z @ w16[:, cout:] + bias, 0.0)
     terms = np.abs(x) @ np.abs(w16[:, :cout]) + np.abs(z) @ np.abs(w16[:, cout:]) + np.abs(bias)
-    bound = (2 * x.shape[-1] + 2) * 2.0 ** -24 * terms
+    bound = (2 * x.shape[-1] + 2) * 2.0**-24 * terms
     return (out if res16 is None else out + res16), bound
 
 
@@ -79,15 +80,18 @@ def layer_case(cp, operands, b, n, cin, with_residual, seed):
     return a1, x16, w, bias, res16
 
 
-@pytest.mark.parametrize("b,n,cin,with_residual", [
-    (2, 10, 192, True),     # partial vertex tile (10 = 2 x 4 + 2)
-    (1, 7, 64, False),      # one 64-wide weight buffer, no residual
-    (2, 301, 128, True),    # 152 tiles: persistent blocks run one or two, slices cross tiles
-    (1, 2466, 192, True),   # the model's size: 617 tiles
-    (1, 2466, 339, False),  # a block's first layer: 96-column tiles, rows padded to 344 (NaN), a zero-filled slice
-    (2, 37, 256, True),     # 96-column tiles, cin a multiple of 64, a residual, partial vertex tile
-    (1, 9, 100, False),     # cin 100: 4 slices, the last partly zero-filled, all 192 columns per tile
-])
+@pytest.mark.parametrize(
+    "b,n,cin,with_residual",
+    [
+        (2, 10, 192, True),  # partial vertex tile (10 = 2 x 4 + 2)
+        (1, 7, 64, False),  # one 64-wide weight buffer, no residual
+        (2, 301, 128, True),  # 152 tiles: persistent blocks run one or two, slices cross tiles
+        (1, 2466, 192, True),  # the model's size: 617 tiles
+        (1, 2466, 339, False),  # a block's first layer: 96-column tiles, rows padded to 344 (NaN), a zero-filled slice
+        (2, 37, 256, True),  # 96-column tiles, cin a multiple of 64, a residual, partial vertex tile
+        (1, 9, 100, False),  # cin 100: 4 slices, the last partly zero-filled, all 192 columns per tile
+    ],
+)
 @pytest.mark.parametrize("operands", ["fp16", "bf16"])
 def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin, with_residual):
     """Every output element within one unit in the last place of the 16-bit output (half a unit is
@@ -100,7 +104,7 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
     a1, x16, w, bias, res16 = layer_case(cp, operands, b, n, cin, with_residual, seed=n + cin + len(operands))
     stacked = hopper.prepare(cp.asarray(w), operands)
     mixing = mixing_source(a1)
-    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)  # the pool hands this memory out next
     del poison
     out = reference_layer16(hopper, x16, stacked, cp.asarray(bias), res16, mixing)
     assert out.dtype == activation_dtype(cp, operands) and out.shape == (b, 43, n, 192)
@@ -114,10 +118,17 @@ def test_input_side_mixing_layer_against_float64(cp, hopper, operands, b, n, cin
     assert excess.max() <= 1.0, (excess.max(), np.unravel_index(excess.argmax(), excess.shape))
 
     unit = 2.0 ** (-11 if operands == "fp16" else -8)
-    exact = drb_reference(x, round16(w, operands), a1, bias, res)   # no rounding of Z
+    exact = drb_reference(x, round16(w, operands), a1, bias, res)  # no rounding of Z
     assert rel_error(got, exact) < 2 * unit
-    output_side = hopper.drb_layer(x16, hopper.prepare(cp.asarray(w), operands, paired=True), cp.asarray(a1),
-                                   cp.asarray(bias), res16, mixing=mixing, out16=True)
+    output_side = hopper.drb_layer(
+        x16,
+        hopper.prepare(cp.asarray(w), operands, paired=True),
+        cp.asarray(a1),
+        cp.asarray(bias),
+        res16,
+        mixing=mixing,
+        out16=True,
+    )
     assert rel_error(got, widen16(cp, output_side, operands).get()) < 2 * unit
 
 
@@ -141,7 +152,7 @@ def test_input_side_mixing_layer_refuses_what_it_cannot_run(cp, hopper):
         reference_layer16(hopper, cp.concatenate([x16, x16, x16[..., :8]], axis=-1), wide, bias, res16, mixing)
     with pytest.raises(ValueError, match="residual must be"):
         reference_layer16(hopper, x16, stacked, bias, res16.astype(cp.float32), mixing)
-    shifted = cp.empty(res16.size + 1, dtype=res16.dtype)[1:].reshape(res16.shape)   # 2 bytes off
+    shifted = cp.empty(res16.size + 1, dtype=res16.dtype)[1:].reshape(res16.shape)  # 2 bytes off
     shifted[...] = res16
     with pytest.raises(ValueError, match="16-byte aligned"):
         reference_layer16(hopper, x16, stacked, bias, shifted, mixing)

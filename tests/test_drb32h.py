@@ -7,6 +7,7 @@ weight preparation (HopperGemm.prepare_halves).
 each float32 product a w taken as big big + big small + small big of float16 parts (22 bits of each
 operand, as 3xTF32), W's columns scaled by powers of two.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,7 +59,7 @@ def run_on_poisoned_memory(cp, layer, a1, x, bias, res):
     from xmesh.backends.cupy_backend.hopper import mixing_source
 
     b, _, n, cin = x.shape
-    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    poison = cp.full(b * 43 * n * 192, np.nan, dtype=cp.float32)  # the pool hands this memory out next
     del poison
     x_dev = padded_rows(cp, x) if cin % 4 else cp.asarray(x)
     out = layer(x_dev, cp.asarray(bias), None if res is None else cp.asarray(res), mixing_source(a1))
@@ -75,20 +76,23 @@ def assert_float32_accurate(got, x, w, a1, bias, res):
     ref = drb_reference(x, w, a1, bias, res)
     err, f32 = rel_error(got, ref), rel_error(float32_layer(x, w, a1, bias, res), ref)
     assert err <= 4 * f32 + 1e-7, (err, f32)
-    bound = (2 * x.shape[-1] + 64) * 2.0 ** -23 * (magnitudes(x, w, a1, bias) + (0 if res is None else np.abs(res)))
+    bound = (2 * x.shape[-1] + 64) * 2.0**-23 * (magnitudes(x, w, a1, bias) + (0 if res is None else np.abs(res)))
     excess = np.abs(got - ref) / bound
     assert excess.max() <= 1.0, (excess.max(), np.unravel_index(excess.argmax(), excess.shape))
 
 
-@pytest.mark.parametrize("b,n,cin,with_residual", [
-    (2, 10, 192, True),     # partial vertex tile (10 = 2 x 4 + 2)
-    (1, 7, 64, False),      # two K slices, no residual
-    (2, 301, 128, True),    # 151 tiles: persistent blocks run two, the slices cross tiles
-    (1, 2466, 192, True),   # the model's size: 617 vertex tiles
-    (1, 2466, 339, False),  # a block's first layer: rows padded to 340 (NaN), a partial last slice
-    (3, 37, 256, True),     # several samples, a partial vertex tile
-    (1, 9, 100, False),     # cin 100: the last slice partly zero-filled
-])
+@pytest.mark.parametrize(
+    "b,n,cin,with_residual",
+    [
+        (2, 10, 192, True),  # partial vertex tile (10 = 2 x 4 + 2)
+        (1, 7, 64, False),  # two K slices, no residual
+        (2, 301, 128, True),  # 151 tiles: persistent blocks run two, the slices cross tiles
+        (1, 2466, 192, True),  # the model's size: 617 vertex tiles
+        (1, 2466, 339, False),  # a block's first layer: rows padded to 340 (NaN), a partial last slice
+        (3, 37, 256, True),  # several samples, a partial vertex tile
+        (1, 9, 100, False),  # cin 100: the last slice partly zero-filled
+    ],
+)
 def test_three_half_products_layer_against_float64(cp, hopper, b, n, cin, with_residual):
     """As accurate as float32 arithmetic (within 4x its error over the whole output, and every element
     within a float32 accumulation bound of its terms' magnitudes, which a misplaced row or column or a
@@ -96,8 +100,9 @@ def test_three_half_products_layer_against_float64(cp, hopper, b, n, cin, with_r
     rng = np.random.default_rng(n + cin + 11)
     a1, x, w, bias, res = layer_case(rng, b, n, cin, with_residual)
     halves = hopper.prepare_halves(cp.asarray(w))
-    got = run_on_poisoned_memory(cp, lambda xd, bd, rd, mixing: hopper.drb_layer_3xf16(xd, halves, bd, rd, mixing),
-                                 a1, x, bias, res)
+    got = run_on_poisoned_memory(
+        cp, lambda xd, bd, rd, mixing: hopper.drb_layer_3xf16(xd, halves, bd, rd, mixing), a1, x, bias, res
+    )
     assert_float32_accurate(got, x, w, a1, bias, res)
 
 
@@ -112,8 +117,9 @@ def test_three_half_products_keep_float32_accuracy_across_magnitudes(cp, hopper,
     a1, x, w, bias, res = layer_case(rng, 1, 50, 192, True)
     x, w = (x * x_scale).astype(np.float32), (w * w_scale).astype(np.float32)
     bias, res = (bias * x_scale * w_scale).astype(np.float32), (res * x_scale * w_scale).astype(np.float32)
-    out = hopper.drb_layer_3xf16(cp.asarray(x), hopper.prepare_halves(cp.asarray(w)), cp.asarray(bias),
-                              cp.asarray(res), mixing_source(a1)).get()
+    out = hopper.drb_layer_3xf16(
+        cp.asarray(x), hopper.prepare_halves(cp.asarray(w)), cp.asarray(bias), cp.asarray(res), mixing_source(a1)
+    ).get()
     assert_float32_accurate(out, x, w, a1, bias, res)
 
 
@@ -134,14 +140,14 @@ def test_prepare_halves_parts_and_scales(cp, hopper):
     assert ((largest >= 128) & (largest < 256)).all()
     # 70 rows: three slices, each the two column groups' W1 and W0 pieces, big and small, of 96 rows
     stream = halves.stream.get().view(np.float16).reshape(3, 2, 2, 2, 96, 4, 8)
-    col = 96 + accumulator_columns(96)[5]   # the second group's row 5
-    big, small = stream[0, 1, 0, 0, 5, 0], stream[0, 1, 0, 1, 5, 0]   # W1; chunk 2 at position 2 ^ ((5 >> 1) & 3) = 0
+    col = 96 + accumulator_columns(96)[5]  # the second group's row 5
+    big, small = stream[0, 1, 0, 0, 5, 0], stream[0, 1, 0, 1, 5, 0]  # W1; chunk 2 at position 2 ^ ((5 >> 1) & 3) = 0
     target = w[16:24, 192 + col].astype(np.float64) / scale[col]
     assert np.array_equal(big.astype(np.float64), target.astype(np.float16).astype(np.float64))
-    assert np.abs(big.astype(np.float64) + small - target).max() <= 2.0 ** -21 * np.abs(target).max()
+    assert np.abs(big.astype(np.float64) + small - target).max() <= 2.0**-21 * np.abs(target).max()
     n, pos = np.meshgrid(np.arange(96), np.arange(4), indexing="ij")
-    k_row = 64 + 8 * (pos ^ ((n >> 1) & 3))[..., None] + np.arange(8)   # slice 2's K rows, (n, pos, e)
-    assert not stream[2][..., k_row >= 70].any() and stream[2][..., k_row < 70].all(axis=-1).any()   # zeros past k
+    k_row = 64 + 8 * (pos ^ ((n >> 1) & 3))[..., None] + np.arange(8)  # slice 2's K rows, (n, pos, e)
+    assert not stream[2][..., k_row >= 70].any() and stream[2][..., k_row < 70].all(axis=-1).any()  # zeros past k
 
 
 def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
@@ -160,7 +166,7 @@ def test_three_half_products_refuse_what_they_cannot_run(cp, hopper):
         hopper.drb_layer_3xf16(x.astype(cp.float16), halves, bias, res, mixing)
     with pytest.raises(ValueError, match="192"):
         hopper.drb_layer_3xf16(x[..., :128], halves, bias, res, mixing)
-    odd = cp.zeros(x.shape[:-1] + (194,), dtype=cp.float32)[..., 1:193]   # rows start 4 bytes in
+    odd = cp.zeros(x.shape[:-1] + (194,), dtype=cp.float32)[..., 1:193]  # rows start 4 bytes in
     with pytest.raises(ValueError, match="16-byte aligned"):
         hopper.drb_layer_3xf16(odd, halves, bias, res, mixing)
     with pytest.raises(ValueError, match="residual must be"):
@@ -219,7 +225,7 @@ def test_last_layer_score_products_against_float64(cp, hopper, b, n, cin):
     for g in range(2):
         cols = slice(96 * g, 96 * (g + 1))
         want = x5[..., cols] @ score_w[cols].astype(np.float64)
-        bound = 100 * 2.0 ** -24 * (np.abs(x5[..., cols]) @ np.abs(score_w[cols].astype(np.float64)))
+        bound = 100 * 2.0**-24 * (np.abs(x5[..., cols]) @ np.abs(score_w[cols].astype(np.float64)))
         assert (np.abs(got[g] - want) <= bound).all(), np.abs(got[g] - want).max()
     with pytest.raises(ValueError, match=r"\(192, 2\)"):
         hopper.drb_layer_3xf16(x_dev, halves, bias_dev, res_dev, mixing, score_weight=cp.asarray(score_w[:, :1]))
@@ -237,8 +243,9 @@ def test_block_tail_with_the_score_in_the_last_layer(cp, gb, hopper, monkeypatch
     rng = np.random.default_rng(21)
     a1, x4, w, bias, x3 = layer_case(rng, b, n, 192, True)
     layer = GraphConv(cp.asarray(w), cp.asarray(bias), 192, True)
-    score = GraphConv(cp.asarray((rng.standard_normal((192, 2)) / 8).astype(np.float32)), cp.asarray(np.float32([0.1])),
-                      1, True)
+    score = GraphConv(
+        cp.asarray((rng.standard_normal((192, 2)) / 8).astype(np.float32)), cp.asarray(np.float32([0.1])), 1, True
+    )
     cheb1 = cp.asarray(a1)
     offsets = cp.asarray((rng.standard_normal((43, 3)) * 0.05).astype(np.float32))
     centers = cp.asarray(rng.standard_normal((b, n, 3)).astype(np.float32))
@@ -247,14 +254,16 @@ def test_block_tail_with_the_score_in_the_last_layer(cp, gb, hopper, monkeypatch
     x5 = gb.op_local_gconv(layer, x4, cheb1, None, x3)
     separate = gb.op_score_update(score, x5, cheb1, None, centers, offsets)
     assert fused is not None and separate is not None
-    assert float(cp.abs(separate - centers).max()) > 1e-2   # the scores matter at this tolerance
+    assert float(cp.abs(separate - centers).max()) > 1e-2  # the scores matter at this tolerance
     np.testing.assert_allclose(fused.get(), separate.get(), rtol=0, atol=1e-6)
 
     # the model's block tail: its first four layers, then this fast path
     params = type("P", (), {"sample_cheb1": cheb1, "sample_cheb0": None, "sample_coord": offsets})()
     x = cp.asarray(rng.standard_normal((b, 43, n, 192)).astype(np.float32) * 0.5)
-    layers = [GraphConv(cp.asarray((rng.standard_normal((192, 384)) / 20).astype(np.float32)), cp.asarray(bias), 192, True)
-              for _ in range(4)] + [layer, score]
+    layers = [
+        GraphConv(cp.asarray((rng.standard_normal((192, 384)) / 20).astype(np.float32)), cp.asarray(bias), 192, True)
+        for _ in range(4)
+    ] + [layer, score]
     calls = []
     real = gb.op_drb_last_layer_score
     monkeypatch.setattr(gb, "op_drb_last_layer_score", lambda *a: (calls.append(1), real(*a))[1])

@@ -1,4 +1,5 @@
 """xmesh eval: the dataset reader, the progress bar, the evaluation loop (CSV, resume, summary), the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,21 @@ def model():
 
 def _eval_args(data, out, *extra):
     root = data["root"]
-    return ["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(data["test_list"]),
-            "--weights", "synthetic:1", "--out", str(out), "--no-progress", *extra]
+    return [
+        "eval",
+        "--images",
+        str(root),
+        "--gt",
+        str(root / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +72,13 @@ def evaluated(data, tmp_path_factory):
     with open(out / "samples.csv", "a") as handle:
         handle.write(data["ids"][2] + ",04379243,12.5,0.01")  # no newline: cut mid-row
     assert cli.main(_eval_args(data, out, "--workers", "1")) == 0
-    return {"out": out, "first": first, "first_summary": first_summary,
-            "rows": read_csv(out / "samples.csv"), "summary": json.loads((out / "summary.json").read_text())}
+    return {
+        "out": out,
+        "first": first,
+        "first_summary": first_summary,
+        "rows": read_csv(out / "samples.csv"),
+        "summary": json.loads((out / "summary.json").read_text()),
+    }
 
 
 # ------------------------------------------------------------------------------------ dataset.py
@@ -69,19 +88,24 @@ def test_read_list_skips_blanks_and_comments_and_folders(tmp_path):
     path = tmp_path / "list.txt"
     path.write_text(f"# test split\n\n{ID}\n  data/p2m/03001627_ab-c_d.e_01.dat   # a comment\n\n")
     samples = read_list(path)
-    assert samples == [SampleId("02691156", "d004d0e86ea3d77a65a6ed5c458f6a32", "00"),
-                       SampleId("03001627", "ab-c_d.e", "01")]
+    assert samples == [
+        SampleId("02691156", "d004d0e86ea3d77a65a6ed5c458f6a32", "00"),
+        SampleId("03001627", "ab-c_d.e", "01"),
+    ]
     assert [str(s) for s in samples] == [ID, "03001627_ab-c_d.e_01.dat"]
 
 
-@pytest.mark.parametrize("line, why", [
-    ("02691156_abc_00.png", "'.dat'"),
-    ("02691156_00.dat", "three parts"),
-    ("plane_abc_00.dat", "synset 'plane'"),
-    ("02691156_abc_x0.dat", "view 'x0'"),
-    ("02691156_a$c_00.dat", "item 'a$c'"),
-    (f"{ID} {ID}", "more than one field"),
-])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ("02691156_abc_00.png", "'.dat'"),
+        ("02691156_00.dat", "three parts"),
+        ("plane_abc_00.dat", "synset 'plane'"),
+        ("02691156_abc_x0.dat", "view 'x0'"),
+        ("02691156_a$c_00.dat", "item 'a$c'"),
+        (f"{ID} {ID}", "more than one field"),
+    ],
+)
 def test_read_list_names_the_malformed_line(tmp_path, line, why):
     path = tmp_path / "list.txt"
     path.write_text(f"{ID}\n\n{line}\n")
@@ -133,8 +157,9 @@ def test_load_ground_truth_returns_xyz_and_validates(tmp_path):
         ("three.dat", (1, 2, 3), "3 items"),
         ("flat.dat", (np.zeros(1), points[0]), r"shape \(6,\)"),
     ]:
-        write_ground_truth(tmp_path / name, *payload) if len(payload) == 2 else \
-            (tmp_path / name).write_bytes(pickle.dumps(payload, protocol=2))
+        write_ground_truth(tmp_path / name, *payload) if len(payload) == 2 else (tmp_path / name).write_bytes(
+            pickle.dumps(payload, protocol=2)
+        )
         with pytest.raises(FileFormatError, match=message) as info:
             load_ground_truth(tmp_path / name)
         assert name in str(info.value)
@@ -186,11 +211,15 @@ def test_run_settings_defaults_and_overrides(monkeypatch):
     assert (cpu.batch_size, cpu.loaders, cpu.writers, cpu.views, cpu.with_gt) == (1, 5, 0, (0, 6, 7), True)
     gpu = RunSettings.choose(True, save_meshes=True, views=[1, 2, 3], mesh_dir="out")
     assert (gpu.batch_size, gpu.loaders, gpu.writers, gpu.views) == (GPU_BATCH, 7, 2, (1, 2, 3))
-    assert RunSettings.choose(True, 8, 0, save_meshes=True).as_summary() == {"batch_size": 8, "workers": 0, "writers": 1}
+    assert RunSettings.choose(True, 8, 0, save_meshes=True).as_summary() == {
+        "batch_size": 8,
+        "workers": 0,
+        "writers": 1,
+    }
     assert RunSettings.choose(True, 8, 3).as_summary() == {"batch_size": 8, "workers": 3, "writers": 0}
     per_worker = gpu.chosen_by_workers()
     assert (per_worker.loaders, per_worker.writers, per_worker.mesh_dir) == (None, None, "out")
-    assert gpu == RunSettings.choose(True, save_meshes=True, views=(1, 2, 3), mesh_dir="out")   # lists kept as tuples
+    assert gpu == RunSettings.choose(True, save_meshes=True, views=(1, 2, 3), mesh_dir="out")  # lists kept as tuples
     with pytest.raises(AttributeError):
         gpu.batch_size = 2
     assert RunSettings.choose(False, 4).batches(list(range(10))) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
@@ -198,11 +227,16 @@ def test_run_settings_defaults_and_overrides(monkeypatch):
 
 def test_summary_of_known_rows_and_csv_repair(tmp_path):
     path = tmp_path / "samples.csv"
-    rows = [("a_1_00.dat", "02691156", 10.0, 0.002, (10, 20, 30, 40)),
-            ("a_2_00.dat", "02691156", 20.0, 0.004, (30, 40, 50, 60)),
-            ("b_1_00.dat", "03001627", 30.0, 0.009, (0, 10, 20, 30))]
-    text = ",".join(CSV_COLUMNS) + "\n" + "".join(
-        f"{i},{c},{ms},{cd},{','.join(map(str, f))}\n" for i, c, ms, cd, f in rows)
+    rows = [
+        ("a_1_00.dat", "02691156", 10.0, 0.002, (10, 20, 30, 40)),
+        ("a_2_00.dat", "02691156", 20.0, 0.004, (30, 40, 50, 60)),
+        ("b_1_00.dat", "03001627", 30.0, 0.009, (0, 10, 20, 30)),
+    ]
+    text = (
+        ",".join(CSV_COLUMNS)
+        + "\n"
+        + "".join(f"{i},{c},{ms},{cd},{','.join(map(str, f))}\n" for i, c, ms, cd, f in rows)
+    )
     path.write_text(text + "b_2_00.dat,0300")  # an interrupted last write
     assert repair_csv(path) is True and path.read_text() == text and repair_csv(path) is False
     summary = summary_from_rows(read_csv(path))
@@ -221,8 +255,11 @@ def test_summary_of_known_rows_and_csv_repair(tmp_path):
     table = format_table(summary)
     assert "airplane" in table and "3.0000" in table and "30.00" in table
     # the table's mean lines: label, then count, CD, CD x1000, F(tau), F(2tau)
-    lines = {line[:23].split(None, 1)[1].strip(): [float(v) for v in line[23:].split()]
-             for line in table.splitlines() if line.startswith("mean ")}
+    lines = {
+        line[:23].split(None, 1)[1].strip(): [float(v) for v in line[23:].split()]
+        for line in table.splitlines()
+        if line.startswith("mean ")
+    }
     assert lines["(present)"][2] == pytest.approx(6.0) and lines["(present)"][3] == 20.0
     # the samples column counts samples in every row: 3 in the two categories, 3 in all
     assert {label: values[0] for label, values in lines.items()} == {"(present)": 3, "(samples)": 3}
@@ -317,15 +354,23 @@ def test_eval_missing_ground_truth_names_the_sample_before_computing(data, tmp_p
     assert f"sample {data['ids'][0]}: ground-truth file" in err and str(tmp_path / "gt" / data["ids"][0]) in err
     with pytest.raises(MissingFileError, match="does not exist"):
         evaluate_dataset(model, data["test_list"], data["root"], tmp_path / "gt", tmp_path / "out2", progress=False)
-    rows = (tmp_path / "out2" / "samples.csv")
+    rows = tmp_path / "out2" / "samples.csv"
     assert not rows.exists() or rows.read_text().count("\n") <= 1
 
 
 @requires_cuda
 def test_eval_on_cupy_matches_numpy(evaluated, data, tmp_path):
     gpu = Reconstructor(synthetic_weights(1), backend="cupy")
-    summary = evaluate_dataset(gpu, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "gpu",
-                               batch_size=2, workers=2, progress=False)
+    summary = evaluate_dataset(
+        gpu,
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "gpu",
+        batch_size=2,
+        workers=2,
+        progress=False,
+    )
     assert summary["samples"] == 3
     cpu = {r["id"]: r for r in evaluated["rows"]}
     for row in read_csv(tmp_path / "gpu" / "samples.csv"):

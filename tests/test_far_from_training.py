@@ -1,5 +1,6 @@
 """Inputs far from the network's training get a warning naming what is odd: tiny images, a field of
 view other than 25, a camera distance in another unit; training-like inputs get none."""
+
 from __future__ import annotations
 
 import warnings
@@ -16,7 +17,7 @@ ROWS = [[28.9, 28.4, 0, 0.785, 25], [93.9, 26.3, 0, 0.703, 25], [278.2, 29.4, 0,
 
 def _white_object(path, side):
     image = np.full((side, side, 3), 255, np.uint8)
-    image[side // 3: side - side // 3 or 1, side // 3: side - side // 3 or 1] = (40, 90, 200)
+    image[side // 3 : side - side // 3 or 1, side // 3 : side - side // 3 or 1] = (40, 90, 200)
     cv2.imwrite(str(path), image)
     return path
 
@@ -40,13 +41,16 @@ def test_renderings_of_64_pixels_and_more_do_not_warn(tmp_path):
         load_images(paths)
 
 
-@pytest.mark.parametrize(("column", "value", "said"), [
-    (4, 30.0, "row 1 has field of view 30 (column 4); the training cameras' is 25"),
-    (4, 0.0, "row 1 has field of view 0 (column 4)"),
-    (3, 785.0, "row 1 has distance 785 (another unit, such as millimetres?), far from the 0.62-0.88 of training"),
-    (3, 2.5, "row 1 has distance 2.5, far from the 0.62-0.88 of training"),
-    (3, 0.3, "row 1 has distance 0.3, far"),
-])
+@pytest.mark.parametrize(
+    ("column", "value", "said"),
+    [
+        (4, 30.0, "row 1 has field of view 30 (column 4); the training cameras' is 25"),
+        (4, 0.0, "row 1 has field of view 0 (column 4)"),
+        (3, 785.0, "row 1 has distance 785 (another unit, such as millimetres?), far from the 0.62-0.88 of training"),
+        (3, 2.5, "row 1 has distance 2.5, far from the 0.62-0.88 of training"),
+        (3, 0.3, "row 1 has distance 0.3, far"),
+    ],
+)
 def test_cameras_far_from_training_warn_naming_the_row(column, value, said):
     rows = np.array(ROWS)
     rows[1, column] = value
@@ -54,12 +58,12 @@ def test_cameras_far_from_training_warn_naming_the_row(column, value, said):
         out = load_cameras(rows)
     assert len(caught) == 1 and said in str(caught[0].message)
     assert "millimetres" in str(caught[0].message) if value == 785.0 else "millimetres" not in str(caught[0].message)
-    np.testing.assert_array_equal(out, rows.astype(np.float32))   # warned, not changed
+    np.testing.assert_array_equal(out, rows.astype(np.float32))  # warned, not changed
 
 
 def test_a_file_names_its_own_row_numbers(tmp_path):
     rows = np.array([ROWS[0]] * 8)
-    rows[6, 3] = 785.0   # rendering_metadata.txt: views 0, 6, 7 by default
+    rows[6, 3] = 785.0  # rendering_metadata.txt: views 0, 6, 7 by default
     path = tmp_path / "rendering_metadata.txt"
     path.write_text("\n".join(" ".join(f"{v:g}" for v in row) for row in rows) + "\n")
     with pytest.warns(UserWarning, match=r"row 6 has distance 785 "):

@@ -1,4 +1,5 @@
 """Pictures frame their mesh: framed views, `xmesh render` (framed and --camera-view), the demo's picture."""
+
 from __future__ import annotations
 
 import cv2
@@ -39,13 +40,18 @@ def _non_white(rgb: np.ndarray, label_rows: int) -> np.ndarray:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=st.sampled_from(shapes.SHAPE_NAMES), log_scale=st.floats(-3.0, 3.0),
-       offset=st.tuples(*[st.floats(-30.0, 30.0)] * 3), shift=st.floats(-2.0, 2.0), seed=st.integers(0, 2**16))
+@given(
+    shape=st.sampled_from(shapes.SHAPE_NAMES),
+    log_scale=st.floats(-3.0, 3.0),
+    offset=st.tuples(*[st.floats(-30.0, 30.0)] * 3),
+    shift=st.floats(-2.0, 2.0),
+    seed=st.integers(0, 2**16),
+)
 def test_a_mesh_of_any_scale_and_position_fills_20_to_90_percent_of_its_panel(shape, log_scale, offset, shift, seed):
     vertices, faces = shapes.make_shape(shape, np.random.default_rng(seed))
-    scale = 10.0 ** log_scale
+    scale = 10.0**log_scale
     # moved by up to 30 of its own sizes, and by up to 100 units whatever its size
-    placed = (vertices * scale + np.asarray(offset) * scale + 10.0 ** shift).astype(np.float32)
+    placed = (vertices * scale + np.asarray(offset) * scale + 10.0**shift).astype(np.float32)
     row = dataset.shapenet_cameras(1, rng=seed)[0]
     framing = fit_framing(placed, row)
     image = draw.render_mesh(placed, faces, row, size=SIZE, framing=framing)
@@ -62,7 +68,7 @@ def test_a_mesh_of_any_scale_and_position_fills_20_to_90_percent_of_its_panel(sh
 @pytest.mark.parametrize("log_scale", [-3.0, 0.0, 3.0])
 def test_a_solid_shape_covers_20_to_90_percent_of_the_panel_area(log_scale):
     vertices, faces = shapes.superquadric((1.0, 0.8, 0.9), exponent=0.6, subdivisions=16)
-    placed = (vertices * 10.0 ** log_scale + 5.0 * 10.0 ** log_scale).astype(np.float32)
+    placed = (vertices * 10.0**log_scale + 5.0 * 10.0**log_scale).astype(np.float32)
     image = draw.render_mesh(placed, faces, ROW, size=SIZE, framing=fit_framing(placed, ROW))
     side, area = _span(_silhouette(image))
     assert 0.2 <= area <= 0.9 and abs(side - FILL) < 0.05
@@ -112,13 +118,29 @@ def tiny_mesh_files(tmp_path_factory):
 def test_xmesh_render_frames_each_view_and_keeps_the_camera_view(tiny_mesh_files, tmp_path):
     mesh_path, cameras_path, cameras = tiny_mesh_files
     framed, raw = tmp_path / "framed.png", tmp_path / "camera.png"
-    assert cli.main(["render", str(mesh_path), "--cameras", str(cameras_path), "--out", str(framed), "--size", "128"]) == 0
-    assert cli.main(["render", str(mesh_path), "--cameras", str(cameras_path), "--out", str(raw), "--size", "128",
-                     "--camera-view"]) == 0
+    assert (
+        cli.main(["render", str(mesh_path), "--cameras", str(cameras_path), "--out", str(framed), "--size", "128"]) == 0
+    )
+    assert (
+        cli.main(
+            [
+                "render",
+                str(mesh_path),
+                "--cameras",
+                str(cameras_path),
+                "--out",
+                str(raw),
+                "--size",
+                "128",
+                "--camera-view",
+            ]
+        )
+        == 0
+    )
     picture = cv2.cvtColor(cv2.imread(str(framed), cv2.IMREAD_UNCHANGED), cv2.COLOR_BGR2RGB)
     assert picture.shape == (128, 3 * 128 + 2 * 4, 3)
     for view in range(3):
-        panel = picture[:, view * 132: view * 132 + 128]
+        panel = picture[:, view * 132 : view * 132 + 128]
         side, _ = _span(_non_white(panel, 18), 128)
         assert 0.2 <= side <= 0.9, (view, side)
         assert np.any(panel[110:] < 128)  # the label saying it is framed
@@ -140,7 +162,7 @@ def test_demo_picture_shows_the_inputs_beside_both_meshes_and_names_the_weights(
     picture = demo_picture(images, cameras, mesh, weights_caption(None, 1), size=size)
     assert picture.shape[1] == 5 * size + 4 * 4 and picture.shape[0] > size + 30  # a row of 5, then the caption
     for index in range(5):
-        panel = picture[1:size - 1, index * (size + 4) + 1: index * (size + 4) + size - 1]
+        panel = picture[1 : size - 1, index * (size + 4) + 1 : index * (size + 4) + size - 1]
         side, _ = _span(_non_white(panel, 18), size)
         assert 0.2 <= side <= 0.9, (index, side)
     caption = picture[size:]
@@ -178,16 +200,16 @@ def test_xmesh_demo_shows_both_meshes_as_shaded_surfaces_and_says_the_weights_ar
     assert cli.main(["demo", "--out", str(out)]) == 0
     picture = cv2.cvtColor(cv2.imread(str(out / "mesh.png")), cv2.COLOR_BGR2RGB)
     size = (picture.shape[1] - 4 * 4) // 5
-    for index in (3, 4):   # the coarse and the refined mesh
-        panel = picture[1:size - 1, index * (size + 4) + 1: index * (size + 4) + size - 1]
+    for index in (3, 4):  # the coarse and the refined mesh
+        panel = picture[1 : size - 1, index * (size + 4) + 1 : index * (size + 4) + size - 1]
         covered = _non_white(panel, 18)
         side, area = _span(covered, size)
         assert 0.4 <= side <= 0.95 and area > 0.2, (index, side, area)
         rows, cols = np.nonzero(covered)
         spread = np.sqrt(np.linalg.eigvalsh(np.cov(np.stack([rows, cols]).astype(np.float64))))
-        assert spread[0] > 0.5 * spread[1], (index, spread)   # as wide one way as the other, not a line
+        assert spread[0] > 0.5 * spread[1], (index, spread)  # as wide one way as the other, not a line
         tones = np.unique(panel[: covered.shape[0]][covered].astype(np.int64) @ [65536, 256, 1])
-        assert len(tones) > 30, (index, len(tones))   # shaded facets, not one flat colour
+        assert len(tones) > 30, (index, len(tones))  # shaded facets, not one flat colour
     caption = picture[size:]
     assert np.any(caption < 128)
     assert "SYNTHETIC" in weights_caption(None, 1, "the test recipe's small-move variant")

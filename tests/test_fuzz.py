@@ -10,6 +10,7 @@ Every call runs under a ``signal.alarm`` guard. Property tests check that meshes
 Examples are derandomized (the same every run) unless XMESH_FUZZ_RANDOM is set; XMESH_FUZZ_EXAMPLES
 sets the number per test (default 150; the round trips run two thirds of it).
 """
+
 from __future__ import annotations
 
 import functools
@@ -94,7 +95,7 @@ def mutate(data: bytes, mutations) -> bytes:
         elif kind == "insert":
             buf[at:at] = chunk
         elif kind == "delete":
-            del buf[at:at + 1 + value % 64]
+            del buf[at : at + 1 + value % 64]
         else:
             del buf[at:]
     return bytes(buf)
@@ -167,8 +168,8 @@ def test_fuzz_checkpoint_index_behind_the_crc(changes, work):
     buf = bytearray(index)
     for pos, value in changes:
         buf[offset + pos % size] = value
-    crc = mask(crc32c(bytes(buf[offset:offset + size + 1])))
-    buf[offset + size + 1:offset + size + 5] = struct.pack("<I", crc)
+    crc = mask(crc32c(bytes(buf[offset : offset + size + 1])))
+    buf[offset + size + 1 : offset + size + 5] = struct.pack("<I", crc)
     prefix = _write_ckpt(work / "deep", bytes(buf), shard)
     _read_both(prefix)
 
@@ -265,8 +266,10 @@ def test_fuzz_png(mutations, work):
 
 
 @FUZZ
-@given(data=st.binary(max_size=2048), header=st.sampled_from([b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"BM",
-                                                               b"GIF89a", b"II*\x00"]))
+@given(
+    data=st.binary(max_size=2048),
+    header=st.sampled_from([b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"BM", b"GIF89a", b"II*\x00"]),
+)
 def test_fuzz_image_random_bytes(data, header, work):
     path = work / "random.img"
     path.write_bytes(header + data)
@@ -295,8 +298,9 @@ def mesh_files(tmp_path_factory):
     big_endian = files["ply_binary"].replace(b"binary_little_endian", b"binary_big_endian")
     head, body = big_endian.split(b"end_header\n", 1)
     vertices = np.frombuffer(body[: 12 * 12], "<f4").astype(">f4").tobytes()
-    records = np.frombuffer(body[12 * 12:], [("n", "u1"), ("idx", "<i4", (3,))]).astype([("n", "u1"),
-                                                                                          ("idx", ">i4", (3,))])
+    records = np.frombuffer(body[12 * 12 :], [("n", "u1"), ("idx", "<i4", (3,))]).astype(
+        [("n", "u1"), ("idx", ">i4", (3,))]
+    )
     files["ply_big_endian"] = head + b"end_header\n" + vertices + records.tobytes()
     return files
 
@@ -314,9 +318,18 @@ def test_fuzz_mesh_readers(kind, mutations, mesh_files, work):
 
 
 @FUZZ
-@given(data=st.binary(max_size=1024), header=st.sampled_from([b"", b"ply\nformat ascii 1.0\n",
-                                                              b"ply\nformat binary_little_endian 1.0\n",
-                                                              b"v 1 2 3\nf ", b"ply\nend_header\n"]))
+@given(
+    data=st.binary(max_size=1024),
+    header=st.sampled_from(
+        [
+            b"",
+            b"ply\nformat ascii 1.0\n",
+            b"ply\nformat binary_little_endian 1.0\n",
+            b"v 1 2 3\nf ",
+            b"ply\nend_header\n",
+        ]
+    ),
+)
 def test_fuzz_mesh_random_bytes(data, header, work):
     for suffix, reader in ((".obj", read_obj), (".ply", read_ply), (".xyz", read_xyz)):
         path = work / f"random{suffix}"
@@ -341,8 +354,9 @@ FLOATS = st.floats(width=32, allow_nan=False, allow_infinity=False)
 @st.composite
 def meshes(draw):
     count = draw(st.integers(0, 40))
-    vertices = np.array(draw(st.lists(st.tuples(FLOATS, FLOATS, FLOATS), min_size=count, max_size=count)),
-                        dtype=np.float32).reshape(-1, 3)
+    vertices = np.array(
+        draw(st.lists(st.tuples(FLOATS, FLOATS, FLOATS), min_size=count, max_size=count)), dtype=np.float32
+    ).reshape(-1, 3)
     faces = draw(st.lists(st.tuples(*[st.integers(0, count - 1)] * 3), max_size=60)) if count else []
     return Mesh(vertices, np.array(faces, dtype=np.int64).reshape(-1, 3))
 

@@ -4,6 +4,7 @@ Everything is loaded through xmesh's real loaders: the official-layout template 
 the synthetic weights of seed 1 (the recipe in golden/README.md), the demo PNGs through the image
 loader and `cameras.txt` through the camera loader.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,7 +67,9 @@ def test_inputs_load_like_the_original(golden, inputs):
     np.testing.assert_array_equal(cameras, golden["cameras"])
 
 
-@pytest.mark.parametrize("index,key", list(enumerate(["stage1_feat56", "stage1_feat28", "stage1_feat14", "stage1_feat7"])))
+@pytest.mark.parametrize(
+    "index,key", list(enumerate(["stage1_feat56", "stage1_feat28", "stage1_feat14", "stage1_feat7"]))
+)
 def test_stage1_cnn_maps(golden, run, index, key):
     assert relative(run[1].stage1_maps[index], golden[key]) <= MAP_RTOL
 
@@ -134,8 +137,10 @@ def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
     images, cameras = inputs
     flat = model.backend.asarray(images)
     tf = projection.DeviceTransforms.from_cameras(model.backend, cameras[None])
-    later = {156: near_edge_samples(golden["stage1_block1"], cameras),   # input of layer 15
-             618: near_edge_samples(golden["stage1_block2"], cameras)}   # input of layer 31
+    later = {
+        156: near_edge_samples(golden["stage1_block1"], cameras),  # input of layer 15
+        618: near_edge_samples(golden["stage1_block2"], cameras),
+    }  # input of layer 31
     extra = [(n_points, sample) for n_points, samples in later.items() for sample in samples]
 
     host = model.backend.to_numpy
@@ -148,7 +153,7 @@ def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
             if view == 0 and is_template:
                 h, w = xp.asarray(h, copy=True), xp.asarray(w, copy=True)
                 h[:, h_edge] = model.backend.asarray(np.where(choice[: len(h_edge)], np.float32(112), below))
-                w[:, w_edge] = model.backend.asarray(np.where(choice[len(h_edge):], np.float32(112), below))
+                w[:, w_edge] = model.backend.asarray(np.where(choice[len(h_edge) :], np.float32(112), below))
             elif not is_template:
                 hw = [xp.asarray(h, copy=True), xp.asarray(w, copy=True)]
                 for (n_points, (n, v, axis, edge)), on_edge in zip(extra, extra_choice):
@@ -198,9 +203,9 @@ def stage1_with_resolved_edges(golden_dir, golden, inputs, run):
 
 def test_only_float_noise_edge_samples_are_ambiguous(run, stage1_with_resolved_edges):
     choice, _, count, extra = stage1_with_resolved_edges
-    assert extra <= 2                       # the demo: one stage-1 sample sits 1.5e-5 px from an edge
-    assert count == 26                      # 24 vertices on the h edge (y == 0), the 2 poles on the w edge
-    assert 0 < choice.sum() < count         # the original's noise fell on both sides: no rule reproduces it
+    assert extra <= 2  # the demo: one stage-1 sample sits 1.5e-5 px from an edge
+    assert count == 26  # 24 vertices on the h edge (y == 0), the 2 poles on the w edge
+    assert 0 < choice.sum() < count  # the original's noise fell on both sides: no rule reproduces it
 
 
 @pytest.mark.parametrize("block", [1, 2, 3])
@@ -209,7 +214,9 @@ def test_stage1_block_coordinates(golden, stage1_with_resolved_edges, block):
     ref = golden[f"stage1_block{block}"]
     assert ours.shape == ref.shape
     close = np.abs(ours - ref).max(axis=1) <= BLOCK_ATOL
-    assert close.mean() >= BLOCK_MIN_FRACTION, f"only {close.mean():.4%} of block {block}'s vertices within {BLOCK_ATOL}"
+    assert close.mean() >= BLOCK_MIN_FRACTION, (
+        f"only {close.mean():.4%} of block {block}'s vertices within {BLOCK_ATOL}"
+    )
 
 
 def test_stage1_edge_choice_matters(golden, run):
@@ -232,8 +239,14 @@ def stage2_from_golden(golden, inputs, run):
     images, cameras = inputs
     tf = projection.DeviceTransforms.from_cameras(model.backend, cameras[None])
     trace = Trace()
-    network.run_stage2(model.backend, model.stage2, model.backend.asarray(images),
-                       model.backend.asarray(golden["stage1_block3"][None]), tf, trace)
+    network.run_stage2(
+        model.backend,
+        model.stage2,
+        model.backend.asarray(images),
+        model.backend.asarray(golden["stage1_block3"][None]),
+        tf,
+        trace,
+    )
     return [model.backend.to_numpy(b) for b in trace.stage2_blocks]
 
 

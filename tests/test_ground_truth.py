@@ -1,4 +1,5 @@
 """xmesh ground-truth: own objects' surfaces sampled into the official .dat layout, then evaluated."""
+
 from __future__ import annotations
 
 import csv
@@ -18,7 +19,7 @@ from xmesh.synthetic.dataset import shapenet_cameras, write_rendering_set
 from xmesh.synthetic.shapes import make_shape
 
 SYNSET = "02958343"
-HALF = np.array([0.12, 0.05, 0.2])   # a 0.24 x 0.1 x 0.4 box: sides of three different areas
+HALF = np.array([0.12, 0.05, 0.2])  # a 0.24 x 0.1 x 0.4 box: sides of three different areas
 N_POINTS = 30000
 
 
@@ -43,8 +44,18 @@ def own(tmp_path_factory):
         Mesh(vertices, faces).to_obj(root / "meshes" / f"{item}.obj")
         cameras[item] = shapenet_cameras(24, np.random.default_rng(k))
         write_rendering_set(root / "renders" / SYNSET / item, (vertices, faces), cameras[item])
-    args = ["ground-truth", *(str(root / "meshes" / f"{item}.obj") for item in objects), "--synset", SYNSET,
-            "--images", str(root / "renders"), "--out", str(root / "gt"), "--points", str(N_POINTS)]
+    args = [
+        "ground-truth",
+        *(str(root / "meshes" / f"{item}.obj") for item in objects),
+        "--synset",
+        SYNSET,
+        "--images",
+        str(root / "renders"),
+        "--out",
+        str(root / "gt"),
+        "--points",
+        str(N_POINTS),
+    ]
     assert cli.main(args) == 0
     return {"root": root, "objects": objects, "cameras": cameras}
 
@@ -52,11 +63,11 @@ def own(tmp_path_factory):
 def test_box_points_are_uniform_on_its_surface_with_its_faces_normals(own):
     vertices, faces = own["objects"]["box"]
     path = own["root"] / "gt" / f"{SYNSET}_box_00.dat"
-    image, points = pickle.load(open(path, "rb"), encoding="latin1")   # the original's loader
+    image, points = pickle.load(open(path, "rb"), encoding="latin1")  # the original's loader
     assert points.shape == (N_POINTS, 6) and points.dtype == np.float32 and image.shape == (137, 137, 4)
     row = own["cameras"]["box"][0]
     world = camera_to_world(points[:, :3], row).astype(np.float64)
-    normals = points[:, 3:].astype(np.float64) @ camera_frame(row)[0].astype(np.float64)   # back to the world
+    normals = points[:, 3:].astype(np.float64) @ camera_frame(row)[0].astype(np.float64)  # back to the world
 
     # every point on the surface: on one side's plane, inside its rectangle
     outside = np.abs(world) / HALF
@@ -76,7 +87,7 @@ def test_box_points_are_uniform_on_its_surface_with_its_faces_normals(own):
         n = np.cross(b - a, c - a)
         on_plane = np.abs((world - a) @ n) < 1e-5 * np.linalg.norm(n)
         inside = on_plane.copy()
-        for p, q in ((a, b), (b, c), (c, a)):   # inside each edge, seen from the normal's side
+        for p, q in ((a, b), (b, c), (c, a)):  # inside each edge, seen from the normal's side
             inside &= np.cross(q - p, world - p) @ n >= -1e-9
         owner[inside] = f
     counts = np.bincount(owner, minlength=len(faces))
@@ -91,7 +102,7 @@ def test_box_points_are_uniform_on_its_surface_with_its_faces_normals(own):
 
 def test_ground_truth_round_trips_through_xmesh_and_the_original_loader(own):
     path = own["root"] / "gt" / f"{SYNSET}_racer_00.dat"
-    for encoding in ("latin1", "bytes"):   # the original reads with encoding='bytes'
+    for encoding in ("latin1", "bytes"):  # the original reads with encoding='bytes'
         _, points = pickle.load(open(path, "rb"), encoding=encoding)
         np.testing.assert_array_equal(load_ground_truth_array(path), points)
         np.testing.assert_array_equal(load_ground_truth(path), points[:, :3])
@@ -102,9 +113,25 @@ def test_ground_truth_round_trips_through_xmesh_and_the_original_loader(own):
 def test_eval_runs_on_own_objects(own, tmp_path):
     root = own["root"]
     (tmp_path / "list.txt").write_text(f"{SYNSET}_box_00.dat\n{SYNSET}_racer_00.dat\n")
-    assert cli.main(["eval", "--images", str(root / "renders"), "--gt", str(root / "gt"), "--list",
-                     str(tmp_path / "list.txt"), "--weights", "synthetic:1", "--out", str(tmp_path / "ev"),
-                     "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--images",
+                str(root / "renders"),
+                "--gt",
+                str(root / "gt"),
+                "--list",
+                str(tmp_path / "list.txt"),
+                "--weights",
+                "synthetic:1",
+                "--out",
+                str(tmp_path / "ev"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     with open(tmp_path / "ev" / "samples.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [r["id"] for r in rows] == [f"{SYNSET}_box_00.dat", f"{SYNSET}_racer_00.dat"]
@@ -115,10 +142,27 @@ def test_item_names_and_errors_name_what_to_do(own, tmp_path, capsys):
     assert item_name("shapenet/1a2b/model.obj") == "1a2b" and item_name("v2/1a2b/models/model_normalized.obj") == "1a2b"
     assert item_name("objects/mug.ply") == "mug"
     mesh = own["root"] / "meshes" / "box.obj"
-    assert cli.main(["ground-truth", str(mesh), "--synset", SYNSET, "--images", str(tmp_path),
-                     "--out", str(tmp_path / "gt")]) == 2
+    assert (
+        cli.main(
+            ["ground-truth", str(mesh), "--synset", SYNSET, "--images", str(tmp_path), "--out", str(tmp_path / "gt")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "rendering_metadata.txt" in err and "--images" in err
-    assert cli.main(["ground-truth", str(mesh), "--synset", "cars", "--images", str(own["root"] / "renders"),
-                     "--out", str(tmp_path / "gt")]) == 2
+    assert (
+        cli.main(
+            [
+                "ground-truth",
+                str(mesh),
+                "--synset",
+                "cars",
+                "--images",
+                str(own["root"] / "renders"),
+                "--out",
+                str(tmp_path / "gt"),
+            ]
+        )
+        == 2
+    )
     assert "synset 'cars' is not a number" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Ground truth has one colour in every picture of it: the report gallery's point-set panel and its
 overlay on the prediction draw it in the same red (the report page says "ground truth red")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,5 +29,5 @@ def test_ground_truth_is_the_same_red_alone_and_over_the_prediction():
     assert np.allclose(np.array(GT_COLOR) * 255, red)
     for pixels in (alone, over):
         assert len(pixels) > 50
-        assert np.all(pixels[:, 0] > pixels[:, 2] + 80) and np.all(pixels[:, 0] > pixels[:, 1] + 80)   # red, not blue
-        assert (pixels == red).all(axis=1).any()   # the nearest points in exactly the one colour
+        assert np.all(pixels[:, 0] > pixels[:, 2] + 80) and np.all(pixels[:, 0] > pixels[:, 1] + 80)  # red, not blue
+        assert (pixels == red).all(axis=1).any()  # the nearest points in exactly the one colour

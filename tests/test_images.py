@@ -1,4 +1,5 @@
 """Image loading: the original's loader reproduced bit for bit, real-world file kinds, and errors."""
+
 from __future__ import annotations
 
 import struct
@@ -25,8 +26,13 @@ def _png(rows: np.ndarray, color_type: int, extra: bytes = b"") -> bytes:
     width = rows.shape[1] // {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color_type]
     header = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
     raw = b"".join(b"\x00" + row.tobytes() for row in rows.astype(np.uint8))
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header) + extra
-            + _png_chunk(b"IDAT", zlib.compress(raw)) + _png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + extra
+        + _png_chunk(b"IDAT", zlib.compress(raw))
+        + _png_chunk(b"IEND", b"")
+    )
 
 
 def _jpeg_segment(marker: int, payload: bytes) -> bytes:
@@ -52,7 +58,7 @@ def _cmyk_jpeg(stored: tuple[int, int, int, int]) -> bytes:
         cat = abs(q).bit_length()
         bits += format(cat, "04b") + (format(q if q >= 0 else q + (1 << cat) - 1, f"0{cat}b") if cat else "") + "0"
     bits += "1" * (-len(bits) % 8)
-    scan = bytes(int(bits[i:i + 8], 2) for i in range(0, len(bits), 8)).replace(b"\xff", b"\xff\x00")
+    scan = bytes(int(bits[i : i + 8], 2) for i in range(0, len(bits), 8)).replace(b"\xff", b"\xff\x00")
     return out + scan + b"\xff\xd9"
 
 

@@ -1,5 +1,6 @@
 """The disk cache of NVRTC-built cubins (xmesh/backends/kernel_cache.py). The cache itself runs
 without a GPU (a stand-in compiler); the last test loads a real Hopper kernel through it."""
+
 from __future__ import annotations
 
 import warnings
@@ -46,9 +47,15 @@ def test_the_second_build_is_read_from_disk(folder):
     assert len(files) == 1 and files[0].startswith("k-sm_90a-") and files[0].endswith(".cubin")
 
 
-@pytest.mark.parametrize("change", [
-    {"source": "__global__ void k() { }"}, {"arch": "sm_100a"}, {"options": ("-std=c++20",)}, {"version": (13, 1)},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"source": "__global__ void k() { }"},
+        {"arch": "sm_100a"},
+        {"options": ("-std=c++20",)},
+        {"version": (13, 1)},
+    ],
+)
 def test_anything_that_decides_the_bits_is_a_new_build(folder, change):
     build()
     _, calls = build(**change)
@@ -67,8 +74,12 @@ def test_a_damaged_file_is_compiled_again_and_replaced(folder, damage):
     good, _ = build()
     (path,) = folder.iterdir()
     data = path.read_bytes()
-    broken = {"truncate": data[:-7], "flip": data[:-1] + bytes([data[-1] ^ 1]),
-              "garbage": b"not a cubin at all", "empty": b""}[damage]
+    broken = {
+        "truncate": data[:-7],
+        "flip": data[:-1] + bytes([data[-1] ^ 1]),
+        "garbage": b"not a cubin at all",
+        "empty": b"",
+    }[damage]
     path.write_bytes(broken)
     assert read_cubin(path, warn=False) is None
     with pytest.warns(RuntimeWarning, match="damaged"):
@@ -111,7 +122,7 @@ def test_an_unwritable_folder_warns_once_and_still_builds(tmp_path, monkeypatch)
     assert calls == 1 and cubin.startswith(b"\x7fELF")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert build(source="other")[1] == 1      # no second warning for the same folder
+        assert build(source="other")[1] == 1  # no second warning for the same folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
@@ -122,7 +133,7 @@ def _write_concurrently(folder: str, worker: int, start_at: float) -> bytes:
 
     os.environ["XMESH_KERNEL_CACHE_DIR"] = folder
     time.sleep(max(0.0, start_at - time.time()))
-    source = "__global__ void shared_kernel() {}" + " " * 100_000   # a large file: the writes overlap
+    source = "__global__ void shared_kernel() {}" + " " * 100_000  # a large file: the writes overlap
     return cached_cubin("k.cu", source, "sm_90a", ("-std=c++17",), (13, 0), Compiler(source))
 
 
@@ -174,8 +185,10 @@ def test_a_cached_hopper_kernel_is_loaded_without_compiling(tmp_path, monkeypatc
     cuda_kernels.forget_loaded()
     try:
         compiled = prepared("3xtf32") + prepared("fp16")
-        assert sorted(p.name.split("-sm_90a-")[0] for p in tmp_path.iterdir()) == \
-            ["wgmma_gemm-wg_pack_weight16", "wgmma_gemm-wg_split_weight"]
+        assert sorted(p.name.split("-sm_90a-")[0] for p in tmp_path.iterdir()) == [
+            "wgmma_gemm-wg_pack_weight16",
+            "wgmma_gemm-wg_split_weight",
+        ]
 
         def no_compiler(*_):
             raise AssertionError("NVRTC was called although the cubin is on disk")

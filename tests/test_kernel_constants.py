@@ -3,6 +3,7 @@ graph_conv.cu, deformation.cu) and kernels/tc_gemm.cu with -D
 (xmesh/backends/kernel_constants.py): every name a file uses is either its own #define or in the
 backend's table, the file defines none of the table's names itself, its #error guard lists exactly
 them, and what the file derives from them is what the host reckons. Runs without a GPU."""
+
 from __future__ import annotations
 
 import re
@@ -23,12 +24,15 @@ def guard_names(source: str) -> set:
     return set(re.findall(r"!defined\((\w+)\)", guard.group(1)))
 
 
-@pytest.mark.parametrize("filename,table,prefix", [
-    *[(stage, kc.STAGE_DEFINES, "XM_") for stage in kc.STAGE_FILES],
-    (kc.GEMM_FILE, {**kc.GEMM_DEFINES, "XG_BK": kc.GEMM_BK}, "XG_"),
-])
+@pytest.mark.parametrize(
+    "filename,table,prefix",
+    [
+        *[(stage, kc.STAGE_DEFINES, "XM_") for stage in kc.STAGE_FILES],
+        (kc.GEMM_FILE, {**kc.GEMM_DEFINES, "XG_BK": kc.GEMM_BK}, "XG_"),
+    ],
+)
 def test_each_constant_comes_from_one_python_definition(filename, table, prefix):
-    source = re.sub(r"//[^\n]*", "", kernel_source(filename))   # code only, not what comments mention
+    source = re.sub(r"//[^\n]*", "", kernel_source(filename))  # code only, not what comments mention
     own = set(re.findall(rf"^#define ({prefix}\w+)", source, re.MULTILINE))
     used = set(re.findall(rf"\b({prefix}[A-Z0-9_]+)\b", source))
     assert not own & set(table), f"{filename} defines {own & set(table)} itself"
@@ -45,7 +49,7 @@ def test_defines_are_compiler_options():
 def evaluate(expr: str, values: dict) -> int:
     """An integer macro expression of our own sources with the names in ``values`` put in."""
     expr = re.sub(r"[A-Za-z_]\w*", lambda m: str(values[m.group(0)]), expr)
-    return int(eval(expr, {"__builtins__": {}}))   # digits, + - * / ( ) only
+    return int(eval(expr, {"__builtins__": {}}))  # digits, + - * / ( ) only
 
 
 @pytest.mark.parametrize("bk", [kc.GEMM_BK, kc.GEMM_FEW_TILES_BK])

@@ -1,6 +1,7 @@
 """The kernels each precision mode runs (xmesh/backends/kernel_manifest.py) and the per-kernel builds
 (cuda_kernels, kernels/kernel_select.cuh). The CPU tests read the sources; the GPU test runs every
 mode's reconstruction and checks that it asked for no kernel outside its mode's list."""
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,18 @@ from xmesh.backends.cuda_kernels import KernelBuild, defined_kernels, kernel_pat
 from xmesh.backends.cupy_backend import hopper
 from xmesh.backends.kernel_manifest import MODES, all_builds, planned_builds, planned_mixing_builds
 
-SOURCES = ["convolution.cu", "projection.cu", "graph_conv.cu", "deformation.cu", "tc_gemm.cu", "nn_bruteforce.cu", "wgmma_gemm.cu", "wgmma_drb16.cu",
-           "wgmma_drb16_chain.cu", "wgmma_drb32h.cu"]
+SOURCES = [
+    "convolution.cu",
+    "projection.cu",
+    "graph_conv.cu",
+    "deformation.cu",
+    "tc_gemm.cu",
+    "nn_bruteforce.cu",
+    "wgmma_gemm.cu",
+    "wgmma_drb16.cu",
+    "wgmma_drb16_chain.cu",
+    "wgmma_drb32h.cu",
+]
 
 
 def a_mixing_source() -> str:
@@ -34,8 +45,9 @@ def test_every_source_is_listed_and_defines_its_kernels_through_the_selection_ma
     assert counts["wgmma_gemm.cu"] == 20
     for name in SOURCES:
         text = re.sub(r"//[^\n]*", "", cuda_kernels.kernel_source(name))
-        assert text.count('extern "C"') == 2, \
+        assert text.count('extern "C"') == 2, (
             f"{name} defines a kernel without XM_KERNEL(name), which a per-kernel build cannot leave out"
+        )
 
 
 @pytest.mark.parametrize("hopper", [True, False])
@@ -58,8 +70,11 @@ def test_a_modes_kernels_are_in_the_build_steps_set_and_exist(mode, hopper):
 def test_the_hopper_lists_name_only_hopper_kernels_and_the_others_none():
     generic = all_builds(False)
     assert not [b for b in generic if b.arch is not None]
-    assert {b.name for b in planned_builds("fp32", True)} - {b.name for b in planned_builds("fp32", False)} >= \
-        {"wg_split_weight", "wg_pack_weight16", "wg_gemm_3x_v"}
+    assert {b.name for b in planned_builds("fp32", True)} - {b.name for b in planned_builds("fp32", False)} >= {
+        "wg_split_weight",
+        "wg_pack_weight16",
+        "wg_gemm_3x_v",
+    }
 
 
 def test_a_build_selects_its_kernel_alone():
@@ -68,7 +83,7 @@ def test_a_build_selects_its_kernel_alone():
     assert text.startswith("#define XM_SELECT 1\n#define XM_WANT_conv_3x_n64 ~, 1\n")
     assert text.count("#define XM_WANT_") == 1
     other = KernelBuild("tc_gemm.cu", "conv_3x_n32", ("-std=c++17", "-DXG_BK=16"))
-    assert other.source() != text   # so the two never share a cache file
+    assert other.source() != text  # so the two never share a cache file
 
 
 def test_an_unknown_mode_is_refused():
@@ -88,8 +103,9 @@ def test_the_first_compilation_says_what_and_where(monkeypatch, tmp_path, capsys
 # ------------------------------------------------------------------ GPU
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode,hopper", [("fp32", True), ("tf32", True), ("fp16", True), ("bf16", True),
-                                         ("fp32", False), ("fp16", False)])
+@pytest.mark.parametrize(
+    "mode,hopper", [("fp32", True), ("tf32", True), ("fp16", True), ("bf16", True), ("fp32", False), ("fp16", False)]
+)
 def test_a_reconstruction_runs_only_listed_kernels(mode, hopper, monkeypatch, demo_dir, golden_dir):
     """A reconstruction (batch 1, then 3 and 8: each batch size once eagerly, once captured) asks for
     no kernel outside its mode's list: nothing is built alone, on demand."""
@@ -107,12 +123,16 @@ def test_a_reconstruction_runs_only_listed_kernels(mode, hopper, monkeypatch, de
     cuda_kernels.forget_loaded()
     try:
         backend = CupyBackend(precision=mode)
-        model = Reconstructor(synthetic_weights(1), template=load_template(golden_dir / "template.dat"), backend=backend)
+        model = Reconstructor(
+            synthetic_weights(1), template=load_template(golden_dir / "template.dat"), backend=backend
+        )
         images = load_images([demo_dir / f"plane{i}.png" for i in (1, 2, 3)])
         cameras = load_cameras(demo_dir / "cameras.txt")
         for batch in (1, 1, 3, 3, 8, 8):
             model.run(np.repeat(images[None], batch, axis=0), np.repeat(cameras[None], batch, axis=0))
-        on_demand = sorted((b.file, b.name, b.options, b.arch, len(b.prelude)) for b in cuda_kernels.builds_made_on_demand())
+        on_demand = sorted(
+            (b.file, b.name, b.options, b.arch, len(b.prelude)) for b in cuda_kernels.builds_made_on_demand()
+        )
         assert not on_demand, "built on demand, not in the mode's list:\n" + "\n".join(map(str, on_demand))
     finally:
         cuda_kernels.forget_loaded()

@@ -1,5 +1,6 @@
 """The CUDA sources as NVRTC gets them (xmesh/backends/cuda_kernels.kernel_source): our own headers
 (kernels/*.cuh) put in place of their #include lines, each once. Runs without a GPU."""
+
 from __future__ import annotations
 
 import re
@@ -17,21 +18,24 @@ def definitions(source: str, name: str) -> int:
     return len(re.findall(rf"__device__ __forceinline__ [\w ]+ {name}\(", source))
 
 
-@pytest.mark.parametrize("filename,headers", [
-    ("wgmma_gemm.cu", ["wgmma_common.cuh", "bits16.cuh"]),
-    ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
-    ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
-    ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
-    ("projection.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
-    ("deformation.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
-])
+@pytest.mark.parametrize(
+    "filename,headers",
+    [
+        ("wgmma_gemm.cu", ["wgmma_common.cuh", "bits16.cuh"]),
+        ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
+        ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
+        ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
+        ("projection.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
+        ("deformation.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
+    ],
+)
 def test_headers_are_put_in_place_once(filename, headers):
     source = kernel_source(filename)
     assert not INCLUDE.search(source), "an #include of ours was left for NVRTC to resolve"
     for header in headers:
         assert kernel_path(header).is_file()
         assert source.count(f"// ---- {header}\n") == 1
-    assert definitions(source, "xm_widen16") == 1     # the 16-bit widening exists once, in bits16.cuh
+    assert definitions(source, "xm_widen16") == 1  # the 16-bit widening exists once, in bits16.cuh
     if filename.startswith("wgmma_"):
         assert definitions(source, "wg_pack") == 1 and definitions(source, "wg_desc") == 1
 
@@ -43,7 +47,7 @@ def test_a_header_included_twice_is_expanded_once(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_kernels, "kernel_path", lambda name: tmp_path / name)
     source = kernel_source("main.cu")
     assert source.count("int b;") == 1 and source.index("int b;") < source.index("int a;") < source.index("int m;")
-    assert "#include <cuda_fp16.h>" in source   # system headers stay for NVRTC
+    assert "#include <cuda_fp16.h>" in source  # system headers stay for NVRTC
 
 
 def test_a_missing_header_names_the_file(tmp_path, monkeypatch):
@@ -60,7 +64,7 @@ def macro(source: str, name: str) -> int:
 
     def value(key):
         expr = re.sub(r"[A-Z][A-Z0-9_]+", lambda m: str(value(m.group(0))), defines[key])
-        return int(eval(expr, {"__builtins__": {}}))   # our own sources: digits, names, + - * / ( )
+        return int(eval(expr, {"__builtins__": {}}))  # our own sources: digits, names, + - * / ( )
 
     return value(name)
 
@@ -83,8 +87,11 @@ def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     barriers = macro(source, "ZC_PIECES") // 2 + 3
     assert macro(source, "ZL_TILE_ROWS") * 128 + 8 * barriers <= macro(source, "ZC_KBUF_BYTES")
     assert "w_full = z_smem + ZL_TILE_ROWS * 128" in source and "x_full = w_full + 8 * ZC_PIECES / 2" in source
-    assert macro(source, "ZC_ACT_BYTES") == 3 * macro(source, "ZC_KBUF_BYTES")   # three K buffers: six halves
-    assert macro(source, "ZC_HIDDEN") == hg.CHAIN.hidden_layers and macro(source, "ZC_LAYERS") == hg.CHAIN.hidden_layers + 1
+    assert macro(source, "ZC_ACT_BYTES") == 3 * macro(source, "ZC_KBUF_BYTES")  # three K buffers: six halves
+    assert (
+        macro(source, "ZC_HIDDEN") == hg.CHAIN.hidden_layers
+        and macro(source, "ZC_LAYERS") == hg.CHAIN.hidden_layers + 1
+    )
     assert macro(source, "ZC_SLICES") * 32 == hg.WIDE_COLS
     assert 3 * macro(source, "ZC_MMA_REGS") + macro(source, "ZC_PRODUCER_REGS") == 4 * 128
     for part in ("f16", "bf16"):
@@ -102,8 +109,16 @@ def test_three_half_products_layer_fits_shared_memory_as_the_host_reckons():
 
     source = kernel_source(hg.LAYER_3XF16.source)
     assert macro(source, "H_SMEM_BYTES") == hg.LAYER_3XF16.smem <= 227 * 1024
-    assert macro(source, "H_SLOT_BYTES") % 1024 == 0 and macro(source, "H_SLOT_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
-    assert macro(source, "H_SLICE_BYTES") % 1024 == 0 and macro(source, "H_SLICE_BYTES") == 4 * hg.LAYER_3XF16.tile_columns * 64
-    assert macro(source, "H_BK") == hg.LAYER_3XF16.k_slice == 32 and macro(source, "H_CT") == hg.LAYER_3XF16.tile_columns
+    assert (
+        macro(source, "H_SLOT_BYTES") % 1024 == 0
+        and macro(source, "H_SLOT_BYTES") >= macro(source, "ZL_TILE_ROWS") * 128
+    )
+    assert (
+        macro(source, "H_SLICE_BYTES") % 1024 == 0
+        and macro(source, "H_SLICE_BYTES") == 4 * hg.LAYER_3XF16.tile_columns * 64
+    )
+    assert (
+        macro(source, "H_BK") == hg.LAYER_3XF16.k_slice == 32 and macro(source, "H_CT") == hg.LAYER_3XF16.tile_columns
+    )
     assert "wg_drb_layer_3xf16(" in source
     assert 3 * macro(source, "H_MMA_REGS") + macro(source, "H_PRODUCER_REGS") == 4 * 128

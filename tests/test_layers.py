@@ -1,6 +1,7 @@
 """The layer map of docs/ARCHITECTURE.md, as the import-linter contracts in pyproject.toml state it:
 the package keeps them, and an import planted against each (upward, in a circle, into the command
 line) breaks that contract, so ``lint-imports`` in CI fails on it."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(
 def lint(package_root: Path) -> subprocess.CompletedProcess:
     """``lint-imports`` with the project's contracts over the ``xmesh`` package found in ``package_root``."""
     env = dict(os.environ, PYTHONPATH=str(package_root))
-    return subprocess.run([sys.executable, "-c", LINT, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
-                          cwd=package_root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", LINT, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=package_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +44,32 @@ def test_the_package_keeps_its_contracts():
     assert "Contracts: 3 kept, 0 broken." in result.stdout
 
 
-@pytest.mark.parametrize("module, planted, contract, shown", [
-    # the results store reading the evaluation front-end: upward
-    ("results/summary.py", "from xmesh.evaluate import evaluate_dataset", "xmesh layers",
-     "xmesh.results.summary -> xmesh.evaluate"),
-    # the photo preparation reading the views that call it: a circle inside xmesh.photo
-    ("photo/prepare.py", "from xmesh.photo.views import PhotoCameras", "no import circles",
-     "No cycles are allowed in xmesh.photo"),
-    # the cluster executor reaching into the command line's helpers
-    ("cluster/driver.py", "from xmesh.commands.common import resolve_weights", "only the command line",
-     "xmesh.cluster.driver -> xmesh.commands.common"),
-])
+@pytest.mark.parametrize(
+    "module, planted, contract, shown",
+    [
+        # the results store reading the evaluation front-end: upward
+        (
+            "results/summary.py",
+            "from xmesh.evaluate import evaluate_dataset",
+            "xmesh layers",
+            "xmesh.results.summary -> xmesh.evaluate",
+        ),
+        # the photo preparation reading the views that call it: a circle inside xmesh.photo
+        (
+            "photo/prepare.py",
+            "from xmesh.photo.views import PhotoCameras",
+            "no import circles",
+            "No cycles are allowed in xmesh.photo",
+        ),
+        # the cluster executor reaching into the command line's helpers
+        (
+            "cluster/driver.py",
+            "from xmesh.commands.common import resolve_weights",
+            "only the command line",
+            "xmesh.cluster.driver -> xmesh.commands.common",
+        ),
+    ],
+)
 def test_a_planted_import_breaks_its_contract(package_copy, module, planted, contract, shown):
     path = package_copy / "xmesh" / module
     original = path.read_text()

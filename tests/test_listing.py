@@ -1,5 +1,6 @@
 """The dataset listing: every sample's paths and the error of its first absent file, in list order,
 as a check with pathlib reads them, over lists long enough to be split among the listing's threads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,22 +41,22 @@ def _layout(root: Path, count: int) -> list[str]:
         (root / "gt" / sample.name).touch()
         ids.append(sample.name)
     base = root / "ShapeNetRendering" / "02691156"
-    (base / "item3" / "rendering" / "06.png").unlink()                      # an absent view
+    (base / "item3" / "rendering" / "06.png").unlink()  # an absent view
     (base / "item5" / "rendering" / "rendering_metadata.txt").unlink()
-    (base / "item5" / "rendering" / "rendering_metadata.txt").mkdir()       # a folder where a file belongs
-    (root / "gt" / ids[8]).unlink()                                          # absent ground truth
+    (base / "item5" / "rendering" / "rendering_metadata.txt").mkdir()  # a folder where a file belongs
+    (root / "gt" / ids[8]).unlink()  # absent ground truth
     for name in ("00.png", "06.png", "07.png", "rendering_metadata.txt"):
         (base / "item11" / "rendering" / name).unlink()
     (base / "item11" / "rendering").rmdir()
-    (base / "item11" / "rendering").touch()                                  # a file where a folder belongs
+    (base / "item11" / "rendering").touch()  # a file where a folder belongs
     (root / "gt" / ids[12]).unlink()
-    (root / "gt" / ids[12]).symlink_to(root / "nowhere.dat")                 # a broken link
+    (root / "gt" / ids[12]).symlink_to(root / "nowhere.dat")  # a broken link
     return ids
 
 
 @pytest.mark.parametrize("with_gt", [True, False])
 def test_listing_finds_the_first_absent_file_of_each_sample_in_order(tmp_path, monkeypatch, with_gt):
-    monkeypatch.setattr(dataset, "LISTING_CHUNK", 4)   # 17 samples: five tasks over the threads
+    monkeypatch.setattr(dataset, "LISTING_CHUNK", 4)  # 17 samples: five tasks over the threads
     ids = _layout(tmp_path, 17)
     lst = tmp_path / "list.txt"
     lst.write_text("".join(f"{i}\n" for i in ids))

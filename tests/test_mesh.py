@@ -1,4 +1,5 @@
 """Mesh: validation, OBJ / XYZ / PLY writers and readers, atomic writes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +20,16 @@ def tricky_mesh() -> Mesh:
     rng = np.random.default_rng(7)
     vertices = (rng.standard_normal((500, 3)) * 10.0 ** rng.integers(-6, 6, (500, 1))).astype(np.float32)
     vertices[:8] = np.array(
-        [[0.0, -0.0, 1.0], [np.float32(1e-45), -np.float32(1.2e-38), 3.4028235e38],
-         [0.1, 1 / 3, -2 / 3], [np.nextafter(np.float32(1), np.float32(2)), 16777217, -7e-39],
-         [1e-10, 123456.789, -0.8], [5e-324, 1, 2], [np.pi, np.e, -1e30], [2.5, 3.5, -4.5]],
+        [
+            [0.0, -0.0, 1.0],
+            [np.float32(1e-45), -np.float32(1.2e-38), 3.4028235e38],
+            [0.1, 1 / 3, -2 / 3],
+            [np.nextafter(np.float32(1), np.float32(2)), 16777217, -7e-39],
+            [1e-10, 123456.789, -0.8],
+            [5e-324, 1, 2],
+            [np.pi, np.e, -1e30],
+            [2.5, 3.5, -4.5],
+        ],
         dtype=np.float64,
     ).astype(np.float32)
     faces = rng.integers(0, 500, (900, 3))
@@ -210,25 +218,43 @@ def test_ply_binary_big_endian_and_mixed_polygons(tmp_path):
     "text, pattern",
     [
         ("solid stl\n", "not a PLY file"),
-        ("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nend_header\n0 0\n",
-         "expected x, y and z"),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nend_header\n0 0\n",
+            "expected x, y and z",
+        ),
         ("ply\nformat ebcdic 1.0\nelement vertex 0\nend_header\n", r"line 2: format 'ebcdic'"),
         ("ply\nformat ascii 1.0\nelement vertex 1\nproperty quad x\nend_header\n", r"line 4: malformed header"),
         ("ply\nelement vertex 0\nend_header\n", "no 'format' line"),
-        ("ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\nproperty float z\n"
-         "end_header\n0 0 0\n", "file ends before all 2 'vertex' records"),
-        ("ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\nproperty float z\n"
-         "end_header\n0 0 0\n1 1 one\n", r"line 9: '1 1 one' does not match"),
-        ("ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
-         "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n0 1 0\n3 0 1 3\n",
-         r"face 0 \[0, 1, 3\] needs at least 3 vertex indices in \[0, 2\]"),
-        ("ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
-         "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n0 1 0\n3 0 1\n",
-         r"line 13: '3 0 1' does not match"),
-        ("ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nproperty float z\n"
-         "end_header\n0 inf 0\n", "vertex 0 .*expected finite"),
-        ("ply\nformat ascii 1.0\nelement vertex 0\nproperty float x\nproperty float y\nproperty float z\n"
-         "element face 0\nproperty list uchar int corners\nend_header\n", "no list property named vertex_indices"),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\nproperty float z\n"
+            "end_header\n0 0 0\n",
+            "file ends before all 2 'vertex' records",
+        ),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\nproperty float z\n"
+            "end_header\n0 0 0\n1 1 one\n",
+            r"line 9: '1 1 one' does not match",
+        ),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
+            "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n0 1 0\n3 0 1 3\n",
+            r"face 0 \[0, 1, 3\] needs at least 3 vertex indices in \[0, 2\]",
+        ),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 3\nproperty float x\nproperty float y\nproperty float z\n"
+            "element face 1\nproperty list uchar int vertex_indices\nend_header\n0 0 0\n1 0 0\n0 1 0\n3 0 1\n",
+            r"line 13: '3 0 1' does not match",
+        ),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nproperty float z\n"
+            "end_header\n0 inf 0\n",
+            "vertex 0 .*expected finite",
+        ),
+        (
+            "ply\nformat ascii 1.0\nelement vertex 0\nproperty float x\nproperty float y\nproperty float z\n"
+            "element face 0\nproperty list uchar int corners\nend_header\n",
+            "no list property named vertex_indices",
+        ),
     ],
 )
 def test_ply_reader_errors(tmp_path, text, pattern):
@@ -300,20 +326,27 @@ def _glb_parts(data: bytes):
 
     magic, version, length = struct.unpack_from("<III", data, 0)
     json_length, json_type = struct.unpack_from("<II", data, 12)
-    document = json.loads(data[20:20 + json_length])
+    document = json.loads(data[20 : 20 + json_length])
     bin_length, bin_type = struct.unpack_from("<II", data, 20 + json_length)
-    binary = data[28 + json_length:28 + json_length + bin_length]
-    return (magic, version, length, json_length, json_type, bin_length, bin_type), document, binary, data[20:20 + json_length]
+    binary = data[28 + json_length : 28 + json_length + bin_length]
+    return (
+        (magic, version, length, json_length, json_type, bin_length, bin_type),
+        document,
+        binary,
+        data[20 : 20 + json_length],
+    )
 
 
 def test_glb_follows_the_binary_gltf_layout_and_reads_back_bit_for_bit(tricky_mesh, tmp_path):
     mesh = tricky_mesh
     data = mesh.encode("glb")
-    (magic, version, length, json_length, json_type, bin_length, bin_type), document, binary, raw_json = _glb_parts(data)
+    (magic, version, length, json_length, json_type, bin_length, bin_type), document, binary, raw_json = _glb_parts(
+        data
+    )
     assert (magic, version, length) == (0x46546C67, 2, len(data))
     assert (json_type, bin_type) == (0x4E4F534A, 0x004E4942)
     assert json_length % 4 == 0 and bin_length % 4 == 0 and 28 + json_length + bin_length == len(data)
-    assert raw_json.rstrip(b" ") == raw_json.rstrip()   # JSON padded with spaces
+    assert raw_json.rstrip(b" ") == raw_json.rstrip()  # JSON padded with spaces
     positions = document["accessors"][document["meshes"][0]["primitives"][0]["attributes"]["POSITION"]]
     view = document["bufferViews"][positions["bufferView"]]
     stored = np.frombuffer(binary, "<f4", positions["count"] * 3, view["byteOffset"]).reshape(-1, 3)

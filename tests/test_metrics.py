@@ -1,4 +1,5 @@
 """xmesh.metrics on the CPU: every backend against a brute-force float64 reference."""
+
 from __future__ import annotations
 
 import sys
@@ -169,7 +170,9 @@ def test_identity_and_symmetry(backend):
     np.testing.assert_array_equal(f, 2 * 100 * 100 / (200 + 1e-6))  # 100 up to the original's 1e-6
     assert f == pytest.approx(100, abs=1e-5)
     assert metrics.chamfer(pred, gt, backend=backend) == metrics.chamfer(gt, pred, backend=backend)
-    np.testing.assert_array_equal(metrics.f_score(pred, gt, backend=backend), metrics.f_score(gt, pred, backend=backend))
+    np.testing.assert_array_equal(
+        metrics.f_score(pred, gt, backend=backend), metrics.f_score(gt, pred, backend=backend)
+    )
 
 
 def test_float32_and_float64_inputs_give_the_same_result():
@@ -299,7 +302,7 @@ def test_summarize_means_per_category_and_overall():
     assert plane["fscore"] == {1e-4: pytest.approx(50.0), 2e-4: pytest.approx(75.0)}
     assert summary["categories"]["04530566"]["name"] == "watercraft"
     over_cat = summary["mean_over_categories"]
-    assert over_cat["count"] == 3 and over_cat["categories"] == 2   # count: samples, in every mean
+    assert over_cat["count"] == 3 and over_cat["categories"] == 2  # count: samples, in every mean
     assert over_cat["chamfer"] == pytest.approx(3.5e-3) and over_cat["chamfer_x1000"] == pytest.approx(3.5)
     assert over_cat["fscore"] == {1e-4: pytest.approx(30.0), 2e-4: pytest.approx(47.5)}
     over_samples = summary["mean_over_samples"]
@@ -307,7 +310,7 @@ def test_summarize_means_per_category_and_overall():
     assert over_samples["chamfer"] == pytest.approx(3e-3)
     over_13 = summary["mean_over_13_categories"]
     assert over_13["count"] == 3 and over_13["categories"] == 13
-    assert over_13["chamfer"] == pytest.approx((2e-3 + 5e-3) / 13)   # the absent 11 as 0: below every category
+    assert over_13["chamfer"] == pytest.approx((2e-3 + 5e-3) / 13)  # the absent 11 as 0: below every category
     assert over_samples["fscore"] == {tau: pytest.approx(np.mean([r["fscore"][tau] for r in rows])) for tau in taus}
 
 
@@ -341,13 +344,15 @@ def test_kernel_source_ships_with_the_package(tmp_path):
     import subprocess
 
     probe = "import importlib.resources as r; print(r.files('xmesh.kernels').joinpath('nn_bruteforce.cu').read_text())"
-    installed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    installed = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout
     assert "XM_KERNEL(nn_bruteforce) void nn_bruteforce(" in installed
     from xmesh.backends.cuda_kernels import kernel_source
 
     assert "XM_KERNEL(nn_bruteforce) void nn_bruteforce(" in kernel_source("nn_bruteforce.cu")
     assert "XM_KERNEL(local_projection) void local_projection(" in kernel_source("projection.cu")
-    assert "#define XM_KERNEL(NAME)" in kernel_source("projection.cu")   # kernels/kernel_select.cuh, put in place
+    assert "#define XM_KERNEL(NAME)" in kernel_source("projection.cu")  # kernels/kernel_select.cuh, put in place
 
 
 def test_cupy_backend_without_cupy_is_a_clear_error(monkeypatch):

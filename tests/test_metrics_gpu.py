@@ -1,4 +1,5 @@
 """xmesh.metrics on the GPU: the CUDA kernel and GPU FAISS against a brute-force float64 reference."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -99,11 +100,15 @@ def test_kernel_rejects_bad_inputs(cupy):
 def test_compile_failure_names_the_kernel_and_the_log(cupy, monkeypatch):
     from xmesh.backends import cuda_kernels
 
-    monkeypatch.setattr(cuda_kernels, "kernel_source", lambda filename: 'extern "C" __global__ void nn_bruteforce() { syntax error }')
+    monkeypatch.setattr(
+        cuda_kernels, "kernel_source", lambda filename: 'extern "C" __global__ void nn_bruteforce() { syntax error }'
+    )
     monkeypatch.setenv("XMESH_KERNEL_CACHE_DIR", "")
     cuda_kernels.forget_loaded()
     try:
-        with pytest.raises(KernelCompileError, match=r"nn_bruteforce \(nn_bruteforce.cu, options \[.*\]\) failed to compile") as info:
+        with pytest.raises(
+            KernelCompileError, match=r"nn_bruteforce \(nn_bruteforce.cu, options \[.*\]\) failed to compile"
+        ) as info:
             nn_cupy.nearest(cupy.zeros((2, 3)), cupy.zeros((2, 3)))
         assert "error" in str(info.value)  # the compiler's log is part of the message
     finally:

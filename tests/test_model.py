@@ -1,4 +1,5 @@
 """Model building blocks against independent references (float64 NumPy written here from MODEL.md)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -104,10 +105,18 @@ def test_graph_conv_after_a_deferred_unpooling_is_the_layer_on_the_unpooled_inpu
     up = unpool_reference(x, pool)
     dense = s1.toarray().astype(np.float64)
     if fused:
-        layer, supports, s0 = GraphConv(np.concatenate([w0, w1], 1), bias, cout, relu=True), (None, be.sparse(s1)), np.eye(n)
+        layer, supports, s0 = (
+            GraphConv(np.concatenate([w0, w1], 1), bias, cout, relu=True),
+            (None, be.sparse(s1)),
+            np.eye(n),
+        )
     else:
         s0m = sp.random(n, n, density=0.1, random_state=4, dtype=np.float32).tocsr()
-        layer, supports, s0 = GraphConv(w1, bias, cout, relu=True, weight0=w0), (be.sparse(s0m), be.sparse(s1)), s0m.toarray()
+        layer, supports, s0 = (
+            GraphConv(w1, bias, cout, relu=True, weight0=w0),
+            (be.sparse(s0m), be.sparse(s1)),
+            s0m.toarray(),
+        )
     ref = np.maximum(s0 @ (up @ w0.astype(np.float64)) + dense @ (up @ w1.astype(np.float64)) + bias, 0)
     got = graph.graph_conv(be, layer, x, supports, pool_idx=be.asarray(pool, dtype=np.int64))
     assert got.shape == (2, n, cout)
@@ -141,8 +150,12 @@ def bilinear_reference(fmap, x, y):
     def at(i, j):
         return fmap[int(i), int(j)] if i < s and j < s else np.zeros(fmap.shape[-1])
 
-    return (at(x1, y1) * (x2 - x) * (y2 - y) + at(x2, y1) * (x - x1) * (y2 - y)
-            + at(x1, y2) * (x2 - x) * (y - y1) + at(x2, y2) * (x - x1) * (y - y1))
+    return (
+        at(x1, y1) * (x2 - x) * (y2 - y)
+        + at(x2, y1) * (x - x1) * (y2 - y)
+        + at(x1, y2) * (x2 - x) * (y - y1)
+        + at(x2, y2) * (x - x1) * (y - y1)
+    )
 
 
 def test_local_projection_generic_fast_path_and_reference_agree(be):
@@ -152,8 +165,8 @@ def test_local_projection_generic_fast_path_and_reference_agree(be):
     tf = DeviceTransforms.from_cameras(be, cams)
     points = rng.uniform(-0.25, 0.25, (batch, n, 3)).astype(np.float32)
     points[..., 2] -= 0.8
-    points[:, :3] = [0.0, 0.0, -0.8]           # the optical axis of view 0: integer pixel 112 there
-    points[:, 3] = [5.0, 5.0, -0.8]            # far off-image: clamped to 223 / 0
+    points[:, :3] = [0.0, 0.0, -0.8]  # the optical axis of view 0: integer pixel 112 there
+    points[:, 3] = [5.0, 5.0, -0.8]  # far off-image: clamped to 223 / 0
     maps = [rng.random((batch * 3, s, s, c), dtype=np.float32) for s, c in ((224, 4), (112, 3), (56, 2))]
     padded = projection.pad_maps(be, maps)
     fast = be.op_local_projection(points, padded, tf)
@@ -166,18 +179,28 @@ def test_local_projection_generic_fast_path_and_reference_agree(be):
     for b in range(batch):
         per_view = []
         for v in range(3):
-            h, w = projection._view_pixels(be.xp, points[b:b + 1], DeviceTransforms.from_cameras(be, cams[b:b + 1]), v)
+            h, w = projection._view_pixels(
+                be.xp, points[b : b + 1], DeviceTransforms.from_cameras(be, cams[b : b + 1]), v
+            )
             feats = []
             for fmap in maps:
                 s = fmap.shape[1]
-                feats.append(np.stack([bilinear_reference(fmap[b * 3 + v].astype(np.float64), float(hh) * s / 224, float(ww) * s / 224)
-                                       for hh, ww in zip(h[0], w[0])]))
+                feats.append(
+                    np.stack(
+                        [
+                            bilinear_reference(
+                                fmap[b * 3 + v].astype(np.float64), float(hh) * s / 224, float(ww) * s / 224
+                            )
+                            for hh, ww in zip(h[0], w[0])
+                        ]
+                    )
+                )
             per_view.append(np.concatenate(feats, 1))
         st = np.stack(per_view)
         ref = np.concatenate([points[b], st.max(0), st.mean(0), np.sqrt(st.var(0) + 1e-6)], 1)
         np.testing.assert_allclose(fast[b], ref, rtol=2e-5, atol=2e-6)
     # the quirk: a sample exactly at an integer pixel reads 0 (view 0 axis point, all its map features)
-    assert np.all(fast[:, 0, 3:3 + 9][:, :4] >= 0)
+    assert np.all(fast[:, 0, 3 : 3 + 9][:, :4] >= 0)
 
 
 def test_integer_pixel_reads_zero(be):
@@ -199,8 +222,13 @@ def test_local_gconv_fast_path_equals_array_api_version(be):
     layer = GraphConv(w, bias, cout, relu=True)
     fast = be.op_local_gconv(layer, x, cheb, None)
     generic = deformation.local_gconv(ReferenceOnly(be), layer, x, cheb)
-    np.testing.assert_allclose(fast, generic, rtol=1e-5, atol=5e-5)   # values up to ~50: float32 rounding
-    ref = np.maximum(x @ w[:, :cout].astype(np.float64) + np.einsum("ij,bjnc->binc", cheb, x @ w[:, cout:].astype(np.float64)) + bias, 0)
+    np.testing.assert_allclose(fast, generic, rtol=1e-5, atol=5e-5)  # values up to ~50: float32 rounding
+    ref = np.maximum(
+        x @ w[:, :cout].astype(np.float64)
+        + np.einsum("ij,bjnc->binc", cheb, x @ w[:, cout:].astype(np.float64))
+        + bias,
+        0,
+    )
     np.testing.assert_allclose(fast, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -213,16 +241,16 @@ def test_graph_projection_view_quirk_switch(be):
     for s, c in ((56, 2), (28, 2), (14, 2), (7, 2)):
         m = np.zeros((3, s, s, c), np.float32)
         for v in range(3):
-            m[v] = v + 1                     # each view's maps hold its own index
+            m[v] = v + 1  # each view's maps hold its own index
         maps.append(m)
     quirk = projection.graph_projection(be, pts, maps, tf, view_quirk=True)
     own = projection.graph_projection(be, pts, maps, tf, view_quirk=False)
     width = 8
     assert quirk.shape == own.shape == (1, 2, 3 + 3 * width)
-    np.testing.assert_array_equal(quirk[0, :, 3:3 + width], 1.0)            # max over views: all read view 0
-    np.testing.assert_array_equal(own[0, :, 3:3 + width], 3.0)              # max over views 1,2,3
-    np.testing.assert_allclose(own[0, :, 3 + width:3 + 2 * width], 2.0)     # mean of 1,2,3
-    np.testing.assert_allclose(own[0, :, 3 + 2 * width:], np.sqrt(2 / 3 + 1e-6), rtol=1e-6)
+    np.testing.assert_array_equal(quirk[0, :, 3 : 3 + width], 1.0)  # max over views: all read view 0
+    np.testing.assert_array_equal(own[0, :, 3 : 3 + width], 3.0)  # max over views 1,2,3
+    np.testing.assert_allclose(own[0, :, 3 + width : 3 + 2 * width], 2.0)  # mean of 1,2,3
+    np.testing.assert_allclose(own[0, :, 3 + 2 * width :], np.sqrt(2 / 3 + 1e-6), rtol=1e-6)
     np.testing.assert_array_equal(quirk[..., :3], pts)
 
 
@@ -235,14 +263,16 @@ def test_quirk_projection_reads_view0_maps_alone(be):
 
     assert arch.stage1_views_read(3, True) == (0,) and arch.stage1_views_read(3, False) == (0, 1, 2)
     assert [arch.map_stride(t) for t in arch.STAGE1_TAPS] == [4, 8, 16, 32]
-    assert arch.stage1_views_read(9, True) == (0, 1, 2)          # 9 views: view 8 // 4 = 2
+    assert arch.stage1_views_read(9, True) == (0, 1, 2)  # 9 views: view 8 // 4 = 2
     rng = np.random.default_rng(6)
     batch = 3
     cams = random_cameras(rng, batch)
     tf = DeviceTransforms.from_cameras(be, cams)
     pts = rng.uniform(-0.2, 0.2, (batch, 40, 3)).astype(np.float32)
     pts[..., 2] -= 0.8
-    maps = [rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((56, 4), (28, 3), (14, 2), (7, 5))]
+    maps = [
+        rng.standard_normal((batch * 3, s, s, c)).astype(np.float32) for s, c in ((56, 4), (28, 3), (14, 2), (7, 5))
+    ]
     view0 = [m.reshape((batch, 3) + m.shape[1:])[:, 0] for m in maps]
     full = projection.graph_projection(be, pts, maps, tf, view_quirk=True)
     np.testing.assert_array_equal(projection.graph_projection(be, pts, view0, tf, view_quirk=True), full)
@@ -266,7 +296,9 @@ def test_stage1_runs_the_cnn_on_the_views_it_reads(be, monkeypatch):
     model = Reconstructor(synthetic_weights(3), template=generate_template(), backend=be)
     seen = []
     real_cnn = network.run_cnn
-    monkeypatch.setattr(network, "run_cnn", lambda b, convs, x, taps: seen.append(x.shape[0]) or real_cnn(b, convs, x, taps))
+    monkeypatch.setattr(
+        network, "run_cnn", lambda b, convs, x, taps: seen.append(x.shape[0]) or real_cnn(b, convs, x, taps)
+    )
     flat = images.reshape(6, 224, 224, 3)
     tf = DeviceTransforms.from_cameras(be, cams)
     fast = network.run_stage1(be, model.stage1, flat, tf, view_quirk=True)
@@ -318,5 +350,5 @@ def test_batched_camera_transforms_equal_the_row_by_row_float32_ones():
         np.testing.assert_array_equal(got[b].view(np.uint32), want.view(np.uint32))
     tf = DeviceTransforms.from_cameras(get_backend("numpy"), cams[:4])
     assert np.shares_memory(tf.rot, tf.packed) and np.shares_memory(tf.from0, tf.packed)
-    np.testing.assert_array_equal(tf.rot[2, 1], got[2, 12 + 9:12 + 18].reshape(3, 3))
+    np.testing.assert_array_equal(tf.rot[2, 1], got[2, 12 + 9 : 12 + 18].reshape(3, 3))
     np.testing.assert_array_equal(tf.origin[3], got[3, 39:48].reshape(3, 3))

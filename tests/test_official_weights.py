@@ -8,6 +8,7 @@ then list exactly the official tensors, shapes, dtypes and places (checked again
 their own CRC-32Cs: the checks run against those `.index` files (``reference=``), and against the shipped
 ones they must fail on every tensor's CRC.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -41,7 +42,7 @@ from xmesh.reconstruct import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_INDEX = ROOT.parent / "shared" / "official_index"
-FOLDERS = {CHECKPOINTS[0]: "coarse_mvp2m/models", CHECKPOINTS[1]: "refine_p2mpp/models"}   # the release's layout
+FOLDERS = {CHECKPOINTS[0]: "coarse_mvp2m/models", CHECKPOINTS[1]: "refine_p2mpp/models"}  # the release's layout
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def _handler(body_of, log):
                 end = start + cut
             view = memoryview(body)
             for at in range(start, end, 1 << 20):
-                self.wfile.write(view[at:min(end, at + (1 << 20))])
+                self.wfile.write(view[at : min(end, at + (1 << 20))])
             log["sent"].append(end - start)
             if cut is not None:
                 self.wfile.flush()
@@ -136,14 +137,14 @@ def _stored_equal(arrays):
     loaded = load_weights(resolve_weights("official"))
     assert sorted(loaded) == sorted(arrays)
     for name, value in arrays.items():
-        np.testing.assert_array_equal(loaded[name], value, err_msg=name)   # stored bytes, no arithmetic
+        np.testing.assert_array_equal(loaded[name], value, err_msg=name)  # stored bytes, no arithmetic
 
 
 def test_shipped_index_files_are_the_official_ones_and_package_data():
     for name in (*[f"{c}.index" for c in CHECKPOINTS], "manifest.json"):
         assert (official_index_folder() / name).read_bytes() == (SHARED_INDEX / name).read_bytes()
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"data/official_index/*"' in text   # package data: installed with xmesh
+    assert '"data/official_index/*"' in text  # package data: installed with xmesh
 
 
 def test_the_local_release_has_the_official_tensors_shapes_and_places(release):
@@ -152,9 +153,13 @@ def test_the_local_release_has_the_official_tensors_shapes_and_places(release):
         official = read_index(official_index_folder() / f"{name}.index")
         assert sorted(ours) == sorted(official)
         for key, info in official.items():
-            assert (ours[key].shape, ours[key].tf_dtype, ours[key].offset, ours[key].size) == \
-                   (info.shape, info.tf_dtype, info.offset, info.size), key
-        assert all(ours[key].crc != info.crc for key, info in official.items())   # not the official bytes
+            assert (ours[key].shape, ours[key].tf_dtype, ours[key].offset, ours[key].size) == (
+                info.shape,
+                info.tf_dtype,
+                info.offset,
+                info.size,
+            ), key
+        assert all(ours[key].crc != info.crc for key, info in official.items())  # not the official bytes
 
 
 def test_add_from_folder_then_official_resolves_everywhere(release, cache):
@@ -165,19 +170,20 @@ def test_add_from_folder_then_official_resolves_everywhere(release, cache):
     assert official_prefixes() == [str(folder / c) for c in CHECKPOINTS]
     assert resolve_weights(["official"]) == official_prefixes()
     assert "official Pixel2Mesh++ weights" in describe_weights(["official"])
-    assert ModelSpec.of(["official"]).weights == "official"   # each worker resolves it in its own cache
+    assert ModelSpec.of(["official"]).weights == "official"  # each worker resolves it in its own cache
     _stored_equal(release["arrays"])
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]   # no staging left
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no staging left
 
 
 def test_add_from_url_downloads_checks_and_removes_the_zip(release, cache, server):
     lines = []
     add_official_weights(server["url"], reference=release["reference"], progress=False, say=lines.append)
     assert server["ranges"] == [None] and server["sent"] == [release["zip"].stat().st_size]
-    assert lines == [f"xmesh weights: {c}: {n} tensors match the official index"
-                     for c, n in zip(CHECKPOINTS, (165, 72), strict=True)]
+    assert lines == [
+        f"xmesh weights: {c}: {n} tensors match the official index" for c, n in zip(CHECKPOINTS, (165, 72), strict=True)
+    ]
     _stored_equal(release["arrays"])
-    assert list((cache / "xmesh" / "weights" / "downloads").iterdir()) == []   # one copy: the checked one
+    assert list((cache / "xmesh" / "weights" / "downloads").iterdir()) == []  # one copy: the checked one
 
 
 def test_interrupted_download_is_resumed_with_a_range_request(release, cache, server):
@@ -208,7 +214,7 @@ def test_a_part_is_started_again_where_the_server_ignores_ranges(release, cache,
 
 
 def test_a_truncated_zip_is_refused_and_nothing_stored(release, cache, server):
-    server["body"] = server["body"][: len(server["body"]) // 2]   # the server's file itself is cut short
+    server["body"] = server["body"][: len(server["body"]) // 2]  # the server's file itself is cut short
     with pytest.raises(InputError, match=r"not a whole zip archive"):
         add_official_weights(server["url"], reference=release["reference"], progress=False, say=lambda s: None)
     assert not weights_folder().exists()
@@ -217,27 +223,32 @@ def test_a_truncated_zip_is_refused_and_nothing_stored(release, cache, server):
 
 def test_a_corrupt_tensor_is_named_and_nothing_stored(release, cache, tmp_path):
     corrupt = tmp_path / "corrupt"
-    shutil.copytree(release["folder"], corrupt, copy_function=os.symlink)   # links to the good files ...
+    shutil.copytree(release["folder"], corrupt, copy_function=os.symlink)  # links to the good files ...
     name = CHECKPOINTS[1]
     shard = corrupt / FOLDERS[name] / f"{name}{SHARD_SUFFIX}"
     shard.unlink()
     data = bytearray((release["folder"] / FOLDERS[name] / f"{name}{SHARD_SUFFIX}").read_bytes())
     victim = "meshnet/pixel2mesh/graph_drb_blk1_layer_2/localgconv_3_vars/weights_1:0"
     info = read_index(release["reference"] / f"{name}.index")[victim]
-    data[info.offset + info.size // 2] ^= 0x40   # ... but one flipped bit in one tensor of stage 2's shard
+    data[info.offset + info.size // 2] ^= 0x40  # ... but one flipped bit in one tensor of stage 2's shard
     shard.write_bytes(bytes(data))
     with pytest.raises(ChecksumError, match=rf"1 tensor\(s\) do not match the CRC-32C .*'{victim}'"):
         add_official_weights(corrupt, reference=release["reference"], progress=False, say=lambda s: None)
     assert not weights_folder().exists()
-    assert not [p for p in weights_folder().parent.iterdir() if p.name.startswith(".")]   # staging removed
+    assert not [p for p in weights_folder().parent.iterdir() if p.name.startswith(".")]  # staging removed
 
 
 def test_command_checks_against_the_shipped_index_in_one_line(release, tmp_path):
     """The command line checks against the official `.index` files: the locally made release (other bytes)
     is refused on every tensor's CRC, in one line with exit 2, and nothing is stored."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "xmesh", "weights", "add", str(release["zip"]), "--no-progress"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "xmesh", "weights", "add", str(release["zip"]), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xmesh weights: error: ")
@@ -266,7 +277,7 @@ def test_convert_takes_both_checkpoints_for_one_npz_the_reconstructor_takes(rele
     out = tmp_path / "p2mpp.npz"
     assert main(["convert", *prefixes, str(out)]) == 0
     assert capsys.readouterr().err.strip() == f"wrote {out}: 237 variables from 2 checkpoint(s)"
-    model = Reconstructor(weights=str(out))   # both stages from the one file
+    model = Reconstructor(weights=str(out))  # both stages from the one file
     assert model.spec.weights == str(out)
     loaded = load_weights(str(out))
     assert sorted(loaded) == sorted(release["arrays"])
@@ -292,8 +303,13 @@ def test_convert_official_after_weights_add(release, cache, tmp_path, capsys):
 def test_an_unwritable_cache_folder_is_one_line(release, tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "a_file"), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "xmesh", "weights", "add", str(release["zip"]), "--no-progress"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "xmesh", "weights", "add", str(release["zip"]), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"xmesh weights: error: {tmp_path / 'a_file'}")
     assert "expected a readable release and a writable cache folder" in done.stderr

@@ -1,4 +1,5 @@
 """Out of memory in a batched call: the batch is split and retried; one sample that does not fit is reported."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,7 @@ def fake_network(fits: int, calls: list):
         calls.append(len(cameras))
         if len(cameras) > fits:
             raise MemoryError(f"simulated: {len(cameras)} samples do not fit")
-        key = np.asarray(images, np.float32).reshape(len(cameras), -1)[:, :3]   # per-sample values: order check
+        key = np.asarray(images, np.float32).reshape(len(cameras), -1)[:, :3]  # per-sample values: order check
         coarse = np.repeat(key[:, None, :], 5, axis=1)
         return coarse, coarse + cameras[:, :1, :3]
 
@@ -40,7 +41,7 @@ def test_batch_is_split_until_it_fits_and_order_is_kept(model, monkeypatch):
     np.testing.assert_array_equal(coarse[:, 0], expected)
     np.testing.assert_array_equal(refined[:, 0], expected + cameras[:, 0, :3])
     assert calls[0] == 7 and max(c for c in calls if c <= 2) == 2
-    assert model.max_batch == 2          # remembered: the next call goes straight to chunks of 2
+    assert model.max_batch == 2  # remembered: the next call goes straight to chunks of 2
     calls.clear()
     model.run(images[:5], cameras[:5])
     assert calls == [2, 2, 1]
@@ -73,7 +74,7 @@ def test_a_capture_out_of_memory_leaves_that_batch_size_eager(model, monkeypatch
     call runs eagerly, and that batch size is not captured again."""
     import importlib
 
-    rec = importlib.import_module("xmesh.reconstruct")   # the module (xmesh.reconstruct is also a function)
+    rec = importlib.import_module("xmesh.reconstruct")  # the module (xmesh.reconstruct is also a function)
 
     captures: list = []
     eager: list = []
@@ -96,7 +97,7 @@ def test_a_capture_out_of_memory_leaves_that_batch_size_eager(model, monkeypatch
     for _ in range(4):
         coarse, refined = model.run(images, cameras)
         np.testing.assert_array_equal(refined, np.ones((2, 5, 3)))
-    assert captures == [2]            # the second call tried once
-    assert model.graph_bytes() == {}   # and holds no graph
-    assert eager == [2, 2, 2, 2]      # every call ran, whole
+    assert captures == [2]  # the second call tried once
+    assert model.graph_bytes() == {}  # and holds no graph
+    assert eager == [2, 2, 2, 2]  # every call ran, whole
     assert model.max_batch is None

@@ -1,5 +1,6 @@
 """Posed photos -> the network's camera rows: COLMAP text models and camera-to-world poses, under
 arbitrary similarities of the input world, and the errors that name the view."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ def test_colmap_recovers_the_cameras_under_a_random_similarity(tmp_path, seed):
     cams = xmesh.cameras.from_colmap(tmp_path, NAMES, first_azimuth=scene.rows[0, 0])
     assert cams.table.shape == (3, 5)
     assert np.all(_relative(cams.table, scene.rows)[:, [0, 1, 3]] < 1e-4)
-    assert np.max(np.abs(cams.table - scene.rows)) < 1e-9     # in fact to rounding
+    assert np.max(np.abs(cams.table - scene.rows)) < 1e-9  # in fact to rounding
     assert np.array_equal(cams.rows, scene.rows.astype(np.float32))
     # the similarity found is the inverse of the one applied
     assert np.allclose(cams.to_network(scene.to_input(scene.points)), scene.points, atol=1e-9)
@@ -38,7 +39,7 @@ def test_colmap_recovers_the_cameras_under_a_random_similarity(tmp_path, seed):
 
 def test_the_cameras_do_not_depend_on_the_world_frame(tmp_path):
     rows = []
-    for seed in (3, 4):   # one object, two different similarities
+    for seed in (3, 4):  # one object, two different similarities
         scene = make_scene(1)
         other = make_scene(seed)
         scene.rotation, scene.sigma, scene.shift = other.rotation, other.sigma, other.shift
@@ -59,7 +60,7 @@ def test_rolled_and_off_centre_cameras_give_the_same_rows_and_report_the_turn(tm
     scene = make_scene(5)
     turns = [roll(12.0), roll(-7.0) @ _yaw(4.0), _yaw(-3.0)]
     write_colmap(scene, tmp_path, NAMES, turns=turns)
-    up = scene.rotation[:, 1]    # the network's y axis in the input world
+    up = scene.rotation[:, 1]  # the network's y axis in the input world
     cams = xmesh.cameras.from_colmap(tmp_path, NAMES, up=up, first_azimuth=scene.rows[0, 0])
     assert np.max(np.abs(cams.table - scene.rows)) < 1e-9
     assert np.allclose(np.abs(cams.roll_degrees()[:2]), [12.0, 7.0], atol=0.5)
@@ -98,7 +99,7 @@ def test_object_sphere_drops_strays_and_is_equivariant():
     points /= np.linalg.norm(points, axis=1, keepdims=True)
     noisy = np.concatenate([points * 2.0 + 5.0, [[500.0, 0, 0], [0, -900.0, 0]]])
     centre, radius = frame.object_sphere(noisy)
-    sphere = points * 2.0 + 5.0    # the strays far off are dropped: the sphere's own enclosing sphere remains
+    sphere = points * 2.0 + 5.0  # the strays far off are dropped: the sphere's own enclosing sphere remains
     expected_centre, expected_radius = smallest_enclosing_sphere(sphere)
     assert np.allclose(centre, expected_centre, atol=1e-12) and radius == pytest.approx(expected_radius, rel=1e-12)
     assert np.allclose(centre, 5.0, atol=0.02) and radius == pytest.approx(2.0, rel=0.01)
@@ -114,11 +115,11 @@ def test_object_centre_does_not_follow_a_dense_cluster_of_points():
     rng = np.random.default_rng(4)
     truth, true_radius = np.array([0.3, -1.2, 2.0]), 0.7
     even = rng.normal(size=(800, 3))
-    cap = rng.normal(size=(4000, 3)) * 0.25 + [0.0, 0.0, 1.0]   # directions near +z
+    cap = rng.normal(size=(4000, 3)) * 0.25 + [0.0, 0.0, 1.0]  # directions near +z
     directions = np.concatenate([even, cap])
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
     cloud = truth + true_radius * directions
-    assert np.linalg.norm(cloud.mean(axis=0) - truth) > 0.2 * true_radius   # the mean is biased
+    assert np.linalg.norm(cloud.mean(axis=0) - truth) > 0.2 * true_radius  # the mean is biased
     centre, radius = frame.object_sphere(cloud)
     assert np.linalg.norm(centre - truth) < 0.01 * true_radius
     assert radius == pytest.approx(true_radius, rel=0.01)
@@ -135,7 +136,7 @@ def test_smallest_enclosing_sphere_is_the_smallest(n):
     distance = np.linalg.norm(points - centre, axis=1)
     assert distance.max() <= radius * (1 + 1e-12)
     on_surface = points[distance >= radius * (1 - 1e-9)]
-    system = np.vstack([on_surface.T, np.ones(len(on_surface)) * 10.0])   # sum of weights = 1, weighted
+    system = np.vstack([on_surface.T, np.ones(len(on_surface)) * 10.0])  # sum of weights = 1, weighted
     weights, residual = nnls(system, np.append(centre, 10.0))
     assert residual < 1e-9 * max(1.0, radius)
 
@@ -148,9 +149,19 @@ def _poses_json(scene, path, convention="opencv", names=NAMES, with_points=False
         m = np.eye(4)
         m[:3, :3], m[:3, 3] = axes, centre
         k = network_intrinsics(137)
-        views.append({"image": names[i], "camera_to_world": m.tolist(), "fx": k.fx, "fy": k.fy, "cx": k.cx,
-                      "cy": k.cy, "width": 137, "height": 137})
-    data = {"convention": convention, "views": views[::-1]}   # listed out of order: matched by name
+        views.append(
+            {
+                "image": names[i],
+                "camera_to_world": m.tolist(),
+                "fx": k.fx,
+                "fy": k.fy,
+                "cx": k.cx,
+                "cy": k.cy,
+                "width": 137,
+                "height": 137,
+            }
+        )
+    data = {"convention": convention, "views": views[::-1]}  # listed out of order: matched by name
     if with_points:
         data["points"] = scene.to_input(scene.points).tolist()
     else:
@@ -176,9 +187,11 @@ def test_colmap_text_model_round_trip(tmp_path):
     rotations = [np.linalg.qr(rng.normal(size=(3, 3)))[0] for _ in range(3)]
     rotations = [r * np.sign(np.linalg.det(r)) for r in rotations]
     translations = rng.normal(size=(3, 3))
-    k = [Intrinsics(500.0, 510.0, 320.5, 240.25, 640, 480),
-         Intrinsics(400.0, 400.0, 300.0, 200.0, 600, 400, {"k1": -0.1, "k2": 0.01, "p1": 1e-3, "p2": -2e-3}),
-         network_intrinsics(137)]
+    k = [
+        Intrinsics(500.0, 510.0, 320.5, 240.25, 640, 480),
+        Intrinsics(400.0, 400.0, 300.0, 200.0, 600, 400, {"k1": -0.1, "k2": 0.01, "p1": 1e-3, "p2": -2e-3}),
+        network_intrinsics(137),
+    ]
     points = rng.normal(size=(50, 3))
     colmap.write_text_model(tmp_path, NAMES, rotations, translations, k, points)
     model = colmap.read_text_model(tmp_path)
@@ -193,16 +206,29 @@ def test_distortion_matches_opencv():
     k = from_model("OPENCV", 640, 480, [500, 505, 320, 240, -0.2, 0.05, 1e-3, -2e-3], "test")
     points = np.random.default_rng(2).uniform([-1, -1, 2], [1, 1, 4], size=(100, 3))
     uv, front = k.project(points)
-    ref, _ = cv2.projectPoints(points, np.zeros(3), np.zeros(3), np.array([[500, 0, 320], [0, 505, 240], [0, 0, 1.0]]),
-                               np.array([-0.2, 0.05, 1e-3, -2e-3]))
+    ref, _ = cv2.projectPoints(
+        points,
+        np.zeros(3),
+        np.zeros(3),
+        np.array([[500, 0, 320], [0, 505, 240], [0, 0, 1.0]]),
+        np.array([-0.2, 0.05, 1e-3, -2e-3]),
+    )
     assert front.all() and np.allclose(uv, ref[:, 0], atol=1e-9)
-    full = from_model("FULL_OPENCV", 640, 480, [500, 505, 320, 240, -0.2, 0.05, 1e-3, -2e-3, 0.01, 0.02, -0.01, 0.003], "t")
-    ref, _ = cv2.projectPoints(points, np.zeros(3), np.zeros(3), np.array([[500, 0, 320], [0, 505, 240], [0, 0, 1.0]]),
-                               np.array([-0.2, 0.05, 1e-3, -2e-3, 0.01, 0.02, -0.01, 0.003]))
+    full = from_model(
+        "FULL_OPENCV", 640, 480, [500, 505, 320, 240, -0.2, 0.05, 1e-3, -2e-3, 0.01, 0.02, -0.01, 0.003], "t"
+    )
+    ref, _ = cv2.projectPoints(
+        points,
+        np.zeros(3),
+        np.zeros(3),
+        np.array([[500, 0, 320], [0, 505, 240], [0, 0, 1.0]]),
+        np.array([-0.2, 0.05, 1e-3, -2e-3, 0.01, 0.02, -0.01, 0.003]),
+    )
     assert np.allclose(full.project(points)[0], ref[:, 0], atol=1e-9)
 
 
 # --------------------------------------------------------------------------------------- errors
+
 
 def test_unregistered_view_is_named(tmp_path):
     write_colmap(make_scene(0), tmp_path, NAMES)
@@ -217,8 +243,14 @@ def test_fewer_than_three_views(tmp_path):
         xmesh.cameras.from_colmap(tmp_path, NAMES[:2])
     model = colmap.read_text_model(tmp_path)
     two = tmp_path / "two"
-    colmap.write_text_model(two, NAMES[:2], [im.rotation for im in model.images[:2]],
-                            [im.translation for im in model.images[:2]], [network_intrinsics(137)] * 2, model.points)
+    colmap.write_text_model(
+        two,
+        NAMES[:2],
+        [im.rotation for im in model.images[:2]],
+        [im.translation for im in model.images[:2]],
+        [network_intrinsics(137)] * 2,
+        model.points,
+    )
     with pytest.raises(InputError, match=r"2 view\(s\)"):
         xmesh.cameras.from_colmap(two)
 
@@ -235,7 +267,7 @@ def test_camera_looking_away_is_named(tmp_path):
 def _turned_poses(scene, folder):
     path = _poses_json(scene, folder / "poses.json")
     data = json.loads(path.read_text())
-    m = np.asarray(data["views"][1]["camera_to_world"])   # views are listed in reverse: this is view 1
+    m = np.asarray(data["views"][1]["camera_to_world"])  # views are listed in reverse: this is view 1
     m[:3, :3] = m[:3, :3] @ np.diag([-1.0, 1.0, -1.0])
     data["views"][1]["camera_to_world"] = m.tolist()
     path.write_text(json.dumps(data))
@@ -260,8 +292,14 @@ def test_masks_pick_the_object_points(tmp_path):
     floor = np.c_[rng.uniform(-3, 3, 400), np.full(400, -0.3), rng.uniform(-3, 3, 400)]
     write_colmap(scene, tmp_path, NAMES)
     model = colmap.read_text_model(tmp_path)
-    colmap.write_text_model(tmp_path, NAMES, [im.rotation for im in model.images], [im.translation for im in model.images],
-                            [network_intrinsics(137)] * 3, np.concatenate([model.points, scene.to_input(floor)]))
+    colmap.write_text_model(
+        tmp_path,
+        NAMES,
+        [im.rotation for im in model.images],
+        [im.translation for im in model.images],
+        [network_intrinsics(137)] * 3,
+        np.concatenate([model.points, scene.to_input(floor)]),
+    )
     masks = [photo[:, :, 3] for photo in network_photos(scene)]
     cams = xmesh.cameras.from_colmap(tmp_path, NAMES, masks=masks)
     assert cams.radius == pytest.approx(0.24 * scene.sigma, rel=0.03)

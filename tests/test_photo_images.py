@@ -1,5 +1,6 @@
 """Photos -> the network's input views: the original loader where the intrinsics already match, its
 resampling geometry otherwise, masks, rolled and off-centre cameras, other intrinsics and lenses."""
+
 from __future__ import annotations
 
 import cv2
@@ -29,8 +30,13 @@ def _network_views(rows, intrinsics, turns=None):
 
 
 def _network_cameras(rows, intrinsics, turns=None):
-    return convert(_network_views(rows, intrinsics, turns), np.zeros(3), frame.TARGET_RADIUS, up=(0.0, 1.0, 0.0),
-                   first_azimuth=float(rows[0][0]))
+    return convert(
+        _network_views(rows, intrinsics, turns),
+        np.zeros(3),
+        frame.TARGET_RADIUS,
+        up=(0.0, 1.0, 0.0),
+        first_azimuth=float(rows[0][0]),
+    )
 
 
 def test_renderings_with_the_network_intrinsics_go_through_the_original_loader(demo_dir, golden_dir):
@@ -56,14 +62,16 @@ def test_resampling_has_the_resize_geometry():
         ref = cv2.resize(image.astype(np.float32), (224, 224), interpolation=cv2.INTER_LINEAR)
         assert np.max(np.abs(ours - ref)) < 1e-5
     # a ray that misses the photo reads white
-    out = bilinear_white(np.zeros((10, 10, 3)), np.array([[[-1.0, 5.0], [5.0, 10.6], [5.0, 5.0]]]), np.ones((1, 3), bool))
+    out = bilinear_white(
+        np.zeros((10, 10, 3)), np.array([[[-1.0, 5.0], [5.0, 10.6], [5.0, 5.0]]]), np.ones((1, 3), bool)
+    )
     assert out[0, :2].tolist() == [[1.0] * 3] * 2 and out[0, 2].tolist() == [0.0] * 3
 
 
 def test_a_mask_acts_as_the_alpha_channel(demo_dir):
     rgba = cv2.imread(str(demo_dir / "plane1.png"), cv2.IMREAD_UNCHANGED)
     rows = load_cameras(demo_dir / "cameras.txt").astype(np.float64)
-    for k in (network_intrinsics(137), Intrinsics(160.0, 150.0, 70.0, 66.0, 137, 137)):   # original, resampled
+    for k in (network_intrinsics(137), Intrinsics(160.0, 150.0, 70.0, 66.0, 137, 137)):  # original, resampled
         cams = _network_cameras(rows, [k] * 3)
         with_alpha = prepare_photo(cams, 0, rgba)
         # a mask marks the object where it is above half its range; alpha where it is above 0
@@ -82,7 +90,7 @@ def test_a_mask_acts_as_the_alpha_channel(demo_dir):
 def _coverage(cams, index, photo):
     """The photo's alpha resampled like its colours: 1 on the object, 0 elsewhere (and off the photo)."""
     inverted = np.repeat(255 - photo[:, :, 3:4], 3, axis=2)
-    everywhere = np.full(photo.shape[:2], 255, np.uint8)     # no white-out: the image is the coverage
+    everywhere = np.full(photo.shape[:2], 255, np.uint8)  # no white-out: the image is the coverage
     return 1.0 - prepare_photo(cams, index, inverted, mask=everywhere)[:, :, 0]
 
 
@@ -121,10 +129,15 @@ def test_photos_come_out_as_the_network_camera_sees_them(case):
     assert iou > 0.98 and error < 0.04, (iou, error)
     assert (abs(cams.roll_degrees()[index]) > 5.0) == turned
     # a wrong intrinsic (focal off by 10%) is visibly wrong: the check can fail
-    wrong = PhotoView("photo", Intrinsics(k.fx * 1.1, k.fy * 1.1, k.cx, k.cy, k.width, k.height, k.distortion),
-                      photo_rot, centre)
-    bad = convert(views[:index] + [wrong] + views[index + 1:], scene.shift, frame.TARGET_RADIUS * scene.sigma,
-                  up=scene.rotation[:, 1])
+    wrong = PhotoView(
+        "photo", Intrinsics(k.fx * 1.1, k.fy * 1.1, k.cx, k.cy, k.width, k.height, k.distortion), photo_rot, centre
+    )
+    bad = convert(
+        views[:index] + [wrong] + views[index + 1 :],
+        scene.shift,
+        frame.TARGET_RADIUS * scene.sigma,
+        up=scene.rotation[:, 1],
+    )
     assert _compare(bad, index, photo, reference)[0] < 0.85
 
 
@@ -146,8 +159,11 @@ def test_photo_errors_name_the_view(demo_dir):
         prepare_photo(cams, 2, rgba, mask=np.zeros((137, 137), np.uint8))
     with pytest.raises(InputError, match=r"view 0 \(v0\): mask: the mask is 100x137 pixels but its photo is 137x137"):
         prepare_photo(cams, 0, rgba, mask=np.ones((137, 100), np.uint8) * 255)
-    with pytest.raises(InputError, match=r"view 0 \(v0\): photo: the photo is 137x100 pixels but its camera was "
-                                         "calibrated at 137x137, another aspect ratio"):
+    with pytest.raises(
+        InputError,
+        match=r"view 0 \(v0\): photo: the photo is 137x100 pixels but its camera was "
+        "calibrated at 137x137, another aspect ratio",
+    ):
         prepare_photo(cams, 0, rgba[:100])
     with pytest.raises(InputError, match="got 2 photos"):
         cams.prepare_images([rgba, rgba])

@@ -2,6 +2,7 @@
 (cameras, poses, 3D points) moved by a random similarity; the converter recovers the cameras and the
 reconstruction (NumPy, synthetic weights) equals the one from the original cameras, in the input's
 world. Through the Python API and the command line (--colmap, and --poses with masks)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from xmesh.mesh import read_obj
 from xmesh.model.camera import camera_to_world
 
 NAMES = ["IMG_0001.png", "IMG_0002.png", "IMG_0003.png"]
-WEIGHTS = "synthetic:1"   # the synthetic test recipe, as the CLI and the Python API take it
+WEIGHTS = "synthetic:1"  # the synthetic test recipe, as the CLI and the Python API take it
 TOLERANCE = 1e-4
 
 pytestmark = pytest.mark.slow
@@ -41,8 +42,15 @@ def capture(tmp_path_factory):
     original = model(load_images(paths), scene.rows)
     world = camera_to_world(original.vertices, scene.rows[0]).astype(np.float64)
     coarse = camera_to_world(original.coarse_vertices, scene.rows[0]).astype(np.float64)
-    return {"scene": scene, "folder": folder, "paths": paths, "photos": photos, "model": model,
-            "world": world, "coarse": coarse}
+    return {
+        "scene": scene,
+        "folder": folder,
+        "paths": paths,
+        "photos": photos,
+        "model": model,
+        "world": world,
+        "coarse": coarse,
+    }
 
 
 def _check_mesh(capture, vertices, coarse=None):
@@ -82,12 +90,25 @@ def test_python_entry_point_with_default_azimuth(capture):
 def test_command_line_colmap(capture, tmp_path, capsys):
     scene = capture["scene"]
     out, coarse = tmp_path / "mesh.obj", tmp_path / "coarse.obj"
-    code = main(["reconstruct", *map(str, capture["paths"]), "--colmap", str(capture["folder"] / "sparse"),
-                 "--first-azimuth", repr(float(scene.rows[0, 0])), "--weights", WEIGHTS, "--out", str(out),
-                 "--coarse-out", str(coarse)])
+    code = main(
+        [
+            "reconstruct",
+            *map(str, capture["paths"]),
+            "--colmap",
+            str(capture["folder"] / "sparse"),
+            "--first-azimuth",
+            repr(float(scene.rows[0, 0])),
+            "--weights",
+            WEIGHTS,
+            "--out",
+            str(out),
+            "--coarse-out",
+            str(coarse),
+        ]
+    )
     assert code == 0
     _check_mesh(capture, read_obj(out).vertices, read_obj(coarse).vertices)
-    assert "view 2 (" in capsys.readouterr().err     # the cameras found are reported
+    assert "view 2 (" in capsys.readouterr().err  # the cameras found are reported
 
 
 def test_command_line_poses_with_masks(capture, tmp_path):
@@ -95,7 +116,7 @@ def test_command_line_poses_with_masks(capture, tmp_path):
     scene = capture["scene"]
     photos, masks, views = [], [], []
     for i, (name, photo) in enumerate(zip(NAMES, capture["photos"])):
-        jpg_free = tmp_path / name.replace(".png", "_rgb.png")     # lossless, so the pixels stay the same
+        jpg_free = tmp_path / name.replace(".png", "_rgb.png")  # lossless, so the pixels stay the same
         cv2.imwrite(str(jpg_free), photo[:, :, :3])
         cv2.imwrite(str(tmp_path / f"mask{i}.png"), np.where(photo[:, :, 3] > 0, 255, 0).astype(np.uint8))
         photos.append(str(jpg_free))
@@ -104,15 +125,38 @@ def test_command_line_poses_with_masks(capture, tmp_path):
         m = np.eye(4)
         m[:3, :3], m[:3, 3] = rot.T @ np.diag([1.0, -1.0, -1.0]), centre
         k = network_intrinsics(137)
-        views.append({"image": jpg_free.name, "camera_to_world": m.tolist(), "fx": k.fx, "fy": k.fy,
-                      "cx": k.cx, "cy": k.cy, "width": 137, "height": 137})
+        views.append(
+            {
+                "image": jpg_free.name,
+                "camera_to_world": m.tolist(),
+                "fx": k.fx,
+                "fy": k.fy,
+                "cx": k.cx,
+                "cy": k.cy,
+                "width": 137,
+                "height": 137,
+            }
+        )
     poses = tmp_path / "poses.json"
     # the object's sphere given (its points inside the masks would lose a few on the thinnest parts)
-    poses.write_text(json.dumps({"convention": "opengl", "views": views, "center": scene.shift.tolist(),
-                                 "radius": 0.24 * scene.sigma, "first_azimuth": float(scene.rows[0, 0])}))
+    poses.write_text(
+        json.dumps(
+            {
+                "convention": "opengl",
+                "views": views,
+                "center": scene.shift.tolist(),
+                "radius": 0.24 * scene.sigma,
+                "first_azimuth": float(scene.rows[0, 0]),
+            }
+        )
+    )
     out = tmp_path / "mesh.ply"
-    assert main(["reconstruct", *photos, "--poses", str(poses), "--masks", *masks, "--weights", WEIGHTS,
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            ["reconstruct", *photos, "--poses", str(poses), "--masks", *masks, "--weights", WEIGHTS, "--out", str(out)]
+        )
+        == 0
+    )
     from xmesh.mesh import read_ply
 
     _check_mesh(capture, read_ply(out).vertices)

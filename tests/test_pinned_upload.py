@@ -4,6 +4,7 @@ The CPU tests run the uploader's chunking and slot ring against a stand-in for t
 copies are plain ``memmove``s (so they check which rows land where, at which pitch, in which dtype);
 the GPU tests check the real copies, including a slot ring that must wait for the device before it
 refills a slot."""
+
 from __future__ import annotations
 
 import ctypes
@@ -56,18 +57,18 @@ class _Stream:
 @pytest.mark.parametrize("rows, slot_rows, slots", [(1, 1, 2), (3, 1, 4), (13, 2, 3), (64, 6, 4), (7, 100, 2)])
 def test_rows_land_at_their_pitch_through_the_slot_ring(rows, slot_rows, slots):
     rng = np.random.default_rng(rows)
-    source = rng.normal(size=(rows, 3, 5, 7)).astype(np.float64)   # converted to float32 on the way
-    strided = source[:, 1:3]                                        # two of three "views", not contiguous
+    source = rng.normal(size=(rows, 3, 5, 7)).astype(np.float64)  # converted to float32 on the way
+    strided = source[:, 1:3]  # two of three "views", not contiguous
     row_bytes = 2 * 5 * 7 * 4
     fake = _FakeCupy()
     up = _HostUploader(fake, slot_bytes=slot_rows * row_bytes, slots=slots, threads=3, min_bytes=0)
     device = np.full((rows, 3, 5, 7), np.nan, dtype=np.float32)
     up.copy_rows(device.ctypes.data + 5 * 7 * 4, 3 * 5 * 7 * 4, strided, _Stream())
     np.testing.assert_array_equal(device[:, 1:3], strided.astype(np.float32))
-    assert np.isnan(device[:, 0]).all()          # the view outside the run is untouched
+    assert np.isnan(device[:, 0]).all()  # the view outside the run is untouched
     heights = [h for h, _ in fake.cuda.runtime.copies]
     assert sum(heights) == rows and max(heights) <= slot_rows
-    assert len(heights) >= min(rows, slots)     # every slot takes part when there are rows enough
+    assert len(heights) >= min(rows, slots)  # every slot takes part when there are rows enough
 
 
 def test_small_or_oversized_rows_go_straight_from_the_source():
@@ -77,7 +78,7 @@ def test_small_or_oversized_rows_go_straight_from_the_source():
     device = np.zeros((4, 6), dtype=np.float32)
     up.copy_rows(device.ctypes.data, 24, source, _Stream())
     np.testing.assert_array_equal(device, source.astype(np.float32))
-    assert fake.cuda.runtime.copies == [(4, 24)] and up._pinned is None   # one copy, no slots made
+    assert fake.cuda.runtime.copies == [(4, 24)] and up._pinned is None  # one copy, no slots made
 
 
 @requires_cuda
@@ -97,14 +98,14 @@ def test_a_slot_is_refilled_only_after_the_device_read_it(cp, slot_rows, slots):
         for _ in range(60):
             busy = cp.sin(busy) + 1.0
         up.copy_rows(device.data.ptr, row_bytes, host, stream)
-    host[:] = -1.0   # the caller may reuse its array once copy_rows returns
+    host[:] = -1.0  # the caller may reuse its array once copy_rows returns
     stream.synchronize()
     np.testing.assert_array_equal(device.get(), expected)
 
 
 @requires_cuda
 def test_backend_copy_into_uploads_large_host_arrays_exactly(cp, gb):
-    host = np.random.default_rng(5).uniform(0, 1, (30, 224, 224, 3)).astype(np.float32)   # 18 MB: pinned path
+    host = np.random.default_rng(5).uniform(0, 1, (30, 224, 224, 3)).astype(np.float32)  # 18 MB: pinned path
     device = cp.zeros(host.shape, dtype=cp.float32)
     gb.copy_into(device, host.reshape(10, 3, 224, 224, 3))
     np.testing.assert_array_equal(device.get(), host)

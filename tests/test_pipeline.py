@@ -1,4 +1,5 @@
 """The dataset pipeline: batched metrics, stage timing, mesh files, the original's logs, kill and resume."""
+
 from __future__ import annotations
 
 import io
@@ -48,8 +49,9 @@ def _assert_batch_equals_per_sample(result, preds, gts):
     for b, gt in enumerate(gts):
         single = evaluate(preds[b], gt, THRESHOLDS, backend="scipy")
         assert float(result["chamfer"][b]) == pytest.approx(single["chamfer"], rel=1e-6)
-        np.testing.assert_allclose(np.asarray(result["fscore"][b]), [single["fscore"][t] for t in THRESHOLDS],
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(result["fscore"][b]), [single["fscore"][t] for t in THRESHOLDS], rtol=1e-6, atol=1e-6
+        )
         assert bool(result["finite"][b])
 
 
@@ -103,14 +105,14 @@ def test_a_new_staging_buffer_is_not_uploaded_into_while_the_compute_stream_stil
     from xmesh.pipeline.staging import Stager
 
     size = 8 << 20
-    host = np.random.default_rng(6).integers(0, 7, size=size, dtype=np.uint8)   # never 7
+    host = np.random.default_rng(6).integers(0, 7, size=size, dtype=np.uint8)  # never 7
     stager = Stager(cupy)
     busy = cupy.empty(size, dtype=np.uint8)
     block = busy.data.ptr
     cupy.RawKernel(_LATE_FILL, "late_fill")((64,), (256,), (busy, np.int64(size), np.int64(200_000_000)))
-    del busy   # back to the pool while the kernel still spins
+    del busy  # back to the pool while the kernel still spins
     _, device = stager.stage({"images": host})
-    assert device["images"].data.ptr == block   # the premise: the pool handed the busy block out again
+    assert device["images"].data.ptr == block  # the premise: the pool handed the busy block out again
     cupy.cuda.Device().synchronize()
     assert np.array_equal(cupy.asnumpy(device["images"]), host)
     stager.close()
@@ -138,7 +140,7 @@ def _original_f_score_log(rows) -> str:
     for item in length:
         number = length[item] + 1e-6
         score = sum_pred[item] / number
-        print(item, p2m_logs.ORIGINAL_NAMES[item], length[item], ' '.join(map(str, score)), file=out)
+        print(item, p2m_logs.ORIGINAL_NAMES[item], length[item], " ".join(map(str, score)), file=out)
     return out.getvalue()
 
 
@@ -158,9 +160,14 @@ def _original_cd_log(rows) -> str:
 
 def test_log_files_hold_the_lines_of_the_original_scripts():
     rng = np.random.default_rng(5)
-    rows = [{"category": c, "chamfer": float(rng.uniform(1e-4, 1e-2)),
-             "fscore": {t: float(rng.uniform(0, 100)) for t in THRESHOLDS}}
-            for c in ("02691156", "02691156", "03001627", "04379243", "02691156")]
+    rows = [
+        {
+            "category": c,
+            "chamfer": float(rng.uniform(1e-4, 1e-2)),
+            "fscore": {t: float(rng.uniform(0, 100)) for t in THRESHOLDS},
+        }
+        for c in ("02691156", "02691156", "03001627", "04379243", "02691156")
+    ]
     assert p2m_logs.f_score_lines(rows) == _original_f_score_log(rows)
     assert p2m_logs.cd_lines(rows) == _original_cd_log(rows)
     assert p2m_logs.f_score_lines(rows).splitlines()[7].startswith("02691156 plane 3.0 ")
@@ -174,8 +181,16 @@ def test_timing_has_every_stage_within_the_wall_time_and_names_a_slow_loader(dat
         return slow_decode(paths)
 
     monkeypatch.setattr(loading, "load_images_u8", slowed)
-    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt", tmp_path,
-                               batch_size=4, workers=0, progress=False)
+    summary = evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path,
+        batch_size=4,
+        workers=0,
+        progress=False,
+    )
     timing = summary["run"]["timing"]
     stages = ("decode", "ground_truth", "upload", "network", "metrics", "write", "input_wait", "gpu_idle")
     assert set(stages) <= set(timing)
@@ -189,22 +204,43 @@ def test_timing_has_every_stage_within_the_wall_time_and_names_a_slow_loader(dat
 
 def test_save_meshes_writes_the_originals_names_and_the_network_output(data, tmp_path):
     toy = ToyReconstructor()
-    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "eval", batch_size=5,
-                     workers=2, progress=False, save_meshes=True, save_ground=True)
-    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "meshes", batch_size=5,
-                     workers=2, progress=False, save_meshes=True)
+    evaluate_dataset(
+        toy,
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "eval",
+        batch_size=5,
+        workers=2,
+        progress=False,
+        save_meshes=True,
+        save_ground=True,
+    )
+    evaluate_dataset(
+        toy,
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "meshes",
+        batch_size=5,
+        workers=2,
+        progress=False,
+        save_meshes=True,
+    )
     assert sorted(p.name for p in (tmp_path / "meshes" / "predict").iterdir()) == sorted(
-        [f"{i[: -len('.dat')]}_predict.{ext}" for i in data["ids"] for ext in ("xyz", "obj")])   # no ground text unasked
+        [f"{i[: -len('.dat')]}_predict.{ext}" for i in data["ids"] for ext in ("xyz", "obj")]
+    )  # no ground text unasked
     with pytest.raises(InputError, match="save_ground=True .* needs save_meshes=True"):
         evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", tmp_path / "x", save_ground=True)
-    reconstruct_dataset(toy, data["test_list"], data["root"], tmp_path / "rec", batch_size=3, workers=1,
-                        progress=False)
+    reconstruct_dataset(toy, data["test_list"], data["root"], tmp_path / "rec", batch_size=3, workers=1, progress=False)
     predict = tmp_path / "eval" / "predict"
     stems = [i[: -len(".dat")] for i in data["ids"]]
     assert sorted(p.name for p in predict.iterdir()) == sorted(
-        [f"{s}_predict.xyz" for s in stems] + [f"{s}_predict.obj" for s in stems] + [f"{s}_ground.xyz" for s in stems])
+        [f"{s}_predict.xyz" for s in stems] + [f"{s}_predict.obj" for s in stems] + [f"{s}_ground.xyz" for s in stems]
+    )
     assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == sorted(
-        p.name for p in predict.iterdir() if "_predict." in p.name)   # no ground truth without it
+        p.name for p in predict.iterdir() if "_predict." in p.name
+    )  # no ground truth without it
     sample = SampleId.parse(data["ids"][4])
     images, cameras, gt, _, _ = loading.load_sample(sample, sample_paths(sample, data["root"], data["root"] / "gt"))
     _, expected = toy.run(images_to_unit(np, images)[None], cameras[None])
@@ -212,7 +248,9 @@ def test_save_meshes_writes_the_originals_names_and_the_network_output(data, tmp
     assert xyz.shape == (len(toy.base), 3)
     np.testing.assert_array_equal(xyz.astype(np.float32), expected[0])  # '%.18e' round-trips float32
     assert (predict / f"{stems[4]}_predict.obj").read_text() == obj_text(expected[0], toy.faces)
-    assert (tmp_path / "rec" / f"{stems[4]}_predict.obj").read_bytes() == (predict / f"{stems[4]}_predict.obj").read_bytes()
+    assert (tmp_path / "rec" / f"{stems[4]}_predict.obj").read_bytes() == (
+        predict / f"{stems[4]}_predict.obj"
+    ).read_bytes()
     row = {r["id"]: r for r in read_csv(tmp_path / "eval" / "samples.csv")}[data["ids"][4]]
     assert row["chamfer"] == pytest.approx(evaluate(expected[0], gt)["chamfer"], rel=1e-9)
 
@@ -229,22 +267,32 @@ def test_ground_xyz_is_what_the_originals_test_script_saves(data, tmp_path):
     ground truth; the original's scripts pair it with {id}_predict.xyz by name."""
     gt = tmp_path / "gt"
     gt.mkdir()
-    for k, name in enumerate(data["ids"]):   # every other sample's points stored as float64
+    for k, name in enumerate(data["ids"]):  # every other sample's points stored as float64
         source = data["root"] / "gt" / name
         if k % 2:
             image, points = pickle.load(open(source, "rb"), encoding="latin1")
             write_ground_truth(gt / name, image, points.astype(np.float64) * 1.1)
         else:
             (gt / name).write_bytes(source.read_bytes())
-    evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], gt, tmp_path / "eval", batch_size=5,
-                     workers=2, progress=False, save_meshes=True, save_ground=True)
+    evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        gt,
+        tmp_path / "eval",
+        batch_size=5,
+        workers=2,
+        progress=False,
+        save_meshes=True,
+        save_ground=True,
+    )
     predict = tmp_path / "eval" / "predict"
     for k, name in enumerate(data["ids"]):
         points = pickle.load(open(gt / name, "rb"), encoding="latin1")[1]
         assert points.dtype == (np.float64 if k % 2 else np.float32) and points.shape[1] == 6
         ground = predict / name.replace(".dat", "_ground.xyz")
         assert ground.read_bytes() == _savetxt_bytes(points)
-        assert (predict / name.replace(".dat", "_predict.xyz")).is_file()   # the name f_score.py replaces
+        assert (predict / name.replace(".dat", "_predict.xyz")).is_file()  # the name f_score.py replaces
 
 
 def _outputs(out: Path) -> tuple[list, dict]:
@@ -255,9 +303,13 @@ def _outputs(out: Path) -> tuple[list, dict]:
 
 def _toy_run(data, out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, str(TESTS / "pipeline_toy.py"), str(data["test_list"]),
-                             str(data["root"]), str(out)], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "pipeline_toy.py"), str(data["test_list"]), str(data["root"]), str(out)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.slow
@@ -293,16 +345,36 @@ def test_runs_killed_at_random_points_resume_to_the_uninterrupted_result(data, t
 def test_resume_rewrites_missing_or_empty_mesh_files_without_repeating_rows(data, tmp_path):
     out = tmp_path / "out"
     toy = ToyReconstructor()
-    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4, workers=1,
-                     progress=False, save_meshes=True, save_ground=True)
+    evaluate_dataset(
+        toy,
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        out,
+        batch_size=4,
+        workers=1,
+        progress=False,
+        save_meshes=True,
+        save_ground=True,
+    )
     rows, files = _outputs(out)
     stems = [i[: -len(".dat")] for i in data["ids"]]
     (out / "predict" / f"{stems[1]}_predict.obj").unlink()
     (out / "predict" / f"{stems[7]}_predict.xyz").write_text("")  # renamed into place, data lost
     (out / "predict" / f"{stems[9]}_ground.xyz").unlink()
     (out / "predict" / f".{stems[2]}_predict.xyz.123.tmp").write_text("half")  # a killed writer's temporary
-    summary = evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=4,
-                               workers=1, progress=False, save_meshes=True, save_ground=True)
+    summary = evaluate_dataset(
+        toy,
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        out,
+        batch_size=4,
+        workers=1,
+        progress=False,
+        save_meshes=True,
+        save_ground=True,
+    )
     assert summary["run"]["evaluated"] == 3 and summary["run"]["skipped"] == 9
     assert _outputs(out) == (rows, files)
 
@@ -311,17 +383,27 @@ def test_compiled_mesh_text_is_pythons_exact_format_for_any_float32():
     from xmesh.io.exact_text import obj_vertex_text, savetxt_text
 
     rng = np.random.default_rng(6)
-    words = rng.integers(0, 2 ** 32, size=300_000, dtype=np.uint64).astype(np.uint32)
+    words = rng.integers(0, 2**32, size=300_000, dtype=np.uint64).astype(np.uint32)
     values = words.view(np.float32).reshape(-1, 3)
     values = values[np.isfinite(values).all(axis=1)]  # every magnitude, subnormals included
     scaled = [(rng.normal(size=(3000, 3)) * s).astype(np.float32) for s in (1e-9, 1e-4, 0.3, 50.0, 1e7)]
-    edges = np.array([[0.0, -0.0, 1.0], [0.1, 0.5, 0.25], [9.999999e-5, 1e-4, 1e-5], [2.0 ** -20, 2.0 ** -126, 3.0],
-                      [1e-12, 1e-13, 8388607.0], [123456789.0, 0.000123456, 1e8], [np.nan, np.inf, -np.inf]],
-                     dtype=np.float32)
+    edges = np.array(
+        [
+            [0.0, -0.0, 1.0],
+            [0.1, 0.5, 0.25],
+            [9.999999e-5, 1e-4, 1e-5],
+            [2.0**-20, 2.0**-126, 3.0],
+            [1e-12, 1e-13, 8388607.0],
+            [123456789.0, 0.000123456, 1e8],
+            [np.nan, np.inf, -np.inf],
+        ],
+        dtype=np.float32,
+    )
     for block in (values, *scaled, edges):
         numbers = tuple(block.astype(np.float64).ravel().tolist())
         assert savetxt_text(block) == ("%.18e %.18e %.18e\n" * len(block)) % numbers
         assert obj_vertex_text(block) == ("v %.9g %.9g %.9g\n" * len(block)) % numbers
-    six = values[: len(values) // 2 * 2].reshape(-1, 6)   # points with normals
+    six = values[: len(values) // 2 * 2].reshape(-1, 6)  # points with normals
     assert savetxt_text(six) == ("%.18e %.18e %.18e %.18e %.18e %.18e\n" * len(six)) % tuple(
-        six.astype(np.float64).ravel().tolist())
+        six.astype(np.float64).ravel().tolist()
+    )

@@ -1,5 +1,6 @@
 """The README's and the manual's Python snippets read only names they define, import or get from
 Python itself, and no paragraph runs into the heading after it."""
+
 from __future__ import annotations
 
 import builtins
@@ -29,8 +30,9 @@ def undefined_names(code: str) -> set[str]:
     while tables:
         current = tables.pop()
         tables.extend(current.get_children())
-        read |= {s.get_name() for s in current.get_symbols()
-                 if s.is_referenced() and (current is table or s.is_global())}
+        read |= {
+            s.get_name() for s in current.get_symbols() if s.is_referenced() and (current is table or s.is_global())
+        }
     return read - bound - set(dir(builtins))
 
 

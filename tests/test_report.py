@@ -1,4 +1,5 @@
 """The evaluation report: report.html and its pictures, from a resumed run, old summaries, the CLI, a browser."""
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,17 @@ from xmesh.synthetic.dataset import write_dataset
 pytest.importorskip("matplotlib")
 
 CATS = ("02691156", "03001627", "04379243")
-TIMING = {"wall": 12.5, "decode": 1.75, "ground_truth": 0.5, "upload": 0.25, "network": 7.25, "metrics": 1.5,
-          "write": 0.625, "input_wait": 0.375, "gpu_idle": 0.0}
+TIMING = {
+    "wall": 12.5,
+    "decode": 1.75,
+    "ground_truth": 0.5,
+    "upload": 0.25,
+    "network": 7.25,
+    "metrics": 1.5,
+    "write": 0.625,
+    "input_wait": 0.375,
+    "gpu_idle": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +63,13 @@ def resumed(data, tmp_path_factory):
     summary = evaluate_dataset(*args, batch_size=2, workers=1, progress=False, save_meshes=True)
     assert summary["run"]["skipped"] == 3 and summary["run"]["evaluated"] == 3
     page = write_report(out, data["root"], data["root"] / "gt")
-    return {"out": out, "page": page, "html": page.read_text(), "rows": read_csv(out / "samples.csv"),
-            "summary": summary}
+    return {
+        "out": out,
+        "page": page,
+        "html": page.read_text(),
+        "rows": read_csv(out / "samples.csv"),
+        "summary": summary,
+    }
 
 
 def _sources(text: str) -> list[str]:
@@ -68,15 +83,21 @@ def _rgb(path: Path) -> np.ndarray:
 
 
 def test_pick_samples_takes_the_best_median_and_worst_of_each_category():
-    rows = [{"id": f"0269_{k}_00.dat", "category": "0269", "chamfer": c, "fscore": {}}
-            for k, c in enumerate([0.5, 0.1, 0.9, 0.3, float("nan")])]
-    rows += [{"id": "0300_a_00.dat", "category": "0300", "chamfer": 0.2, "fscore": {}},
-             {"id": "0300_b_00.dat", "category": "0300", "chamfer": 0.4, "fscore": {}}]
+    rows = [
+        {"id": f"0269_{k}_00.dat", "category": "0269", "chamfer": c, "fscore": {}}
+        for k, c in enumerate([0.5, 0.1, 0.9, 0.3, float("nan")])
+    ]
+    rows += [
+        {"id": "0300_a_00.dat", "category": "0300", "chamfer": 0.2, "fscore": {}},
+        {"id": "0300_b_00.dat", "category": "0300", "chamfer": 0.4, "fscore": {}},
+    ]
     picks = pick_samples(rows)
     assert [(p.row["chamfer"], p.roles) for p in picks["0269"]][:2] == [(0.1, ["best"]), (0.5, ["median"])]
     assert np.isnan(picks["0269"][2].row["chamfer"]) and picks["0269"][2].roles == ["worst"]  # a failure is worst
-    assert [(p.row["id"], p.roles) for p in picks["0300"]] == [("0300_a_00.dat", ["best", "median"]),
-                                                               ("0300_b_00.dat", ["worst"])]
+    assert [(p.row["id"], p.roles) for p in picks["0300"]] == [
+        ("0300_a_00.dat", ["best", "median"]),
+        ("0300_b_00.dat", ["worst"]),
+    ]
 
 
 def test_a_resumed_runs_report_covers_the_whole_csv(resumed):
@@ -85,8 +106,9 @@ def test_a_resumed_runs_report_covers_the_whole_csv(resumed):
     assert "<title>xmesh evaluation report: 6 samples</title>" in html
     for cat in CATS:
         mean = np.mean([r["chamfer"] for r in rows if r["category"] == cat])
-        line = re.search(rf"<tr><td class='text'>{cat}</td><td class='text'>\w+</td><td>(\d+)</td><td>([0-9.e+-]+)</td>",
-                         html)
+        line = re.search(
+            rf"<tr><td class='text'>{cat}</td><td class='text'>\w+</td><td>(\d+)</td><td>([0-9.e+-]+)</td>", html
+        )
         assert line and int(line.group(1)) == 2 and float(line.group(2)) == pytest.approx(mean, rel=1e-5)
     assert "3 evaluated, 3 already in samples.csv (resumed)" in html
 
@@ -117,16 +139,17 @@ def test_the_gallery_shows_best_median_and_worst_with_framed_predictions(resumed
     paths = sample_paths(sample, data["root"], data["root"] / "gt")
     cameras = load_cameras(paths.cameras)
     mesh = read_obj(out / "predict" / f"{sample[:-4]}_predict.obj")
-    expected, framing = mesh_panel(mesh.vertices, mesh.faces, cameras[0], PANEL, camera0_row=cameras[0],
-                                   title="prediction")
-    panel = picture[1:-1, PANEL + 4 + 1: 2 * PANEL + 4 - 1]
+    expected, framing = mesh_panel(
+        mesh.vertices, mesh.faces, cameras[0], PANEL, camera0_row=cameras[0], title="prediction"
+    )
+    panel = picture[1:-1, PANEL + 4 + 1 : 2 * PANEL + 4 - 1]
     assert np.abs(panel.astype(int) - expected[1:-1, 1:-1].astype(int)).max() <= 1
-    rows_, cols_ = np.nonzero(np.any(panel[:PANEL - 20] < 250, axis=2))
+    rows_, cols_ = np.nonzero(np.any(panel[: PANEL - 20] < 250, axis=2))
     assert 0.2 <= max(np.ptp(rows_), np.ptp(cols_)) / PANEL <= 0.9  # framed
     gt = load_ground_truth(paths.gt)
     assert len(gt) > 100  # the ground-truth panel has something to show
-    ground = picture[1:PANEL - 20, 2 * (PANEL + 4) + 1: 3 * PANEL + 2 * 4 - 1]
-    red = ground[..., 0].astype(int) > ground[..., 2].astype(int) + 40   # the overlay's colour, as the legend says
+    ground = picture[1 : PANEL - 20, 2 * (PANEL + 4) + 1 : 3 * PANEL + 2 * 4 - 1]
+    red = ground[..., 0].astype(int) > ground[..., 2].astype(int) + 40  # the overlay's colour, as the legend says
     assert 0.05 < red.mean() < 0.9
 
 
@@ -137,7 +160,7 @@ def test_throughput_and_timing_are_shown_when_the_summary_has_them(resumed, tmp_
     summary["run"].update(timing=dict(TIMING), samples_per_s=3.125, batch_size=16, evaluated=39, skipped=0)
     (out / "summary.json").write_text(json.dumps(summary))
     html = write_report(out).read_text()
-    section = html[html.index("<section id='timing'>"):html.index("<section id='gallery'>")]
+    section = html[html.index("<section id='timing'>") : html.index("<section id='gallery'>")]
     assert "3.125 samples/s" in section and "<dd>16</dd>" in section and "12.500 s" in section
     for stage, seconds in TIMING.items():
         if stage != "wall":
@@ -147,7 +170,7 @@ def test_throughput_and_timing_are_shown_when_the_summary_has_them(resumed, tmp_
     assert html.count("gallery-image") == 6
     picture = _rgb(out / "report" / f"gallery_{resumed['rows'][0]['id'][:-4]}.png")
     assert picture.shape == (PANEL, 3 * PANEL + 2 * 4, 3)  # a blank input panel, the prediction, a blank ground truth
-    assert np.all(picture[PANEL // 2, 2:PANEL - 2] == 245)
+    assert np.all(picture[PANEL // 2, 2 : PANEL - 2] == 245)
 
 
 def test_an_old_summary_without_timing_still_gives_a_report(resumed, tmp_path):
@@ -172,8 +195,23 @@ def test_report_without_matplotlib_fails_at_once_naming_the_extra(data, tmp_path
         write_report(tmp_path)
     out = tmp_path / "never"
     root = data["root"]
-    rc = cli.main(["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(data["test_list"]),
-                   "--weights", "synthetic:1", "--out", str(out), "--no-progress", "--report"])
+    rc = cli.main(
+        [
+            "eval",
+            "--images",
+            str(root),
+            "--gt",
+            str(root / "gt"),
+            "--list",
+            str(data["test_list"]),
+            "--weights",
+            "synthetic:1",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--report",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "xmesh-p2mpp[report]" in err and "matplotlib" in err and "Traceback" not in err
     assert not out.exists()  # refused before anything ran
@@ -183,8 +221,26 @@ def test_xmesh_eval_report_reconstructs_the_gallery_again_and_says_the_weights_a
     small = write_dataset(tmp_path / "ds", n_per_category=1, categories=CATS[:2], seed=11)
     out = tmp_path / "out"
     root = small["root"]
-    assert cli.main(["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(small["test_list"]),
-                     "--weights", "synthetic:1", "--out", str(out), "--no-progress", "--report"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--images",
+                str(root),
+                "--gt",
+                str(root / "gt"),
+                "--list",
+                str(small["test_list"]),
+                "--weights",
+                "synthetic:1",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--report",
+            ]
+        )
+        == 0
+    )
     html = (out / "report.html").read_text()
     assert "id='synthetic-warning'" in html and "recipe seed 1" in html
     assert html.count("reconstructed again for this report") == 2
@@ -192,10 +248,11 @@ def test_xmesh_eval_report_reconstructs_the_gallery_again_and_says_the_weights_a
     paths = sample_paths(sample, root, root / "gt")
     mesh = Reconstructor(synthetic_weights(1))([str(p) for p in paths.images], str(paths.cameras))
     cameras = load_cameras(paths.cameras)
-    expected, framing = mesh_panel(mesh.vertices, mesh.faces, cameras[0], PANEL, camera0_row=cameras[0],
-                                   title="prediction")
+    expected, framing = mesh_panel(
+        mesh.vertices, mesh.faces, cameras[0], PANEL, camera0_row=cameras[0], title="prediction"
+    )
     picture = _rgb(out / "report" / f"gallery_{sample[:-4]}.png")
-    panel = picture[1:-1, PANEL + 4 + 1: 2 * PANEL + 4 - 1]
+    panel = picture[1:-1, PANEL + 4 + 1 : 2 * PANEL + 4 - 1]
     # the report reconstructs a batch, this test one sample: the meshes may differ in their last bits
     # (BLAS), so the drawings are compared as drawings of one mesh (tests/drawings.py says why)
     xy, _, _ = framing.screen(to_world(mesh.vertices, "camera0", cameras[0]), PANEL)
@@ -217,8 +274,9 @@ class ToyWithBatches(ToyReconstructor):
 
 def test_a_gallery_made_again_shows_its_progress_on_a_terminal(data, tmp_path, monkeypatch):
     toy, out = ToyWithBatches(), tmp_path / "out"
-    evaluate_dataset(toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=2, workers=0,
-                     progress=False)  # without --save-meshes: the report reconstructs its gallery
+    evaluate_dataset(
+        toy, data["test_list"], data["root"], data["root"] / "gt", out, batch_size=2, workers=0, progress=False
+    )  # without --save-meshes: the report reconstructs its gallery
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     write_report(out, data["root"], data["root"] / "gt", toy)
@@ -230,8 +288,9 @@ def test_report_in_a_headless_browser(resumed, tmp_path):
     seen = browser.probe(resumed["page"])
     assert seen["title"] == "xmesh evaluation report: 6 samples"
     assert seen["sections"] == ["run", "metrics", "timing", "gallery"]
-    assert seen["images"] and all(img["complete"] and img["width"] > 0 and img["height"] > 0
-                                  for img in seen["images"]), [i for i in seen["images"] if not i["width"]]
+    assert seen["images"] and all(
+        img["complete"] and img["width"] > 0 and img["height"] > 0 for img in seen["images"]
+    ), [i for i in seen["images"] if not i["width"]]
     assert sum(img["cls"] == "chart" for img in seen["images"]) == 3
     assert sum(img["cls"] == "gallery-image" for img in seen["images"]) == 6
     shot = browser.screenshot(resumed["page"], tmp_path / "report.png", 1280, min(seen["height"], 12000))

@@ -1,6 +1,7 @@
 """A run's identity (weights, template, result-changing settings) recorded in its output folder: a resume
 with another is refused in one line naming what differs (exit 2, nothing changed), --overwrite starts
 afresh; the same rule for any dict of named values (training's resume uses it too)."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,10 @@ from xmesh.synthetic.dataset import write_dataset
 def test_a_folder_records_its_first_identity_and_refuses_another_naming_each_difference(tmp_path):
     first = RunIdentity.of({"weights": "a" * 64, "lr": 1e-5, "views": (0, 6, 7)}, {"weights": "seed 1"})
     check_or_record(tmp_path / "run", first)
-    assert read_identity(tmp_path / "run") == first   # tuples read back as the lists JSON holds
-    check_or_record(tmp_path / "run", RunIdentity.of({"views": [0, 6, 7], "lr": 1e-5, "weights": "a" * 64},
-                                                     {"weights": "seed 1"}))   # the same: a resume
+    assert read_identity(tmp_path / "run") == first  # tuples read back as the lists JSON holds
+    check_or_record(
+        tmp_path / "run", RunIdentity.of({"views": [0, 6, 7], "lr": 1e-5, "weights": "a" * 64}, {"weights": "seed 1"})
+    )  # the same: a resume
     other = RunIdentity.of({"weights": "b" * 64, "lr": 1e-4, "views": [0, 6, 7], "steps": 10}, {"weights": "seed 2"})
     with pytest.raises(InputError) as info:
         check_or_record(tmp_path / "run", other, option="--log-dir")
@@ -38,7 +40,7 @@ def test_a_folder_records_its_first_identity_and_refuses_another_naming_each_dif
     assert "weights aaaaaaaaaaaa (seed 1) there, bbbbbbbbbbbb (seed 2) now" in message
     assert "steps (not recorded) there, 10 now" in message and "views" not in message
     assert "--overwrite" in message
-    assert read_identity(tmp_path / "run") == first   # refused: the record is unchanged
+    assert read_identity(tmp_path / "run") == first  # refused: the record is unchanged
     check_or_record(tmp_path / "run", other, overwrite=True)
     assert read_identity(tmp_path / "run") == other
 
@@ -55,13 +57,15 @@ def test_the_model_identity_changes_with_the_weights_template_and_each_setting(g
     weights = synthetic_weights(1)
     base = dict(model_identity(weights).fields)
     assert set(base) == {"weights", "template", "backend", "precision", "views", "view_quirk"}
-    assert dict(model_identity(synthetic_weights(1)).fields) == base   # the arrays, not the object
-    changed = {"weights": model_identity(synthetic_weights(2)),
-               "template": model_identity(weights, golden_dir / "template.dat"),
-               "precision": model_identity(weights, precision="fp16"),
-               "backend": model_identity(weights, backend="cupy"),
-               "views": model_identity(weights, views=(1, 2, 3)),
-               "view_quirk": model_identity(weights, view_quirk=False)}
+    assert dict(model_identity(synthetic_weights(1)).fields) == base  # the arrays, not the object
+    changed = {
+        "weights": model_identity(synthetic_weights(2)),
+        "template": model_identity(weights, golden_dir / "template.dat"),
+        "precision": model_identity(weights, precision="fp16"),
+        "backend": model_identity(weights, backend="cupy"),
+        "views": model_identity(weights, views=(1, 2, 3)),
+        "view_quirk": model_identity(weights, view_quirk=False),
+    }
     for name, identity in changed.items():
         fields = dict(identity.fields)
         assert [key for key in base if fields[key] != base[key]] == [name]
@@ -72,18 +76,33 @@ def test_the_model_identity_changes_with_the_weights_template_and_each_setting(g
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("ds"), n_per_category=1, categories=("02691156", "03001627"),
-                         seed=4)
+    return write_dataset(tmp_path_factory.mktemp("ds"), n_per_category=1, categories=("02691156", "03001627"), seed=4)
 
 
 def _eval(data, out, *extra):
     root = data["root"]
-    return cli.main(["eval", "--images", str(root), "--gt", str(root / "gt"), "--list", str(data["test_list"]),
-                     "--out", str(out), "--no-progress", "--limit", "1", *extra])
+    return cli.main(
+        [
+            "eval",
+            "--images",
+            str(root),
+            "--gt",
+            str(root / "gt"),
+            "--list",
+            str(data["test_list"]),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--limit",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def test_eval_refuses_to_resume_with_other_weights_template_or_precision_and_overwrite_starts_afresh(
-        data, tmp_path, golden_dir, capsys):
+    data, tmp_path, golden_dir, capsys
+):
     out = tmp_path / "out"
     assert _eval(data, out, "--weights", "synthetic:1", "--save-meshes") == 0
     seed1 = read_csv(out / "samples.csv")
@@ -93,11 +112,11 @@ def test_eval_refuses_to_resume_with_other_weights_template_or_precision_and_ove
         before = {name: (out / name).read_bytes() for name in ("samples.csv", "summary.json", RUN_JSON)}
         assert _eval(data, out, *options) == 2, options
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("xmesh eval: error: --out "), lines   # no traceback either
+        assert len(lines) == 1 and lines[0].startswith("xmesh eval: error: --out "), lines  # no traceback either
         err = lines[0]
         assert f"holds the results of another run ({RUN_JSON}): {named[0]} " in err and "--overwrite" in err, err
         assert all(f"; {name} " in err or f": {name} " in err for name in named), err
-        assert {name: (out / name).read_bytes() for name in before} == before   # nothing written
+        assert {name: (out / name).read_bytes() for name in before} == before  # nothing written
         return err
 
     err = refused(["--weights", "synthetic:2"], "weights")
@@ -123,9 +142,9 @@ def test_eval_refuses_to_resume_with_other_weights_template_or_precision_and_ove
     assert "recipe seed 2" in summary["meta"]["weights"] and summary["run"]["skipped"] == 0
     assert json.loads((out / RUN_JSON).read_text())["about"]["weights"] == "synthetic:2"
     assert not stale.exists() and not list((out / "predict").glob("*_predict.*"))
-    assert (out / "predict" / "notes.txt").read_text() == "mine"   # not an xmesh file: kept
+    assert (out / "predict" / "notes.txt").read_text() == "mine"  # not an xmesh file: kept
     capsys.readouterr()
-    assert _eval(data, out, "--weights", "synthetic:2") == 0   # and it resumes as seed 2
+    assert _eval(data, out, "--weights", "synthetic:2") == 0  # and it resumes as seed 2
     assert "1 sample(s) already in" in capsys.readouterr().err
 
 
@@ -133,8 +152,21 @@ def test_reconstruct_list_refuses_other_weights_and_overwrites_its_meshes(data, 
     out = tmp_path / "meshes"
 
     def listed(*extra):
-        return cli.main(["reconstruct", "--list", str(data["test_list"]), "--images", str(data["root"]), "--out",
-                         str(out), "--limit", "1", "--no-progress", *extra])
+        return cli.main(
+            [
+                "reconstruct",
+                "--list",
+                str(data["test_list"]),
+                "--images",
+                str(data["root"]),
+                "--out",
+                str(out),
+                "--limit",
+                "1",
+                "--no-progress",
+                *extra,
+            ]
+        )
 
     assert listed("--weights", "synthetic:1") == 0
     mesh = next(out.glob("*_predict.obj"))

@@ -1,6 +1,8 @@
 """xmesh serve: a real server on 127.0.0.1 (NumPy backend, synthetic weights) answers concurrent requests in
-one batch with the offline meshes (within the golden tolerances: a batch rounds otherwise than a lone sample), refuses every bad request with a 4xx naming the field (and
-keeps serving), answers 503 when full, finishes its requests on SIGTERM, and serves its page."""
+one batch with the offline meshes (within the golden tolerances: a batch rounds otherwise than a lone
+sample), refuses every bad request with a 4xx naming the field (and keeps serving), answers 503 when
+full, finishes its requests on SIGTERM, and serves its page."""
+
 from __future__ import annotations
 
 import base64
@@ -45,8 +47,8 @@ from xmesh.serve.client import ServerError, multipart_body, reconstruct_remote  
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 180
-BATCH_WAIT_MS = 2000      # the test server waits this long to gather a batch (a NumPy sample takes seconds here)
-READ_TIMEOUT_S, BODY_TIMEOUT_S = 1, 6   # the test server's pause and whole-body limits
+BATCH_WAIT_MS = 2000  # the test server waits this long to gather a batch (a NumPy sample takes seconds here)
+READ_TIMEOUT_S, BODY_TIMEOUT_S = 1, 6  # the test server's pause and whole-body limits
 
 
 # BLAS single-threaded in the servers and the CLI: they share this machine's cores with the test and
@@ -70,8 +72,19 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
-        command = [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--port", str(self.port),
-                   "--http-processes", "1", *options]
+        command = [
+            sys.executable,
+            "-m",
+            "xmesh",
+            "serve",
+            "--weights",
+            "synthetic:1",
+            "--port",
+            str(self.port),
+            "--http-processes",
+            "1",
+            *options,
+        ]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -110,7 +123,7 @@ def post(url: str, body: bytes, content_type: str | None, path: str = "/v1/recon
     try:
         connection.request("POST", path, body=body, headers=all_headers)
     except (BrokenPipeError, ConnectionResetError):
-        pass   # a server that refuses a body may answer and close before all of it is sent
+        pass  # a server that refuses a body may answer and close before all of it is sent
     response = connection.getresponse()
     answer = (response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
     connection.close()
@@ -118,8 +131,9 @@ def post(url: str, body: bytes, content_type: str | None, path: str = "/v1/recon
 
 
 def form(images, fields) -> tuple[bytes, str]:
-    return multipart_body([(Path(p).name, Path(p).read_bytes()) if not isinstance(p, tuple) else p for p in images],
-                          fields)
+    return multipart_body(
+        [(Path(p).name, Path(p).read_bytes()) if not isinstance(p, tuple) else p for p in images], fields
+    )
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +172,18 @@ def posed(tmp_path_factory, model):
         pose = np.eye(4)
         pose[:3, :3], pose[:3, 3] = rot.T @ np.diag([1.0, -1.0, -1.0]), centre
         k = network_intrinsics(137)
-        views.append({"image": paths[-1].name, "camera_to_world": pose.tolist(), "fx": k.fx, "fy": k.fy,
-                      "cx": k.cx, "cy": k.cy, "width": 137, "height": 137})
+        views.append(
+            {
+                "image": paths[-1].name,
+                "camera_to_world": pose.tolist(),
+                "fx": k.fx,
+                "fy": k.fy,
+                "cx": k.cx,
+                "cy": k.cy,
+                "width": 137,
+                "height": 137,
+            }
+        )
     poses = {"convention": "opengl", "views": views, "center": scene.shift.tolist(), "radius": 0.24 * scene.sigma}
     with threadpool_limits(1):
         return paths, json.dumps(poses), model(paths, from_poses(poses, [p.name for p in paths]))
@@ -167,9 +191,21 @@ def posed(tmp_path_factory, model):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("serve"), "--max-batch", "8", "--batch-timeout-ms", str(BATCH_WAIT_MS),
-                 "--max-body-mb", "8", "--read-timeout-s", str(READ_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
-                 "--max-queue", "64")
+    srv = Server(
+        tmp_path_factory.mktemp("serve"),
+        "--max-batch",
+        "8",
+        "--batch-timeout-ms",
+        str(BATCH_WAIT_MS),
+        "--max-body-mb",
+        "8",
+        "--read-timeout-s",
+        str(READ_TIMEOUT_S),
+        "--body-timeout-s",
+        str(BODY_TIMEOUT_S),
+        "--max-queue",
+        "64",
+    )
     yield srv
     srv.stop()
 
@@ -206,7 +242,9 @@ def obj_mesh(data: bytes, where: Path) -> Mesh:
 # ------------------------------------------------------------------------------------------ batching
 
 
-def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(server, inputs, offline, posed, tmp_path):
+def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
+    server, inputs, offline, posed, tmp_path
+):
     (paths_a, rows_a), (paths_b, rows_b) = inputs["a"], inputs["b"]
     np.savetxt(tmp_path / "cams_b.txt", rows_b)
     results: dict = {}
@@ -219,19 +257,39 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
         results["remote"] = reconstruct_remote(server.url, paths_a, cameras=rows_a)
 
     def cli():
-        results["cli"] = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths_b), "--cameras",
-                                         str(tmp_path / "cams_b.txt"), "--server", server.url, "--out",
-                                         str(tmp_path / "b.ply")], capture_output=True, text=True, cwd=ROOT,
-                                        env=child_env())
+        results["cli"] = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "xmesh",
+                "reconstruct",
+                *map(str, paths_b),
+                "--cameras",
+                str(tmp_path / "cams_b.txt"),
+                "--server",
+                server.url,
+                "--out",
+                str(tmp_path / "b.ply"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=child_env(),
+        )
 
     bad_body, bad_kind = form(paths_a, {"cameras": "[[0, 25, 0, 0.8, NaN], [1, 2, 0, 1, 25], [1, 2, 0, 1, 25]]"})
-    jobs = [lambda: raw("obj", paths_a, rows_a),
-            lambda: raw("ply", paths_b, rows_b, headers={"Accept": "application/x-ply"}),
-            lambda: raw("preview", paths_a, rows_a, "?format=preview"),
-            remote, cli,
-            lambda: results.setdefault("poses", post(server.url, *form(posed[0], {"poses": posed[1]}), "/v1/reconstruct?format=glb")),
-            lambda: results.setdefault("bad", post(server.url, bad_body, bad_kind)),
-            lambda: raw("two", paths_a[:2], rows_a)]
+    jobs = [
+        lambda: raw("obj", paths_a, rows_a),
+        lambda: raw("ply", paths_b, rows_b, headers={"Accept": "application/x-ply"}),
+        lambda: raw("preview", paths_a, rows_a, "?format=preview"),
+        remote,
+        cli,
+        lambda: results.setdefault(
+            "poses", post(server.url, *form(posed[0], {"poses": posed[1]}), "/v1/reconstruct?format=glb")
+        ),
+        lambda: results.setdefault("bad", post(server.url, bad_body, bad_kind)),
+        lambda: raw("two", paths_a[:2], rows_a),
+    ]
     threads = [threading.Thread(target=job) for job in jobs]
     for thread in threads:
         thread.start()
@@ -254,11 +312,14 @@ def test_concurrent_requests_run_as_one_batch_and_equal_offline_reconstructions(
     (tmp_path / "a.obj").write_bytes(results["obj"][2])
     (tmp_path / "b_served.ply").write_bytes(results["ply"][2])
     expected_a, expected_b = offline["a"], offline["b"]
-    for mesh, expected in ((read_obj(tmp_path / "a.obj"), expected_a), (read_ply(tmp_path / "b_served.ply"), expected_b),
-                           (results["remote"], expected_a)):
+    for mesh, expected in (
+        (read_obj(tmp_path / "a.obj"), expected_a),
+        (read_ply(tmp_path / "b_served.ply"), expected_b),
+        (results["remote"], expected_a),
+    ):
         assert_same_mesh(mesh, expected)
     assert results["poses"][0] == 200, results["poses"][2][:300]
-    vertices, faces = read_glb(results["poses"][2])      # in the poses' world, as xmesh reconstruct --poses
+    vertices, faces = read_glb(results["poses"][2])  # in the poses' world, as xmesh reconstruct --poses
     assert_same_mesh(Mesh(vertices, faces), posed[2])
     assert results["cli"].returncode == 0, results["cli"].stderr
     assert_same_mesh(read_ply(tmp_path / "b.ply"), expected_b)
@@ -294,7 +355,7 @@ def test_a_server_of_batches_of_one_answers_each_request_as_offline(tmp_path, in
         assert srv.stop() == 0
     log = srv.log.read_text()
     assert "Traceback" not in log
-    assert "leaked" not in log and "resource_tracker" not in log   # every queue's semaphores released
+    assert "leaked" not in log and "resource_tracker" not in log  # every queue's semaphores released
 
 
 def test_info_names_the_weights_fingerprint_and_devices(server):
@@ -309,38 +370,67 @@ def test_info_names_the_weights_fingerprint_and_devices(server):
 
 def png_bomb(side: int = 30000) -> bytes:
     """A complete grey PNG of side x side zero pixels: a few MB that decode to side**2 bytes."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     packer = zlib.compressobj(1)
     rows = bytes((side + 1) * 1000)
     idat = b"".join([packer.compress(rows) for _ in range(side // 1000)] + [packer.flush()])
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", idat)
+        + chunk(b"IEND", b"")
+    )
 
 
 def bad_requests(paths, rows):
     good = [(p.name, p.read_bytes()) for p in paths]
     cams = cameras_field(rows)
     return {
-        "malformed multipart": (b"--zz\r\nContent-Disposition: form-data\r\n\r\ngarbage", "multipart/form-data; boundary=yy",
-                                400, "body"),
+        "malformed multipart": (
+            b"--zz\r\nContent-Disposition: form-data\r\n\r\ngarbage",
+            "multipart/form-data; boundary=yy",
+            400,
+            "body",
+        ),
         "no boundary": (b"garbage", "multipart/form-data", 400, "body"),
         "json body": (b'{"images": []}', "application/json", 415, "body"),
         "two images": (*multipart_body(good[:2], cams), 400, "images"),
         "four images": (*multipart_body(good + good[:1], cams), 400, "images"),
-        "undecodable image": (*multipart_body([("x.png", b"\x89PNG\r\n\x1a\n" + bytes(40))] + good[1:], cams), 400,
-                              "images[0] ('x.png')"),
+        "undecodable image": (
+            *multipart_body([("x.png", b"\x89PNG\r\n\x1a\n" + bytes(40))] + good[1:], cams),
+            400,
+            "images[0] ('x.png')",
+        ),
         "not an image": (*multipart_body([("notes.txt", b"hello")] + good[1:], cams), 400, "images[0] ('notes.txt')"),
         "empty image": (*multipart_body(good[:2] + [("c.png", b"")], cams), 400, "images[2] ('c.png')"),
-        "two bad images": (*multipart_body(good[:1] + [("b.png", b"\x89PNG\r\n\x1a\n" + bytes(40)), ("c.png", b"")], cams),
-                           400, "images[1] ('b.png')"),   # the first at fault in view order, not the first to fail
-        "decompression bomb": (*multipart_body([("bomb.png", png_bomb())] + good[1:], cams), 413, "images[0] ('bomb.png')"),
-        "cameras not numbers": (*multipart_body(good, {"cameras": '[["a", 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]'}),
-                                400, "cameras"),
-        "cameras NaN": (*multipart_body(good, {"cameras": "[[NaN, 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}),
-                        400, "cameras"),
-        "cameras two rows": (*multipart_body(good, {"cameras": "[[0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}), 400, "cameras"),
+        "two bad images": (
+            *multipart_body(good[:1] + [("b.png", b"\x89PNG\r\n\x1a\n" + bytes(40)), ("c.png", b"")], cams),
+            400,
+            "images[1] ('b.png')",
+        ),  # the first at fault in view order, not the first to fail
+        "decompression bomb": (
+            *multipart_body([("bomb.png", png_bomb())] + good[1:], cams),
+            413,
+            "images[0] ('bomb.png')",
+        ),
+        "cameras not numbers": (
+            *multipart_body(good, {"cameras": '[["a", 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]'}),
+            400,
+            "cameras",
+        ),
+        "cameras NaN": (
+            *multipart_body(good, {"cameras": "[[NaN, 1, 0, 1, 25], [0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}),
+            400,
+            "cameras",
+        ),
+        "cameras two rows": (
+            *multipart_body(good, {"cameras": "[[0, 1, 0, 1, 25], [0, 1, 0, 1, 25]]"}),
+            400,
+            "cameras",
+        ),
         "cameras not JSON": (*multipart_body(good, {"cameras": "0 25 0 0.8 25"}), 400, "cameras"),
         "no cameras": (*multipart_body(good, {}), 400, "cameras"),
         "cameras and poses": (*multipart_body(good, {**cams, "poses": "{}"}), 400, "cameras"),
@@ -358,7 +448,9 @@ def test_every_bad_request_is_a_4xx_naming_its_field_and_the_server_keeps_servin
         detail = json.loads(answer)
         assert detail["field"] == field and detail["status"] == status and detail["error"], (name, detail)
         assert b"Traceback" not in answer
-    unknown_format = post(server.url, *form(inputs["a"][0], cameras_field(inputs["a"][1])), "/v1/reconstruct?format=stl")
+    unknown_format = post(
+        server.url, *form(inputs["a"][0], cameras_field(inputs["a"][1])), "/v1/reconstruct?format=stl"
+    )
     assert unknown_format[0] == 400 and json.loads(unknown_format[2])["field"] == "format"
     with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
         assert response.status == 200
@@ -368,8 +460,13 @@ def test_every_bad_request_is_a_4xx_naming_its_field_and_the_server_keeps_servin
 def test_a_body_without_length_over_the_limit_is_cut_off(server):
     body, kind = multipart_body([("big.png", bytes(9 * 2**20))], {})
     connection = http.client.HTTPConnection(f"127.0.0.1:{server.port}", timeout=60)
-    connection.request("POST", "/v1/reconstruct", body=iter([body[i:i + 2**20] for i in range(0, len(body), 2**20)]),
-                       headers={"Content-Type": kind}, encode_chunked=True)
+    connection.request(
+        "POST",
+        "/v1/reconstruct",
+        body=iter([body[i : i + 2**20] for i in range(0, len(body), 2**20)]),
+        headers={"Content-Type": kind},
+        encode_chunked=True,
+    )
     response = connection.getresponse()
     assert response.status == 413 and json.loads(response.read())["field"] == "body"
 
@@ -377,8 +474,10 @@ def test_a_body_without_length_over_the_limit_is_cut_off(server):
 def raw_request(port: int, declared_length: int) -> socket.socket:
     """A connection that has sent a request's headers and the start of its body."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(f"POST /v1/reconstruct HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=zz\r\n"
-                 f"Content-Length: {declared_length}\r\n\r\n--zz\r\n".encode("ascii"))
+    sock.sendall(
+        f"POST /v1/reconstruct HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=zz\r\n"
+        f"Content-Length: {declared_length}\r\n\r\n--zz\r\n".encode("ascii")
+    )
     return sock
 
 
@@ -401,7 +500,7 @@ def test_a_client_that_stops_sending_gets_408_and_one_that_leaves_costs_nothing(
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["field"] == "body"
     for _ in range(3):
         gone = raw_request(server.port, 100_000)
-        gone.sendall(b"Content-Disposition: form-data; name=\"images\"")
+        gone.sendall(b'Content-Disposition: form-data; name="images"')
         gone.close()
     time.sleep(0.5)
     got = post(server.url, *form(inputs["a"][0][:2], cameras_field(inputs["a"][1])))
@@ -432,16 +531,35 @@ def test_a_client_that_trickles_its_body_gets_408_at_the_whole_body_deadline(ser
 def test_the_cli_sends_poses_to_the_server_and_writes_the_obj_it_would_write_here(server, posed, tmp_path):
     paths, poses, expected = posed
     (tmp_path / "poses.json").write_text(poses, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths), "--poses",
-                           str(tmp_path / "poses.json"), "--server", server.url, "--out", str(tmp_path / "m.obj")],
-                          capture_output=True, text=True, cwd=ROOT, env=child_env())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "xmesh",
+            "reconstruct",
+            *map(str, paths),
+            "--poses",
+            str(tmp_path / "poses.json"),
+            "--server",
+            server.url,
+            "--out",
+            str(tmp_path / "m.obj"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+    )
     assert done.returncode == 0, done.stderr
-    mesh = read_obj(tmp_path / "m.obj")   # in the poses' world, as xmesh reconstruct --poses writes it here
+    mesh = read_obj(tmp_path / "m.obj")  # in the poses' world, as xmesh reconstruct --poses writes it here
     assert_same_mesh(mesh, expected)
 
 
-CURL_PAGES = [page for page in (ROOT / "README.md", ROOT / "docs" / "serving.md")
-              if page.is_file() and "curl -F images=@" in page.read_text(encoding="utf-8")]
+CURL_PAGES = [
+    page
+    for page in (ROOT / "README.md", ROOT / "docs" / "serving.md")
+    if page.is_file() and "curl -F images=@" in page.read_text(encoding="utf-8")
+]
 
 
 def readme_curl(page: Path) -> list[str]:
@@ -450,7 +568,7 @@ def readme_curl(page: Path) -> list[str]:
 
     text = page.read_text(encoding="utf-8")
     start = text.index("curl -F images=@")
-    line = text[start:text.index("\n", text.index("http://", start))].replace("\\\n", " ")
+    line = text[start : text.index("\n", text.index("http://", start))].replace("\\\n", " ")
     return shlex.split(line)
 
 
@@ -467,13 +585,13 @@ def test_the_readme_curl_line_gets_the_mesh_of_its_cameras(server, model, tmp_pa
     from xmesh.synthetic.dataset import demo_inputs
 
     words = readme_curl(page)
-    images = [w[len("images=@"):] for w in words if w.startswith("images=@")]
-    cameras = np.asarray(json.loads(next(w for w in words if w.startswith("cameras="))[len("cameras="):]))
+    images = [w[len("images=@") :] for w in words if w.startswith("images=@")]
+    cameras = np.asarray(json.loads(next(w for w in words if w.startswith("cameras="))[len("cameras=") :]))
     out = Path(words[words.index("-o") + 1])
-    demo_out = build_parser().parse_args(["demo"]).out   # where a plain `xmesh demo` writes
-    paths, camera_file = demo_inputs(tmp_path / demo_out / "inputs", seed=0)   # what it writes there
+    demo_out = build_parser().parse_args(["demo"]).out  # where a plain `xmesh demo` writes
+    paths, camera_file = demo_inputs(tmp_path / demo_out / "inputs", seed=0)  # what it writes there
     assert images == [str(p.relative_to(tmp_path)) for p in paths]
-    np.testing.assert_allclose(cameras, load_cameras(camera_file), rtol=0, atol=1e-4)   # 4 decimals of float32 rows
+    np.testing.assert_allclose(cameras, load_cameras(camera_file), rtol=0, atol=1e-4)  # 4 decimals of float32 rows
     words = [w.replace("http://127.0.0.1:8000", server.url) for w in words]
     done = subprocess.run(words, capture_output=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -497,17 +615,30 @@ def test_the_serve_options_are_checked_before_anything_starts(monkeypatch, tmp_p
 
     for good in ((), ("--host", "0.0.0.0"), ("--host", "::"), ("--port", "1024"), ("--port", "65535")):
         check_options(options(*good))
-    bad = {("--port", "80"): "--port 80", ("--max-batch", "0"): "--max-batch 0", ("--max-queue", "0"): "--max-queue 0",
-           ("--max-body-mb", "0"): "--max-body-mb 0", ("--body-timeout-s", "0"): "--body-timeout-s",
-           ("--read-timeout-s", "-1"): "--read-timeout-s", ("--batch-timeout-ms", "-1"): "--batch-timeout-ms",
-           ("--http-processes", "0"): "--http-processes 0", ("--port", "65536"): "--port 65536"}
+    bad = {
+        ("--port", "80"): "--port 80",
+        ("--max-batch", "0"): "--max-batch 0",
+        ("--max-queue", "0"): "--max-queue 0",
+        ("--max-body-mb", "0"): "--max-body-mb 0",
+        ("--body-timeout-s", "0"): "--body-timeout-s",
+        ("--read-timeout-s", "-1"): "--read-timeout-s",
+        ("--batch-timeout-ms", "-1"): "--batch-timeout-ms",
+        ("--http-processes", "0"): "--http-processes 0",
+        ("--port", "65536"): "--port 65536",
+    }
     for extra, named in bad.items():
         with pytest.raises(InputError, match=named):
             check_options(options(*extra))
     # a user sees a line naming the option, no traceback, and nothing starts
     for extra, named in ((("--port", "80"), "--port 80"), (("--host", "10.1.2.3"), "--host: invalid choice")):
-        done = subprocess.run([sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", *extra],
-                              capture_output=True, text=True, cwd=tmp_path, env=child_env(), timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", *extra],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=child_env(),
+            timeout=120,
+        )
         assert done.returncode != 0 and named in done.stderr and "Traceback" not in done.stderr, done.stderr
 
     assert parse_devices(None, "numpy") is None
@@ -533,7 +664,7 @@ def test_a_worker_sees_only_its_own_gpu_counted_among_those_the_server_saw(monke
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     select_device("cuda:2")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
-    select_device("cpu")   # the NumPy backend's one worker: nothing chosen
+    select_device("cpu")  # the NumPy backend's one worker: nothing chosen
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
 
 
@@ -544,11 +675,12 @@ def test_info_of_weights_from_a_file_says_they_are_not_synthetic_and_fingerprint
     from xmesh.io.weights import load_weights
 
     np.savez(tmp_path / "w.npz", **synthetic_weights(1))
-    args = build_parser().parse_args(["serve", "--weights", str(tmp_path / "w.npz"), "--backend", "cupy",
-                                      "--precision", "fp16"])
+    args = build_parser().parse_args(
+        ["serve", "--weights", str(tmp_path / "w.npz"), "--backend", "cupy", "--precision", "fp16"]
+    )
     info = server_info(args, weights_fingerprint(load_weights(resolve_weights(args.weights))), (0, 2), 3)
     assert info["weights"]["synthetic"] is False and "w.npz" in info["weights"]["description"]
-    assert info["weights"]["sha256"] == weights_fingerprint(synthetic_weights(1))   # the arrays, not the file
+    assert info["weights"]["sha256"] == weights_fingerprint(synthetic_weights(1))  # the arrays, not the file
     assert info["devices"] == ["cuda:0", "cuda:2"] and info["precision"] == "fp16" and info["backend"] == "cupy"
     assert info["http_processes"] == 3
 
@@ -574,7 +706,7 @@ def test_a_full_server_answers_503_and_sigterm_finishes_the_requests_in_flight(t
         status, headers, answer = first["answer"]
         assert status == 200, answer[:300]
         assert_same_mesh(obj_mesh(answer, tmp_path / "first.obj"), offline["a"])
-        assert srv.process.wait(120) == 0   # a clean stop, nothing left to clean up by hand
+        assert srv.process.wait(120) == 0  # a clean stop, nothing left to clean up by hand
         log = srv.log.read_text()
         assert "Traceback" not in log and "leaked" not in log, log[-3000:]
         with pytest.raises(OSError):
@@ -595,15 +727,28 @@ SERVED_TOLERANCE = {"fp32": (GPU_ATOL, GPU_MAX_FRACTION), "fp16": (1e-3, GPU_MAX
 @requires_cuda
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_on_a_gpu_served_meshes_are_the_local_ones_within_the_mode_tolerance(tmp_path, inputs, precision):
-    srv = Server(tmp_path, "--backend", "cupy", "--precision", precision, "--devices", "0", "--max-batch", "8",
-                 "--batch-timeout-ms", "300")
+    srv = Server(
+        tmp_path,
+        "--backend",
+        "cupy",
+        "--precision",
+        precision,
+        "--devices",
+        "0",
+        "--max-batch",
+        "8",
+        "--batch-timeout-ms",
+        "300",
+    )
     try:
         info = srv.info()
         answers: dict = {}
         jobs = [(key, i) for key in ("a", "b") for i in range(3)]
 
         def send(key, i):
-            answers[key, i] = post(srv.url, *form(inputs[key][0], cameras_field(inputs[key][1])), "/v1/reconstruct?format=glb")
+            answers[key, i] = post(
+                srv.url, *form(inputs[key][0], cameras_field(inputs[key][1])), "/v1/reconstruct?format=glb"
+            )
 
         threads = [threading.Thread(target=send, args=job) for job in jobs]
         for thread in threads:
@@ -647,15 +792,21 @@ def test_on_a_gpu_a_batch_out_of_memory_is_split_and_each_answer_is_its_sample_a
 
     monkeypatch.setattr(api.model, "_run_once", run_once)
     rng = np.random.default_rng(5)
-    samples = [Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8),
-                      np.float32([[rng.uniform(0, 360), 25, 0, 0.8, 25]] * 3)) for _ in range(5)]
+    samples = [
+        Sample(
+            rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8),
+            np.float32([[rng.uniform(0, 360), 25, 0, 0.8, 25]] * 3),
+        )
+        for _ in range(5)
+    ]
     answers = api.predict(samples)
     # 5 and 3 ran out of memory; the halves that ran held every sample once
     assert sizes[0] == 5 and sum(n for n in sizes if n <= 2) == 5 and api.model.max_batch == 2, sizes
     for sample, answer in zip(samples, answers):
         assert "error" not in answer and answer["batch"] == 5, answer
-        alone = [api.model.backend.to_numpy(a) for a in api.model.run(UINT8_TO_UNIT[sample.images][None],
-                                                                       sample.rows[None])]
+        alone = [
+            api.model.backend.to_numpy(a) for a in api.model.run(UINT8_TO_UNIT[sample.images][None], sample.rows[None])
+        ]
         for name, want in (("coarse", alone[0][0]), ("refined", alone[1][0])):
             assert_mostly_within(answer[name], want, GPU_ATOL, GPU_MAX_FRACTION, label=name)
 
@@ -676,16 +827,25 @@ def test_on_a_gpu_batches_in_flight_together_equal_the_same_batches_run_alone(pr
     api = ReconstructAPI.__new__(ReconstructAPI)
     api.model = xmesh.Reconstructor(synthetic_weights(1), backend="cupy", precision=precision)
     rng = np.random.default_rng(11)
-    batches = [[Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8),
-                       np.float32([[rng.uniform(0, 360), 25, 0, 0.8, 25]] * 3)) for _ in range(size)]
-               for size in (3, 2, 3)]
+    batches = [
+        [
+            Sample(
+                rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8),
+                np.float32([[rng.uniform(0, 360), 25, 0, 0.8, 25]] * 3),
+            )
+            for _ in range(size)
+        ]
+        for size in (3, 2, 3)
+    ]
     for sample in batches[0] + batches[2]:
         sample.images = UINT8_TO_UNIT[sample.images]
     launched = [api.launch(samples) for samples in batches]
     answers = [api.collect(job) for job in launched]
     for samples, got in zip(batches, answers):
         views = np.stack([s.images if s.images.dtype == np.float32 else UINT8_TO_UNIT[s.images] for s in samples])
-        coarse, refined = (api.model.backend.to_numpy(a) for a in api.model.run(views, np.stack([s.rows for s in samples])))
+        coarse, refined = (
+            api.model.backend.to_numpy(a) for a in api.model.run(views, np.stack([s.rows for s in samples]))
+        )
         for b, answer in enumerate(got):
             assert "error" not in answer, answer
             assert answer["batch"] == len(samples) and answer["ms"] > 0
@@ -707,7 +867,7 @@ def test_the_page_renders_in_a_browser_and_loads_nothing_from_elsewhere(server, 
     seen = browser.probe(page)
     assert seen["title"] == "xmesh serve" and seen["text"] > 200
     shot = cv2.imread(str(browser.screenshot(page, tmp_path / "page.png", 1000, 700)))
-    assert shot is not None and shot.std() > 5   # something drawn, not a blank window
+    assert shot is not None and shot.std() > 5  # something drawn, not a blank window
 
 
 PAGE_DRIVER = """<script>
@@ -735,9 +895,11 @@ def test_the_page_sends_three_photos_and_shows_the_picture_and_the_downloads(ser
     paths, rows = inputs["a"]
     files = [[p.name, base64.b64encode(p.read_bytes()).decode("ascii")] for p in paths]
     driver = PAGE_DRIVER % (json.dumps(files), json.dumps(json.dumps(np.asarray(rows, np.float64).tolist())))
-    page = tmp_path / "driven.html"   # a file page talking to the server: its origin differs, hence the flag
-    page.write_text(html.replace("<head>", f'<head><base href="{server.url}/">', 1).replace("</body>", driver + "</body>", 1),
-                    encoding="utf-8")
+    page = tmp_path / "driven.html"  # a file page talking to the server: its origin differs, hence the flag
+    page.write_text(
+        html.replace("<head>", f'<head><base href="{server.url}/">', 1).replace("</body>", driver + "</body>", 1),
+        encoding="utf-8",
+    )
     dom = browser.dom_after(page, "--disable-web-security", f"--user-data-dir={tmp_path / 'profile'}", budget_ms=120000)
     status = re.search(r'<div id="status"[^>]*>(.*?)</div>', dom, re.S).group(1)
     assert status.startswith("2466 vertices, 4928 faces; batch of "), status
@@ -762,7 +924,6 @@ def test_the_size_of_a_photo_is_read_from_its_header(encoding):
         data = cv2.imencode(encoding.split()[-1], image, flags)[1].tobytes()
         assert image_size(data, "images[0]") == (width, height)
         assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED).shape[:2] == (height, width)
-
 
 
 def test_a_failing_sample_fails_alone_and_out_of_memory_is_503():
@@ -800,7 +961,7 @@ def test_a_batch_that_runs_out_of_memory_is_split_and_every_request_answered(mod
 
     sizes: list = []
 
-    def run_once(images, cameras, trace):     # memory for at most 2 samples; answers carry each sample's key
+    def run_once(images, cameras, trace):  # memory for at most 2 samples; answers carry each sample's key
         sizes.append(len(cameras))
         if len(cameras) > 2:
             raise MemoryError(f"simulated: {len(cameras)} samples do not fit")
@@ -812,8 +973,10 @@ def test_a_batch_that_runs_out_of_memory_is_split_and_every_request_answered(mod
     api = ReconstructAPI.__new__(ReconstructAPI)
     api.model = model
     rng = np.random.default_rng(3)
-    samples = [Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
-               for _ in range(5)]
+    samples = [
+        Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
+        for _ in range(5)
+    ]
     answers = api.predict(samples)
     assert sizes[0] == 5 and sum(n for n in sizes if n <= 2) == 5 and model.max_batch == 2
     for sample, answer in zip(samples, answers):
@@ -853,8 +1016,10 @@ def u8_samples(seed: int, count: int, first_camera: float = 0.0):
     from xmesh.serve.upload import Sample
 
     rng = np.random.default_rng(seed)
-    samples = [Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
-               for _ in range(count)]
+    samples = [
+        Sample(rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8), rng.random((3, 5)).astype(np.float32))
+        for _ in range(count)
+    ]
     samples[0].rows[0, 0] = first_camera
     return samples
 
@@ -868,7 +1033,7 @@ def test_a_batch_is_launched_while_the_one_before_is_in_the_network():
     first, second = u8_samples(1, 3, first_camera=1.0), u8_samples(2, 2, first_camera=2.0)
     launched_first = api.launch(first)
     assert model.inside.wait(60)
-    launched_second = api.launch(second)        # returns although batch 1 is held at the gate
+    launched_second = api.launch(second)  # returns although batch 1 is held at the gate
     assert model.entered == [1.0] and launched_second.error is None
     model.opened.set()
     answers = api.collect(launched_first) + api.collect(launched_second)
@@ -967,12 +1132,22 @@ def test_the_worker_loop_launches_a_batch_before_it_answers_the_one_before():
     from litserve.loops.base import _SENTINEL_VALUE
     from litserve.utils import LitAPIStatus
 
-    events, answers = run_loop({("launch", 1): [request(2), request(13)], ("launch", 2): [request(4)],
-                                ("collect", 4): [_SENTINEL_VALUE]}, first=1)
-    assert events == [("launch", [1]), ("launch", [2, 13]), ("collect", [1]), ("launch", [4]),
-                      ("collect", [2, 13]), ("collect", [4])]
-    assert {uid: answers[uid] for uid in ("uid-1", "uid-4")} == {"uid-1": (1, 10, LitAPIStatus.OK),
-                                                                  "uid-4": (0, 40, LitAPIStatus.OK)}
+    events, answers = run_loop(
+        {("launch", 1): [request(2), request(13)], ("launch", 2): [request(4)], ("collect", 4): [_SENTINEL_VALUE]},
+        first=1,
+    )
+    assert events == [
+        ("launch", [1]),
+        ("launch", [2, 13]),
+        ("collect", [1]),
+        ("launch", [4]),
+        ("collect", [2, 13]),
+        ("collect", [4]),
+    ]
+    assert {uid: answers[uid] for uid in ("uid-1", "uid-4")} == {
+        "uid-1": (1, 10, LitAPIStatus.OK),
+        "uid-4": (0, 40, LitAPIStatus.OK),
+    }
     for uid, consumer in (("uid-2", 0), ("uid-13", 1)):
         assert answers[uid][0] == consumer and answers[uid][2] == LitAPIStatus.ERROR
         assert "simulated: the batch failed" in str(pickle.loads(answers[uid][1]))
@@ -1015,14 +1190,14 @@ def test_requests_and_answers_cross_pipe_queues_to_a_spawned_worker_and_back():
         assert isinstance(queues, WorkerQueues) and len(queues.queues) == 1
         requests = queues.of_worker(0)
         assert isinstance(requests, PipeQueue) and all(isinstance(q, PipeQueue) for q in transport._queues)
-        if _pipes_may_grow():   # a request's views fit each pipe whole
+        if _pipes_may_grow():  # a request's views fit each pipe whole
             assert all(pipe_bytes(q) >= PIPE_BYTES for q in [requests, *transport._queues])
         worker = multiprocessing.get_context("spawn").Process(target=_answer_first_request, args=(requests, transport))
         worker.start()
         images = np.random.default_rng(5).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
         requests.put((1, "uid-1", time.monotonic(), Sample(images, np.ones((3, 5), np.float32))))
         deadline, answer = time.monotonic() + 120, None
-        while answer is None and time.monotonic() < deadline:   # LitServe's receive gives None after a second
+        while answer is None and time.monotonic() < deadline:  # LitServe's receive gives None after a second
             answer = asyncio.run(transport.areceive(consumer_id=1, timeout=60))
         uid, (total, stamps) = answer
         worker.join(60)
@@ -1128,7 +1303,7 @@ def test_serve_load_counts_each_batch_once_in_how_busy_the_devices_were():
     spec = importlib.util.spec_from_file_location("serve_load", ROOT / "scripts" / "serve_load.py")
     serve_load = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(serve_load)
-    batches = np.array([4] * 8 + [2] * 2)                 # two batches of 4 (50 ms each) and one of 2 (30 ms)
+    batches = np.array([4] * 8 + [2] * 2)  # two batches of 4 (50 ms each) and one of 2 (30 ms)
     compute = np.array([50.0] * 8 + [30.0] * 2)
     assert serve_load.device_busy(batches, compute, 1.0, 1) == pytest.approx(13.0)
     assert serve_load.device_busy(batches, compute, 0.5, 2) == pytest.approx(13.0)
@@ -1137,6 +1312,7 @@ def test_serve_load_counts_each_batch_once_in_how_busy_the_devices_were():
 
 
 # ------------------------------------------------------------------------------------------ errors, warnings, GLB
+
 
 def ask(url: str, method: str, path: str, body: bytes | None = None, headers=None):
     """(status, headers, body) of any request, without raising on 4xx/5xx."""
@@ -1153,14 +1329,17 @@ def test_the_frameworks_refusals_and_a_cut_body_answer_the_documented_json(serve
     body, kind = form(paths, cameras_field(rows))
     cases = {
         "404": (ask(server.url, "GET", "/v1/nosuch"), 404, "path", "/v1/nosuch: no such path"),
-        "405": (ask(server.url, "GET", "/v1/reconstruct"), 405, "method",
-                "GET /v1/reconstruct: method not allowed"),
+        "405": (ask(server.url, "GET", "/v1/reconstruct"), 405, "method", "GET /v1/reconstruct: method not allowed"),
         "405 on info": (ask(server.url, "POST", "/v1/info", b"x"), 405, "method", "POST /v1/info: method not allowed"),
-        "415": (post(server.url, b"images=a.png", "application/x-www-form-urlencoded"), 415, "body",
-                "content type 'application/x-www-form-urlencoded'; expected multipart/form-data"),
+        "415": (
+            post(server.url, b"images=a.png", "application/x-www-form-urlencoded"),
+            415,
+            "body",
+            "content type 'application/x-www-form-urlencoded'; expected multipart/form-data",
+        ),
         # whole parts but the last, and one cut inside an image: not a fault of the camera fields
         "cut before its end": (post(server.url, body[:-100], kind), 400, "body", "cut short: "),
-        "cut in an image": (post(server.url, body[:len(body) // 3], kind), 400, "body", "cut short: "),
+        "cut in an image": (post(server.url, body[: len(body) // 3], kind), 400, "body", "cut short: "),
     }
     for name, ((status, headers, answer), want, field, start) in cases.items():
         assert status == want and headers["content-type"] == "application/json", (name, status, answer[:200])
@@ -1171,7 +1350,7 @@ def test_the_frameworks_refusals_and_a_cut_body_answer_the_documented_json(serve
     assert "GET" not in cases["405"][0][1]["allow"] and "POST" in cases["405"][0][1]["allow"]
     cut = json.loads(cases["cut before its end"][0][2])["error"]
     assert f"{len(body) - 100} bytes without the closing" in cut and "send the whole multipart body" in cut
-    assert post(server.url, body, kind)[0] == 200   # the same body whole is answered
+    assert post(server.url, body, kind)[0] == 200  # the same body whole is answered
 
 
 def wide_photo_on_black(tmp_path) -> Path:
@@ -1186,7 +1365,7 @@ def wide_photo_on_black(tmp_path) -> Path:
 def test_the_warnings_of_xmesh_reconstruct_come_back_in_a_header_the_page_and_the_cli(server, inputs, tmp_path):
     paths, rows = inputs["a"]
     wide = wide_photo_on_black(tmp_path)
-    with pytest.warns(UserWarning) as caught:   # what xmesh reconstruct says of these images here
+    with pytest.warns(UserWarning) as caught:  # what xmesh reconstruct says of these images here
         load_images([wide, *paths[1:]])
     local = [str(w.message) for w in caught]
     assert len(local) == 1 and local[0].startswith(f"view 1 ({wide}): it is 1920x1080, not square")
@@ -1194,15 +1373,33 @@ def test_the_warnings_of_xmesh_reconstruct_come_back_in_a_header_the_page_and_th
     assert status == 200
     served = json.loads(headers["x-xmesh-warnings"])
     assert served == [local[0].replace(f"view 1 ({wide})", "view 1 ('wide.jpg')")]
-    status, headers, answer = post(server.url, *form([wide, *paths[1:]], cameras_field(rows)),
-                                   "/v1/reconstruct?format=preview")
+    status, headers, answer = post(
+        server.url, *form([wide, *paths[1:]], cameras_field(rows)), "/v1/reconstruct?format=preview"
+    )
     assert status == 200 and json.loads(answer)["warnings"] == served
     status, headers, answer = post(server.url, *form(paths, cameras_field(rows)), "/v1/reconstruct?format=preview")
     assert status == 200 and "x-xmesh-warnings" not in headers and json.loads(answer)["warnings"] == []
-    done = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", str(wide), *map(str, paths[1:]),
-                           "--cameras", str(paths[0].parent / "cameras.txt"), "--server", server.url,
-                           "--out", str(tmp_path / "m.obj")],
-                          capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "xmesh",
+            "reconstruct",
+            str(wide),
+            *map(str, paths[1:]),
+            "--cameras",
+            str(paths[0].parent / "cameras.txt"),
+            "--server",
+            server.url,
+            "--out",
+            str(tmp_path / "m.obj"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[0] == f"xmesh reconstruct: warning: {served[0]}"
 
@@ -1216,7 +1413,8 @@ def test_the_page_says_the_server_runs_synthetic_weights(server):
         html = response.read().decode("utf-8")
     said = re.search(r'<p id="weights" class="([a-z]+)">([^<]*)</p>', html)
     assert said.group(1) == "synthetic" and said.group(2).startswith(
-        "This server runs synthetic weights (recipe seed 1; random, NOT the trained Pixel2Mesh++ weights)")
+        "This server runs synthetic weights (recipe seed 1; random, NOT the trained Pixel2Mesh++ weights)"
+    )
     trained = page_html({"weights": {"synthetic": False, "description": "weights from a <b>.npz"}})
     assert '<p id="weights" class="trained">This server runs weights from a &lt;b&gt;.npz.</p>' in trained
 
@@ -1226,14 +1424,30 @@ def test_the_cli_writes_a_glb_here_and_from_the_server(server, inputs, offline, 
     cameras = str(paths[0].parent / "cameras.txt")
     for where, extra in (("here", ["--weights", "synthetic:1"]), ("server", ["--server", server.url])):
         out = tmp_path / f"{where}.glb"
-        done = subprocess.run([sys.executable, "-m", "xmesh", "reconstruct", *map(str, paths), "--cameras", cameras,
-                               "--out", str(out), *extra], capture_output=True, text=True, cwd=ROOT, env=child_env(),
-                              timeout=600)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "xmesh",
+                "reconstruct",
+                *map(str, paths),
+                "--cameras",
+                cameras,
+                "--out",
+                str(out),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=child_env(),
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stderr.startswith(f"wrote {out} (2466 vertices, 4928 faces)"), done.stderr
         vertices, faces = read_glb(out.read_bytes(), str(out))
         np.testing.assert_array_equal(faces, offline["a"].faces)
-        assert_mostly_within(vertices, offline["a"].vertices, label=where)   # tests/tolerance.py's golden tolerance
+        assert_mostly_within(vertices, offline["a"].vertices, label=where)  # tests/tolerance.py's golden tolerance
 
 
 def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
@@ -1241,9 +1455,16 @@ def test_serve_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1",
-                               "--port", str(port)], capture_output=True, text=True, cwd=ROOT, env=child_env(),
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "xmesh", "serve", "--weights", "synthetic:1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=child_env(),
+            timeout=120,
+        )
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr == (f"xmesh serve: error: --port {port}: 127.0.0.1:{port} is in use by another program; "
-                           "choose another --port, or stop what listens there\n")
+    assert done.stderr == (
+        f"xmesh serve: error: --port {port}: 127.0.0.1:{port} is in use by another program; "
+        "choose another --port, or stop what listens there\n"
+    )

@@ -1,6 +1,7 @@
 """Each kernel is defined in the file it is loaded from: the stage files' kernels (read from their
 sources' XM_KERNEL definitions) against the manifest's table, the names each stage module of the CuPy
 backend launches, the plan's rows and the Hopper families' files. Runs without a GPU."""
+
 from __future__ import annotations
 
 import ast
@@ -30,8 +31,11 @@ def string_constants(module) -> set:
     """Every string literal in a module's source (f-strings' fixed parts left out)."""
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     skip = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
-    return {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip}
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+    }
 
 
 @pytest.mark.parametrize("module", STAGE_MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
@@ -48,7 +52,7 @@ def test_the_stage_module_of_each_file_loads_it():
     loaders = {m.SOURCE: m for m in STAGE_MODULES}
     assert set(loaders) == set(STAGE_FILES)
     for file, module in loaders.items():
-        assert module.SOURCE == file and module.__name__.rsplit(".", 1)[1] == file[:-len(".cu")]
+        assert module.SOURCE == file and module.__name__.rsplit(".", 1)[1] == file[: -len(".cu")]
 
 
 def expansions(token: str):
@@ -56,6 +60,7 @@ def expansions(token: str):
     each must match a defined kernel (not every combination exists)."""
     parts = re.split(r"(\{[^}]*\})", token)
     groups = [i for i, p in enumerate(parts) if p.startswith("{")]
+
     def regex(fixed):
         out = []
         for i, p in enumerate(parts):
@@ -66,6 +71,7 @@ def expansions(token: str):
             else:
                 out.append(re.escape(p).replace(r"\*", r"\w+"))
         return re.compile("".join(out) + "$")
+
     if not groups:
         return [regex({})]
     return [regex({i: c}) for i in groups for c in parts[i][1:-1].split(",")]
@@ -100,5 +106,7 @@ def test_each_hopper_family_file_defines_its_kernels():
     for _, part, _ in hopper.OPERANDS.values():
         assert any(name.startswith(f"wg_drb_layer_{part}_") for name in layer), part
     chain = defined_kernels(hopper.CHAIN.source)
-    assert {f"wg_drb_chain_{p}" for p in ("f16", "bf16")} | {f"wg_drb_chain_score_{p}" for p in ("f16", "bf16")} <= chain
+    assert {f"wg_drb_chain_{p}" for p in ("f16", "bf16")} | {
+        f"wg_drb_chain_score_{p}" for p in ("f16", "bf16")
+    } <= chain
     assert {"wg_drb_layer_3xf16", "wg_drb_layer_3xf16_score"} <= defined_kernels(hopper.LAYER_3XF16.source)

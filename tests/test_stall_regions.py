@@ -1,4 +1,5 @@
 """scripts/stall_regions.py on the CPU: a source page in Nsight Compute's CSV form split by warp role."""
+
 from __future__ import annotations
 
 import csv
@@ -33,8 +34,15 @@ CODE = [  # instruction, samples, barrier samples
 
 
 def write_page(path: Path) -> None:
-    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
-              "stall_barrier", "stall_wait", "stall_barrier (Not Issued)"]
+    header = [
+        "Address",
+        "Source",
+        "Warp Stall Sampling (All Samples)",
+        "Instructions Executed",
+        "stall_barrier",
+        "stall_wait",
+        "stall_barrier (Not Issued)",
+    ]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["Kernel Name", "wg_drb_chain_score_f16"])

@@ -1,6 +1,7 @@
 """The start-up figures of a run (summary.json's run.timing ``startup`` and ``startup_<phase>``): they
 cover the time from the process's start to the first batch, phase by phase, on one process and on
 a Dask cluster; and the clock's parts (phases, the listing started ahead)."""
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,24 @@ def test_a_command_accounts_for_every_second_before_its_first_batch_and_a_slow_b
     few instructions between the two readings), and the model phase is the largest, >= the 3 s slept."""
     seen = tmp_path / "seen.json"
     out = tmp_path / "out"
-    argv = ["eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list", str(data["test_list"]),
-            "--weights", "synthetic:1", "--out", str(out), "--workers", "0", "--batch-size", "2", "--no-progress"]
+    argv = [
+        "eval",
+        "--images",
+        str(data["root"]),
+        "--gt",
+        str(data["root"] / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--workers",
+        "0",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    ]
     code = COMMAND.format(tests=str(TESTS), delay=SLOW_BUILD_S, seen=str(seen), run=f"sys.exit(cli.main({argv!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -89,8 +106,23 @@ def test_the_xmesh_command_ends_with_the_runs_status_and_every_output_written(da
     interpreter's clean-up): its printed summary, samples.csv and summary.json are all there, and a
     refused run still ends with status 2 and its one-line error."""
     out = tmp_path / "out"
-    argv = ["xmesh", "eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list",
-            str(data["test_list"]), "--weights", "synthetic:1", "--out", str(out), "--workers", "1", "--no-progress"]
+    argv = [
+        "xmesh",
+        "eval",
+        "--images",
+        str(data["root"]),
+        "--gt",
+        str(data["root"] / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     run = f"sys.argv[:] = {argv!r}\ncli.command()"
     code = COMMAND.format(tests=str(TESTS), delay=0.0, seen=str(tmp_path / "seen.json"), run=run)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -100,8 +132,12 @@ def test_the_xmesh_command_ends_with_the_runs_status_and_every_output_written(da
     assert summary["samples"] == len(data["ids"]) and (out / "f_score.log").exists()
     assert proc.stderr.count("\n") <= 2 and "Traceback" not in proc.stderr, proc.stderr
     refused = run.replace(str(data["test_list"]), str(tmp_path / "missing.txt"))
-    proc = subprocess.run([sys.executable, "-c", COMMAND.format(tests=str(TESTS), delay=0.0, seen="", run=refused)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", COMMAND.format(tests=str(TESTS), delay=0.0, seen="", run=refused)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("xmesh eval: error:") and "missing.txt" in proc.stderr
 
@@ -109,8 +145,16 @@ def test_the_xmesh_command_ends_with_the_runs_status_and_every_output_written(da
 def test_a_library_call_counts_from_the_call(data, tmp_path):
     """evaluate_dataset called from Python: the clock starts at the call (nothing for import or model)."""
     before = time.perf_counter()
-    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
-                               tmp_path / "out", batch_size=2, workers=0, progress=False)
+    summary = evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "out",
+        batch_size=2,
+        workers=0,
+        progress=False,
+    )
     timing = summary["run"]["timing"]
     _check_sums(timing)
     assert timing["startup"] <= time.perf_counter() - before
@@ -125,13 +169,22 @@ def test_a_cluster_run_counts_its_workers_set_up(data, tmp_path):
     from xmesh.cluster import open_client
 
     with open_client("local:2") as client:
-        summary = evaluate_dataset(ToySpec(), data["test_list"], data["root"], data["root"] / "gt", tmp_path / "out",
-                                   batch_size=1, workers=0, progress=False, client=client)
+        summary = evaluate_dataset(
+            ToySpec(),
+            data["test_list"],
+            data["root"],
+            data["root"] / "gt",
+            tmp_path / "out",
+            batch_size=1,
+            workers=0,
+            progress=False,
+            client=client,
+        )
     timing = summary["run"]["timing"]
     _check_sums(timing)
     prepared = summary["run"]["cluster"]["prepared"]
     assert 1 <= len(prepared) <= 2 and all(w["peers"] == 2 for w in prepared)
-    assert timing[startup.PREFIX + "workers"] >= prepared[0]["model_s"]   # in the order they became ready
+    assert timing[startup.PREFIX + "workers"] >= prepared[0]["model_s"]  # in the order they became ready
     assert timing[startup.FINISH] >= 0.0
 
 
@@ -139,10 +192,17 @@ class _Stop(Exception):
     """Ends a command at its listing's start, once the test has seen what came before."""
 
 
-@pytest.mark.parametrize("extra, starts_driver", [(["--backend", "cupy"], True), (["--backend", "numpy"], False),
-                                                  (["--backend", "cupy", "--cluster", "local-cuda"], False)])
+@pytest.mark.parametrize(
+    "extra, starts_driver",
+    [
+        (["--backend", "cupy"], True),
+        (["--backend", "numpy"], False),
+        (["--backend", "cupy", "--cluster", "local-cuda"], False),
+    ],
+)
 def test_a_gpu_command_starts_cudas_driver_before_its_listing_and_a_clusters_client_does_not(
-        data, tmp_path, monkeypatch, extra, starts_driver):
+    data, tmp_path, monkeypatch, extra, starts_driver
+):
     from xmesh.backends import cuda_driver
 
     calls = []
@@ -153,8 +213,21 @@ def test_a_gpu_command_starts_cudas_driver_before_its_listing_and_a_clusters_cli
         raise _Stop
 
     monkeypatch.setattr(startup, "prefetch", listing)
-    argv = ["eval", "--images", str(data["root"]), "--gt", str(data["root"] / "gt"), "--list", str(data["test_list"]),
-            "--weights", "synthetic:1", "--out", str(tmp_path / "out"), "--no-progress", *extra]
+    argv = [
+        "eval",
+        "--images",
+        str(data["root"]),
+        "--gt",
+        str(data["root"] / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+        *extra,
+    ]
     with pytest.raises(_Stop):
         cli.main(argv)
     assert calls == (["driver", "listing"] if starts_driver else ["listing"])
@@ -176,8 +249,16 @@ def test_the_seconds_after_the_last_batch_are_the_runs_finish(data, tmp_path, mo
 
     monkeypatch.setattr(store, "write_logs", slow_logs)
     before = time.perf_counter()
-    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
-                               tmp_path / "out", batch_size=2, workers=0, progress=False)
+    summary = evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "out",
+        batch_size=2,
+        workers=0,
+        progress=False,
+    )
     took = time.perf_counter() - before
     timing = summary["run"]["timing"]
     assert timing[startup.FINISH] >= SLOW_LOGS_S
@@ -198,7 +279,7 @@ def test_the_clock_gives_each_stretch_to_the_phase_marked_at_its_end():
     assert figures[startup.PREFIX + "listing"] >= 0.03
     assert figures[startup.PREFIX + "listing"] > figures[startup.PREFIX + "model"]
     assert figures["startup"] == pytest.approx(sum(v for k, v in figures.items() if k != "startup"))
-    assert clock.first_batch() == figures   # closed: a second call changes nothing
+    assert clock.first_batch() == figures  # closed: a second call changes nothing
 
 
 def test_a_prefetched_listing_is_taken_once_and_its_error_raised_where_taken(tmp_path):
@@ -215,7 +296,7 @@ def test_a_prefetched_listing_is_taken_once_and_its_error_raised_where_taken(tmp
     assert startup.take(listing, "a") == "A"
     with pytest.raises(MissingFileError, match="bad: absent"):
         startup.take(listing, "bad")
-    assert startup.take(listing, "a") == "A"   # not prefetched any more: computed here
+    assert startup.take(listing, "a") == "A"  # not prefetched any more: computed here
     assert sorted(calls) == ["a", "a", "bad"]
 
 
@@ -230,10 +311,34 @@ def test_the_process_start_lies_before_now_and_after_the_boot():
 
 def test_a_library_call_after_a_command_in_the_same_process_starts_its_own_clock(data, tmp_path):
     """A command that runs no dataset (here one that fails) leaves no clock behind for a later call."""
-    assert cli.main(["eval", "--images", str(tmp_path / "absent"), "--gt", str(tmp_path), "--list",
-                     str(data["test_list"]), "--weights", "synthetic:1", "--out", str(tmp_path / "e")]) == 2
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--images",
+                str(tmp_path / "absent"),
+                "--gt",
+                str(tmp_path),
+                "--list",
+                str(data["test_list"]),
+                "--weights",
+                "synthetic:1",
+                "--out",
+                str(tmp_path / "e"),
+            ]
+        )
+        == 2
+    )
     time.sleep(0.3)
     before = time.perf_counter()
-    summary = evaluate_dataset(ToyReconstructor(), data["test_list"], data["root"], data["root"] / "gt",
-                               tmp_path / "out", batch_size=2, workers=0, progress=False)
+    summary = evaluate_dataset(
+        ToyReconstructor(),
+        data["test_list"],
+        data["root"],
+        data["root"] / "gt",
+        tmp_path / "out",
+        batch_size=2,
+        workers=0,
+        progress=False,
+    )
     assert summary["run"]["timing"]["startup"] <= time.perf_counter() - before

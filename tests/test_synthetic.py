@@ -1,4 +1,5 @@
 """xmesh.synthetic: shapes, sampling, the rasteriser, the camera convention of renderings, datasets."""
+
 from __future__ import annotations
 
 import pickletools
@@ -215,12 +216,13 @@ def test_render_mesh_file_agrees_with_the_official_demo(demo_dir, tmp_path):
     from xmesh.pictures.views import render_mesh_file
 
     gt = read_obj(demo_dir / "predict.obj").vertices[::10]
-    out = render_mesh_file(demo_dir / "predict.obj", demo_dir / "cameras.txt", tmp_path / "views.png",
-                           gt_points=gt, camera_view=True)
+    out = render_mesh_file(
+        demo_dir / "predict.obj", demo_dir / "cameras.txt", tmp_path / "views.png", gt_points=gt, camera_view=True
+    )
     tiled = cv2.imread(str(out), cv2.IMREAD_UNCHANGED)
     assert tiled.shape == (137, 3 * 137, 4)
     for view in range(3):
-        ours = tiled[:, 137 * view:137 * (view + 1), 3] > 0
+        ours = tiled[:, 137 * view : 137 * (view + 1), 3] > 0
         theirs = _alpha(demo_dir / f"plane{view + 1}.png") > 0
         assert (ours & theirs).sum() / (ours | theirs).sum() > 0.6  # the predicted plane over the input
     red = (tiled[..., 2] == 220) & (tiled[..., 1] == 30) & (tiled[..., 0] == 30)  # BGRA on disk
@@ -286,8 +288,7 @@ def test_ground_truth_points_are_in_camera0_frame_with_rotated_normals():
 @pytest.fixture(scope="module")
 def small_dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("ds")
-    return dataset.write_dataset(root, n_per_category=1, categories=("02691156", "03001627"), seed=3,
-                                 n_points=3000)
+    return dataset.write_dataset(root, n_per_category=1, categories=("02691156", "03001627"), seed=3, n_points=3000)
 
 
 def test_dataset_layout_and_ground_truth(small_dataset):
@@ -326,8 +327,9 @@ def test_dataset_layout_and_ground_truth(small_dataset):
 
 
 def test_dataset_is_deterministic_by_seed(tmp_path, small_dataset):
-    again = dataset.write_dataset(tmp_path / "a", n_per_category=1, categories=("02691156", "03001627"),
-                                  seed=3, n_points=3000)
+    again = dataset.write_dataset(
+        tmp_path / "a", n_per_category=1, categories=("02691156", "03001627"), seed=3, n_points=3000
+    )
     assert again["ids"] == small_dataset["ids"]
     for ours, theirs in zip(again["gt"], small_dataset["gt"]):
         assert ours.read_bytes() == theirs.read_bytes()

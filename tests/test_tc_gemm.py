@@ -3,6 +3,7 @@
 3xTF32 ("fp32" mode) must be as accurate as a float32 product; one TF32 pass ("tf32") must be
 within TF32's error and measurably less accurate (so the two kernels are not the same code path).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +14,23 @@ from conftest import requires_cuda
 pytestmark = [requires_cuda, pytest.mark.gpu]
 
 SHAPES = [  # (M, K, N): tile edges, odd K (single-float copies), narrow N, the model's shapes
-    (1, 3, 1), (37, 27, 16), (128, 16, 64), (129, 17, 65), (300, 339, 384), (1000, 192, 2),
-    (2466, 192, 384), (777, 1152, 256), (5000, 144, 32), (300, 100, 24), (129, 17, 9),  # 32/16-wide tiles
-    (64, 4608, 512), (588, 6400, 256), (147, 4612, 512),   # few tiles, long K: split-K path
-    (156, 192, 384), (156, 963, 384),                      # under 24 tiles: K split into 32-wide parts
-    (2466, 192, 256),                                      # fewer 128-wide tiles than SMs: 64-wide ones
+    (1, 3, 1),
+    (37, 27, 16),
+    (128, 16, 64),
+    (129, 17, 65),
+    (300, 339, 384),
+    (1000, 192, 2),
+    (2466, 192, 384),
+    (777, 1152, 256),
+    (5000, 144, 32),
+    (300, 100, 24),
+    (129, 17, 9),  # 32/16-wide tiles
+    (64, 4608, 512),
+    (588, 6400, 256),
+    (147, 4612, 512),  # few tiles, long K: split-K path
+    (156, 192, 384),
+    (156, 963, 384),  # under 24 tiles: K split into 32-wide parts
+    (2466, 192, 256),  # fewer 128-wide tiles than SMs: 64-wide ones
 ]
 
 
@@ -36,16 +49,18 @@ def test_3xtf32_is_as_accurate_as_float32(cp, gb, m, k, n):
     rng = np.random.default_rng(m * 7 + k * 3 + n)
     a, b = operands(rng, m, k, n)
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    out = cp.full((m, n), np.nan, dtype=cp.float32)          # poison: every element must be written
+    out = cp.full((m, n), np.nan, dtype=cp.float32)  # poison: every element must be written
     gb.gemm(cp.asarray(a), cp.asarray(b), out=out, passes=3)
     got = out.get()
     assert np.isfinite(got).all()
-    f32 = rel_error(a @ b, ref)                              # NumPy's float32 product
+    f32 = rel_error(a @ b, ref)  # NumPy's float32 product
     err = rel_error(got, ref)
     assert err <= 4 * f32 + 1e-7, (err, f32)
 
 
-@pytest.mark.parametrize("m,n,passes,bk", [(156, 384, 3, 32), (2466, 384, 3, 32), (40000, 384, 3, 16), (156, 384, 1, 16)])
+@pytest.mark.parametrize(
+    "m,n,passes,bk", [(156, 384, 3, 32), (2466, 384, 3, 32), (40000, 384, 3, 16), (156, 384, 1, 16)]
+)
 def test_few_tile_products_take_wider_k_slices(cp, gb, monkeypatch, m, n, passes, bk):
     """A 3xTF32 product with fewer tiles than two a multiprocessor (stage 1's graph convolutions at
     small batch in fp32) runs the kernel built for 32-wide K slices; a larger one, or one TF32 pass, the
@@ -82,21 +97,36 @@ def check_strided_bias_relu(cp, product, m, k, n, relu, seed, a_offset, c_offset
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     c = cp.full((m, n + c_offset + 20), 7.0, dtype=cp.float32)
-    product(cp.asarray(big_a)[:, a_offset:a_offset + k], cp.asarray(b), c[:, c_offset:c_offset + n],
-            cp.asarray(bias), relu)
-    ref = big_a[:, a_offset:a_offset + k].astype(np.float64) @ b + bias
+    product(
+        cp.asarray(big_a)[:, a_offset : a_offset + k],
+        cp.asarray(b),
+        c[:, c_offset : c_offset + n],
+        cp.asarray(bias),
+        relu,
+    )
+    ref = big_a[:, a_offset : a_offset + k].astype(np.float64) @ b + bias
     if relu:
         ref = np.maximum(ref, 0.0)
     got = c.get()
-    np.testing.assert_allclose(got[:, c_offset:c_offset + n], ref, rtol=1e-5, atol=1e-5)
-    assert (got[:, :c_offset] == 7.0).all() and (got[:, c_offset + n:] == 7.0).all()
+    np.testing.assert_allclose(got[:, c_offset : c_offset + n], ref, rtol=1e-5, atol=1e-5)
+    assert (got[:, :c_offset] == 7.0).all() and (got[:, c_offset + n :] == 7.0).all()
 
 
 @pytest.mark.parametrize("relu", [False, True])
 def test_strided_views_bias_and_relu(cp, gb, relu):
-    m, k = (200, 1000) if relu else (517, 50)   # relu: split-K, bias and ReLU applied by the reduction
-    check_strided_bias_relu(cp, lambda a, b, out, bias, r: gb.gemm(a, b, out=out, bias=bias, relu=r),
-                            m, k, 72, relu, seed=3 + relu, a_offset=3, c_offset=10, lda=k + 14)
+    m, k = (200, 1000) if relu else (517, 50)  # relu: split-K, bias and ReLU applied by the reduction
+    check_strided_bias_relu(
+        cp,
+        lambda a, b, out, bias, r: gb.gemm(a, b, out=out, bias=bias, relu=r),
+        m,
+        k,
+        72,
+        relu,
+        seed=3 + relu,
+        a_offset=3,
+        c_offset=10,
+        lda=k + 14,
+    )
 
 
 def test_fresh_inputs_each_call(cp, gb):
@@ -128,14 +158,18 @@ def conv_same(x, w, b, stride, dtype):
     out = np.zeros((n, ho, wo, cout), dtype)
     for dy in range(kh):
         for dx in range(kw):
-            patch = xp[:, dy:dy + stride * (ho - 1) + 1:stride, dx:dx + stride * (wo - 1) + 1:stride]
+            patch = xp[:, dy : dy + stride * (ho - 1) + 1 : stride, dx : dx + stride * (wo - 1) + 1 : stride]
             out += patch @ w[dy, dx].astype(dtype)
     return np.maximum(out + b.astype(dtype), 0)
 
 
 CONV_CASES = [  # (images, size, cin, cout, kernel, stride): the CNN's layer kinds, row and column tails
-    (2, 17, 16, 16, 3, 1), (3, 56, 32, 64, 3, 2), (2, 9, 48, 24, 3, 1), (4, 28, 64, 128, 3, 1),
-    (1, 14, 128, 256, 5, 2), (1, 7, 512, 512, 3, 1),   # few tiles, long K: split K
+    (2, 17, 16, 16, 3, 1),
+    (3, 56, 32, 64, 3, 2),
+    (2, 9, 48, 24, 3, 1),
+    (4, 28, 64, 128, 3, 1),
+    (1, 14, 128, 256, 5, 2),
+    (1, 7, 512, 512, 3, 1),  # few tiles, long K: split K
 ]
 
 
@@ -155,7 +189,7 @@ def test_implicit_gemm_conv_is_as_accurate_as_float32(cp, gb, images, size, cin,
     f32 = rel_error(conv_same(x, w, b, stride, np.float32), ref)
     err = rel_error(got, ref)
     assert err <= 4 * f32 + 1e-7, (err, f32)
-    assert (f"conv_3x_n{_tile_width(cout)}", 16) in gb._gemm_kernels   # the implicit kernel ran, not im2col + GEMM
+    assert (f"conv_3x_n{_tile_width(cout)}", 16) in gb._gemm_kernels  # the implicit kernel ran, not im2col + GEMM
 
 
 def test_implicit_gemm_conv_tf32_mode_has_tf32_error(cp):
@@ -173,7 +207,12 @@ def test_implicit_gemm_conv_tf32_mode_has_tf32_error(cp):
 
 # ---------------------------------------------------------------- the Hopper (wgmma) kernel
 HOPPER_SHAPES = [  # (M, K, N): row, K and column tails; odd K; long K (many slice flushes); the DRB's
-    (1, 3, 1), (129, 17, 130), (300, 339, 384), (1000, 33, 128), (2466, 192, 384), (5000, 1152, 256),
+    (1, 3, 1),
+    (129, 17, 130),
+    (300, 339, 384),
+    (1000, 33, 128),
+    (2466, 192, 384),
+    (5000, 1152, 256),
     (64, 4608, 512),
 ]
 
@@ -211,9 +250,18 @@ def test_hopper_one_tf32_pass_has_tf32_error(cp, hopper, m, k, n):
 
 @pytest.mark.parametrize("relu", [False, True])
 def test_hopper_strided_views_bias_and_relu(cp, hopper, relu):
-    check_strided_bias_relu(cp, lambda a, b, out, bias, r: hopper(a, hopper.prepare(b, "3xtf32"), out, bias=bias, relu=r),
-                            700, 200, 130, relu, seed=7 + relu, a_offset=4, c_offset=9,
-                            lda=212)   # 16-byte copies of the strided rows
+    check_strided_bias_relu(
+        cp,
+        lambda a, b, out, bias, r: hopper(a, hopper.prepare(b, "3xtf32"), out, bias=bias, relu=r),
+        700,
+        200,
+        130,
+        relu,
+        seed=7 + relu,
+        a_offset=4,
+        c_offset=9,
+        lda=212,
+    )  # 16-byte copies of the strided rows
 
 
 def test_large_products_route_to_hopper_and_weights_are_prepared_once(cp, gb, hopper, monkeypatch):
@@ -221,8 +269,9 @@ def test_large_products_route_to_hopper_and_weights_are_prepared_once(cp, gb, ho
     prepared form is built once; a small product stays on the mma.sync kernel."""
     prepared = []
     original = hopper.prepare
-    monkeypatch.setattr(hopper, "prepare",
-                        lambda b, operands, paired=False: prepared.append(operands) or original(b, operands, paired))
+    monkeypatch.setattr(
+        hopper, "prepare", lambda b, operands, paired=False: prepared.append(operands) or original(b, operands, paired)
+    )
     rng = np.random.default_rng(21)
     a, b = operands(rng, 40000, 192, 384)
     weight = cp.asarray(b)
@@ -254,8 +303,9 @@ def round16(x, operands):
     return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
 
 
-@pytest.mark.parametrize("cin,cout,n,with_residual", [(192, 192, 10, True), (339, 64, 7, False), (33, 32, 4, True),
-                                                     (192, 192, 101, True)])   # 306 tiles: blocks take several
+@pytest.mark.parametrize(
+    "cin,cout,n,with_residual", [(192, 192, 10, True), (339, 64, 7, False), (33, 32, 4, True), (192, 192, 101, True)]
+)  # 306 tiles: blocks take several
 @pytest.mark.parametrize("operands", ["3xtf32", "tf32", "fp16", "bf16"])
 def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, operands):
     """The fused layer (product, 43 x 43 mixing, bias, ReLU, residual) against float64: float32
@@ -271,10 +321,15 @@ def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, opera
     bias = rng.standard_normal(cout).astype(np.float32) * 0.1
     residual = rng.standard_normal((b, 43, n, cout)).astype(np.float32) if with_residual else None
     ref = drb_reference(x, w, a1, bias, residual)
-    poison = cp.full(b * 43 * n * cout, np.nan, dtype=cp.float32)   # the pool hands this memory out next
+    poison = cp.full(b * 43 * n * cout, np.nan, dtype=cp.float32)  # the pool hands this memory out next
     del poison
-    got = hopper.drb_layer(cp.asarray(x), hopper.prepare(cp.asarray(w), operands, paired=True), cp.asarray(a1),
-                           cp.asarray(bias), None if residual is None else cp.asarray(residual)).get()
+    got = hopper.drb_layer(
+        cp.asarray(x),
+        hopper.prepare(cp.asarray(w), operands, paired=True),
+        cp.asarray(a1),
+        cp.asarray(bias),
+        None if residual is None else cp.asarray(residual),
+    ).get()
     assert np.isfinite(got).all()
     err = rel_error(got, ref)
 
@@ -294,7 +349,7 @@ def test_hopper_deformation_layer(cp, hopper, cin, cout, n, with_residual, opera
         f32, rounded_ref = float32_error(round16(x, operands), round16(w, operands))
         err_rounded = rel_error(got, rounded_ref)
         assert err_rounded <= 4 * f32 + 1e-7, (err_rounded, f32)
-        low, high = (1e-5, 2e-3) if operands == "fp16" else (1e-4, 1e-2)   # unit roundoff 2^-11, 2^-8
+        low, high = (1e-5, 2e-3) if operands == "fp16" else (1e-4, 1e-2)  # unit roundoff 2^-11, 2^-8
         assert low < err < high, err
 
 
@@ -337,9 +392,10 @@ def test_16bit_activations_in_and_out(cp, hopper, cin, cout, n, operands):
     from_x16 = hopper.drb_layer(x16, weight, a1, bias, res16, out16=True)
     assert ("wg_drb_layer_" + ("f16" if operands == "fp16" else "bf16") + "_h16", "") in hopper._kernels
     np.testing.assert_array_equal(widen16(cp, from_x16, operands).get(), got)
-    ref = drb_reference(round16(x, operands), round16(w.get(), operands), a1.get(), bias.get(),
-                        widen16(cp, res16, operands).get())
-    unit = 2.0 ** (-11 if operands == "fp16" else -8)   # the output's own rounding
+    ref = drb_reference(
+        round16(x, operands), round16(w.get(), operands), a1.get(), bias.get(), widen16(cp, res16, operands).get()
+    )
+    unit = 2.0 ** (-11 if operands == "fp16" else -8)  # the output's own rounding
     assert rel_error(got, ref) < 2 * unit
 
 
@@ -358,8 +414,9 @@ def test_narrow_layer_reads_16bit_activations(cp, hopper, precision):
     x16 = to16(cp, rng.standard_normal((2, 43, 37, 192)).astype(np.float32), precision)
     xw = widen16(cp, x16, precision).get().astype(np.float64)
     w = (rng.standard_normal((192, 2)) / 14).astype(np.float32)
-    layer = SimpleNamespace(weight=cp.asarray(w), bias=cp.asarray(np.array([0.05], np.float32)), cout=1,
-                            weight0=None, relu=True)
+    layer = SimpleNamespace(
+        weight=cp.asarray(w), bias=cp.asarray(np.array([0.05], np.float32)), cout=1, weight0=None, relu=True
+    )
     a1 = (rng.standard_normal((43, 43)) / 6).astype(np.float32)
     y = be._skinny16(x16, layer.weight)
     assert y is not None and y.shape == (2 * 43 * 37, 2)
@@ -389,7 +446,7 @@ def test_16bit_activations_are_checked(cp, hopper):
         hopper.drb_layer(x, fp16, a1, bias, cp.zeros((b, 43, n, cout), dtype=cp.float32), out16=True)
     with pytest.raises(ValueError, match="activations are float16"):
         hopper.drb_layer(x.astype(cp.uint16), fp16, a1, bias, out16=True)
-    padded = cp.zeros((b, 43, n, cin + 4), dtype=cp.float16)[..., :cin]   # rows of 52 elements: not 16-byte aligned
+    padded = cp.zeros((b, 43, n, cin + 4), dtype=cp.float16)[..., :cin]  # rows of 52 elements: not 16-byte aligned
     with pytest.raises(ValueError, match="16-byte aligned rows"):
         hopper.drb_layer(padded, fp16, a1, bias, out16=True)
 
@@ -401,8 +458,8 @@ def test_16bit_weights_round_to_nearest_even(cp, hopper, operands):
     rng = np.random.default_rng(3)
     k, n = 40, 130
     w = rng.standard_normal((k, n)).astype(np.float32)
-    step = 2.0 ** (-10 if operands == "fp16" else -7)   # spacing of the 16-bit values in [1, 2)
-    w[0, :4] = [1 + step / 2, 1 + 3 * step / 2, -(1 + step / 2), 1 + step / 2 + step / 64]   # ties, and a near-tie
+    step = 2.0 ** (-10 if operands == "fp16" else -7)  # spacing of the 16-bit values in [1, 2)
+    w[0, :4] = [1 + step / 2, 1 + 3 * step / 2, -(1 + step / 2), 1 + step / 2 + step / 64]  # ties, and a near-tie
     prepared = hopper.prepare(cp.asarray(w), operands)
     assert prepared.big.dtype == cp.uint16 and prepared.big.shape == (256, 64) and prepared.small is None
     bits = prepared.big.get()
@@ -430,10 +487,11 @@ def test_sparse_mixing_kernel_is_bit_identical_to_the_dense_one(cp, hopper, patt
         a1 *= template_support_mask()
     elif pattern == "one_row":
         a1[np.arange(43) != 5] = 0.0
-    b, n, cin, cout = 2, 150, 192, 64   # 152 tiles: the persistent kernel's blocks take one or two
+    b, n, cin, cout = 2, 150, 192, 64  # 152 tiles: the persistent kernel's blocks take one or two
     x = cp.asarray(rng.standard_normal((b, 43, n, cin)).astype(np.float32))
-    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 14).astype(np.float32)), operands,
-                            paired=True)
+    weight = hopper.prepare(
+        cp.asarray((rng.standard_normal((cin, 2 * cout)) / 14).astype(np.float32)), operands, paired=True
+    )
     bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
     residual = cp.asarray(rng.standard_normal((b, 43, n, cout)).astype(np.float32))
     dense = hopper.drb_layer(x, weight, cp.asarray(a1), bias, residual).get()
@@ -453,8 +511,9 @@ def test_deformation_layer_reads_padded_rows(cp, hopper):
     x = padded[..., :cin]
     assert hypothesis_rows(cp, x) is x and not x.flags.c_contiguous
     dense = cp.ascontiguousarray(x)
-    weight = hopper.prepare(cp.asarray((rng.standard_normal((cin, 2 * cout)) / 18).astype(np.float32)), "3xtf32",
-                            paired=True)
+    weight = hopper.prepare(
+        cp.asarray((rng.standard_normal((cin, 2 * cout)) / 18).astype(np.float32)), "3xtf32", paired=True
+    )
     a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
     bias = cp.asarray(rng.standard_normal(cout).astype(np.float32) * 0.1)
     got = hopper.drb_layer(x, weight, a1, bias).get()
@@ -462,8 +521,9 @@ def test_deformation_layer_reads_padded_rows(cp, hopper):
     np.testing.assert_array_equal(got, hopper.drb_layer(dense, weight, a1, bias).get())
     assert ("wg_drb_layer_3x_s", "") in hopper._kernels
     with pytest.raises(ValueError, match="evenly spaced rows"):
-        hopper.drb_layer(cp.asarray(rng.standard_normal((b, 43, n, 2 * cin)).astype(np.float32))[..., ::2],
-                         weight, a1, bias)
+        hopper.drb_layer(
+            cp.asarray(rng.standard_normal((b, 43, n, 2 * cin)).astype(np.float32))[..., ::2], weight, a1, bias
+        )
 
 
 def template_support_mask():
@@ -492,20 +552,28 @@ def test_backend_deformation_layer_uses_the_fused_kernel(cp, gb, hopper, monkeyp
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 43, 50, 192)).astype(np.float32)
-    layer = SimpleNamespace(weight=cp.asarray((rng.standard_normal((192, 384)) / 14).astype(np.float32)),
-                            bias=cp.asarray(rng.standard_normal(192).astype(np.float32) * 0.1), cout=192,
-                            weight0=None, relu=True)
+    layer = SimpleNamespace(
+        weight=cp.asarray((rng.standard_normal((192, 384)) / 14).astype(np.float32)),
+        bias=cp.asarray(rng.standard_normal(192).astype(np.float32) * 0.1),
+        cout=192,
+        weight0=None,
+        relu=True,
+    )
     a1 = cp.asarray((rng.standard_normal((43, 43)) / 6).astype(np.float32))
     calls = []
     halves_layer, tf32_layer = hopper.drb_layer_3xf16, hopper.drb_layer
-    monkeypatch.setattr(hopper, "drb_layer_3xf16", lambda *args: calls.append(("halves", args[4])) or halves_layer(*args))
-    monkeypatch.setattr(hopper, "drb_layer", lambda *args, **kw: calls.append(("3xtf32", kw["mixing"])) or tf32_layer(*args, **kw))
+    monkeypatch.setattr(
+        hopper, "drb_layer_3xf16", lambda *args: calls.append(("halves", args[4])) or halves_layer(*args)
+    )
+    monkeypatch.setattr(
+        hopper, "drb_layer", lambda *args, **kw: calls.append(("3xtf32", kw["mixing"])) or tf32_layer(*args, **kw)
+    )
     fused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
     monkeypatch.setattr(gb, "fp32_halves", False)
     fused_3x = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
     monkeypatch.setattr(gb, "hopper", None)
     unfused = gb.op_local_gconv(layer, cp.asarray(x), a1).get()
-    source = mixing_source(a1.get())   # the kernels built for this A1
+    source = mixing_source(a1.get())  # the kernels built for this A1
     assert calls == [("halves", source), ("3xtf32", source)]
     ref = drb_reference(x, layer.weight.get(), a1.get(), layer.bias.get(), None)
     for got in (fused, fused_3x, unfused):

@@ -1,4 +1,5 @@
 """The mesh template: official-layout loading/validation/saving, and the procedural generator."""
+
 from __future__ import annotations
 
 import copy
@@ -76,6 +77,7 @@ def assert_raw_equal(a, b, where="template"):
 
 # ----------------------------------------------------------------------------- loading golden
 
+
 def test_load_golden_shapes_and_types(golden, golden_raw):
     t = golden
     assert t.num_vertices == OFFICIAL_COUNTS
@@ -121,6 +123,7 @@ def test_template_to_dict_rejects_non_template():
 
 # ----------------------------------------------------------------------------- validation
 
+
 def _set(path, value):
     def mutate(d):
         target = d
@@ -129,6 +132,7 @@ def _set(path, value):
         if isinstance(target, tuple):
             raise AssertionError("mutate tuples via their parent")
         target[path[-1]] = value(target[path[-1]]) if callable(value) else value
+
     return mutate
 
 
@@ -137,12 +141,14 @@ def _support(stage, k, part, fn):
         entry = list(d[stage][k])
         entry[part] = fn(entry[part])
         d[stage][k] = tuple(entry)
+
     return mutate
 
 
 def _drop(key):
     def mutate(d):
         del d[key]
+
     return mutate
 
 
@@ -169,24 +175,36 @@ BAD = [
     # one edge fewer: level 1 has 617 vertices, so pool_idx[1]'s vertex 617 is out of range
     ("pool short 0", _set(["pool_idx", 0], lambda a: a[:-1]), "pool_idx[1]: holds indices from 0 to 617"),
     # one edge fewer at the last level: stage3's supports no longer fit
-    ("pool short 1", _set(["pool_idx", 1], lambda a: a[:-1]),
-     "stage3[0] shape: is (2466, 2466), expected (2465, 2465)"),
+    (
+        "pool short 1",
+        _set(["pool_idx", 1], lambda a: a[:-1]),
+        "stage3[0] shape: is (2466, 2466), expected (2465, 2465)",
+    ),
     ("support shape", _support("stage1", 1, 2, lambda s: np.array([618, 618])), "expected (156, 156)"),
     ("support count", _set(["stage3"], lambda s: s[:1]), "stage3: has 1 entries, expected 2"),
     ("support tuple", _set(["stage2", 0], lambda e: e[:2]), "stage2[0]: has 2 entries, expected 3"),
     ("coords range", _support("stage2", 1, 0, lambda c: np.where(c == 7, 618, c)), "stage2[1] coords"),
     ("coords width", _support("stage1", 1, 0, lambda c: c[:, :1]), "stage1[1] coords: has shape"),
     ("nnz mismatch", _support("stage3", 1, 1, lambda v: v[:-1]), "17250 coords but 17249 values"),
-    ("values inf", _support("stage1", 0, 1, lambda v: np.where(np.arange(v.size) == 3, np.inf, v)),
-     "stage1[0] values: holds 1 non-finite"),
-    ("faces_triangle range", _set(["faces_triangle", 2], lambda f: np.where(f == 9, 2466, f)),
-     "faces_triangle[2]: holds indices from 0 to 2466"),
+    (
+        "values inf",
+        _support("stage1", 0, 1, lambda v: np.where(np.arange(v.size) == 3, np.inf, v)),
+        "stage1[0] values: holds 1 non-finite",
+    ),
+    (
+        "faces_triangle range",
+        _set(["faces_triangle", 2], lambda f: np.where(f == 9, 2466, f)),
+        "faces_triangle[2]: holds indices from 0 to 2466",
+    ),
     ("faces_triangle width", _set(["faces_triangle", 0], lambda f: f[:, :2]), "faces_triangle[0]: has shape"),
     ("faces count", _set(["faces"], lambda f: f[:2]), "faces: has 2 entries, expected 3"),
     ("lape rows", _set(["lape_idx", 1], lambda a: a[:-1]), "lape_idx[1]: has shape (617, 10), expected (618, 10)"),
     ("sample_coord width", _set(["sample_coord"], lambda a: a[:, :2]), "sample_coord: has shape (43, 2)"),
-    ("sample_cheb size", _set(["sample_cheb_dense", 1], lambda a: a[:42, :42]),
-     "sample_cheb_dense[1]: has shape (42, 42), expected a float (43, 43)"),
+    (
+        "sample_cheb size",
+        _set(["sample_cheb_dense", 1], lambda a: a[:42, :42]),
+        "sample_cheb_dense[1]: has shape (42, 42), expected a float (43, 43)",
+    ),
     ("sample_cheb vs K", _set(["sample_coord"], lambda a: a[:42]), "sample_cheb_dense[0]: has shape (43, 43)"),
     ("sample_cheb nan", _set(["sample_cheb_dense", 0], _nan_at), "sample_cheb_dense[0]: holds 1 non-finite"),
     ("sample_cheb count", _set(["sample_cheb_dense"], lambda s: s + s[:1]), "has 3 entries, expected 2"),
@@ -237,6 +255,7 @@ def test_tolerant_of_official_variants(golden_raw):
 
 # ----------------------------------------------------------------------------- conventions
 
+
 def test_golden_t1_convention_is_rescaled_normalized_laplacian(golden):
     """Golden T1 == 2L/lmax - I, L = I - D^-1/2 A D^-1/2 from its own faces (dense reference and ours)."""
     for s in range(2):  # stage 3 (2466^2 dense) is covered by test_generated_matches_golden
@@ -269,6 +288,7 @@ def test_generated_matches_golden(golden_raw):
 
 
 # ----------------------------------------------------------------------------- generator properties
+
 
 @pytest.fixture(scope="module")
 def gen():
@@ -307,8 +327,7 @@ def test_unpooling_edges_are_unique_edges_and_midpoints(gen):
         fine = coords[k + 1]
         mids = child[3::4]
         for corner, (i, j) in enumerate(((0, 1), (1, 2), (2, 0))):
-            np.testing.assert_allclose(fine[mids[:, corner]],
-                                       (fine[parent[:, i]] + fine[parent[:, j]]) / 2, atol=1e-12)
+            np.testing.assert_allclose(fine[mids[:, corner]], (fine[parent[:, i]] + fine[parent[:, j]]) / 2, atol=1e-12)
         # and corner children keep the parent vertex
         np.testing.assert_array_equal(child[0::4, 0], parent[:, 0])
 
@@ -339,8 +358,12 @@ def test_supports_structure_and_spectrum(gen):
         if n <= 618:
             eig = np.linalg.eigvalsh(t1.toarray().astype(np.float64))
         else:
-            eig = np.array([sp.linalg.eigsh(t1.astype(np.float64), k=1, which=w, return_eigenvectors=False)[0]
-                            for w in ("SA", "LA")])
+            eig = np.array(
+                [
+                    sp.linalg.eigsh(t1.astype(np.float64), k=1, which=w, return_eigenvectors=False)[0]
+                    for w in ("SA", "LA")
+                ]
+            )
         assert eig.min() == pytest.approx(-1.0, abs=1e-5)  # the Laplacian's 0 eigenvalue
         assert eig.max() == pytest.approx(1.0, abs=1e-5)  # lambda_max, rescaled
 
@@ -360,7 +383,7 @@ def test_lape_and_faces_layout(gen):
         for i in (0, 1, n // 2, n - 1):
             want = sorted(nb[i])[:8]
             assert lape[i, 9] == len(want)
-            assert lape[i, :len(want)].tolist() == want and np.all(lape[i, len(want):8] == -1)
+            assert lape[i, : len(want)].tolist() == want and np.all(lape[i, len(want) : 8] == -1)
 
 
 def test_hypotheses(gen):
@@ -377,7 +400,7 @@ def test_hypotheses(gen):
     assert eig.min() == pytest.approx(-1, abs=1e-5) and eig.max() == pytest.approx(1, abs=1e-5)
     # the 12 icosahedron vertices are pairwise at least the icosahedron's edge apart
     d = np.linalg.norm(s[1:13, None] - s[None, 1:13], axis=2) + np.eye(12)
-    assert d.min() == pytest.approx(0.05 * 2 / np.sqrt(1 + ((1 + 5 ** 0.5) / 2) ** 2), rel=1e-6)
+    assert d.min() == pytest.approx(0.05 * 2 / np.sqrt(1 + ((1 + 5**0.5) / 2) ** 2), rel=1e-6)
 
 
 def test_generated_validates_and_round_trips(gen, tmp_path):

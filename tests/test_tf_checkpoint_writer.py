@@ -1,4 +1,5 @@
 """The TensorFlow V2 checkpoint writer, against checkpoints TensorFlow itself wrote."""
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,12 @@ def test_official_layout_matches_the_official_indexes(shared_dir, tmp_path):
         for name, info in official.items():
             got = written[name]
             assert (got.dtype, got.shape, got.shard, got.offset, got.size) == (
-                info.dtype, info.shape, info.shard, info.offset, info.size), name
+                info.dtype,
+                info.shape,
+                info.shard,
+                info.offset,
+                info.size,
+            ), name
             assert got.crc == crc32c(arrays[name])
     manifest = json.loads((folder / "manifest.json").read_text())
     assert len(manifest) == 237

@@ -1,5 +1,6 @@
 """TF1's Adam (xmesh/train/adam.py): the original's first step from its own gradients, the update rule
 against a float64 reference, and a state that resumes bit for bit from its arrays."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,7 +42,7 @@ def reference_adam(var, grads, config: AdamConfig):
     for t, g in enumerate(grads, start=1):
         m = config.beta1 * m + (1 - config.beta1) * g
         v = config.beta2 * v + (1 - config.beta2) * g * g
-        lr_t = config.learning_rate * np.sqrt(1 - config.beta2 ** t) / (1 - config.beta1 ** t)
+        lr_t = config.learning_rate * np.sqrt(1 - config.beta2**t) / (1 - config.beta1**t)
         var = var - lr_t * m / (np.sqrt(v) + config.epsilon)
     return var
 
@@ -66,7 +67,7 @@ def test_steps_follow_the_update_rule(library):
     # each step rounds the variables (about 1) to float32: a few 1e-7 over six steps of about 1e-3
     np.testing.assert_allclose(ours - start, expected - start, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ours, on_host["w"], rtol=2e-7, atol=0)
-    assert state.step == 6 and np.isclose(state.beta1_power, 0.9 ** 7, rtol=1e-6)
+    assert state.step == 6 and np.isclose(state.beta1_power, 0.9**7, rtol=1e-6)
 
 
 def test_a_variable_without_gradient_stays():

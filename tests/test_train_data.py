@@ -1,4 +1,5 @@
 """Training data: samples as the test loader loads them, ground truth with normals, stage 2's starting meshes."""
+
 from __future__ import annotations
 
 import pickle
@@ -23,8 +24,13 @@ def dataset(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("train_data")
     info = write_dataset(root, n_per_category=1, categories=("02691156", "04379243"), seed=5, n_points=800)
-    return {"root": root, "list": info["test_list"], "gt": root / "gt", "ids": info["ids"],
-            "renderings": info["renderings"]}
+    return {
+        "root": root,
+        "list": info["test_list"],
+        "gt": root / "gt",
+        "ids": info["ids"],
+        "renderings": info["renderings"],
+    }
 
 
 def test_samples_load_as_the_test_loader_loads_them(dataset):
@@ -83,7 +89,7 @@ def test_starts_are_the_networks_coarse_meshes(dataset, tmp_path):
     for index in range(2):
         sample = data.load(index)
         coarse, _ = model.run(sample.images[None], sample.cameras[None])
-        assert_mostly_within(starts.load(sample.id), np.asarray(coarse)[0])   # two code paths: the golden tolerance
+        assert_mostly_within(starts.load(sample.id), np.asarray(coarse)[0])  # two code paths: the golden tolerance
     again = compute_starts(weights, template, dataset["list"], dataset["root"], tmp_path / "starts", progress=False)
     assert again["evaluated"] == 0 and again["skipped"] == 2
     own = Stage1Model(weights, template)
@@ -97,9 +103,9 @@ def test_start_meshes_by_the_originals_name_and_bad_files(tmp_path):
     with pytest.raises(MissingFileError, match="02691156_abc_03_predict.xyz or 02691156_abc_00_predict.xyz"):
         starts.check([sample])
     mesh = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
-    np.savetxt(tmp_path / "02691156_abc_00_predict.xyz", mesh)   # the original's coarse_intermediate name
+    np.savetxt(tmp_path / "02691156_abc_00_predict.xyz", mesh)  # the original's coarse_intermediate name
     assert np.array_equal(starts.load(sample), mesh)
-    np.savetxt(tmp_path / "02691156_abc_03_predict.xyz", mesh[:3])   # the sample's own name comes first
+    np.savetxt(tmp_path / "02691156_abc_03_predict.xyz", mesh[:3])  # the sample's own name comes first
     with pytest.raises(FileFormatError, match="holds 3x3 values; expected 4 finite vertices"):
         starts.load(sample)
 
@@ -114,10 +120,26 @@ def test_own_objects_train_from_renderings_and_xmesh_ground_truth(tmp_path):
 
     vertices, faces = make_shape("chair", np.random.default_rng(4))
     Mesh(vertices, faces).to_obj(tmp_path / "stool.obj")
-    write_rendering_set(tmp_path / "renders" / "03001627" / "stool", (vertices, faces),
-                        shapenet_cameras(24, np.random.default_rng(0)))
-    assert cli.main(["ground-truth", str(tmp_path / "stool.obj"), "--synset", "03001627", "--images",
-                     str(tmp_path / "renders"), "--out", str(tmp_path / "gt"), "--points", "900"]) == 0
+    write_rendering_set(
+        tmp_path / "renders" / "03001627" / "stool", (vertices, faces), shapenet_cameras(24, np.random.default_rng(0))
+    )
+    assert (
+        cli.main(
+            [
+                "ground-truth",
+                str(tmp_path / "stool.obj"),
+                "--synset",
+                "03001627",
+                "--images",
+                str(tmp_path / "renders"),
+                "--out",
+                str(tmp_path / "gt"),
+                "--points",
+                "900",
+            ]
+        )
+        == 0
+    )
     (tmp_path / "list.txt").write_text("03001627_stool_00.dat\n")
     data = TrainingSet(tmp_path / "list.txt", tmp_path / "renders", tmp_path / "gt")
     data.check()

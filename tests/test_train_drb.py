@@ -1,5 +1,6 @@
 """Stage 2's training layers: each backward against float64 central differences (tests/gradcheck.py),
 and each training forward against the inference forward it stands beside."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,10 +11,15 @@ from xmesh.backends import get_backend
 from xmesh.model import deformation, deformation_train, local_projection_train, projection, view_pool
 from xmesh.model.camera import packed_transforms
 
-xp = get_backend("numpy").xp   # the inference comparisons run on NumPy
+xp = get_backend("numpy").xp  # the inference comparisons run on NumPy
 # the demo's three cameras (golden/demo_seed1.npz)
-CAMERAS = np.array([[250.48103, 29.459713, 0.0, 0.6523131, 25.0], [8.366592, 26.475084, 0.0, 0.7132995, 25.0],
-                    [59.490444, 28.93065, 0.0, 0.80579793, 25.0]])
+CAMERAS = np.array(
+    [
+        [250.48103, 29.459713, 0.0, 0.6523131, 25.0],
+        [8.366592, 26.475084, 0.0, 0.7132995, 25.0],
+        [59.490444, 28.93065, 0.0, 0.80579793, 25.0],
+    ]
+)
 
 
 @pytest.fixture(params=namespaces())
@@ -32,14 +38,15 @@ def host(array) -> np.ndarray:
 
 def transforms(batch: int, xpd=xp, dtype=np.float64):
     cameras = np.repeat(CAMERAS[None], batch, axis=0)
-    return projection.DeviceTransforms.from_packed(xpd.asarray(packed_transforms(cameras).astype(dtype)),
-                                                   cameras.shape[1])
+    return projection.DeviceTransforms.from_packed(
+        xpd.asarray(packed_transforms(cameras).astype(dtype)), cameras.shape[1]
+    )
 
 
 def hypothesis_points(rng, batch: int, n: int, outside: int = 0):
     """Points around the demo object (camera-0 frame); the last ``outside`` of each sample project past the image."""
     points = rng.uniform([0.1, -0.25, -0.85], [0.3, -0.05, -0.72], size=(batch, n, 3))
-    points[:, n - outside:, 0] += 0.6
+    points[:, n - outside :, 0] += 0.6
     return points
 
 
@@ -51,8 +58,12 @@ def test_view_pool_pair_splits_the_max_among_ties(xpd):
     rng = np.random.default_rng(1)
     stacked = xpd.asarray(rng.standard_normal((3, 4, 5)))
     cache = view_pool.pool_views_forward(xpd, stacked)[1]
-    check_gradients(lambda stacked: view_pool.pool_views_forward(xpd, stacked)[0],
-                    lambda d: {"stacked": view_pool.pool_views_backward(xpd, *d, cache)}, {"stacked": stacked}, xpd)
+    check_gradients(
+        lambda stacked: view_pool.pool_views_forward(xpd, stacked)[0],
+        lambda d: {"stacked": view_pool.pool_views_backward(xpd, *d, cache)},
+        {"stacked": stacked},
+        xpd,
+    )
     tied = xpd.asarray(np.array([0.0, 0.0, -1.0]).reshape(3, 1, 1))
     _, cache = view_pool.pool_views_forward(xpd, tied)
     grad = view_pool.pool_views_backward(xpd, xpd.ones((1, 1)), xpd.zeros((1, 1)), xpd.zeros((1, 1)), cache)
@@ -64,8 +75,7 @@ def test_local_projection_pair(xpd, outside):
     rng = np.random.default_rng(2 + outside)
     batch, n = 2, 6
     tf = transforms(batch, xpd)
-    inputs = {"points": hypothesis_points(rng, batch, n, outside),
-              "map0": None, "map1": None}
+    inputs = {"points": hypothesis_points(rng, batch, n, outside), "map0": None, "map1": None}
     inputs["map0"], inputs["map1"] = padded_maps(rng, batch, 3, [(8, 3), (4, 2)])
     inputs = on(xpd, inputs)
 
@@ -93,8 +103,9 @@ def test_local_projection_forward_is_the_inference_one(xpd):
     tf = projection.DeviceTransforms.from_cameras(backend, np.repeat(CAMERAS[None], batch, axis=0))
     padded = projection.pad_maps(backend, maps)
     on_device = projection.DeviceTransforms.from_packed(xpd.asarray(tf.packed), tf.num_views)
-    ours = local_projection_train.local_projection_forward(xpd, xpd.asarray(points), [xpd.asarray(m) for m in padded],
-                                                           on_device)[0]
+    ours = local_projection_train.local_projection_forward(
+        xpd, xpd.asarray(points), [xpd.asarray(m) for m in padded], on_device
+    )[0]
     theirs = projection.local_projection(backend, points, padded, tf)
     np.testing.assert_allclose(host(ours), theirs, rtol=1e-5, atol=1e-6)
 
@@ -105,8 +116,12 @@ def test_local_gconv_pair(xpd, general_a0, residual):
     rng = np.random.default_rng(int(general_a0) * 2 + int(residual))
     b, k, n, cin, cout = 2, 5, 3, 4, 6
     supports = (rng.standard_normal((k, k)) * 0.5 if general_a0 else None, rng.standard_normal((k, k)) * 0.5)
-    inputs = {"x": rng.standard_normal((b, k, n, cin)), "w0": rng.standard_normal((cin, cout)),
-              "w1": rng.standard_normal((cin, cout)), "bias": rng.standard_normal(cout) * 0.3}
+    inputs = {
+        "x": rng.standard_normal((b, k, n, cin)),
+        "w0": rng.standard_normal((cin, cout)),
+        "w1": rng.standard_normal((cin, cout)),
+        "bias": rng.standard_normal(cout) * 0.3,
+    }
     if residual:
         inputs["res"] = rng.standard_normal((b, k, n, cout))
     inputs = on(xpd, inputs)
@@ -116,8 +131,9 @@ def test_local_gconv_pair(xpd, general_a0, residual):
         return deformation_train.local_gconv_forward(xpd, (w0, w1, bias), x, supports, res)[0]
 
     def backward(dout):
-        _, cache = deformation_train.local_gconv_forward(xpd, (inputs["w0"], inputs["w1"], inputs["bias"]), inputs["x"],
-                                                         supports, inputs.get("res"))
+        _, cache = deformation_train.local_gconv_forward(
+            xpd, (inputs["w0"], inputs["w1"], inputs["bias"]), inputs["x"], supports, inputs.get("res")
+        )
         dx, (dw0, dw1, db) = deformation_train.local_gconv_backward(xpd, dout, cache)
         grads = {"x": dx, "w0": dw0, "w1": dw1, "bias": db}
         if residual:
@@ -173,13 +189,15 @@ def test_deformation_block_pair(xpd):
 
     def forward(**values):
         maps = [values["map0"], values["map1"]]
-        return deformation_train.deformation_block_forward(xpd, layers_of(values), supports, offsets, values["centers"],
-                                                           maps, tf)[0]
+        return deformation_train.deformation_block_forward(
+            xpd, layers_of(values), supports, offsets, values["centers"], maps, tf
+        )[0]
 
     def backward(dnew):
         maps = [inputs["map0"], inputs["map1"]]
-        _, cache = deformation_train.deformation_block_forward(xpd, layers_of(inputs), supports, offsets,
-                                                               inputs["centers"], maps, tf)
+        _, cache = deformation_train.deformation_block_forward(
+            xpd, layers_of(inputs), supports, offsets, inputs["centers"], maps, tf
+        )
         dcenters, dmaps, grads = deformation_train.deformation_block_backward(xpd, dnew, cache)
         out = {"centers": dcenters, "map0": dmaps[0], "map1": dmaps[1]}
         for i, (dw0, dw1, db) in enumerate(grads):
@@ -199,8 +217,9 @@ def test_deformation_block_forward_is_the_inference_one():
     backend = get_backend("numpy")
     tf = projection.DeviceTransforms.from_cameras(backend, np.repeat(CAMERAS[None], 2, axis=0))
     maps = [values[f"map{i}"] for i in range(3)]
-    ours = deformation_train.deformation_block_forward(xp, layers_of(values), (None, cheb1), offsets,
-                                                       values["centers"], maps, tf)[0]
+    ours = deformation_train.deformation_block_forward(
+        xp, layers_of(values), (None, cheb1), offsets, values["centers"], maps, tf
+    )[0]
 
     class Params:
         sample_coord, sample_cheb1, sample_cheb0 = offsets, cheb1, None
@@ -228,9 +247,10 @@ def test_deformation_block_batch_is_its_samples():
 
     def run(samples):
         tf = projection.DeviceTransforms.from_packed(packed[samples], 3)
-        maps = [np.concatenate([inputs[f"map{i}"][3 * s:3 * s + 3] for s in samples]) for i in range(2)]
-        out, cache = deformation_train.deformation_block_forward(xp, layers_of(inputs), supports, offsets,
-                                                                 inputs["centers"][samples], maps, tf)
+        maps = [np.concatenate([inputs[f"map{i}"][3 * s : 3 * s + 3] for s in samples]) for i in range(2)]
+        out, cache = deformation_train.deformation_block_forward(
+            xp, layers_of(inputs), supports, offsets, inputs["centers"][samples], maps, tf
+        )
         return out, deformation_train.deformation_block_backward(xp, dnew[samples], cache)
 
     both, (dcenters, dmaps, grads) = run([0, 1])
@@ -239,7 +259,7 @@ def test_deformation_block_batch_is_its_samples():
         np.testing.assert_allclose(both[s], out[0], rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(dcenters[s], dc[0], rtol=1e-10, atol=1e-14)
         for whole, alone in zip(dmaps, dm, strict=True):
-            np.testing.assert_allclose(whole[3 * s:3 * s + 3], alone, rtol=1e-10, atol=1e-14)
+            np.testing.assert_allclose(whole[3 * s : 3 * s + 3], alone, rtol=1e-10, atol=1e-14)
     for i in range(6):
         for part in range(3):
             total = singles[0][1][2][i][part] + singles[1][1][2][i][part]

@@ -12,6 +12,7 @@ lies exactly on a cell edge, and the original's float32 noise decided the side (
 explains it): the sides are found as that test finds them, from the original's block-1 output, and
 the near-edge samples of the later projections likewise from blocks 2 and 3.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -39,7 +40,7 @@ GRAD_MOST_FRACTION = 0.8
 COSINE = 0.9999
 FLOOR = 1e-4
 BLOCK_ATOL = 1e-5
-NEAR_EDGE_PX = 5e-5   # as tests/test_golden.py: a pixel position this near a cell edge is float32 noise
+NEAR_EDGE_PX = 5e-5  # as tests/test_golden.py: a pixel position this near a cell edge is float32 noise
 
 # The same tests run on the GPU with XMESH_TEST_BACKEND=cupy (fp32), as tests/test_golden.py's.
 BACKEND = os.environ.get("XMESH_TEST_BACKEND", "numpy")
@@ -83,7 +84,7 @@ class EdgeSides:
         if n == len(self.coord) and np.array_equal(host(points[0]), self.coord):
             if view == 0:
                 h[:, self.h_edge] = np.where(self.choice[: len(self.h_edge)], np.float32(112), below)
-                w[:, self.w_edge] = np.where(self.choice[len(self.h_edge):], np.float32(112), below)
+                w[:, self.w_edge] = np.where(self.choice[len(self.h_edge) :], np.float32(112), below)
             return xp_.asarray(h), xp_.asarray(w)
         hw = [h, w]
         for (n_points, (vertex, v, axis, edge)), on_edge in zip(self.extra, self.extra_choice):
@@ -116,8 +117,10 @@ def stage1_step(golden, golden_dir):
 
     projection._view_pixels = sides
     try:
+
         def block1():
             return stage1.forward(xp, weights, tmpl, images, tf, stop=15, maps_and_caches=cnn).blocks
+
         best = score(block1(), 0)
         for _ in range(3):
             improved = False
@@ -139,18 +142,26 @@ def stage1_step(golden, golden_dir):
         sides.extra_choice = list(max(options)[1])
         blocks = stage1.forward(xp, weights, tmpl, images, tf, maps_and_caches=cnn).blocks
         gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
-        draws = [ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
-                 for k in range(3)]
+        draws = [
+            ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
+            for k in range(3)
+        ]
         loss, terms, grads = stage1.loss_and_gradients(xp, weights, tmpl, images, tf, gt, draws)
     finally:
         projection._view_pixels = sides.original
-    return ([host(b) for b in blocks], float(loss), {k: float(v) for k, v in terms.items()},
-            {k: host(g) for k, g in grads.items()}, [host(m) for m in cnn[0]], sides)
+    return (
+        [host(b) for b in blocks],
+        float(loss),
+        {k: float(v) for k, v in terms.items()},
+        {k: host(g) for k, g in grads.items()},
+        [host(m) for m in cnn[0]],
+        sides,
+    )
 
 
 @pytest.mark.parametrize("index,key", list(enumerate([f"stage1_feat{s}" for s in (56, 28, 14, 7)])))
 def test_stage1_training_cnn_maps_are_the_originals(golden, stage1_step, index, key):
-    ours, ref = stage1_step[4][index][0], golden[1][key][0]   # view 0, the one the projections read
+    ours, ref = stage1_step[4][index][0], golden[1][key][0]  # view 0, the one the projections read
     assert np.linalg.norm(ours.astype(np.float64) - ref) <= 1e-5 * np.linalg.norm(ref)
 
 
@@ -163,7 +174,7 @@ def test_stage1_training_forward_is_the_originals(golden, stage1_step, block):
 def test_stage1_loss_and_terms(golden, stage1_step):
     train = golden[0]
     _, loss, terms, *_ = stage1_step
-    assert set(terms) == {k[len("s1_term_"):] for k in train if k.startswith("s1_term_")}
+    assert set(terms) == {k[len("s1_term_") :] for k in train if k.startswith("s1_term_")}
     for name, value in terms.items():
         ref = float(train[f"s1_term_{name}"])
         assert abs(float(value) - ref) <= TERM_RTOL * abs(ref), (name, float(value), ref)
@@ -174,7 +185,7 @@ def gradient_errors(train, grads, prefix="s1"):
     """Per variable, the norm's and the projection's error over the floored norm, and the floor."""
     names = [str(n) for n in train[f"{prefix}_names"]]
     norms, projections = train[f"{prefix}_grad_norm"], train[f"{prefix}_grad_proj"]
-    whole = float(np.sqrt(np.sum(norms ** 2)))
+    whole = float(np.sqrt(np.sum(norms**2)))
     errors = {}
     for i, name in enumerate(names):
         g = np.asarray(grads[name], np.float64)
@@ -192,18 +203,22 @@ def test_stage1_gradients(golden, stage1_step):
     values = np.array(list(errors.values()))
     within_all, within_most = float(np.mean(values <= GRAD_ALL)), float(np.mean(values <= GRAD_MOST))
     worst = max(errors, key=errors.get)
-    print(f"stage 1: {len(values)} variables; error <= {GRAD_ALL}: {within_all:.1%}, <= {GRAD_MOST}: "
-          f"{within_most:.1%}; largest {errors[worst]:.2e} ({worst})")
+    print(
+        f"stage 1: {len(values)} variables; error <= {GRAD_ALL}: {within_all:.1%}, <= {GRAD_MOST}: "
+        f"{within_most:.1%}; largest {errors[worst]:.2e} ({worst})"
+    )
     cosines = {}
     for key in train:
         if key.startswith("s1_grad|"):
-            name = key[len("s1_grad|"):]
+            name = key[len("s1_grad|") :]
             ref, ours = train[key].astype(np.float64), np.asarray(grads[name], np.float64)
             if np.linalg.norm(ref) > floor:
                 cosines[name] = float(np.sum(ref * ours) / (np.linalg.norm(ref) * np.linalg.norm(ours)))
     lowest = min(cosines, key=cosines.get)
-    print(f"stage 1: {len(cosines)} whole gradients above the floor; cosine >= {COSINE}: "
-          f"{np.mean(np.array(list(cosines.values())) >= COSINE):.1%}; lowest {cosines[lowest]:.6f} ({lowest})")
+    print(
+        f"stage 1: {len(cosines)} whole gradients above the floor; cosine >= {COSINE}: "
+        f"{np.mean(np.array(list(cosines.values())) >= COSINE):.1%}; lowest {cosines[lowest]:.6f} ({lowest})"
+    )
     assert within_all == 1.0
     assert within_most >= GRAD_MOST_FRACTION
     assert min(cosines.values()) >= COSINE
@@ -221,8 +236,10 @@ def test_stage1_two_adam_steps(golden, golden_dir, stage1_step):
     images = xp.asarray(train["images"][None].astype(np.float32))
     tf = stage1.transforms(xp, train["cameras"][None])
     gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
-    draws = [ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
-             for k in range(3)]
+    draws = [
+        ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
+        for k in range(3)
+    ]
     found = stage1_step[5]
     sides = EdgeSides(template.coord, found.h_edge, found.w_edge, [])
     sides.choice = found.choice.copy()

@@ -14,6 +14,7 @@ each such sample is put exactly on the integer or one float32 step to either sid
 its vertex's move to the original's own (demo_seed1.npz's stage2_block1 and stage2_block2, from the
 same start). Everything else is computed as the step computes it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -34,11 +35,11 @@ from xmesh.train import loss_and_gradients, stage1, stage2
 from xmesh.train import mesh_losses as ml
 from xmesh.train.adam import AdamState, adam_step
 
-NEAR_INTEGER_PX = 5e-5   # a pixel position this near an integer is float32 noise (as tests/test_golden.py's edges)
-MOVE_ATOL = 1e-7         # a resolved vertex's move within this of the original's (the moves are 1e-4 .. 1e-3)
-MAX_AMBIGUOUS = 150      # per DRB: more would mean something else differs
+NEAR_INTEGER_PX = 5e-5  # a pixel position this near an integer is float32 noise (as tests/test_golden.py's edges)
+MOVE_ATOL = 1e-7  # a resolved vertex's move within this of the original's (the moves are 1e-4 .. 1e-3)
+MAX_AMBIGUOUS = 150  # per DRB: more would mean something else differs
 
-xp = get_backend(BACKEND).xp   # XMESH_TEST_BACKEND=cupy runs these on the GPU (fp32)
+xp = get_backend(BACKEND).xp  # XMESH_TEST_BACKEND=cupy runs these on the GPU (fp32)
 # three stage-2 steps on the CPU (gradients twice, the loss after two Adam steps): about 1-2 minutes on two cores
 pytestmark = pytest.mark.slow
 
@@ -140,8 +141,10 @@ def sample(golden, golden_dir):
     images = xp.asarray(train["images"][None].astype(np.float32))
     tf = stage1.transforms(xp, train["cameras"][None])
     gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
-    draws = [ml.Draws.stack(xp, [(train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])], np.float32)
-             for k in range(stage2.MESH_LOSS_CALLS)]
+    draws = [
+        ml.Draws.stack(xp, [(train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])], np.float32)
+        for k in range(stage2.MESH_LOSS_CALLS)
+    ]
     return weights, tmpl, images, tf, gt, xp.asarray(train["s2_features"][None].astype(np.float32)), draws
 
 
@@ -157,11 +160,18 @@ def pixels(golden, sample):
     lpt.view_projection = patch
     try:
         # each DRB from the original's own input: the start, then the original's DRB-1 output
-        patch.nudges[1], worst1 = resolve_block(patch, layers[0], tmpl, padded, tf, start,
-                                                demo["stage2_block1"] - demo["stage1_block3"])
-        patch.nudges[2], worst2 = resolve_block(patch, layers[1], tmpl, padded, tf,
-                                                xp.asarray(demo["stage2_block1"][None]),
-                                                demo["stage2_block2"] - demo["stage2_block1"])
+        patch.nudges[1], worst1 = resolve_block(
+            patch, layers[0], tmpl, padded, tf, start, demo["stage2_block1"] - demo["stage1_block3"]
+        )
+        patch.nudges[2], worst2 = resolve_block(
+            patch,
+            layers[1],
+            tmpl,
+            padded,
+            tf,
+            xp.asarray(demo["stage2_block1"][None]),
+            demo["stage2_block2"] - demo["stage2_block1"],
+        )
     finally:
         lpt.view_projection = patch.original
     assert np.array_equal(host(start)[0], demo["stage1_block3"])
@@ -177,10 +187,20 @@ def step(golden, golden_dir, sample, pixels):
     lpt.view_projection = patch
     try:
         fwd = stage2.forward(xp, weights, tmpl, images, tf, start)
-        result = loss_and_gradients(2, synthetic_weights(1), load_template(golden_dir / "template.dat"),
-                                    train["images"], train["cameras"], train["labels"], start=train["s2_features"],
-                                    draws=[(train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])
-                                           for k in range(stage2.MESH_LOSS_CALLS)], backend=BACKEND)
+        result = loss_and_gradients(
+            2,
+            synthetic_weights(1),
+            load_template(golden_dir / "template.dat"),
+            train["images"],
+            train["cameras"],
+            train["labels"],
+            start=train["s2_features"],
+            draws=[
+                (train[f"s2_choice_{k}"], train[f"s2_r1_{k}"], train[f"s2_r2_{k}"])
+                for k in range(stage2.MESH_LOSS_CALLS)
+            ],
+            backend=BACKEND,
+        )
     finally:
         lpt.view_projection = patch.original
     return [host(b) for b in fwd.blocks], result.loss, result.terms, result.gradients
@@ -188,8 +208,10 @@ def step(golden, golden_dir, sample, pixels):
 
 def test_stage2_ambiguous_samples_resolve_exactly(pixels):
     worst = pixels[1]
-    print(f"stage 2: near-integer samples DRB 1: {len(pixels[0].nudges[1])}, DRB 2: {len(pixels[0].nudges[2])}; "
-          f"largest resolved move error {worst[0]:.2e}, {worst[1]:.2e}")
+    print(
+        f"stage 2: near-integer samples DRB 1: {len(pixels[0].nudges[1])}, DRB 2: {len(pixels[0].nudges[2])}; "
+        f"largest resolved move error {worst[0]:.2e}, {worst[1]:.2e}"
+    )
     assert max(worst) <= MOVE_ATOL
 
 
@@ -201,8 +223,10 @@ def test_stage2_training_forward_is_the_originals(golden, sample, step, block):
     ours = step[0][block - 1][0] - ours_previous
     ref = demo[f"stage2_block{block}"] - previous
     err = np.linalg.norm(ours - ref, axis=1)
-    print(f"stage 2 DRB {block}: moves within {MOVE_ATOL}: {np.mean(err <= MOVE_ATOL):.2%}, "
-          f"relative error {np.linalg.norm(ours - ref) / np.linalg.norm(ref):.1e}")
+    print(
+        f"stage 2 DRB {block}: moves within {MOVE_ATOL}: {np.mean(err <= MOVE_ATOL):.2%}, "
+        f"relative error {np.linalg.norm(ours - ref) / np.linalg.norm(ref):.1e}"
+    )
     assert np.mean(err <= MOVE_ATOL) >= 0.999
     assert np.linalg.norm(ours - ref) <= 1e-3 * np.linalg.norm(ref)
 
@@ -210,7 +234,7 @@ def test_stage2_training_forward_is_the_originals(golden, sample, step, block):
 def test_stage2_loss_and_terms(golden, step):
     train = golden[0]
     _, loss, terms, _ = step
-    assert set(terms) == {k[len("s2_term_"):] for k in train if k.startswith("s2_term_")}
+    assert set(terms) == {k[len("s2_term_") :] for k in train if k.startswith("s2_term_")}
     for name, value in terms.items():
         ref = float(train[f"s2_term_{name}"])
         print(f"stage 2 {name}: {value:.8g} against {ref:.8g} ({value / ref - 1:+.1e})")
@@ -234,18 +258,22 @@ def test_stage2_gradients(golden, step):
     values = np.array(list(errors.values()))
     within_all, within_most = float(np.mean(values <= GRAD_ALL)), float(np.mean(values <= GRAD_MOST))
     worst = max(errors, key=errors.get)
-    print(f"stage 2: {len(values)} variables; error <= {GRAD_ALL}: {within_all:.1%}, <= {GRAD_MOST}: "
-          f"{within_most:.1%}; largest {errors[worst]:.2e} ({worst})")
+    print(
+        f"stage 2: {len(values)} variables; error <= {GRAD_ALL}: {within_all:.1%}, <= {GRAD_MOST}: "
+        f"{within_most:.1%}; largest {errors[worst]:.2e} ({worst})"
+    )
     cosines = {}
     for key in train:
         if key.startswith("s2_grad|"):
-            name = key[len("s2_grad|"):]
+            name = key[len("s2_grad|") :]
             ref, ours = train[key].astype(np.float64), np.asarray(grads[name], np.float64)
             if np.linalg.norm(ref) > floor:
                 cosines[name] = float(np.sum(ref * ours) / (np.linalg.norm(ref) * np.linalg.norm(ours)))
     lowest = min(cosines, key=cosines.get)
-    print(f"stage 2: {len(cosines)} whole gradients above the floor; cosine >= {COSINE}: "
-          f"{np.mean(np.array(list(cosines.values())) >= COSINE):.1%}; lowest {cosines[lowest]:.8f} ({lowest})")
+    print(
+        f"stage 2: {len(cosines)} whole gradients above the floor; cosine >= {COSINE}: "
+        f"{np.mean(np.array(list(cosines.values())) >= COSINE):.1%}; lowest {cosines[lowest]:.8f} ({lowest})"
+    )
     assert within_all == 1.0
     assert within_most >= GRAD_MOST_FRACTION
     assert min(cosines.values()) >= COSINE

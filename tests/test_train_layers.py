@@ -1,5 +1,6 @@
 """Each training layer's backward against float64 central differences (tests/gradcheck.py), and each
 training forward against the inference forward it stands beside."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,7 @@ from gradcheck import check_gradients, namespace, namespaces
 from xmesh.backends import get_backend
 from xmesh.model import cnn
 
-xp = get_backend("numpy").xp   # the inference comparisons run on NumPy
+xp = get_backend("numpy").xp  # the inference comparisons run on NumPy
 
 
 @pytest.fixture(params=namespaces())
@@ -29,8 +30,14 @@ def rand(rng, *shape, scale=1.0):
 @pytest.mark.parametrize("stride,kernel,size", [(1, 3, 6), (2, 3, 7), (2, 5, 8), (2, 3, 8)])
 def test_conv_pair(xpd, stride, kernel, size):
     rng = np.random.default_rng(stride * 10 + kernel + size)
-    inputs = on(xpd, {"x": rand(rng, 2, size, size, 3), "weight": rand(rng, kernel, kernel, 3, 4, scale=0.3),
-                      "bias": rand(rng, 4, scale=0.1)})
+    inputs = on(
+        xpd,
+        {
+            "x": rand(rng, 2, size, size, 3),
+            "weight": rand(rng, kernel, kernel, 3, 4, scale=0.3),
+            "bias": rand(rng, 4, scale=0.1),
+        },
+    )
 
     def forward(x, weight, bias):
         return cnn.conv_forward(xpd, x, weight, bias, stride)[0]
@@ -90,8 +97,9 @@ def random_supports(rng, n):
     return scipy.sparse.identity(n, format="csr"), scipy.sparse.csr_matrix(dense), scipy.sparse.csr_matrix(dense.T)
 
 
-@pytest.mark.parametrize("identity,relu,residual", [(True, True, False), (True, True, True), (False, False, True),
-                                                    (True, False, False)])
+@pytest.mark.parametrize(
+    "identity,relu,residual", [(True, True, False), (True, True, True), (False, False, True), (True, False, False)]
+)
 def test_graph_conv_pair(xpd, identity, relu, residual):
     from xmesh.model.graph import GraphSupports, graph_conv_backward, graph_conv_forward
 
@@ -99,19 +107,32 @@ def test_graph_conv_pair(xpd, identity, relu, residual):
     n, cin, cout = 9, 5, 4
     eye, s1, other = random_supports(rng, n)
     supports = GraphSupports.from_host(xpd, (eye if identity else other, s1), np.float64)
-    inputs = {"x": rand(rng, 2, n, cin), "weight0": rand(rng, cin, cout), "weight1": rand(rng, cin, cout),
-              "bias": rand(rng, cout, scale=0.3)}
+    inputs = {
+        "x": rand(rng, 2, n, cin),
+        "weight0": rand(rng, cin, cout),
+        "weight1": rand(rng, cin, cout),
+        "bias": rand(rng, cout, scale=0.3),
+    }
     if residual:
         inputs["residual"] = rand(rng, 2, n, cout)
     inputs = on(xpd, inputs)
 
     def forward(**v):
-        return graph_conv_forward(xpd, v["x"], v["weight0"], v["weight1"], v["bias"], supports, relu,
-                                  v.get("residual"))[0]
+        return graph_conv_forward(
+            xpd, v["x"], v["weight0"], v["weight1"], v["bias"], supports, relu, v.get("residual")
+        )[0]
 
     def backward(dout):
-        _, cache = graph_conv_forward(xpd, inputs["x"], inputs["weight0"], inputs["weight1"], inputs["bias"], supports,
-                                      relu, inputs.get("residual"))
+        _, cache = graph_conv_forward(
+            xpd,
+            inputs["x"],
+            inputs["weight0"],
+            inputs["weight1"],
+            inputs["bias"],
+            supports,
+            relu,
+            inputs.get("residual"),
+        )
         dx, dw0, dw1, db, dres = graph_conv_backward(xpd, dout, cache)
         grads = {"x": dx, "weight0": dw0, "weight1": dw1, "bias": db}
         if residual:
@@ -149,14 +170,19 @@ def test_graph_conv_forward_is_inference():
     w0, w1 = (rng.standard_normal((6, 5)).astype(np.float32) for _ in range(2))
     b = rng.standard_normal(5).astype(np.float32)
     layer = GraphConv(np.concatenate([w0, w1], axis=1), b, 5, True)
-    ours = graph_conv_forward(xp, unpool_forward(xp, x, pairs), w0, w1, b,
-                              GraphSupports.from_host(xp, (eye, s1), np.float32), True)[0]
+    ours = graph_conv_forward(
+        xp, unpool_forward(xp, x, pairs), w0, w1, b, GraphSupports.from_host(xp, (eye, s1), np.float32), True
+    )[0]
     theirs = graph_conv(be, layer, x, (None, be.sparse(s1)), pool_idx=pairs)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-CAMERAS = np.array([[[20.0, 25.0, 0.0, 0.8, 25.0], [150.0, 30.0, 0.0, 0.9, 25.0], [250.0, 20.0, 0.0, 0.85, 25.0]],
-                    [[40.0, 15.0, 0.0, 0.8, 25.0], [100.0, 35.0, 0.0, 0.7, 25.0], [300.0, 28.0, 0.0, 0.8, 25.0]]])
+CAMERAS = np.array(
+    [
+        [[20.0, 25.0, 0.0, 0.8, 25.0], [150.0, 30.0, 0.0, 0.9, 25.0], [250.0, 20.0, 0.0, 0.85, 25.0]],
+        [[40.0, 15.0, 0.0, 0.8, 25.0], [100.0, 35.0, 0.0, 0.7, 25.0], [300.0, 28.0, 0.0, 0.8, 25.0]],
+    ]
+)
 
 
 def projection_inputs(rng, quirk, channels=(2, 3), xp_=xp):
@@ -182,8 +208,9 @@ def test_graph_projection_pair(xpd, quirk):
         return graph_projection_forward(xpd, coords, [map0, map1], tf, quirk, carried)[0]
 
     def backward(dout):
-        _, cache = graph_projection_forward(xpd, inputs["coords"], [inputs["map0"], inputs["map1"]], tf, quirk,
-                                            inputs["carried"])
+        _, cache = graph_projection_forward(
+            xpd, inputs["coords"], [inputs["map0"], inputs["map1"]], tf, quirk, inputs["carried"]
+        )
         dcoords, dmaps, dcarried = graph_projection_backward(xpd, dout, cache)
         return {"coords": dcoords, "map0": dmaps[0], "map1": dmaps[1], "carried": dcarried}
 
@@ -201,7 +228,7 @@ def test_graph_projection_max_splits_ties():
     out, cache = graph_projection_forward(xp, coords, maps, tf, True)
     width = 2
     dout = np.zeros_like(out)
-    dout[..., 3:3 + width] = 1.0            # the gradient of the max alone
+    dout[..., 3 : 3 + width] = 1.0  # the gradient of the max alone
     _, dmaps, _ = graph_projection_backward(xp, dout, cache)
     # every view ties at 0: each view's cell gets a third of each vertex's gradient
     for m, dmap in enumerate(dmaps):
@@ -209,7 +236,7 @@ def test_graph_projection_max_splits_ties():
         for view in range(3):
             np.add.at(expected, cache.indices[view][m], 1.0 / 3.0)
         np.testing.assert_allclose(dmap.reshape(-1), expected, rtol=1e-12)
-        assert len(np.unique(np.concatenate([cache.indices[v][m] for v in range(3)]))) > 7   # views read apart
+        assert len(np.unique(np.concatenate([cache.indices[v][m] for v in range(3)]))) > 7  # views read apart
 
 
 def test_graph_projection_forward_is_inference():

@@ -1,6 +1,7 @@
 """The loss family (xmesh/train/mesh_losses.py): the terms the original computed from its own meshes
 (../shared/golden/train_seed1.npz with demo_seed1.npz's stage-1 blocks), and each backward against
 float64 central differences (tests/gradcheck.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ from xmesh.io.template import load_template
 from xmesh.train import mesh_losses as ml
 
 xp = get_backend("numpy").xp
-TERM_RTOL = 5e-5   # golden/README.md: loss and terms within 5e-5 relative
+TERM_RTOL = 5e-5  # golden/README.md: loss and terms within 5e-5 relative
 
 
 @pytest.fixture(params=namespaces())
@@ -42,8 +43,15 @@ def test_mesh_loss_of_the_originals_meshes(golden, template, block):
     gt = ml.GroundTruth.from_labels(xp, [train["labels"]], np.float32)
     k = block - 1
     draws = ml.Draws.stack(xp, [(train[f"s1_choice_{k}"], train[f"s1_r1_{k}"], train[f"s1_r2_{k}"])], np.float32)
-    loss, _ = ml.mesh_loss_forward(xp, forward[f"stage1_block{block}"][None], gt, support_edges(template, block),
-                                   template.faces_triangle[k], draws, ml.STAGE1_MESH)
+    loss, _ = ml.mesh_loss_forward(
+        xp,
+        forward[f"stage1_block{block}"][None],
+        gt,
+        support_edges(template, block),
+        template.faces_triangle[k],
+        draws,
+        ml.STAGE1_MESH,
+    )
     ref = float(train[f"s1_term_mesh_loss_block{block}_{k}"])
     assert abs(float(loss[0]) - ref) <= TERM_RTOL * abs(ref)
 
@@ -57,8 +65,9 @@ def test_laplace_loss_of_the_originals_meshes(golden, template, block):
     else:
         previous, pairs = forward[f"stage1_block{block - 1}"][None], template.pool_idx[block - 2]
         before = np.concatenate([previous, (previous[:, pairs[:, 0]] + previous[:, pairs[:, 1]]) * 0.5], axis=1)
-    loss, _ = ml.laplace_loss_forward(xp, before.astype(np.float32), after, template.lape_idx[block - 1],
-                                      ml.STAGE1_LAPLACE)
+    loss, _ = ml.laplace_loss_forward(
+        xp, before.astype(np.float32), after, template.lape_idx[block - 1], ml.STAGE1_LAPLACE
+    )
     ref = float(train[f"s1_term_laplace_loss_block{block}_{block + 2}"])
     assert abs(float(loss[0]) - ref) <= TERM_RTOL * abs(ref)
 
@@ -67,14 +76,18 @@ def small_mesh(rng, batch=2, n=14, faces=20, edges=30, samples=25):
     """A random batch of small meshes, two ground truths of different sizes (one padded), draws."""
     tri = np.stack([rng.choice(n, 3, replace=False) for _ in range(faces)])
     pairs = np.stack([rng.choice(n, 2, replace=False) for _ in range(edges)])
-    pairs[0] = [3, 3]   # a zero-length edge, as the supports' diagonal gives
+    pairs[0] = [3, 3]  # a zero-length edge, as the supports' diagonal gives
     labels = []
     for count in (17, 11)[:batch]:
         normals = rng.standard_normal((count, 3))
-        labels.append(np.concatenate([rng.standard_normal((count, 3)), normals / np.linalg.norm(normals, axis=1,
-                                                                                                  keepdims=True)], 1))
-    draws = [(rng.integers(0, faces, samples), rng.random((samples, 1)), rng.random((samples, 1)))
-             for _ in range(batch)]
+        labels.append(
+            np.concatenate(
+                [rng.standard_normal((count, 3)), normals / np.linalg.norm(normals, axis=1, keepdims=True)], 1
+            )
+        )
+    draws = [
+        (rng.integers(0, faces, samples), rng.random((samples, 1)), rng.random((samples, 1))) for _ in range(batch)
+    ]
     return tri, pairs, labels, draws
 
 
@@ -84,8 +97,11 @@ def test_mesh_loss_pair(xpd):
     tri, pairs = xpd.asarray(tri), xpd.asarray(pairs)
     gt = ml.GroundTruth.from_labels(xpd, labels, np.float64)
     # the fed draws are float32 like the original's; float64 here for the check
-    fed = ml.Draws(xpd.asarray(np.stack([d[0] for d in draws])), xpd.asarray(np.stack([d[1] for d in draws])),
-                   xpd.asarray(np.stack([d[2] for d in draws])))
+    fed = ml.Draws(
+        xpd.asarray(np.stack([d[0] for d in draws])),
+        xpd.asarray(np.stack([d[1] for d in draws])),
+        xpd.asarray(np.stack([d[2] for d in draws])),
+    )
     inputs = {"pred": xpd.asarray(rng.standard_normal((2, 14, 3)))}
     weights = ml.MeshLossWeights(chamfer=3.0, chamfer_pred=0.55, edge=2.0, normal=5.0)
 
@@ -137,5 +153,5 @@ def test_own_draws_follow_the_face_areas():
         expected = areas[b] / areas[b].sum() * 40000
         observed = np.bincount(draws.choice[b], minlength=12)
         chi2 = float(((observed - expected) ** 2 / expected).sum())
-        assert chi2 < 40.0, chi2   # 11 degrees of freedom: p < 1e-4 above 40
+        assert chi2 < 40.0, chi2  # 11 degrees of freedom: p < 1e-4 above 40
     assert draws.r1.shape == (2, 40000, 1) and 0 <= float(draws.r1.min()) and float(draws.r2.max()) < 1

@@ -1,5 +1,6 @@
 """The training passes' dense products (xmesh/model/products.py): which products a lent GEMM takes, and
 the CuPy backend's lent 3xTF32 GEMM against float64 products within float32's accuracy."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,24 +31,31 @@ def test_only_large_float32_products_are_lent(recorded):
     out = products.matmul(a, wide)
     np.testing.assert_allclose(out, a @ wide, rtol=1e-5, atol=1e-5)
     assert out.shape == (2, 150, 130) and recorded == [((300, 40), (40, 130))]
-    products.matmul(a, wide[:, :100])                           # a narrow output
-    products.matmul(a[:, :50], wide)                            # few rows
-    products.matmul(a.astype(np.float64), wide.astype(np.float64))   # float64 (the gradient checks)
+    products.matmul(a, wide[:, :100])  # a narrow output
+    products.matmul(a[:, :50], wide)  # few rows
+    products.matmul(a.astype(np.float64), wide.astype(np.float64))  # float64 (the gradient checks)
     assert len(recorded) == 1
-    products.matmul(np.ascontiguousarray(wide.T), wide)         # a (130, 40) transposed weight
+    products.matmul(np.ascontiguousarray(wide.T), wide)  # a (130, 40) transposed weight
     assert recorded[-1] == ((130, 40), (40, 130))
 
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [((4000, 339), (339, 384)), ((2, 2150, 192), (192, 384)),
-                                   ("T", (5000, 339), (5000, 384)), ("T", (9000, 192), (9000, 384))])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ((4000, 339), (339, 384)),
+        ((2, 2150, 192), (192, 384)),
+        ("T", (5000, 339), (5000, 384)),
+        ("T", (9000, 192), (9000, 384)),
+    ],
+)
 def test_the_cupy_backends_lent_product_keeps_float32_accuracy(shape):
     import cupy
 
     from xmesh.backends import get_backend
 
-    get_backend("cupy")   # lends its GEMM
+    get_backend("cupy")  # lends its GEMM
     rng = np.random.default_rng(1)
     transposed = shape[0] == "T"
     a_shape, b_shape = shape[1:] if transposed else shape

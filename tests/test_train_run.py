@@ -1,4 +1,5 @@
 """``xmesh train`` around the step: data order, checkpoints, a resume after a real kill, outputs, bad input."""
+
 from __future__ import annotations
 
 import os
@@ -27,15 +28,33 @@ def dataset(tmp_path_factory):
     from xmesh.synthetic.dataset import write_dataset
 
     root = tmp_path_factory.mktemp("train_data")
-    info = write_dataset(root, n_per_category=1, categories=("02691156", "03001627", "04379243", "02958343"), seed=3,
-                         n_points=1500)
+    info = write_dataset(
+        root, n_per_category=1, categories=("02691156", "03001627", "04379243", "02958343"), seed=3, n_points=1500
+    )
     return {"root": root, "list": info["test_list"], "gt": root / "gt", "ids": info["ids"]}
 
 
 def _args(dataset, out, *extra, stage: int = 1) -> list[str]:
     """``xmesh train`` of stage 1 (stage 2 with ``--starts`` in ``extra``) for one epoch over the dataset."""
-    return ["train", "--stage", str(stage), "--images", str(dataset["root"]), "--gt", str(dataset["gt"]), "--list",
-            str(dataset["list"]), "--weights", WEIGHTS, "--out", str(out), "--epochs", "1", "--no-progress", *extra]
+    return [
+        "train",
+        "--stage",
+        str(stage),
+        "--images",
+        str(dataset["root"]),
+        "--gt",
+        str(dataset["gt"]),
+        "--list",
+        str(dataset["list"]),
+        "--weights",
+        WEIGHTS,
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +91,10 @@ def test_outputs_are_read_by_every_weights_reader(trained):
     assert set(tf) == names
     assert all(tf[n].tobytes() == weights[n].tobytes() for n in names)
     loaded = load_weights(trained / "weights.npz")
-    assert len(loaded) == 237   # with stage 2's variables as given: a whole model for every command
+    assert len(loaded) == 237  # with stage 2's variables as given: a whole model for every command
     start = synthetic_weights(1)
     assert all(np.array_equal(loaded[n], start[n]) for n in expected_variables(2))
-    assert all(not np.array_equal(loaded[n], start[n]) for n in names)   # every stage-1 variable trains
+    assert all(not np.array_equal(loaded[n], start[n]) for n in names)  # every stage-1 variable trains
     assert (trained / "loss.png").stat().st_size > 10_000
 
 
@@ -97,8 +116,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(dataset, trained, tmp_p
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     killed = tmp_path / "killed"
     args = ["-m", "xmesh", *_args(dataset, killed, "--checkpoint-every", "1")]
-    victim = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    victim = subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
     while not checkpoints.path_for(killed, 2).exists():
         assert victim.poll() is None and time.monotonic() < deadline, victim.communicate()
@@ -117,8 +137,9 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(dataset, trained, tmp_p
         assert got[name].tobytes() == value.tobytes(), name
     # the log is the uninterrupted run's: the rows after the checkpoint were dropped and computed again
     rows_a, rows_b = read_rows(trained / "train_log.csv")[:4], read_rows(killed / "train_log.csv")
-    assert [(r["step"], r["samples"], r["loss"]) for r in rows_a] == [(r["step"], r["samples"], r["loss"])
-                                                                      for r in rows_b]
+    assert [(r["step"], r["samples"], r["loss"]) for r in rows_a] == [
+        (r["step"], r["samples"], r["loss"]) for r in rows_b
+    ]
 
 
 def test_resume_with_other_settings_is_refused(dataset, trained, tmp_path, capsys):

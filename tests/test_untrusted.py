@@ -5,6 +5,7 @@ controls below prove that it does). Through ``xmesh.io.template.load_template``,
 ``xmesh.io.safe_pickle.load`` and ``xmesh render --points`` it must raise ``UnsafePickleError``
 naming the file, and the marker must not exist afterwards.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -98,17 +99,24 @@ def raw_payloads(marker: Path) -> dict[str, bytes]:
         "OBJ os.system": b"(cos\nsystem\nS'" + touch + b"'\no.",
         # copyreg._reconstructor: the protocol-0/1 way to build instances, asked to build anything
         "copyreg._reconstructor": b"ccopyreg\n_reconstructor\n(cposix\nsystem\nc__builtin__\nobject\nS'"
-                                  + touch + b"'\ntR.",
+        + touch
+        + b"'\ntR.",
         "copy_reg._reconstructor": b"ccopy_reg\n_reconstructor\n(c__builtin__\nobject\nc__builtin__\nobject\nNtR.",
         # protocol 2 NEWOBJ on a class reached through a global
         "NEWOBJ subprocess.Popen": b"\x80\x02csubprocess\nPopen\n]q\x00(X\x05\x00\x00\x00touchX"
-                                   + len(m).to_bytes(4, "little") + m + b"e\x85\x81.",
+        + len(m).to_bytes(4, "little")
+        + m
+        + b"e\x85\x81.",
         # protocol 4 STACK_GLOBAL, the form pickle.dumps uses from protocol 4 on
-        "STACK_GLOBAL posix.system": b"\x80\x04\x8c\x05posix\x8c\x06system\x93X" + len(touch).to_bytes(4, "little")
-                                     + touch + b"\x85R.",
+        "STACK_GLOBAL posix.system": b"\x80\x04\x8c\x05posix\x8c\x06system\x93X"
+        + len(touch).to_bytes(4, "little")
+        + touch
+        + b"\x85R.",
         # BUILD on an allowed object: __setstate__ must not become a way in
-        "BUILD with a global state": b"\x80\x02}q\x00cposix\nsystem\nX" + len(touch).to_bytes(4, "little") + touch
-                                     + b"\x85Rb.",
+        "BUILD with a global state": b"\x80\x02}q\x00cposix\nsystem\nX"
+        + len(touch).to_bytes(4, "little")
+        + touch
+        + b"\x85Rb.",
         # an object-dtype NumPy array, via numpy.ndarray called directly (no numpy.dtype global involved)
         "numpy.ndarray object dtype": b"\x80\x02cnumpy\nndarray\nK\x02\x85X\x01\x00\x00\x00O\x86R.",
         # numpy.frombuffer / numpy.load: real NumPy functions, but not array rebuilders
@@ -123,11 +131,18 @@ def raw_payloads(marker: Path) -> dict[str, bytes]:
 
 
 RAW_WHAT = {
-    "INST posix.system": "posix.system", "OBJ os.system": "os.system",
-    "copyreg._reconstructor": "copyreg._reconstructor", "copy_reg._reconstructor": "copy_reg._reconstructor",
-    "NEWOBJ subprocess.Popen": "subprocess.Popen", "STACK_GLOBAL posix.system": "posix.system",
-    "BUILD with a global state": "posix.system", "numpy.ndarray object dtype": "object dtype",
-    "numpy.load": "numpy.load", "numpy.frombuffer": "numpy.frombuffer", "_codecs.encode zlib": "zlib", "_codecs.encode unknown codec": "'nope'",
+    "INST posix.system": "posix.system",
+    "OBJ os.system": "os.system",
+    "copyreg._reconstructor": "copyreg._reconstructor",
+    "copy_reg._reconstructor": "copy_reg._reconstructor",
+    "NEWOBJ subprocess.Popen": "subprocess.Popen",
+    "STACK_GLOBAL posix.system": "posix.system",
+    "BUILD with a global state": "posix.system",
+    "numpy.ndarray object dtype": "object dtype",
+    "numpy.load": "numpy.load",
+    "numpy.frombuffer": "numpy.frombuffer",
+    "_codecs.encode zlib": "zlib",
+    "_codecs.encode unknown codec": "'nope'",
     "persistent id": "persistent object",
 }
 
@@ -285,8 +300,18 @@ def test_render_points_payload_refused_by_cli(name, demo_dir, tmp_path, capsys):
     marker = tmp_path / "marker"
     path = tmp_path / "gt.dat"
     path.write_bytes(pickle.dumps((np.zeros(3), PAYLOADS[name](marker)), protocol=2))
-    rc = main(["render", str(demo_dir / "predict.obj"), "--cameras", str(demo_dir / "cameras.txt"),
-               "--out", str(tmp_path / "r.png"), "--points", str(path)])
+    rc = main(
+        [
+            "render",
+            str(demo_dir / "predict.obj"),
+            "--cameras",
+            str(demo_dir / "cameras.txt"),
+            "--out",
+            str(tmp_path / "r.png"),
+            "--points",
+            str(path),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert f"xmesh render: error: {path}: the pickle asks for" in err
@@ -297,9 +322,20 @@ def test_reconstruct_template_payload_refused_by_cli(demo_dir, tmp_path, capsys,
     marker = tmp_path / "marker"
     path = tmp_path / "iccv_p2mpp.dat"
     path.write_bytes(pickle.dumps(_nest(template_data, "extra_key", OsSystem(marker)), protocol=2))
-    rc = main(["reconstruct", *(str(demo_dir / f"plane{i}.png") for i in (1, 2, 3)), "--cameras",
-               str(demo_dir / "cameras.txt"), "--out", str(tmp_path / "m.obj"), "--weights", "/nonexistent.npz",
-               "--template", str(path)])
+    rc = main(
+        [
+            "reconstruct",
+            *(str(demo_dir / f"plane{i}.png") for i in (1, 2, 3)),
+            "--cameras",
+            str(demo_dir / "cameras.txt"),
+            "--out",
+            str(tmp_path / "m.obj"),
+            "--weights",
+            "/nonexistent.npz",
+            "--template",
+            str(path),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert f"xmesh reconstruct: error: {path}: the pickle asks for '{os.system.__module__}.system'" in err

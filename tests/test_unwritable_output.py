@@ -4,6 +4,7 @@ The cases fail for root too (tests may run as root, whom chmod does not stop): a
 path through a regular file, and a read-only file system (the OS's EROFS, raised where the check
 makes its temporary file).
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,6 +33,7 @@ def nothing_computed(monkeypatch):
         def record(*args, **kwargs):
             called.append(name)
             raise AssertionError(f"{name} ran before the output was checked")
+
         return record
 
     monkeypatch.setattr(Reconstructor, "__init__", forbidden("Reconstructor"))
@@ -47,6 +49,7 @@ def nothing_computed(monkeypatch):
 @pytest.fixture()
 def read_only(monkeypatch):
     """A read-only file system: making any file or folder fails with EROFS."""
+
     def refuse(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
@@ -76,38 +79,120 @@ def _commands(place: str, dataset, demo_dir, golden_dir):
     images = [str(demo_dir / f"plane{i}.png") for i in (1, 2, 3)]
     root = str(dataset["root"])
     return {
-        "eval": ["eval", "--images", root, "--gt", root + "/gt", "--list", str(dataset["test_list"]),
-                 "--weights", "synthetic:1", "--out", place, "--no-progress", "--report"],
-        "reconstruct --list": ["reconstruct", "--list", str(dataset["test_list"]), "--images", root,
-                               "--weights", "synthetic:1", "--out", place, "--no-progress"],
-        "reconstruct": ["reconstruct", *images, "--cameras", str(demo_dir / "cameras.txt"), "--weights", "synthetic:1",
-                        "--out", place + ".obj"],
-        "reconstruct --coarse-out": ["reconstruct", *images, "--cameras", str(demo_dir / "cameras.txt"),
-                                     "--weights", "synthetic:1", "--out", "{ok}/mesh.obj",
-                                     "--coarse-out", place + ".obj"],
-        "render": ["render", str(demo_dir / "predict.obj"), "--cameras", str(demo_dir / "cameras.txt"),
-                   "--out", place + ".png"],
+        "eval": [
+            "eval",
+            "--images",
+            root,
+            "--gt",
+            root + "/gt",
+            "--list",
+            str(dataset["test_list"]),
+            "--weights",
+            "synthetic:1",
+            "--out",
+            place,
+            "--no-progress",
+            "--report",
+        ],
+        "reconstruct --list": [
+            "reconstruct",
+            "--list",
+            str(dataset["test_list"]),
+            "--images",
+            root,
+            "--weights",
+            "synthetic:1",
+            "--out",
+            place,
+            "--no-progress",
+        ],
+        "reconstruct": [
+            "reconstruct",
+            *images,
+            "--cameras",
+            str(demo_dir / "cameras.txt"),
+            "--weights",
+            "synthetic:1",
+            "--out",
+            place + ".obj",
+        ],
+        "reconstruct --coarse-out": [
+            "reconstruct",
+            *images,
+            "--cameras",
+            str(demo_dir / "cameras.txt"),
+            "--weights",
+            "synthetic:1",
+            "--out",
+            "{ok}/mesh.obj",
+            "--coarse-out",
+            place + ".obj",
+        ],
+        "render": [
+            "render",
+            str(demo_dir / "predict.obj"),
+            "--cameras",
+            str(demo_dir / "cameras.txt"),
+            "--out",
+            place + ".png",
+        ],
         "demo": ["demo", "--out", place],
         "convert": ["convert", str(golden_dir / "tf_ckpt" / "meshnet_subset.ckpt-5"), place + ".npz"],
-        "ground-truth": ["ground-truth", str(demo_dir / "predict.obj"), "--synset", "02691156", "--images", root,
-                         "--out", place],
-        "train": ["train", "--stage", "2", "--images", root, "--gt", root + "/gt", "--list", str(dataset["test_list"]),
-                  "--weights", "synthetic:1", "--out", place, "--no-progress"],
+        "ground-truth": [
+            "ground-truth",
+            str(demo_dir / "predict.obj"),
+            "--synset",
+            "02691156",
+            "--images",
+            root,
+            "--out",
+            place,
+        ],
+        "train": [
+            "train",
+            "--stage",
+            "2",
+            "--images",
+            root,
+            "--gt",
+            root + "/gt",
+            "--list",
+            str(dataset["test_list"]),
+            "--weights",
+            "synthetic:1",
+            "--out",
+            place,
+            "--no-progress",
+        ],
     }
 
 
-COMMANDS = ("eval", "reconstruct --list", "reconstruct", "reconstruct --coarse-out", "render", "demo", "convert",
-            "ground-truth", "train")
+COMMANDS = (
+    "eval",
+    "reconstruct --list",
+    "reconstruct",
+    "reconstruct --coarse-out",
+    "render",
+    "demo",
+    "convert",
+    "ground-truth",
+    "train",
+)
 
 
 # with --coarse-out on a read-only file system, --out is refused first (as another test's case shows)
-CASES = [(c, p) for c in COMMANDS for p in ("proc", "under_a_file", "read_only")
-         if (c, p) != ("reconstruct --coarse-out", "read_only")]
+CASES = [
+    (c, p)
+    for c in COMMANDS
+    for p in ("proc", "under_a_file", "read_only")
+    if (c, p) != ("reconstruct --coarse-out", "read_only")
+]
 
 
 @pytest.mark.parametrize("command,place", CASES)
-def test_an_unwritable_output_fails_at_once_with_one_line(command, place, dataset, demo_dir, golden_dir, tmp_path,
-                                                          capsys, nothing_computed, request):
+def test_an_unwritable_output_fails_at_once_with_one_line(
+    command, place, dataset, demo_dir, golden_dir, tmp_path, capsys, nothing_computed, request
+):
     if place == "read_only":
         request.getfixturevalue("read_only")
         path = str(tmp_path / "out")

@@ -1,4 +1,5 @@
 """The official variable spec, the synthetic recipe, and loading/validating weights."""
+
 from __future__ import annotations
 
 import json
@@ -99,8 +100,11 @@ def test_synthetic_properties(seed5, manifest):
 def test_load_npz_with_pipe_keys_and_no_suffix(tmp_path, seed5):
     stage1 = {k: v for k, v in seed5.items() if k.startswith("meshnetmvp2m/")}
     path = tmp_path / "w1.npz"
-    np.savez(path, **{k.replace("/", "|").removesuffix(":0"): v.astype(np.float64) for k, v in stage1.items()},
-             extra_unused=np.ones(3))
+    np.savez(
+        path,
+        **{k.replace("/", "|").removesuffix(":0"): v.astype(np.float64) for k, v in stage1.items()},
+        extra_unused=np.ones(3),
+    )
     got = load_weights(path, stages=(1,))
     assert sorted(got) == sorted(stage1)
     for name, arr in got.items():
@@ -138,7 +142,7 @@ def test_missing_stage_hint(seed5):
     msg = str(err.value)
     assert "72 missing" in msg and "stage-2 (meshnet)" in msg and "pass the meshnet checkpoint too" in msg
     assert sorted(err.value.missing) == sorted(expected_variables(2))
-    assert "\n" not in msg and "meshnet/cnn/conv2d_1/W:0" not in msg   # one line: the hint stands for the 72 names
+    assert "\n" not in msg and "meshnet/cnn/conv2d_1/W:0" not in msg  # one line: the hint stands for the 72 names
     assert load_weights(stage1, stages=1).keys() == stage1.keys()
 
 
@@ -217,10 +221,10 @@ def test_synthetic_weights_argument(seed5, monkeypatch):
         resolve_weights(["synthetic:-1"], option="--weights")
     assert "NOT the trained" in describe_weights("synthetic:5") and describe_weights(["a", "b"]) == "weights from a, b"
 
-    reconstruct_module = importlib.import_module("xmesh.reconstruct")   # the package's name is the function
+    reconstruct_module = importlib.import_module("xmesh.reconstruct")  # the package's name is the function
     received = []
     real = reconstruct_module.load_weights
     monkeypatch.setattr(reconstruct_module, "load_weights", lambda source: received.append(source) or real(source))
     model = ModelSpec.of(["synthetic:5"]).build()
-    assert model.spec.weights == "synthetic:5"   # the recipe's name travels, not its arrays
+    assert model.spec.weights == "synthetic:5"  # the recipe's name travels, not its arrays
     assert all(np.array_equal(received[0][k], seed5[k]) for k in seed5)

@@ -6,6 +6,7 @@ neighbouring pixel; all but a handful of vertices lie within 1e-5. Two code path
 (a batch and a lone sample, one BLAS thread or two, the server and the command line, a GPU and the
 CPU) round their float32 products differently in the same way, so they are compared within these
 tolerances, never bit for bit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,9 @@ GPU_ATOL = 1e-4
 GPU_MAX_FRACTION = 0.01
 
 
-def assert_mostly_within(got, want, atol: float = VERTEX_ATOL, fraction: float = VERTEX_MAX_FRACTION,
-                         label=None) -> None:
+def assert_mostly_within(
+    got, want, atol: float = VERTEX_ATOL, fraction: float = VERTEX_MAX_FRACTION, label=None
+) -> None:
     """At most ``fraction`` of the vertices (rows of the last axis, over any leading axes) of ``got``
     differ from ``want`` by more than ``atol`` in a coordinate; the shapes agree and all are finite."""
     got, want = np.asarray(got), np.asarray(want)
@@ -32,8 +34,7 @@ def assert_mostly_within(got, want, atol: float = VERTEX_ATOL, fraction: float =
     assert beyond <= fraction, (label, f"{beyond:.2%} of the vertices beyond {atol}", float(error.max()))
 
 
-def assert_same_mesh(got, want, atol: float = VERTEX_ATOL, fraction: float = VERTEX_MAX_FRACTION,
-                     label=None) -> None:
+def assert_same_mesh(got, want, atol: float = VERTEX_ATOL, fraction: float = VERTEX_MAX_FRACTION, label=None) -> None:
     """The same faces (integers: exactly) and vertices within ``assert_mostly_within``'s tolerance."""
     np.testing.assert_array_equal(got.faces, want.faces)
     assert_mostly_within(got.vertices, want.vertices, atol, fraction, label)

@@ -24,6 +24,7 @@ What each stage covers (B = batch, V = 3 views):
   device's memory; ``total_eager`` is the same call with graphs off, every kernel launched from
   Python. The per-stage rows are always eager.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,30 +50,53 @@ from .model.network import run_stage1_layers
 from .model.projection import DeviceTransforms, local_projection
 
 WEIGHTS_SEED = 1
-MODEL_MD_GFLOP = 250.0   # MODEL.md's round figure; flop_counts() derives the exact one from the shapes
+MODEL_MD_GFLOP = 250.0  # MODEL.md's round figure; flop_counts() derives the exact one from the shapes
 
 STAGES = (
-    "cnn_stage1", "graph_projection", "graph_block_1", "graph_block_2", "graph_block_3",
-    "cnn_stage2", "local_projection", "drb_1", "drb_2", "stage1", "stage2", "total_eager", "total",
+    "cnn_stage1",
+    "graph_projection",
+    "graph_block_1",
+    "graph_block_2",
+    "graph_block_3",
+    "cnn_stage2",
+    "local_projection",
+    "drb_1",
+    "drb_2",
+    "stage1",
+    "stage2",
+    "total_eager",
+    "total",
 )
 # stage-1 layer ranges [start, stop) of the network's 48-layer loop
 _SEGMENTS = {
-    "projection_1": (0, 1), "graph_block_1": (1, 15),
-    "projection_2": (15, 16), "graph_block_2": (16, 31),
-    "projection_3": (31, 32), "graph_block_3": (32, 48),
+    "projection_1": (0, 1),
+    "graph_block_1": (1, 15),
+    "projection_2": (15, 16),
+    "graph_block_2": (16, 31),
+    "projection_3": (31, 32),
+    "graph_block_3": (32, 48),
 }
 # what a stage needs computed before it can be timed on its own
 _NEEDS = {
-    "graph_projection": ("stage1_states",), "graph_block_1": ("stage1_states",),
-    "graph_block_2": ("stage1_states",), "graph_block_3": ("stage1_states",),
-    "stage1": ("maps1",), "stage2": ("coarse",),
-    "local_projection": ("hypotheses",), "drb_1": ("drb_inputs",), "drb_2": ("drb_inputs",),
+    "graph_projection": ("stage1_states",),
+    "graph_block_1": ("stage1_states",),
+    "graph_block_2": ("stage1_states",),
+    "graph_block_3": ("stage1_states",),
+    "stage1": ("maps1",),
+    "stage2": ("coarse",),
+    "local_projection": ("hypotheses",),
+    "drb_1": ("drb_inputs",),
+    "drb_2": ("drb_inputs",),
 }
 # the FLOP count (flop_counts) that each stage performs
 _STAGE_FLOP = {
-    "cnn_stage1": ("cnn_stage1",), "cnn_stage2": ("cnn_stage2",),
-    "graph_block_1": ("graph_block_1",), "graph_block_2": ("graph_block_2",), "graph_block_3": ("graph_block_3",),
-    "drb_1": ("drb_1",), "drb_2": ("drb_2",),
+    "cnn_stage1": ("cnn_stage1",),
+    "cnn_stage2": ("cnn_stage2",),
+    "graph_block_1": ("graph_block_1",),
+    "graph_block_2": ("graph_block_2",),
+    "graph_block_3": ("graph_block_3",),
+    "drb_1": ("drb_1",),
+    "drb_2": ("drb_2",),
     "stage1": ("cnn_stage1", "graph_block_1", "graph_block_2", "graph_block_3"),
     "stage2": ("cnn_stage2", "drb_1", "drb_2"),
     "total": ("cnn_stage1", "graph_block_1", "graph_block_2", "graph_block_3", "cnn_stage2", "drb_1", "drb_2"),
@@ -116,14 +140,22 @@ def default_inputs():
     path = golden_path("demo_seed1.npz")
     if path is not None:
         with np.load(path) as data:
-            return np.asarray(data["images"], np.float32), np.asarray(data["cameras"], np.float32), f"golden demo ({path})"
+            return (
+                np.asarray(data["images"], np.float32),
+                np.asarray(data["cameras"], np.float32),
+                f"golden demo ({path})",
+            )
     from .io.cameras import load_cameras
     from .io.images import load_images
     from .synthetic.dataset import demo_inputs
 
     with tempfile.TemporaryDirectory(prefix="xmesh-bench-") as folder:
         images, cameras = demo_inputs(folder, seed=0)
-        return load_images(images), load_cameras(cameras), "procedural demo renderings (synthetic.dataset.demo_inputs, seed 0)"
+        return (
+            load_images(images),
+            load_cameras(cameras),
+            "procedural demo renderings (synthetic.dataset.demo_inputs, seed 0)",
+        )
 
 
 # ---------------------------------------------------------------------------- FLOP count
@@ -177,8 +209,17 @@ class Workload:
     benchmark's standard inputs (see the module docstring); the sample is repeated ``batch`` times.
     """
 
-    def __init__(self, backend: Any = "numpy", batch: int = 1, weights=None, template=None, images=None,
-                 cameras=None, precision: str = "fp32", view_quirk: bool = True):
+    def __init__(
+        self,
+        backend: Any = "numpy",
+        batch: int = 1,
+        weights=None,
+        template=None,
+        images=None,
+        cameras=None,
+        precision: str = "fp32",
+        view_quirk: bool = True,
+    ):
         from .reconstruct import Reconstructor
 
         if int(batch) != batch or batch < 1:
@@ -193,12 +234,18 @@ class Workload:
             images, cameras, self.input_source = default_inputs()
         else:
             self.input_source = "given"
-        self.model = Reconstructor(synthetic_weights(WEIGHTS_SEED) if weights is None else weights,
-                                   template=template, backend=self.backend, view_quirk=view_quirk)
+        self.model = Reconstructor(
+            synthetic_weights(WEIGHTS_SEED) if weights is None else weights,
+            template=template,
+            backend=self.backend,
+            view_quirk=view_quirk,
+        )
         self.view_quirk = bool(view_quirk)
         images = np.asarray(images, np.float32)
         self.host_images = np.ascontiguousarray(np.broadcast_to(images[None], (self.batch,) + images.shape))
-        self.host_cameras = np.ascontiguousarray(np.broadcast_to(np.asarray(cameras, np.float32)[None], (self.batch,) + np.shape(cameras)))
+        self.host_cameras = np.ascontiguousarray(
+            np.broadcast_to(np.asarray(cameras, np.float32)[None], (self.batch,) + np.shape(cameras))
+        )
         self.images = self.backend.asarray(self.host_images.reshape((-1,) + images.shape[1:]))
         self.tf = DeviceTransforms.from_cameras(self.backend, self.host_cameras)
         self.flop = flop_counts(self.model.stage1, self.model.stage2, self.model.template)
@@ -267,8 +314,18 @@ class Workload:
 
     # -- the stage-1 layer loop over [start, stop), as network.run_stage1 runs it -----------
     def _layers(self, start, stop, previous, current, blocks=None):
-        return run_stage1_layers(self.backend, self.model.stage1, self.maps1, self.tf, self.view_quirk,
-                                 start, stop, previous, current, blocks)
+        return run_stage1_layers(
+            self.backend,
+            self.model.stage1,
+            self.maps1,
+            self.tf,
+            self.view_quirk,
+            start,
+            stop,
+            previous,
+            current,
+            blocks,
+        )
 
     def _segment(self, name):
         start, stop = _SEGMENTS[name]
@@ -351,14 +408,16 @@ class Workload:
         return getattr(self, name)
 
     # -- measuring -----------------------------------------------------------------------
-    def time(self, name: str, repeat: int = 3, warmup: int = 1, on_call: Callable[[], None] | None = None) -> list[float]:
+    def time(
+        self, name: str, repeat: int = 3, warmup: int = 1, on_call: Callable[[], None] | None = None
+    ) -> list[float]:
         """Seconds per call of stage ``name``, ``repeat`` times after ``warmup`` untimed calls;
         ``on_call()`` after each call, timed or not (outside the timed region)."""
         fn = self.stage(name)
         tick = on_call or (lambda: None)
         self.prepare(name)
         if name == "total" and self.model.graphs:
-            warmup = max(warmup, 2)    # call 1 runs eagerly, call 2 captures the graph
+            warmup = max(warmup, 2)  # call 1 runs eagerly, call 2 captures the graph
         for _ in range(warmup):
             fn()
             tick()
@@ -366,7 +425,7 @@ class Workload:
         for _ in range(repeat):
             self.backend.synchronize()
             start = time.perf_counter()
-            fn()   # synchronises before returning
+            fn()  # synchronises before returning
             times.append(time.perf_counter() - start)
             tick()
         return times
@@ -427,7 +486,7 @@ def resolve_backends(backend: str | Sequence[str]) -> list[str]:
     else:
         names = list(backend)
     for name in names:
-        get_backend(name)   # raises BackendUnavailableError / InputError with the reason
+        get_backend(name)  # raises BackendUnavailableError / InputError with the reason
     return names
 
 
@@ -444,9 +503,16 @@ def _summary(times: Sequence[float], batch: int, flop: float | None) -> dict:
     return out
 
 
-def run_bench(backend: str | Sequence[str] = "all", batch_sizes: Iterable[int] = (1,), repeat: int = 3,
-              warmup: int = 1, stages: Iterable[str] | None = None, numpy_max_batch: int | None = 2,
-              progress: Callable[[str, int, int], None] | None = None, precision: str = "fp32") -> dict:
+def run_bench(
+    backend: str | Sequence[str] = "all",
+    batch_sizes: Iterable[int] = (1,),
+    repeat: int = 3,
+    warmup: int = 1,
+    stages: Iterable[str] | None = None,
+    numpy_max_batch: int | None = 2,
+    progress: Callable[[str, int, int], None] | None = None,
+    precision: str = "fp32",
+) -> dict:
     """Time ``stages`` (default: all) on each backend and batch size; returns a JSON-ready dict.
 
     ``precision`` ("fp32", "tf32", "fp16" or "bf16") is the GPU backend's mode; NumPy always computes in
@@ -465,8 +531,10 @@ def run_bench(backend: str | Sequence[str] = "all", batch_sizes: Iterable[int] =
         if name not in STAGES:
             raise InputError(f"stage {name!r}: unknown; choose from {', '.join(STAGES)}")
     if precision != "fp32" and all(name == "numpy" for name in names):
-        raise InputError(f"precision={precision!r} is a mode of the GPU backend; the numpy backend computes in "
-                         "float32: use --backend cupy (or all), or leave out --precision")
+        raise InputError(
+            f"precision={precision!r} is a mode of the GPU backend; the numpy backend computes in "
+            "float32: use --backend cupy (or all), or leave out --precision"
+        )
     batch_sizes = [int(b) for b in batch_sizes]
     if not batch_sizes or min(batch_sizes) < 1:
         raise InputError(f"batch sizes {batch_sizes}: expected one or more positive whole numbers")
@@ -489,23 +557,47 @@ def run_bench(backend: str | Sequence[str] = "all", batch_sizes: Iterable[int] =
         "results": [],
         "skipped": [],
     }
-    runs = [(name, batch) for name in names for batch in batch_sizes
-            if not (name == "numpy" and len(names) > 1 and numpy_max_batch is not None and batch > numpy_max_batch)]
+    runs = [
+        (name, batch)
+        for name in names
+        for batch in batch_sizes
+        if not (name == "numpy" and len(names) > 1 and numpy_max_batch is not None and batch > numpy_max_batch)
+    ]
     # planned calls; a GPU's "total" warms up twice (eager, then the graph capture)
-    planned = sum(int(repeat) + (max(int(warmup), 2) if stage == "total" and name != "numpy" else int(warmup))
-                  for name, _ in runs for stage in stages)
+    planned = sum(
+        int(repeat) + (max(int(warmup), 2) if stage == "total" and name != "numpy" else int(warmup))
+        for name, _ in runs
+        for stage in stages
+    )
     done = 0
     for name in names:
         for batch in batch_sizes:
             if (name, batch) not in runs:
-                report["skipped"].append({"backend": name, "batch": batch,
-                                          "reason": f"numpy runs only batch <= {numpy_max_batch} next to a GPU backend"})
+                report["skipped"].append(
+                    {
+                        "backend": name,
+                        "batch": batch,
+                        "reason": f"numpy runs only batch <= {numpy_max_batch} next to a GPU backend",
+                    }
+                )
                 continue
-            work = Workload(name, batch, weights=weights, template=template, images=images, cameras=cameras,
-                            precision="fp32" if name == "numpy" else precision)
+            work = Workload(
+                name,
+                batch,
+                weights=weights,
+                template=template,
+                images=images,
+                cameras=cameras,
+                precision="fp32" if name == "numpy" else precision,
+            )
             report.setdefault("flop_per_sample", work.flop)
-            entry = {"backend": name, "precision": work.backend.precision, "device": work.device(), "batch": batch,
-                     "stages": {}}
+            entry = {
+                "backend": name,
+                "precision": work.backend.precision,
+                "device": work.device(),
+                "batch": batch,
+                "stages": {},
+            }
             for stage in stages:
                 what = f"{name} batch {batch}: {stage}"
                 say(what, done, planned)
@@ -527,7 +619,7 @@ def run_bench(backend: str | Sequence[str] = "all", batch_sizes: Iterable[int] =
                 entry["gpu_pool_bytes"] = pool
             report["results"].append(entry)
             host[(name, batch)] = entry
-    for entry in report["results"]:   # speed-up over numpy at the same batch size, where both ran
+    for entry in report["results"]:  # speed-up over numpy at the same batch size, where both ran
         ref = host.get(("numpy", entry["batch"]))
         if entry["backend"] != "numpy" and ref is not None and "total_ms" in entry and "total_ms" in ref:
             entry["speedup_vs_numpy"] = ref["total_ms"] / entry["total_ms"]
@@ -545,8 +637,10 @@ def format_table(report: dict) -> str:
     results = report["results"]
     if not results:
         return "no measurements (every combination was skipped)"
-    heads = [f"{r['backend']} b={r['batch']}" + ("" if r.get("precision", "fp32") == "fp32" else f" {r['precision']}")
-             for r in results]
+    heads = [
+        f"{r['backend']} b={r['batch']}" + ("" if r.get("precision", "fp32") == "fp32" else f" {r['precision']}")
+        for r in results
+    ]
     stage_w = max(len(s) for s in list(report["stages"]) + ["stage", "samples/s"]) + 2
     col_w = max(22, max(len(h) for h in heads) + 2)
     lines = ["median ms per call (ms per sample)".rjust(stage_w + col_w * len(results))]
@@ -561,16 +655,28 @@ def format_table(report: dict) -> str:
         lines.append("samples/s".ljust(stage_w) + "".join(f"{r['samples_per_s']:.2f}".rjust(col_w) for r in results))
         lines.append("GFLOP/s".ljust(stage_w) + "".join(f"{r['gflop_per_s']:.1f}".rjust(col_w) for r in results))
         if any("speedup_vs_numpy" in r for r in results):
-            lines.append("vs numpy".ljust(stage_w) + "".join(
-                (f"{r['speedup_vs_numpy']:.1f}x" if "speedup_vs_numpy" in r else "-").rjust(col_w) for r in results))
+            lines.append(
+                "vs numpy".ljust(stage_w)
+                + "".join(
+                    (f"{r['speedup_vs_numpy']:.1f}x" if "speedup_vs_numpy" in r else "-").rjust(col_w) for r in results
+                )
+            )
     flop = report.get("flop_per_sample", {}).get("total")
-    notes = [f"inputs: {report['inputs']}", f"template: {report['template']}",
-             f"weights: {report['weights']}", f"repeat {report['repeat']}, warmup {report['warmup']}"]
+    notes = [
+        f"inputs: {report['inputs']}",
+        f"template: {report['template']}",
+        f"weights: {report['weights']}",
+        f"repeat {report['repeat']}, warmup {report['warmup']}",
+    ]
     if flop:
-        notes.append(f"work: {flop / 1e9:.1f} GFLOP per sample counted from the layer shapes (MODEL.md: ~{MODEL_MD_GFLOP:.0f})")
+        notes.append(
+            f"work: {flop / 1e9:.1f} GFLOP per sample counted from the layer shapes (MODEL.md: ~{MODEL_MD_GFLOP:.0f})"
+        )
     for head, r in zip(heads, results):
-        notes.append(f"{head}: {r['device']}" +
-                     (f", CuPy pool {r['gpu_pool_bytes'] / 2**20:.0f} MiB" if "gpu_pool_bytes" in r else ""))
+        notes.append(
+            f"{head}: {r['device']}"
+            + (f", CuPy pool {r['gpu_pool_bytes'] / 2**20:.0f} MiB" if "gpu_pool_bytes" in r else "")
+        )
     for s in report.get("skipped", []):
         notes.append(f"skipped {s['backend']} b={s['batch']}: {s['reason']}")
     return "\n".join(lines + [""] + notes)

@@ -10,6 +10,7 @@ rows (``.rows``), the similarity between the input world and the network's, and 
 the photos (``.prepare_images``). ``xmesh.reconstruct`` and ``Reconstructor`` take it in place of
 camera rows, prepare the photos with it and return the mesh in the input's world.
 """
+
 from xmesh.photo.frame import TARGET_RADIUS, object_sphere
 from xmesh.photo.posed import PhotoView
 from xmesh.photo.sources import from_colmap, from_poses, read_poses

@@ -1,4 +1,5 @@
 """The ``xmesh`` command line. Each subcommand lives in ``xmesh/commands/<name>.py``."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,9 @@ COMMANDS = ("reconstruct", "convert", "demo", "render", "eval", "ground-truth", 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xmesh", description="Pixel2Mesh++ mesh reconstruction without a deep-learning framework")
+    parser = argparse.ArgumentParser(
+        prog="xmesh", description="Pixel2Mesh++ mesh reconstruction without a deep-learning framework"
+    )
     parser.add_argument("--version", action="version", version=f"xmesh {importlib.import_module('xmesh').__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -22,23 +25,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-QUICK_EXIT = ("eval", "reconstruct")   # commands whose every output, pool and cluster is closed when they return
-_ran: list[str] = []   # the command main() ran last
+QUICK_EXIT = ("eval", "reconstruct")  # commands whose every output, pool and cluster is closed when they return
+_ran: list[str] = []  # the command main() ran last
 
 
 def main(argv=None) -> int:
     try:
         startup.begin()
-        parser = build_parser()   # imports every command's module: Ctrl+C may come meanwhile
+        parser = build_parser()  # imports every command's module: Ctrl+C may come meanwhile
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
         startup.end()
         print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
         return 130
-    except BaseException:   # argparse's exit (--help, --version, a usage error): no clock left for a later call
+    except BaseException:  # argparse's exit (--help, --version, a usage error): no clock left for a later call
         startup.end()
         raise
     _ran.append(args.command)
+
     def one_line(message, category, filename, lineno, file=None, line=None):
         print(f"xmesh {args.command}: warning: {message}", file=sys.stderr, flush=True)
 
@@ -50,11 +54,13 @@ def main(argv=None) -> int:
         print(f"xmesh {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"xmesh {args.command}: interrupted; finished outputs are complete, nothing was left half-written",
-              file=sys.stderr)
+        print(
+            f"xmesh {args.command}: interrupted; finished outputs are complete, nothing was left half-written",
+            file=sys.stderr,
+        )
         return 130
     finally:
-        startup.end()   # a later library call in this process starts its own clock
+        startup.end()  # a later library call in this process starts its own clock
 
 
 def command() -> None:
@@ -67,7 +73,7 @@ def command() -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):   # a reader that went away, or a closed stream
+            except (OSError, ValueError):  # a reader that went away, or a closed stream
                 pass
         os._exit(status)
     sys.exit(status)

@@ -11,6 +11,7 @@
 ``ShapeNetRendering`` (the root :func:`xmesh.synthetic.dataset.write_dataset` writes) is accepted
 too. The 3 input views are renderings (0, 6, 7) by default, as in the original evaluation.
 """
+
 from __future__ import annotations
 
 import errno
@@ -57,16 +58,20 @@ class SampleId:
             raise InputError(f"{text!r} is not a sample id: it does not end in '.dat'; expected e.g. {EXAMPLE_ID!r}")
         parts = token[: -len(".dat")].split("_")
         if len(parts) < 3:
-            raise InputError(f"{text!r} is not a sample id: expected three parts '{{synset}}_{{item}}_{{view}}.dat', "
-                             f"e.g. {EXAMPLE_ID!r}")
+            raise InputError(
+                f"{text!r} is not a sample id: expected three parts '{{synset}}_{{item}}_{{view}}.dat', "
+                f"e.g. {EXAMPLE_ID!r}"
+            )
         synset, item, view = parts[0], "_".join(parts[1:-1]), parts[-1]
         if not synset.isdigit():
             raise InputError(f"{text!r} is not a sample id: synset {synset!r} is not a number (e.g. '02691156')")
         if not view.isdigit():
             raise InputError(f"{text!r} is not a sample id: view {view!r} is not a number (e.g. '00')")
         if not _ITEM.match(item):
-            raise InputError(f"{text!r} is not a sample id: item {item!r} is empty or holds characters other than "
-                             "letters, digits, '_', '-', '.'")
+            raise InputError(
+                f"{text!r} is not a sample id: item {item!r} is empty or holds characters other than "
+                "letters, digits, '_', '-', '.'"
+            )
         return cls(synset, item, view)
 
 
@@ -88,8 +93,11 @@ class SamplePaths:
             object.__setattr__(self, "gt", os.fspath(self.gt))
 
     def files(self) -> list[tuple[str, str]]:
-        return [*((f"rendering {os.path.basename(p)}", p) for p in self.images), ("camera metadata", self.cameras),
-                ("ground-truth", self.gt)]
+        return [
+            *((f"rendering {os.path.basename(p)}", p) for p in self.images),
+            ("camera metadata", self.cameras),
+            ("ground-truth", self.gt),
+        ]
 
 
 def read_list(path: str | os.PathLike) -> list[SampleId]:
@@ -103,8 +111,9 @@ def read_list(path: str | os.PathLike) -> list[SampleId]:
     except IsADirectoryError:
         raise InputError(f"list file {str(path)!r} is a folder; expected a text file of sample ids") from None
     except UnicodeDecodeError as exc:
-        raise FileFormatError(f"list file {str(path)!r} is not UTF-8 text (byte {exc.start}); "
-                              "expected one sample id per line") from None
+        raise FileFormatError(
+            f"list file {str(path)!r} is not UTF-8 text (byte {exc.start}); expected one sample id per line"
+        ) from None
     samples: list[SampleId] = []
     seen: dict[SampleId, int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -112,15 +121,19 @@ def read_list(path: str | os.PathLike) -> list[SampleId]:
         if not content:
             continue
         if len(content.split()) != 1:
-            raise FileFormatError(f"list file {str(path)!r}, line {lineno}: {line.strip()!r} holds more than one "
-                                  f"field; expected one sample id per line, e.g. {EXAMPLE_ID!r}")
+            raise FileFormatError(
+                f"list file {str(path)!r}, line {lineno}: {line.strip()!r} holds more than one "
+                f"field; expected one sample id per line, e.g. {EXAMPLE_ID!r}"
+            )
         try:
             sample = SampleId.parse(content)
         except InputError as exc:
             raise FileFormatError(f"list file {str(path)!r}, line {lineno}: {exc}") from None
         if sample in seen:
-            raise FileFormatError(f"list file {str(path)!r}, line {lineno}: {sample} repeats line {seen[sample]}; "
-                                  "expected each sample once")
+            raise FileFormatError(
+                f"list file {str(path)!r}, line {lineno}: {sample} repeats line {seen[sample]}; "
+                "expected each sample once"
+            )
         seen[sample] = lineno
         samples.append(sample)
     if not samples:
@@ -139,8 +152,9 @@ def renderings_root(images_root: str | os.PathLike) -> Path:
 
 def _checked_views(views: Sequence[int]) -> tuple:
     views = tuple(views)
-    if len(views) != 3 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 100
-                              for v in views):
+    if len(views) != 3 or any(
+        isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 100 for v in views
+    ):
         raise InputError(f"views={views!r}: expected 3 rendering indices in 0..99")
     return views
 
@@ -150,18 +164,25 @@ class _Layout:
 
     def __init__(self, images_root, gt_root, views: Sequence[int]):
         self.views = _checked_views(views)
-        self.renderings = os.path.join(renderings_root(images_root), "")   # ends in the separator
+        self.renderings = os.path.join(renderings_root(images_root), "")  # ends in the separator
         self.gt_root = os.path.join(gt_root, "")
         self.image_a, self.image_b, self.image_c = (f"{int(v):02d}.png" for v in self.views)
 
     def paths(self, sample: SampleId) -> SamplePaths:
         folder = f"{self.renderings}{sample.synset}/{sample.item}/rendering/"
-        return SamplePaths((folder + self.image_a, folder + self.image_b, folder + self.image_c),
-                           folder + SHAPENET_METADATA_NAME, f"{self.gt_root}{sample.name}")
+        return SamplePaths(
+            (folder + self.image_a, folder + self.image_b, folder + self.image_c),
+            folder + SHAPENET_METADATA_NAME,
+            f"{self.gt_root}{sample.name}",
+        )
 
 
-def sample_paths(sample: SampleId | str, images_root: str | os.PathLike, gt_root: str | os.PathLike,
-                 views: Sequence[int] = DEFAULT_VIEWS) -> SamplePaths:
+def sample_paths(
+    sample: SampleId | str,
+    images_root: str | os.PathLike,
+    gt_root: str | os.PathLike,
+    views: Sequence[int] = DEFAULT_VIEWS,
+) -> SamplePaths:
     """Where the files of ``sample`` are (nothing is checked; see :func:`check_sample`)."""
     if not isinstance(sample, SampleId):
         sample = SampleId.parse(sample)
@@ -212,8 +233,9 @@ def load_ground_truth_array(path: str | os.PathLike) -> np.ndarray:
     data = safe_pickle.load(path, what="ground-truth")
     if isinstance(data, (tuple, list)):
         if len(data) != 2:
-            raise FileFormatError(f"{path}: ground truth holds a {type(data).__name__} of {len(data)} items; "
-                                  "expected (image, points)")
+            raise FileFormatError(
+                f"{path}: ground truth holds a {type(data).__name__} of {len(data)} items; expected (image, points)"
+            )
         points = data[1]
     else:
         points = data
@@ -222,8 +244,9 @@ def load_ground_truth_array(path: str | os.PathLike) -> np.ndarray:
     if points.dtype.kind not in "fiu":
         raise FileFormatError(f"{path}: ground-truth points have dtype {points.dtype}; expected float numbers")
     if points.ndim != 2 or points.shape[1] < 3 or points.shape[0] < 1:
-        raise FileFormatError(f"{path}: ground-truth points have shape {points.shape}; expected (N, 6) "
-                              "(xyz + normal) with N >= 1")
+        raise FileFormatError(
+            f"{path}: ground-truth points have shape {points.shape}; expected (N, 6) (xyz + normal) with N >= 1"
+        )
     return points
 
 
@@ -234,14 +257,21 @@ def load_ground_truth(path: str | os.PathLike) -> np.ndarray:
     xyz = np.ascontiguousarray(load_ground_truth_array(path)[:, :3], dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(xyz).all(axis=1))
     if bad.size:
-        raise FileFormatError(f"{path}: {bad.size} ground-truth point(s) hold NaN or infinite coordinates "
-                              f"(first at row {bad[0]}); expected finite coordinates")
+        raise FileFormatError(
+            f"{path}: {bad.size} ground-truth point(s) hold NaN or infinite coordinates "
+            f"(first at row {bad[0]}); expected finite coordinates"
+        )
     return xyz
 
 
-def list_samples(list_file: str | os.PathLike, images_root: str | os.PathLike, gt_root: str | os.PathLike,
-                 views: Sequence[int] = DEFAULT_VIEWS, limit: int | None = None,
-                 with_gt: bool = True) -> list[tuple[SampleId, SamplePaths, Exception | None]]:
+def list_samples(
+    list_file: str | os.PathLike,
+    images_root: str | os.PathLike,
+    gt_root: str | os.PathLike,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    limit: int | None = None,
+    with_gt: bool = True,
+) -> list[tuple[SampleId, SamplePaths, Exception | None]]:
     """The first ``limit`` samples of ``list_file``, each with its (absolute) paths and the
     MissingFileError of its first absent file (None when all are there; with ``with_gt`` False
     the ground truth is not looked for). Errors in the list itself are raised."""
@@ -254,26 +284,39 @@ def list_samples(list_file: str | os.PathLike, images_root: str | os.PathLike, g
     return [(sample, paths, problem) for (sample, paths), problem in zip(listed, problems)]
 
 
-LISTING_CHUNK = 1024   # samples per task of the listing's threads
-LISTING_THREADS = 4    # beside a model build in the same process, 4 threads halve the listing; more add nothing
+LISTING_CHUNK = 1024  # samples per task of the listing's threads
+LISTING_THREADS = 4  # beside a model build in the same process, 4 threads halve the listing; more add nothing
 
 
 def _look_for_files(listed: list, with_gt: bool) -> list:
     """:func:`missing_file` of every (sample, paths), in order; long lists in a few threads, whose
     stat() calls (most of the time on a warm cache, all of it on a network file system) overlap."""
+
     def look(chunk):
         return [missing_file(sample, paths, with_gt) for sample, paths in chunk]
 
-    chunks = [listed[i:i + LISTING_CHUNK] for i in range(0, len(listed), LISTING_CHUNK)]
+    chunks = [listed[i : i + LISTING_CHUNK] for i in range(0, len(listed), LISTING_CHUNK)]
     if len(chunks) == 1:
         return look(listed)
     with ThreadPoolExecutor(min(len(chunks), LISTING_THREADS), thread_name_prefix="xmesh-listing") as pool:
         return [problem for found in pool.map(look, chunks) for problem in found]
 
 
-def listing_args(list_file, images_root, gt_root, views: Sequence[int] = DEFAULT_VIEWS, limit: int | None = None,
-                 with_gt: bool = True) -> tuple:
+def listing_args(
+    list_file,
+    images_root,
+    gt_root,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    limit: int | None = None,
+    with_gt: bool = True,
+) -> tuple:
     """:func:`list_samples`'s arguments in one form (absolute paths, a tuple of views), so that a
     listing started ahead (``xmesh.pipeline.startup.prefetch``) is found again by the run."""
-    return (os.path.abspath(list_file), os.path.abspath(images_root), os.path.abspath(gt_root), tuple(views),
-            limit, bool(with_gt))
+    return (
+        os.path.abspath(list_file),
+        os.path.abspath(images_root),
+        os.path.abspath(gt_root),
+        tuple(views),
+        limit,
+        bool(with_gt),
+    )

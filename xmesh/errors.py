@@ -4,6 +4,7 @@ Every message names the file or argument, what was wrong and what is expected, s
 on it without reading a traceback. Subclasses also derive from the built-in type that fits
 (ValueError, OSError, ...) so generic ``except`` clauses keep working.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import sys
 
 INTERRUPTED_WHILE_STARTING = "xmesh: interrupted while starting; nothing was written"
 
-SHOWN = 3   # the items a message lists before "and N more"
+SHOWN = 3  # the items a message lists before "and N more"
 
 
 def first_few(items, shown: int = SHOWN) -> str:

@@ -22,6 +22,7 @@ Both read: resolve the inputs, choose an executor (:mod:`xmesh.pipeline.executor
 or with ``client`` (a ``distributed.Client``) a Dask cluster, :mod:`xmesh.cluster`), run, store
 the results; either executor writes the same files by the same rules.
 """
+
 from __future__ import annotations
 
 import sys
@@ -58,7 +59,9 @@ def _check_options(batch_size, workers, metric_backend, limit, shard_batches=Non
         return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
 
     if batch_size is not None and not whole(batch_size, 1):
-        raise InputError(f"batch_size={batch_size!r}: expected a whole number >= 1 (or None: {GPU_BATCH} on the GPU, 1 on the CPU)")
+        raise InputError(
+            f"batch_size={batch_size!r}: expected a whole number >= 1 (or None: {GPU_BATCH} on the GPU, 1 on the CPU)"
+        )
     if workers is not None and not whole(workers, 0):
         raise InputError(f"workers={workers!r}: expected a whole number >= 0 (0 decodes inline), or None to choose")
     if metric_backend not in METRIC_BACKENDS:
@@ -73,8 +76,15 @@ def _progress(total: int, desc: str, enabled: bool):
     """A tqdm bar on stderr; silent with ``enabled=False`` or when stderr is not a terminal."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=True if not enabled else None,
-                dynamic_ncols=True, smoothing=0.1)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="sample",
+        file=sys.stderr,
+        disable=True if not enabled else None,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
 
 
 def _on_gpu(model) -> bool:
@@ -88,8 +98,10 @@ def _cluster_spec(model):
     (anything with ``backend`` and ``build()``, such as :class:`xmesh.cluster.ModelSpec`)."""
     spec = getattr(model, "spec", model)
     if not (callable(getattr(spec, "build", None)) and isinstance(getattr(spec, "backend", None), str)):
-        raise InputError(f"{type(model).__name__}: a cluster run builds the model on each worker; pass a Reconstructor "
-                         "or an xmesh.cluster.ModelSpec (weights as paths, a dict of arrays or 'synthetic:SEED')")
+        raise InputError(
+            f"{type(model).__name__}: a cluster run builds the model on each worker; pass a Reconstructor "
+            "or an xmesh.cluster.ModelSpec (weights as paths, a dict of arrays or 'synthetic:SEED')"
+        )
     return spec
 
 
@@ -102,8 +114,15 @@ def choose_executor(model, client=None, loader_pool=None, shard_batches: int | N
     return DaskExecutor(client, _cluster_spec(model), shard_batches)
 
 
-def _run(executor: Executor, todo: list, settings: RunSettings, commit, progress: bool, desc: str,
-         clock: startup.StartupClock) -> dict:
+def _run(
+    executor: Executor,
+    todo: list,
+    settings: RunSettings,
+    commit,
+    progress: bool,
+    desc: str,
+    clock: startup.StartupClock,
+) -> dict:
     with _progress(len(todo), desc, progress) as bar:
         return executor.run(todo, settings, commit, bar, clock)
 
@@ -172,8 +191,9 @@ def _fail_on_missing(listed: list, todo: list) -> None:
     if len(failing) == 1:
         raise first
     others = first_few([str(sample) for sample in failing[1:]])
-    raise MissingFileError(f"{len(failing)} of the {len(todo)} sample(s) to run lack files: {first}; "
-                           f"also {others}") from None
+    raise MissingFileError(
+        f"{len(failing)} of the {len(todo)} sample(s) to run lack files: {first}; also {others}"
+    ) from None
 
 
 def _have_files(folder: Path, sample, formats, ground: bool = False) -> bool:
@@ -192,11 +212,27 @@ def _have_files(folder: Path, sample, formats, ground: bool = False) -> bool:
     return True
 
 
-def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, batch_size: int | None = None,
-                     workers: int | None = None, metric_backend: str = "auto", limit: int | None = None,
-                     progress: bool = True, views: Sequence[int] = DEFAULT_VIEWS, save_meshes: bool = False,
-                     meta: dict | None = None, loader_pool=None, client=None, shard_batches: int | None = None,
-                     save_ground: bool = False, identity=None, overwrite: bool = False) -> dict:
+def evaluate_dataset(
+    reconstructor,
+    list_file,
+    images_root,
+    gt_root,
+    out_dir,
+    batch_size: int | None = None,
+    workers: int | None = None,
+    metric_backend: str = "auto",
+    limit: int | None = None,
+    progress: bool = True,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    save_meshes: bool = False,
+    meta: dict | None = None,
+    loader_pool=None,
+    client=None,
+    shard_batches: int | None = None,
+    save_ground: bool = False,
+    identity=None,
+    overwrite: bool = False,
+) -> dict:
     """Evaluate ``reconstructor`` on the samples of ``list_file`` (the first ``limit`` of them);
     see the module docstring for the outputs and the resume rule. ``batch_size`` and ``workers``
     (loader processes) default to the GPU's or the CPU's settings (:meth:`RunSettings.choose`).
@@ -222,10 +258,17 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     if save_ground and not save_meshes:
         raise InputError("save_ground=True writes {id}_ground.xyz beside the predictions: it needs save_meshes=True")
     predict_dir = Path(out_dir) / PREDICT_FOLDER if save_meshes else None
-    settings = RunSettings.choose(_on_gpu(reconstructor), batch_size, workers, save_meshes, views=views,
-                                  with_gt=True, metric_backend=metric_backend,
-                                  mesh_dir=str(predict_dir) if predict_dir is not None else None,
-                                  ground_root=str(gt_root) if save_ground else None)
+    settings = RunSettings.choose(
+        _on_gpu(reconstructor),
+        batch_size,
+        workers,
+        save_meshes,
+        views=views,
+        with_gt=True,
+        metric_backend=metric_backend,
+        mesh_dir=str(predict_dir) if predict_dir is not None else None,
+        ground_root=str(gt_root) if save_ground else None,
+    )
     listed = startup.take(list_samples, *listing_args(list_file, images_root, gt_root, views, limit, True))
     items = [(s, p) for s, p, _ in listed]
     _check_identity(out_dir, identity, overwrite)
@@ -233,17 +276,29 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     if predict_dir is not None and store is not None:
         remove_stray_temporaries(predict_dir)
     # a sample is done when its row is in the CSV and, with meshes, its files are whole on disk
-    todo = [(s, p) for s, p in items if store is None or str(s) not in store.done_ids
-            or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS, ground=save_ground))]
-    _fail_on_missing(listed, todo)   # before any compute
+    todo = [
+        (s, p)
+        for s, p in items
+        if store is None
+        or str(s) not in store.done_ids
+        or (predict_dir is not None and not _have_files(predict_dir, s, MESH_FORMATS, ground=save_ground))
+    ]
+    _fail_on_missing(listed, todo)  # before any compute
     _start_out(out_dir, identity, overwrite, evaluation=True)
     if store is None:
         store = ResultsStore(Path(out_dir))
     clock.mark("listing")
 
-    run_info = {"evaluated": 0, "skipped": len(items) - len(todo), "repaired_last_line": store.repaired_last_line,
-                "seconds": 0.0, "samples_per_s": 0.0, **settings.as_summary(), "save_meshes": bool(save_meshes),
-                "save_ground": bool(save_ground)}
+    run_info = {
+        "evaluated": 0,
+        "skipped": len(items) - len(todo),
+        "repaired_last_line": store.repaired_last_line,
+        "seconds": 0.0,
+        "samples_per_s": 0.0,
+        **settings.as_summary(),
+        "save_meshes": bool(save_meshes),
+        "save_ground": bool(save_ground),
+    }
     if todo:
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
@@ -252,11 +307,23 @@ def evaluate_dataset(reconstructor, list_file, images_root, gt_root, out_dir, ba
     return store.finish(run_info, meta, clock)
 
 
-def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_size: int | None = None,
-                        workers: int | None = None, limit: int | None = None, progress: bool = True,
-                        views: Sequence[int] = DEFAULT_VIEWS, formats: Sequence[str] = MESH_FORMATS,
-                        loader_pool=None, client=None, shard_batches: int | None = None, identity=None,
-                        overwrite: bool = False) -> dict:
+def reconstruct_dataset(
+    reconstructor,
+    list_file,
+    images_root,
+    out_dir,
+    batch_size: int | None = None,
+    workers: int | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    formats: Sequence[str] = MESH_FORMATS,
+    loader_pool=None,
+    client=None,
+    shard_batches: int | None = None,
+    identity=None,
+    overwrite: bool = False,
+) -> dict:
     """Reconstruct every sample of ``list_file`` (official layout, no ground truth needed) into
     ``out_dir/{id}_predict.xyz`` and ``.obj``. Resumable: a sample whose files all exist is skipped.
     Returns ``{"evaluated", "skipped", "seconds", "samples_per_s", settings..., "timing"}``.
@@ -266,8 +333,16 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise InputError(f"formats={list(formats)!r}: choose among {', '.join(FORMATS)}")
-    settings = RunSettings.choose(_on_gpu(reconstructor), batch_size, workers, save_meshes=True, views=views,
-                                  with_gt=False, mesh_dir=str(out_dir), formats=tuple(formats))
+    settings = RunSettings.choose(
+        _on_gpu(reconstructor),
+        batch_size,
+        workers,
+        save_meshes=True,
+        views=views,
+        with_gt=False,
+        mesh_dir=str(out_dir),
+        formats=tuple(formats),
+    )
     listed = startup.take(list_samples, *listing_args(list_file, images_root, out_dir, views, limit, False))
     items = [(s, p) for s, p, _ in listed]
     out_dir = _checked_out(out_dir)
@@ -278,8 +353,13 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     _fail_on_missing(listed, todo)
     _start_out(out_dir, identity, overwrite, evaluation=False)
     clock.mark("listing")
-    info = {"evaluated": 0, "skipped": len(items) - len(todo), "seconds": 0.0, "samples_per_s": 0.0,
-            **settings.as_summary()}
+    info = {
+        "evaluated": 0,
+        "skipped": len(items) - len(todo),
+        "seconds": 0.0,
+        "samples_per_s": 0.0,
+        **settings.as_summary(),
+    }
     if todo:
         executor = choose_executor(reconstructor, client, loader_pool, shard_batches)
         run_settings = settings.chosen_by_workers() if client is not None and workers is None else settings
@@ -289,5 +369,15 @@ def reconstruct_dataset(reconstructor, list_file, images_root, out_dir, batch_si
     return info
 
 
-__all__ = ["evaluate_dataset", "reconstruct_dataset", "choose_executor", "RunSettings", "read_csv", "repair_csv",
-           "summary_from_rows", "format_table", "format_timing", "CSV_COLUMNS"]
+__all__ = [
+    "evaluate_dataset",
+    "reconstruct_dataset",
+    "choose_executor",
+    "RunSettings",
+    "read_csv",
+    "repair_csv",
+    "summary_from_rows",
+    "format_table",
+    "format_timing",
+    "CSV_COLUMNS",
+]

@@ -9,6 +9,7 @@ of the rendering they go with (``{images}/{synset}/{item}/rendering/``, row ``vi
 float32)`` named ``{synset}_{item}_{view:02d}.dat``, so ``xmesh eval`` (and the original's
 loader) read it with the renderings.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,8 @@ from .io.cameras import SHAPENET_METADATA_NAME, read_camera_file
 from .mesh import read_mesh
 from .synthetic.dataset import ground_truth_points, write_ground_truth
 
-DEFAULT_POINTS = 16384   # the original's data generator's sample count per object
-SHAPENET_STEMS = ("model", "model_normalized")   # ShapeNet's {item}/model.obj: the item is the folder
+DEFAULT_POINTS = 16384  # the original's data generator's sample count per object
+SHAPENET_STEMS = ("model", "model_normalized")  # ShapeNet's {item}/model.obj: the item is the folder
 
 
 def item_name(mesh_path: str | os.PathLike) -> str:
@@ -48,8 +49,10 @@ def rendering(images_root, sample: SampleId, view: int) -> tuple[np.ndarray, np.
     folder = renderings_root(images_root) / sample.synset / sample.item / "rendering"
     metadata = folder / SHAPENET_METADATA_NAME
     if not metadata.is_file():
-        raise MissingFileError(f"{sample}: {str(metadata)!r} does not exist; render the object first (24 views with "
-                               "their camera rows, as ShapeNetRendering holds them) and give their root with --images")
+        raise MissingFileError(
+            f"{sample}: {str(metadata)!r} does not exist; render the object first (24 views with "
+            "their camera rows, as ShapeNetRendering holds them) and give their root with --images"
+        )
     rows = read_camera_file(metadata)
     if not 0 <= view < len(rows):
         raise InputError(f"{sample}: view {view} is not a row of {str(metadata)!r} ({len(rows)} rows)")
@@ -60,8 +63,16 @@ def rendering(images_root, sample: SampleId, view: int) -> tuple[np.ndarray, np.
     return rows[view], image
 
 
-def write_object_ground_truth(mesh_path, out_dir, synset: str, images_root, view: int = 0,
-                              n_points: int = DEFAULT_POINTS, scale: float = 1.0, seed: int = 0) -> Path:
+def write_object_ground_truth(
+    mesh_path,
+    out_dir,
+    synset: str,
+    images_root,
+    view: int = 0,
+    n_points: int = DEFAULT_POINTS,
+    scale: float = 1.0,
+    seed: int = 0,
+) -> Path:
     """Sample ``mesh_path`` (.obj/.ply) into ``out_dir/{synset}_{item}_{view:02d}.dat``; its path."""
     if isinstance(n_points, bool) or int(n_points) != n_points or n_points < 1:
         raise InputError(f"points={n_points!r}: expected a whole number >= 1")
@@ -73,8 +84,13 @@ def write_object_ground_truth(mesh_path, out_dir, synset: str, images_root, view
     if len(mesh.faces) == 0:
         raise InputError(f"{mesh_path}: the mesh has no faces; expected a triangle (or polygon) surface to sample")
     try:
-        points = ground_truth_points(mesh.vertices.astype(np.float64) * scale, mesh.faces, row, int(n_points),
-                                     np.random.default_rng([int(seed), int(sample.synset)]))
+        points = ground_truth_points(
+            mesh.vertices.astype(np.float64) * scale,
+            mesh.faces,
+            row,
+            int(n_points),
+            np.random.default_rng([int(seed), int(sample.synset)]),
+        )
     except InputError as exc:
         raise InputError(f"{mesh_path}: {exc}") from None
     return write_ground_truth(Path(out_dir) / sample.name, image, points)

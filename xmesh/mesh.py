@@ -7,6 +7,7 @@ texture coordinates, groups and materials ignored; 'f a/b/c' syntax, negative in
 fanned into triangles) and PLY (ascii, binary_little_endian and binary_big_endian; vertex x/y/z
 and a face list ``vertex_indices`` or ``vertex_index``).
 """
+
 from __future__ import annotations
 
 import io
@@ -34,7 +35,9 @@ def _as_array(values, what: str) -> np.ndarray:
 
 def _as_vertices(values, name: str) -> np.ndarray:
     array = _as_array(values, f"{name} (expected shape (V, 3))")
-    if array.dtype == np.bool_ or not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+    if array.dtype == np.bool_ or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ):
         raise InputError(f"Mesh: {name} has dtype {array.dtype}; expected real numbers, shape (V, 3)")
     if array.ndim != 2 or array.shape[1] != 3:
         raise InputError(f"Mesh: {name} has shape {array.shape}; expected (V, 3)")
@@ -189,7 +192,9 @@ def _read_text(path: Path, what: str) -> list[str]:
     try:
         return path.read_bytes().decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
-        raise FileFormatError(f"{what} file {str(path)!r} is not UTF-8 text (byte {exc.start}); expected an ASCII {what} file") from exc
+        raise FileFormatError(
+            f"{what} file {str(path)!r} is not UTF-8 text (byte {exc.start}); expected an ASCII {what} file"
+        ) from exc
 
 
 def _obj_index(token: str, count: int, where: str) -> int:
@@ -235,7 +240,9 @@ def _parse_obj(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             vertices.append(xyz)
         elif tokens[0] == "f":
             if len(tokens) < 4:
-                raise FileFormatError(f"{where}: face {line.strip()!r} has {len(tokens) - 1} vertices; expected at least 3")
+                raise FileFormatError(
+                    f"{where}: face {line.strip()!r} has {len(tokens) - 1} vertices; expected at least 3"
+                )
             polygon = [_obj_index(t, len(vertices), where) for t in tokens[1:]]
             triangles = list(_fan(polygon))
             faces.extend(triangles)
@@ -289,7 +296,9 @@ def read_xyz(path: str | os.PathLike) -> np.ndarray:
         except ValueError:
             xyz = []
         if len(xyz) != 3 or not all(np.isfinite(xyz)):
-            raise FileFormatError(f"XYZ file {str(path)!r}, line {lineno}: {line.strip()!r}; expected 3 finite numbers 'x y z'")
+            raise FileFormatError(
+                f"XYZ file {str(path)!r}, line {lineno}: {line.strip()!r}; expected 3 finite numbers 'x y z'"
+            )
         points.append(xyz)
     return np.asarray(points, dtype=np.float64).reshape(-1, 3).astype(np.float32)
 
@@ -297,10 +306,22 @@ def read_xyz(path: str | os.PathLike) -> np.ndarray:
 # PLY -------------------------------------------------------------------------------------------
 
 _PLY_TYPES = {
-    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
-    "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
-    "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
-    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
+    "char": "i1",
+    "int8": "i1",
+    "uchar": "u1",
+    "uint8": "u1",
+    "short": "i2",
+    "int16": "i2",
+    "ushort": "u2",
+    "uint16": "u2",
+    "int": "i4",
+    "int32": "i4",
+    "uint": "u4",
+    "uint32": "u4",
+    "float": "f4",
+    "float32": "f4",
+    "double": "f8",
+    "float64": "f8",
 }
 _PLY_FORMATS = {"ascii": None, "binary_little_endian": "<", "binary_big_endian": ">"}
 _FACE_LISTS = ("vertex_indices", "vertex_index")
@@ -380,7 +401,7 @@ def _ply_ascii_body(lines: list[str], elements: list[_PlyElement], first_line: i
                         k += 1
                     else:
                         n = int(tokens[k])
-                        record[prop[0]] = [int(t) for t in tokens[k + 1:k + 1 + n]]
+                        record[prop[0]] = [int(t) for t in tokens[k + 1 : k + 1 + n]]
                         if len(record[prop[0]]) != n:
                             raise IndexError
                         k += 1 + n
@@ -506,5 +527,6 @@ def read_mesh(path: str | os.PathLike) -> Mesh:
         return read_obj(path)
     if suffix == ".ply":
         return read_ply(path)
-    raise InputError(f"mesh file {str(path)!r}: extension {suffix!r} is not a mesh format xmesh reads; "
-                     "expected .obj or .ply")
+    raise InputError(
+        f"mesh file {str(path)!r}: extension {suffix!r} is not a mesh format xmesh reads; expected .obj or .ply"
+    )

@@ -9,6 +9,7 @@ fast path must compute the same function as its reference (to float32 rounding; 
 Adding one: declare it here with its reference, call it from that reference, override it in the
 backend, and add its row to the GPU's routing table (``xmesh/backends/plan.py``).
 """
+
 from __future__ import annotations
 
 #: op -> the model function that is its reference implementation (module path, function name); the
@@ -20,7 +21,7 @@ REFERENCES = {
     "unpool": ("xmesh.model.graph", "unpool"),
     "local_gconv": ("xmesh.model.deformation", "local_gconv"),
     "drb_block_tail": ("xmesh.model.deformation", "block_tail"),
-    "drb_block_layers": ("xmesh.model.deformation", "block_tail"),   # its five wide layers
+    "drb_block_layers": ("xmesh.model.deformation", "block_tail"),  # its five wide layers
     "drb_last_layer_score": ("xmesh.model.deformation", "last_layer_and_score"),
     "score_update": ("xmesh.model.deformation", "score_update"),
     "hypothesis_update": ("xmesh.model.deformation", "hypothesis_update"),

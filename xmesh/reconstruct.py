@@ -1,5 +1,6 @@
 """The public entry points: ``Reconstructor`` (weights and template loaded once) and ``reconstruct``,
 and :class:`ModelSpec`, the picklable recipe from which another process builds the same model."""
+
 from __future__ import annotations
 
 import importlib
@@ -33,10 +34,10 @@ class CapturedNetwork:
     """One batch size's reconstruction as four CUDA graphs (``Reconstructor._capture``) and the device
     arrays they read: ``images`` (B*V,224,224,3) and the view transforms ``tf``."""
 
-    cnn1: Any      # stage 1's CNN (the views its projections read) -> its maps
-    stage1: Any    # the rest of stage 1 -> the coarse mesh (B,2466,3)
-    cnn2: Any      # stage 2's CNN -> its maps and their padded copies
-    stage2: Any    # the two deformation reasoning blocks -> the refined mesh
+    cnn1: Any  # stage 1's CNN (the views its projections read) -> its maps
+    stage1: Any  # the rest of stage 1 -> the coarse mesh (B,2466,3)
+    cnn2: Any  # stage 2's CNN -> its maps and their padded copies
+    stage2: Any  # the two deformation reasoning blocks -> the refined mesh
     images: Any
     tf: DeviceTransforms
 
@@ -88,13 +89,21 @@ class ModelSpec:
     graphs: bool = True
 
     @classmethod
-    def of(cls, weights, template=None, backend: str = "numpy", precision: str = "fp32", view_quirk: bool = True,
-           graphs: bool = True) -> ModelSpec:
+    def of(
+        cls,
+        weights,
+        template=None,
+        backend: str = "numpy",
+        precision: str = "fp32",
+        view_quirk: bool = True,
+        graphs: bool = True,
+    ) -> ModelSpec:
         """A spec with its paths made absolute; ``weights`` as one-element lists are unwrapped."""
         if isinstance(weights, (list, tuple)) and len(weights) == 1:
             weights = weights[0]
-        return cls(_absolute(weights), _absolute(template), str(backend), str(precision), bool(view_quirk),
-                   bool(graphs))
+        return cls(
+            _absolute(weights), _absolute(template), str(backend), str(precision), bool(view_quirk), bool(graphs)
+        )
 
     @property
     def gpu(self) -> bool:
@@ -102,8 +111,14 @@ class ModelSpec:
 
     def build(self) -> Reconstructor:
         """The Reconstructor this spec describes."""
-        return Reconstructor(self.weights, template=self.template, backend=self.backend, precision=self.precision,
-                             view_quirk=self.view_quirk, graphs=self.graphs)
+        return Reconstructor(
+            self.weights,
+            template=self.template,
+            backend=self.backend,
+            precision=self.precision,
+            view_quirk=self.view_quirk,
+            graphs=self.graphs,
+        )
 
 
 def _template(template) -> Template:
@@ -113,13 +128,15 @@ def _template(template) -> Template:
         return template
     if isinstance(template, (str, os.PathLike)):
         return load_template(template)
-    raise InputError(f"template={template!r}: expected None (the built-in ellipsoid), a Template, or the path of a .dat file")
+    raise InputError(
+        f"template={template!r}: expected None (the built-in ellipsoid), a Template, or the path of a .dat file"
+    )
 
 
 def _host_inputs(template, weights) -> tuple[Template, dict, str]:
     """The template, the weights' arrays and their fingerprint (what a run's results depend on:
     :mod:`xmesh.results.run_identity`)."""
-    mesh = _template(template)   # first: a bad template is named before the weights are read
+    mesh = _template(template)  # first: a bad template is named before the weights are read
     arrays = load_weights(resolve_weights(weights))
     return mesh, arrays, weights_fingerprint(arrays)
 
@@ -148,8 +165,15 @@ class Reconstructor:
     #: its own intermediates, about 0.15 GB a sample in the 16-bit modes and 0.6 GB in fp32.
     graph_memory_share = 0.25
 
-    def __init__(self, weights: Any, template: Any = None, backend: Any = "numpy", precision: str = "fp32",
-                 view_quirk: bool = True, graphs: bool = True):
+    def __init__(
+        self,
+        weights: Any,
+        template: Any = None,
+        backend: Any = "numpy",
+        precision: str = "fp32",
+        view_quirk: bool = True,
+        graphs: bool = True,
+    ):
         # the template and the weights are read (or made) in a thread while the backend starts (on the
         # GPU: CuPy's import and the CUDA context)
         if isinstance(backend, str) and backend.lower() == "cupy":
@@ -162,22 +186,23 @@ class Reconstructor:
         host.shutdown(wait=False)
         self.backend = get_backend(backend, precision=precision) if isinstance(backend, str) else get_backend(backend)
         # how to build this model again in another process (a cluster worker: xmesh.cluster)
-        self.spec = ModelSpec.of(weights, template, self.backend.name, getattr(self.backend, "precision", precision),
-                                 view_quirk, graphs)
+        self.spec = ModelSpec.of(
+            weights, template, self.backend.name, getattr(self.backend, "precision", precision), view_quirk, graphs
+        )
         self.template, arrays, self.weights_fingerprint = inputs.result()
         self.stage1 = prepare_stage1(self.backend, arrays, self.template)
         self.stage2 = prepare_stage2(self.backend, arrays, self.template)
         self.view_quirk = bool(view_quirk)
         self.faces = np.asarray(self.template.faces_triangle[-1], dtype=np.int64)
-        self.max_batch: int | None = None   # set after an out-of-memory split
+        self.max_batch: int | None = None  # set after an out-of-memory split
         # CUDA Graphs: the second call with a batch size captures the whole reconstruction, later
         # calls with that size replay it (four launches instead of several hundred)
         self.graphs = bool(graphs) and getattr(self.backend, "can_capture_network", False)
         self._seen_batches: set[int] = set()
         self._captured: dict[int, CapturedNetwork] = {}
-        self._capture_failed: set[int] = set()            # sizes whose capture ran out of memory
+        self._capture_failed: set[int] = set()  # sizes whose capture ran out of memory
         self.graph_max_batch = GRAPH_MAX_BATCH.get(self.spec.precision, 8)
-        self._graph_sample_bytes = 0.0                    # the most a captured graph held per sample
+        self._graph_sample_bytes = 0.0  # the most a captured graph held per sample
 
     # -- low level: device arrays in, device arrays out ------------------------------------
     def run(self, images, cameras: np.ndarray, trace: network.Trace | None = None):
@@ -190,13 +215,15 @@ class Reconstructor:
         batch = cameras.shape[0]
         limit = self.max_batch
         if limit is not None and batch > limit and trace is None:
-            return self._concat([self.run(images[i:i + limit], cameras[i:i + limit]) for i in range(0, batch, limit)])
+            return self._concat(
+                [self.run(images[i : i + limit], cameras[i : i + limit]) for i in range(0, batch, limit)]
+            )
         try:
             return self._run_once(images, cameras, trace)
         except Exception as exc:
             if not self.backend.is_out_of_memory(exc):
                 raise
-            for net in self._captured.values():   # a captured graph holds its own intermediates
+            for net in self._captured.values():  # a captured graph holds its own intermediates
                 net.release()
             self._captured.clear()
             self.backend.release_memory()
@@ -204,8 +231,11 @@ class Reconstructor:
                 raise DeviceOutOfMemoryError(
                     f"{self.backend.name}: a batch of {batch} sample(s) does not fit in memory "
                     f"({type(exc).__name__}: {exc})"
-                    + ("; even one sample does not fit: free memory used by other programs, or use backend='numpy'"
-                       if batch == 1 else "; tracing needs the whole batch at once: trace fewer samples")
+                    + (
+                        "; even one sample does not fit: free memory used by other programs, or use backend='numpy'"
+                        if batch == 1
+                        else "; tracing needs the whole batch at once: trace fewer samples"
+                    )
                 ) from exc
         half = (batch + 1) // 2
         self.max_batch = half if self.max_batch is None else min(self.max_batch, half)
@@ -220,7 +250,7 @@ class Reconstructor:
             if batch in self._seen_batches and batch not in self._capture_failed and self._room_for_graphs(batch):
                 try:
                     return self._capture(batch, images, cameras)
-                except Exception as exc:   # out of memory while capturing: this size runs eagerly
+                except Exception as exc:  # out of memory while capturing: this size runs eagerly
                     if not self.backend.is_out_of_memory(exc):
                         raise
                     self._capture_failed.add(batch)
@@ -294,9 +324,9 @@ class Reconstructor:
             rest = [v for v in range(NUM_VIEWS) if v not in first]
         else:
             be.copy_into(net.images, images)
-        beside = be.branch()   # its work waits for this call's images so far and everything before
+        beside = be.branch()  # its work waits for this call's images so far and everything before
         net.cnn1.replay()
-        be.copy_into(net.tf.packed, packed_transforms(cameras))   # the transforms: one upload
+        be.copy_into(net.tf.packed, packed_transforms(cameras))  # the transforms: one upload
         net.stage1.replay()
         with beside:
             if rest:
@@ -316,10 +346,14 @@ class Reconstructor:
         or 3 photos and their :class:`xmesh.cameras.PhotoCameras` (the mesh then in the photos' world)."""
         return self.reconstruct_batch([images], [cameras], views=views)[0]
 
-    def reconstruct_batch(self, images: Sequence[Any], cameras: Sequence[Any], views: Sequence[int] | None = None) -> list[Mesh]:
+    def reconstruct_batch(
+        self, images: Sequence[Any], cameras: Sequence[Any], views: Sequence[int] | None = None
+    ) -> list[Mesh]:
         """Reconstruct B objects at once; ``images[b]`` and ``cameras[b]`` as for a single call."""
         if len(images) != len(cameras):
-            raise InputError(f"got {len(images)} image sets but {len(cameras)} camera sets: give one camera set per sample")
+            raise InputError(
+                f"got {len(images)} image sets but {len(cameras)} camera sets: give one camera set per sample"
+            )
         if len(images) == 0:
             raise InputError("reconstruct_batch needs at least one sample")
         inputs = [network_inputs(i, c, views) for i, c in zip(images, cameras)]
@@ -327,12 +361,22 @@ class Reconstructor:
         host_cameras = np.stack([c for _, c in inputs])
         coarse, refined = self.run(host_images, host_cameras)
         coarse, refined = self.backend.to_numpy(coarse), self.backend.to_numpy(refined)
-        return [place(Mesh(vertices=refined[b], faces=self.faces, coarse_vertices=coarse[b]), cameras[b])
-                for b in range(len(images))]
+        return [
+            place(Mesh(vertices=refined[b], faces=self.faces, coarse_vertices=coarse[b]), cameras[b])
+            for b in range(len(images))
+        ]
 
 
-def reconstruct(images: Any, cameras: Any, weights: Any, template: Any = None, backend: str = "numpy",
-                precision: str = "fp32", view_quirk: bool = True, views: Sequence[int] | None = None) -> Mesh:
+def reconstruct(
+    images: Any,
+    cameras: Any,
+    weights: Any,
+    template: Any = None,
+    backend: str = "numpy",
+    precision: str = "fp32",
+    view_quirk: bool = True,
+    views: Sequence[int] | None = None,
+) -> Mesh:
     """One-shot reconstruction: 3 images + 3 camera rows -> ``Mesh`` (see :class:`Reconstructor`).
 
     ``cameras`` may also be :class:`xmesh.cameras.PhotoCameras` (``xmesh.cameras.from_colmap`` or

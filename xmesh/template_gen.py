@@ -18,6 +18,7 @@ Conventions (all read off ``golden/template.dat`` and checked against it in the 
   edge midpoints (sorted edges), all projected to radius 0.05; their graph is the icosphere's
   120 edges plus the origin joined to all 42, with T0/T1 as above, dense.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,9 +42,14 @@ def uv_ellipsoid(rings: int = RINGS, segments: int = SEGMENTS, center=CENTER, ra
     """(vertices float64 (2 + rings*segments, 3), faces int64 (2*segments*rings, 3)), outward."""
     polar = np.pi * np.arange(1, rings + 1) / (rings + 1)
     azimuth = 2.0 * np.pi * np.arange(segments) / segments
-    unit = np.stack([np.outer(np.sin(polar), np.cos(azimuth)),
-                     np.outer(np.sin(polar), np.sin(azimuth)),
-                     np.outer(np.cos(polar), np.ones(segments))], axis=-1).reshape(-1, 3)
+    unit = np.stack(
+        [
+            np.outer(np.sin(polar), np.cos(azimuth)),
+            np.outer(np.sin(polar), np.sin(azimuth)),
+            np.outer(np.cos(polar), np.ones(segments)),
+        ],
+        axis=-1,
+    ).reshape(-1, 3)
     unit = np.vstack([[0.0, 0.0, 1.0], unit, [0.0, 0.0, -1.0]])
     vertices = unit * np.asarray(radii, float) + np.asarray(center, float)
 
@@ -81,8 +87,10 @@ def subdivide(vertices: np.ndarray, faces: np.ndarray):
 
     a, b, c = faces.T
     ab, bc, ca = midpoint_index(a, b), midpoint_index(b, c), midpoint_index(c, a)
-    children = np.stack([np.stack([a, ab, ca], 1), np.stack([b, bc, ab], 1),
-                         np.stack([c, ca, bc], 1), np.stack([ab, bc, ca], 1)], axis=1).reshape(-1, 3)
+    children = np.stack(
+        [np.stack([a, ab, ca], 1), np.stack([b, bc, ab], 1), np.stack([c, ca, bc], 1), np.stack([ab, bc, ca], 1)],
+        axis=1,
+    ).reshape(-1, 3)
     new_vertices = np.vstack([vertices, (vertices[edges[:, 0]] + vertices[edges[:, 1]]) / 2.0])
     return new_vertices, children, edges
 
@@ -112,8 +120,10 @@ def chebyshev_t1(edges: np.ndarray, n: int) -> sp.csr_matrix:
     adj = adjacency(edges, n)
     degree = np.asarray(adj.sum(axis=1)).ravel()
     if np.any(degree == 0):
-        raise InputError(f"chebyshev_t1: {int(np.sum(degree == 0))} of the {n} vertices have no edge; "
-                         "expected every vertex in at least one edge")
+        raise InputError(
+            f"chebyshev_t1: {int(np.sum(degree == 0))} of the {n} vertices have no edge; "
+            "expected every vertex in at least one edge"
+        )
     d = sp.diags(1.0 / np.sqrt(degree))
     lap = (sp.identity(n, format="csr") - d @ adj @ d).tocsr()
     lmax = _largest_eigenvalue(lap)
@@ -129,8 +139,8 @@ def lape_index(edges: np.ndarray, n: int, width: int = LAPE_NEIGHBOURS) -> np.nd
     adj.sort_indices()
     out = np.full((n, width + 2), -1, dtype=np.int32)
     for i in range(n):
-        nb = adj.indices[adj.indptr[i]:adj.indptr[i + 1]][:width]
-        out[i, :nb.size] = nb
+        nb = adj.indices[adj.indptr[i] : adj.indptr[i + 1]][:width]
+        out[i, : nb.size] = nb
         out[i, width] = i
         out[i, width + 1] = nb.size
     return out
@@ -140,13 +150,33 @@ def icosphere_offsets(radius: float = HYPOTHESIS_RADIUS):
     """(43, 3) float64: the origin, the 12 icosahedron vertices, the 30 edge midpoints, at ``radius``;
     and the 162 edges of their graph (icosphere edges + the origin joined to all), indices in 0..42."""
     t = (1.0 + np.sqrt(5.0)) / 2.0
-    ico = np.array([(-1, t, 0), (1, t, 0), (-1, -t, 0), (1, -t, 0), (0, -1, t), (0, 1, t),
-                    (0, -1, -t), (0, 1, -t), (t, 0, -1), (t, 0, 1), (-t, 0, -1), (-t, 0, 1)], float)
+    ico = np.array(
+        [
+            (-1, t, 0),
+            (1, t, 0),
+            (-1, -t, 0),
+            (1, -t, 0),
+            (0, -1, t),
+            (0, 1, t),
+            (0, -1, -t),
+            (0, 1, -t),
+            (t, 0, -1),
+            (t, 0, 1),
+            (-t, 0, -1),
+            (-t, 0, 1),
+        ],
+        float,
+    )
     # the icosahedron's edges join vertices at distance 2 (squared 4); its faces are the 3-cliques
     dist2 = ((ico[:, None] - ico[None]) ** 2).sum(-1)
     near = np.isclose(dist2, 4.0)
-    tri = [(i, j, k) for i in range(12) for j in range(i + 1, 12) for k in range(j + 1, 12)
-           if near[i, j] and near[j, k] and near[i, k]]
+    tri = [
+        (i, j, k)
+        for i in range(12)
+        for j in range(i + 1, 12)
+        for k in range(j + 1, 12)
+        if near[i, j] and near[j, k] and near[i, k]
+    ]
     unit = ico / np.linalg.norm(ico, axis=1, keepdims=True)
     verts, faces, _ = subdivide(unit, np.array(tri))
     verts = verts / np.linalg.norm(verts, axis=1, keepdims=True) * radius
@@ -160,8 +190,13 @@ def _support_tuple(t1: sp.csr_matrix, n: int) -> list:
     out = []
     for mat in (sp.identity(n, format="csr"), t1):
         coo = mat.tocoo()
-        out.append((np.stack([coo.row, coo.col], 1).astype(np.int64), coo.data.astype(np.float32),
-                    np.array([n, n], dtype=np.int64)))
+        out.append(
+            (
+                np.stack([coo.row, coo.col], 1).astype(np.int64),
+                coo.data.astype(np.float32),
+                np.array([n, n], dtype=np.int64),
+            )
+        )
     return out
 
 
@@ -178,9 +213,13 @@ def template_dict(rings: int = RINGS, segments: int = SEGMENTS) -> dict:
         levels.append(faces)
         pool_idx.append(edges.astype(np.int32))
 
-    data: dict = {"coord": coord, "pool_idx": pool_idx,
-                  "faces": [np.hstack([f, f[:, :1]]).astype(np.int32) for f in levels],
-                  "faces_triangle": [f.astype(np.int32) for f in levels], "lape_idx": []}
+    data: dict = {
+        "coord": coord,
+        "pool_idx": pool_idx,
+        "faces": [np.hstack([f, f[:, :1]]).astype(np.int32) for f in levels],
+        "faces_triangle": [f.astype(np.int32) for f in levels],
+        "lape_idx": [],
+    }
     n = coord.shape[0]
     for s, f in enumerate(levels):
         edges = mesh_edges(f)

@@ -2,6 +2,7 @@
 
 Skipped where ../shared (or $XMESH_SHARED) is missing. Definitions: ``xmesh.benchmarking.golden_errors``.
 """
+
 from __future__ import annotations
 
 from .common import benchmarking, require

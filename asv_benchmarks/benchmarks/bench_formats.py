@@ -1,5 +1,6 @@
 """Writing the reconstructed mesh (2466 vertices, 4928 faces) as each file format ``xmesh serve``
 answers with and ``xmesh reconstruct`` writes: OBJ text, binary PLY, binary glTF."""
+
 from __future__ import annotations
 
 import numpy as np

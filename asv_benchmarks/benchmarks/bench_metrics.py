@@ -3,6 +3,7 @@
 The three nearest-neighbour backends of ``xmesh.metrics`` in one run: SciPy's cKDTree and FAISS on
 the CPU, xmesh's own CUDA kernel on CuPy arrays (GPU work synchronised inside the timed call).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ class Chamfer:
             pred, gt = cupy.asarray(pred), cupy.asarray(gt)
             self.sync = cupy.cuda.Device().synchronize
         self.metrics, self.pred, self.gt, self.backend = metrics, pred, gt, backend
-        self._chamfer()   # warm: kernel compile, FAISS code paths
+        self._chamfer()  # warm: kernel compile, FAISS code paths
 
     def _chamfer(self):
         self.metrics.chamfer(self.pred, self.gt, backend=self.backend)

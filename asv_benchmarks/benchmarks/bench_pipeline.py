@@ -4,6 +4,7 @@ in the official layout (decoding, upload, network, metrics, CSV), beside the net
 The dataset (64 procedural objects, ``xmesh.synthetic.write_dataset``) is written once by
 ``setup_cache``; NumPy evaluates its first 4 samples in batches of 1, CuPy all 64 in batches of 32.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -50,8 +51,16 @@ class Pipeline:
             shutil.rmtree(self.out, ignore_errors=True)
 
     def _run(self, out: Path, limit: int) -> dict:
-        return self.evaluate(self.model, self.root / "test_list.txt", self.root, self.root / "gt", out,
-                             batch_size=self.batch, limit=limit, progress=False)
+        return self.evaluate(
+            self.model,
+            self.root / "test_list.txt",
+            self.root,
+            self.root / "gt",
+            out,
+            batch_size=self.batch,
+            limit=limit,
+            progress=False,
+        )
 
     def track_eval_samples_per_s(self, root, backend):
         """samples/s of the whole evaluation (the run's wall time, its pools' start included)."""

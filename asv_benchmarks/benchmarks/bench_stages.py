@@ -2,6 +2,7 @@
 
 Stage definitions: ``xmesh/benchmarking.py``. Divide by ``batch`` for the time per sample.
 """
+
 from __future__ import annotations
 
 from .common import Benchmark, benchmarking, require
@@ -83,9 +84,16 @@ class Speed16(Benchmark):
 
         require("cupy", batch)
         bm = benchmarking()
-        try:   # bf16 needs a Hopper GPU
-            self.work = bm.Workload("cupy", batch, weights=inputs["weights"], template=inputs["template"],
-                                    images=inputs["images"], cameras=inputs["cameras"], precision=precision)
+        try:  # bf16 needs a Hopper GPU
+            self.work = bm.Workload(
+                "cupy",
+                batch,
+                weights=inputs["weights"],
+                template=inputs["template"],
+                images=inputs["images"],
+                cameras=inputs["cameras"],
+                precision=precision,
+            )
         except BackendUnavailableError as exc:
             raise NotImplementedError(str(exc)) from exc
         self.work.prepare(*self.prepare)

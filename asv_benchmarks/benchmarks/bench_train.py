@@ -2,6 +2,7 @@
 
 The workload is ``xmesh.train.bench.StepWorkload`` (``scripts/train_bench.py`` times the same).
 """
+
 from __future__ import annotations
 
 from .common import BACKENDS, require
@@ -26,7 +27,7 @@ class TrainStep:
         except ImportError as exc:
             raise NotImplementedError(f"this xmesh has no training step ({exc})") from exc
         self.work = StepWorkload(2, backend, batch)
-        self.work.step()   # the first step builds what later steps reuse
+        self.work.step()  # the first step builds what later steps reuse
 
     def time_stage2_step(self, backend, batch):
         self.work.step()

@@ -6,6 +6,7 @@ module only adapts it to asv. A combination that cannot run here raises ``NotImp
 beyond ``NUMPY_MAX_BATCH`` (a NumPy sample takes seconds), the golden data absent, or a commit
 older than ``xmesh.benchmarking`` (so ``asv run`` over a commit range skips those cleanly).
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,14 @@ def build_inputs() -> dict:
     bm = benchmarking()
     template, template_source = bm.default_template()
     images, cameras, input_source = bm.default_inputs()
-    return {"weights": bm.synthetic_weights(bm.WEIGHTS_SEED), "template": template, "images": images,
-            "cameras": cameras, "template_source": template_source, "input_source": input_source}
+    return {
+        "weights": bm.synthetic_weights(bm.WEIGHTS_SEED),
+        "template": template,
+        "images": images,
+        "cameras": cameras,
+        "template_source": template_source,
+        "input_source": input_source,
+    }
 
 
 class Benchmark:
@@ -72,6 +79,12 @@ class Benchmark:
     def setup(self, inputs, backend, batch):
         require(backend, batch)
         bm = benchmarking()
-        self.work = bm.Workload(backend, batch, weights=inputs["weights"], template=inputs["template"],
-                                images=inputs["images"], cameras=inputs["cameras"])
+        self.work = bm.Workload(
+            backend,
+            batch,
+            weights=inputs["weights"],
+            template=inputs["template"],
+            images=inputs["images"],
+            cameras=inputs["cameras"],
+        )
         self.work.prepare(*self.prepare)

@@ -5,6 +5,7 @@ namespace (array-api-compat's wrapper of NumPy or CuPy), and it carries the few 
 model needs beyond the array API (sparse x dense products, 'SAME' convolutions) plus optional fast
 paths for the projections and the local graph convolution. Model code never imports NumPy or CuPy.
 """
+
 from __future__ import annotations
 
 from ..errors import BackendUnavailableError, InputError

@@ -1,4 +1,5 @@
 """What every backend provides. Subclasses fill in the array library; the model supplies the maths."""
+
 from __future__ import annotations
 
 from typing import Any

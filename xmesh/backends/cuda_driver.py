@@ -6,6 +6,7 @@ another (``scripts/cuda_start.py``). Called through ctypes, which lets go of the
 it runs while the process imports its modules and lists its dataset; CuPy's first call then finds
 the driver started. Nothing here makes a CUDA context.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -17,7 +18,7 @@ LIBRARY = "libcuda.so.1"
 def _init() -> None:
     try:
         ctypes.CDLL(LIBRARY).cuInit(0)
-    except (OSError, AttributeError):   # no driver: CuPy's own start says so, in its words
+    except (OSError, AttributeError):  # no driver: CuPy's own start says so, in its words
         pass
 
 

@@ -16,6 +16,7 @@ file needs a CUDA header (``cuda_fp16.h``) is built through ``cupy.RawModule`` i
 where CuPy's CUDA headers are. A compile failure raises :class:`~xmesh.errors.KernelCompileError`
 naming the kernel and carrying the compiler's log.
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -42,7 +43,7 @@ def require_cupy():
     except ImportError as exc:
         raise BackendUnavailableError(
             "backend='cupy' needs CuPy, which is not installed: run `pip install cupy-cuda12x` "
-            "(CUDA 12; `pip install cupy-cuda13x` for CUDA 13) or `pip install \"xmesh-p2mpp[cupy]\"` on a "
+            '(CUDA 12; `pip install cupy-cuda13x` for CUDA 13) or `pip install "xmesh-p2mpp[cupy]"` on a '
             "machine with an NVIDIA GPU, or use backend='numpy'"
         ) from exc
     return cupy
@@ -124,11 +125,11 @@ class _NeedsCudaHeaders(Exception):
 
 
 _lock = threading.RLock()
-_loaded: dict = {}              # (KernelBuild, device id) -> a module that holds the kernel
-_requested: set = set()         # every KernelBuild a get_*function call asked for in this process
-_built_on_demand: set = set()   # those no prepare() had been given before they were asked for
-_planned: set = set()           # every KernelBuild given to prepare()
-_pending: dict = {}             # (KernelBuild, compute capability) -> Future of its binary
+_loaded: dict = {}  # (KernelBuild, device id) -> a module that holds the kernel
+_requested: set = set()  # every KernelBuild a get_*function call asked for in this process
+_built_on_demand: set = set()  # those no prepare() had been given before they were asked for
+_planned: set = set()  # every KernelBuild given to prepare()
+_pending: dict = {}  # (KernelBuild, compute capability) -> Future of its binary
 
 
 def _nvrtc():
@@ -148,14 +149,16 @@ def device_target(compute_capability: str) -> tuple:
     cc = int(compute_capability)
     try:
         supported = [int(a) for a in _nvrtc().getSupportedArchs()]
-    except AttributeError:   # an NVRTC binding without the query: assume it knows the device
+    except AttributeError:  # an NVRTC binding without the query: assume it knows the device
         supported = [cc]
     if cc in supported:
         return f"sm_{cc}", "cubin"
     older = [a for a in supported if a <= cc]
     if not older:
-        raise KernelCompileError(f"this NVRTC (version {compiler_version()}) cannot build for compute capability "
-                                 f"{cc // 10}.{cc % 10}: install a CuPy built for a newer CUDA")
+        raise KernelCompileError(
+            f"this NVRTC (version {compiler_version()}) cannot build for compute capability "
+            f"{cc // 10}.{cc % 10}: install a CuPy built for a newer CUDA"
+        )
     return f"compute_{max(older)}", "ptx"
 
 
@@ -180,7 +183,8 @@ def _nvrtc_compile(build: KernelBuild, source: str, options: tuple) -> bytes:
                 raise _NeedsCudaHeaders(log) from exc
             raise KernelCompileError(
                 f"the CUDA kernel {build.name} ({build.file}, options {list(options)}) failed to compile: {exc}; "
-                f"compiler log:\n{log}") from exc
+                f"compiler log:\n{log}"
+            ) from exc
         if any(o.startswith("-arch=sm_") for o in options):
             return nvrtc.getCUBIN(program)
         return nvrtc.getPTX(program).encode("utf-8") + b"\0"
@@ -200,8 +204,9 @@ def _binary(build: KernelBuild, compute_capability: str):
         return _nvrtc_compile(build, source, options)
 
     try:
-        binary = kernel_cache.cached_cubin(f"{Path(build.file).stem}-{build.name}", source, arch, options,
-                                           compiler_version(), compile_now)
+        binary = kernel_cache.cached_cubin(
+            f"{Path(build.file).stem}-{build.name}", source, arch, options, compiler_version(), compile_now
+        )
     except _NeedsCudaHeaders:
         return None, True
     return binary, bool(compiled)
@@ -215,8 +220,10 @@ def _load(build: KernelBuild, binary):
         try:
             module.compile()
         except cupy.cuda.compiler.CompileException as exc:
-            raise KernelCompileError(f"the CUDA kernel {build.name} ({build.file}, options {list(build.options)}) "
-                                     f"failed to compile; compiler log:\n{exc}") from exc
+            raise KernelCompileError(
+                f"the CUDA kernel {build.name} ({build.file}, options {list(build.options)}) "
+                f"failed to compile; compiler log:\n{exc}"
+            ) from exc
         return module
     module = cupy.cuda.function.Module()
     module.load(binary)
@@ -229,8 +236,12 @@ def _is_cached(build: KernelBuild, compute_capability: str) -> bool:
         return False
     arch, options = _build_options(build, compute_capability)
     key = kernel_cache.cubin_key(build.source(), arch, options, compiler_version())
-    return kernel_cache.read_cubin(kernel_cache.cubin_path(folder, f"{Path(build.file).stem}-{build.name}",
-                                                           arch, key), warn=False) is not None
+    return (
+        kernel_cache.read_cubin(
+            kernel_cache.cubin_path(folder, f"{Path(build.file).stem}-{build.name}", arch, key), warn=False
+        )
+        is not None
+    )
 
 
 def _announce(count: int, target: str, say: bool = True):
@@ -239,8 +250,12 @@ def _announce(count: int, target: str, say: bool = True):
     folder = kernel_cache.cache_folder()
     where = f"cached in {folder}" if folder is not None else "not cached: XMESH_KERNEL_CACHE_DIR is empty"
     if say:
-        print(f"xmesh: compiling {count} GPU kernel{'s' if count != 1 else ''} for {target} "
-              f"(first use on this machine; {where})", file=sys.stderr, flush=True)
+        print(
+            f"xmesh: compiling {count} GPU kernel{'s' if count != 1 else ''} for {target} "
+            f"(first use on this machine; {where})",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         from tqdm import tqdm
     except ImportError:
@@ -374,8 +389,10 @@ def _function(build: KernelBuild):
         function = module.get_function(build.name)
         return function if isinstance(module, cupy.RawModule) else Kernel(function, module)
     except cupy.cuda.driver.CUDADriverError as exc:
-        raise KernelCompileError(f"the CUDA kernel {build.name} is not in {build.file} "
-                                 f"(options {list(build.options)}, {build.arch or 'device target'}): {exc}") from exc
+        raise KernelCompileError(
+            f"the CUDA kernel {build.name} is not in {build.file} "
+            f"(options {list(build.options)}, {build.arch or 'device target'}): {exc}"
+        ) from exc
 
 
 def get_function(filename: str, name: str, options: tuple = ()):

@@ -10,6 +10,7 @@ The library is looked for where CUDA's Python wheels put it (``nvidia.cudnn``), 
 search (``libcudnn.so.9``); ``XMESH_CUDNN`` names a file, or ``0`` turns cuDNN off. Without it the
 backend runs every convolution in its own kernels.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -37,6 +38,7 @@ def _library_paths() -> list[str]:
     paths = []
     try:
         import nvidia.cudnn as wheel  # the nvidia-cudnn-cu12 / -cu13 wheels
+
         for root in wheel.__path__:
             paths += sorted(glob.glob(os.path.join(root, "lib", "libcudnn.so.*")))
     except ImportError:
@@ -73,8 +75,16 @@ class _Descriptors:
         call("cudnnSetConvolution2dDescriptor", self.conv, k // 2, k // 2, 1, 1, 1, 1, _CROSS_CORRELATION, _FLOAT)
         call("cudnnSetConvolutionMathType", self.conv, _TENSOR_OP_MATH)
         size = ctypes.c_size_t()
-        call("cudnnGetConvolutionForwardWorkspaceSize", conv.handle, self.x, self.w, self.conv, self.y,
-             _IMPLICIT_PRECOMP_GEMM, ctypes.byref(size))
+        call(
+            "cudnnGetConvolutionForwardWorkspaceSize",
+            conv.handle,
+            self.x,
+            self.w,
+            self.conv,
+            self.y,
+            _IMPLICIT_PRECOMP_GEMM,
+            ctypes.byref(size),
+        )
         self.workspace = size.value
 
 
@@ -115,8 +125,9 @@ class CudnnConv:
     def _filter(self, weight):
         """weight (kh, kw, cin, cout) as cuDNN's NHWC filter (cout, kh, kw, cin), made once per array."""
         cp = self.cupy
-        return self._filters.get((weight,), "nhwc", lambda: cp.ascontiguousarray(cp.transpose(weight, (3, 0, 1, 2)),
-                                                                                 dtype=cp.float32))
+        return self._filters.get(
+            (weight,), "nhwc", lambda: cp.ascontiguousarray(cp.transpose(weight, (3, 0, 1, 2)), dtype=cp.float32)
+        )
 
     def conv2d_same_relu(self, x, weight, bias, out) -> None:
         """out (N,H,W,cout) = relu(conv(x, weight) + bias) for NHWC float32 x (contiguous), weight
@@ -137,7 +148,24 @@ class CudnnConv:
             return ctypes.c_void_p(a.data.ptr)
 
         # alpha2 = 0: z (given as out) adds nothing
-        self._call("cudnnConvolutionBiasActivationForward", self.handle, ctypes.byref(self._one), desc.x, ptr(x),
-                   desc.w, ptr(filt), desc.conv, _IMPLICIT_PRECOMP_GEMM, ptr(workspace), ctypes.c_size_t(desc.workspace),
-                   ctypes.byref(self._zero), desc.y, ptr(out), desc.bias, ptr(bias), self.relu, desc.y, ptr(out))
-
+        self._call(
+            "cudnnConvolutionBiasActivationForward",
+            self.handle,
+            ctypes.byref(self._one),
+            desc.x,
+            ptr(x),
+            desc.w,
+            ptr(filt),
+            desc.conv,
+            _IMPLICIT_PRECOMP_GEMM,
+            ptr(workspace),
+            ctypes.c_size_t(desc.workspace),
+            ctypes.byref(self._zero),
+            desc.y,
+            ptr(out),
+            desc.bias,
+            ptr(bias),
+            self.relu,
+            desc.y,
+            ptr(out),
+        )

@@ -1,6 +1,7 @@
 """Values derived once from long-lived arrays: a layer's weights prepared for a kernel, a support's
 CUDA source, a filter in a library's layout. The arrays live as long as the model, so a backend looks
 the derived value up by the arrays' identities instead of comparing values on every call."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -12,6 +12,7 @@ kernels in memory only. Writes are atomic (a temporary file, then a rename), so 
 compile the same kernel at once both succeed and leave one whole file. A folder that cannot be written costs a
 warning, once per process, and the kernels are compiled per process as before.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,8 +75,12 @@ def read_cubin(path: Path, warn: bool = True) -> bytes | None:
         return None
     cubin = _unpack(data)
     if cubin is None and warn:
-        warnings.warn(f"xmesh: the kernel cache file {path} is damaged (truncated or changed since it was "
-                      f"written); compiling the kernel again and replacing the file", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"xmesh: the kernel cache file {path} is damaged (truncated or changed since it was "
+            f"written); compiling the kernel again and replacing the file",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return cubin
 
 
@@ -93,12 +98,15 @@ def write_cubin(path: Path, cubin: bytes) -> bool:
                 f"xmesh could not write its kernel cache in {folder} ({exc.strerror or exc}); the GPU "
                 f"kernels will be compiled again in every process. Set XMESH_KERNEL_CACHE_DIR to a "
                 f"writable folder (or to an empty string to turn the disk cache off and this warning with it)",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return False
 
 
-def cached_cubin(filename: str, source: str, arch: str, options: tuple, compiler_version: tuple,
-                 compile_cubin: Callable[[], bytes]) -> bytes:
+def cached_cubin(
+    filename: str, source: str, arch: str, options: tuple, compiler_version: tuple, compile_cubin: Callable[[], bytes]
+) -> bytes:
     """The cubin of ``source`` built for ``arch``: from the disk cache where it holds a whole copy,
     else ``compile_cubin()``, stored for the next process."""
     folder = cache_folder()

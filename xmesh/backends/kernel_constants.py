@@ -6,6 +6,7 @@ them to the compiler with ``-D`` (:func:`defines`), and a file built without the
 ``#error``. tests/test_kernel_constants.py checks that every name a file expects is in its table.
 (The Hopper kernels' constants are checked against their files by tests/test_kernel_sources.py.)
 """
+
 from __future__ import annotations
 
 #: The stage kernels' files, each loaded by the backend module of its stage (xmesh/backends/cupy_backend/).
@@ -38,13 +39,21 @@ GEMM_BM, GEMM_BK, GEMM_FEW_TILES_BK, GEMM_STAGES, GEMM_THREADS = 128, 16, 32, 3,
 
 #: The stage files' -D names and their values (one table: kernels/stage_common.cuh checks them all).
 STAGE_DEFINES = {
-    "XM_HYP": HYPOTHESES, "XM_MAX_VIEWS": MAX_VIEWS,
-    "XM_ROWS_F32": ROWS_F32, "XM_ROWS_F16": ROWS_F16, "XM_ROWS_BF16": ROWS_BF16,
-    "XM_GP_POINTS": GRAPH_POINTS, "XM_GP_THREADS": GRAPH_THREADS,
-    "XM_LP_POINTS": LOCAL_POINTS, "XM_LP_THREADS": LOCAL_THREADS,
-    "XM_SU_VERTS": SCORE_VERTICES, "XM_SU_THREADS": SCORE_THREADS, "XM_SF_VERTS": SCORE_FINISH_VERTICES,
+    "XM_HYP": HYPOTHESES,
+    "XM_MAX_VIEWS": MAX_VIEWS,
+    "XM_ROWS_F32": ROWS_F32,
+    "XM_ROWS_F16": ROWS_F16,
+    "XM_ROWS_BF16": ROWS_BF16,
+    "XM_GP_POINTS": GRAPH_POINTS,
+    "XM_GP_THREADS": GRAPH_THREADS,
+    "XM_LP_POINTS": LOCAL_POINTS,
+    "XM_LP_THREADS": LOCAL_THREADS,
+    "XM_SU_VERTS": SCORE_VERTICES,
+    "XM_SU_THREADS": SCORE_THREADS,
+    "XM_SF_VERTS": SCORE_FINISH_VERTICES,
     "XM_SF_THREADS": SCORE_FINISH_THREADS,
-    "XM_SKINNY_K": SKINNY_MAX_K, "XM_SKINNY_COLS": SKINNY_MAX_COLS,
+    "XM_SKINNY_K": SKINNY_MAX_K,
+    "XM_SKINNY_COLS": SKINNY_MAX_COLS,
 }
 #: tc_gemm.cu's -D names and their values but the K slice (XG_BK, one build per width).
 GEMM_DEFINES = {"XG_BM": GEMM_BM, "XG_STAGES": GEMM_STAGES, "XG_THREADS": GEMM_THREADS}

@@ -11,6 +11,7 @@ The lists cover the batch sizes a call can take (the tile widths and K slices th
 from the shapes), so one list per (mode, generation) serves every call. :func:`all_builds` is the
 whole set a build step makes for one generation.
 """
+
 from __future__ import annotations
 
 from .cuda_kernels import KernelBuild
@@ -33,11 +34,24 @@ OPS_OPTIONS = STD + defines(STAGE_DEFINES)
 #: of that stage; tests/test_kernel_manifest.py checks them against the files.
 STAGE_KERNELS = {
     CONVOLUTION_FILE: ("conv_direct_x4", "conv_direct_c3_k3_n16", "im2col_nhwc"),
-    PROJECTION_FILE: ("graph_projection", "graph_projection_tiled", "local_projection", "local_projection_tiled",
-                      "local_projection_tiled_o16"),
+    PROJECTION_FILE: (
+        "graph_projection",
+        "graph_projection_tiled",
+        "local_projection",
+        "local_projection_tiled",
+        "local_projection_tiled_o16",
+    ),
     GRAPH_CONV_FILE: ("unpool_midpoints", "csr_gconv", "csr_gconv_x4"),
-    DEFORMATION_FILE: ("gconv_epilogue_f32", "gconv_epilogue_f16", "gconv_epilogue_f16_f32", "drb_mix_epilogue",
-                       "skinny_gemm16", "hypothesis_softmax_update", "drb_score_update", "drb_score_finish"),
+    DEFORMATION_FILE: (
+        "gconv_epilogue_f32",
+        "gconv_epilogue_f16",
+        "gconv_epilogue_f16_f32",
+        "drb_mix_epilogue",
+        "skinny_gemm16",
+        "hypothesis_softmax_update",
+        "drb_score_update",
+        "drb_score_finish",
+    ),
 }
 _STAGE_FILE = {name: file for file, names in STAGE_KERNELS.items() for name in names}
 ARCH = "sm_90a"
@@ -65,7 +79,7 @@ def _tc_gemm(passes: int) -> list:
     convolutions in K slices of 16, the 3xTF32 dense products in slices of 32 too (few tiles), and the
     split-K reduction."""
     widths = (16, 32, 64, 128)
-    builds = [KernelBuild(GEMM, f"conv_{passes}x_n{n}", _tc(16)) for n in widths]   # the CNN's, needed first
+    builds = [KernelBuild(GEMM, f"conv_{passes}x_n{n}", _tc(16)) for n in widths]  # the CNN's, needed first
     builds += [KernelBuild(GEMM, f"gemm_{passes}x_n{n}_{c}", _tc(16)) for n in widths for c in "vs"]
     if passes == 3:
         builds += [KernelBuild(GEMM, f"gemm_3x_n{n}_{c}", _tc(32)) for n in widths for c in "vs"]
@@ -81,9 +95,19 @@ def planned_builds(precision: str, hopper: bool) -> list:
     sixteen = precision in ("fp16", "bf16")
     # in the order a reconstruction first needs them: they are compiled in that order
     builds = [KernelBuild(HOPPER, name, STD, ARCH) for name in ("wg_split_weight", "wg_pack_weight16") if hopper]
-    builds += _ops("im2col_nhwc", "conv_direct_c3_k3_n16", "conv_direct_x4", "graph_projection_tiled",
-                  "graph_projection", "local_projection", "csr_gconv", "csr_gconv_x4", "unpool_midpoints",
-                  "drb_score_update", "hypothesis_softmax_update")
+    builds += _ops(
+        "im2col_nhwc",
+        "conv_direct_c3_k3_n16",
+        "conv_direct_x4",
+        "graph_projection_tiled",
+        "graph_projection",
+        "local_projection",
+        "csr_gconv",
+        "csr_gconv_x4",
+        "unpool_midpoints",
+        "drb_score_update",
+        "hypothesis_softmax_update",
+    )
     builds += _ops("local_projection_tiled_o16" if sixteen and hopper else "local_projection_tiled")
     builds += _tc_gemm(passes)
     if hopper:
@@ -91,7 +115,7 @@ def planned_builds(precision: str, hopper: bool) -> list:
         builds += _ops("drb_score_finish")
     else:
         builds += _ops("drb_mix_epilogue")
-        if sixteen:   # fp16 away from Hopper: the deformation layers' products in cuBLAS, then their epilogue
+        if sixteen:  # fp16 away from Hopper: the deformation layers' products in cuBLAS, then their epilogue
             builds += _ops("skinny_gemm16", "gconv_epilogue_f16")
     return builds
 
@@ -103,13 +127,17 @@ def planned_mixing_builds(precision: str, mixing: str) -> list:
 
     part, code = _PART[precision]
     if precision == "fp32":
-        builds = [KernelBuild(hg.LAYER_3XF16.source, name, STD, ARCH, mixing)
-                  for name in ("wg_drb_layer_3xf16", "wg_drb_layer_3xf16_score")]
+        builds = [
+            KernelBuild(hg.LAYER_3XF16.source, name, STD, ARCH, mixing)
+            for name in ("wg_drb_layer_3xf16", "wg_drb_layer_3xf16_score")
+        ]
     elif precision == "tf32":
         builds = []
     else:
-        builds = [KernelBuild(hg.CHAIN.source, f"wg_drb_chain_{part}", STD, ARCH, mixing),
-                  KernelBuild(hg.CHAIN.source, f"wg_drb_chain_score_{part}", STD, ARCH, mixing)]
+        builds = [
+            KernelBuild(hg.CHAIN.source, f"wg_drb_chain_{part}", STD, ARCH, mixing),
+            KernelBuild(hg.CHAIN.source, f"wg_drb_chain_score_{part}", STD, ARCH, mixing),
+        ]
     layer = mixing + f"#define WG_DRB_OPS {code}\n"
     ios = ("v", "s") if precision in ("fp32", "tf32") else ("v_o16", "h16")
     builds += [KernelBuild(HOPPER, f"wg_drb_layer_{part}_{io}", STD, ARCH, layer) for io in ios]

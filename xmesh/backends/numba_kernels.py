@@ -5,6 +5,7 @@ float32 operation order (numba keeps float32 arithmetic in float32 when every op
 and contracts nothing into fused multiply-adds without fastmath), but in one pass per point instead
 of dozens of whole-array temporaries.
 """
+
 from __future__ import annotations
 
 import numba
@@ -70,8 +71,9 @@ def local_projection(points, packed, m224, m112, m56, views, out):
                 img = b * views + v
                 ix1, ix2, iy1, iy2 = int(x1), int(x2), int(y1), int(y2)
                 for c in range(fmap.shape[3]):
-                    feats[v, col + c] = ((fmap[img, ix1, iy1, c] * w11 + fmap[img, ix2, iy1, c] * w21)
-                                         + fmap[img, ix1, iy2, c] * w12) + fmap[img, ix2, iy2, c] * w22
+                    feats[v, col + c] = (
+                        (fmap[img, ix1, iy1, c] * w11 + fmap[img, ix2, iy1, c] * w21) + fmap[img, ix1, iy2, c] * w12
+                    ) + fmap[img, ix2, iy2, c] * w22
                 col += fmap.shape[3]
         out[b, i, 0] = p0
         out[b, i, 1] = p1

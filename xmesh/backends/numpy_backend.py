@@ -1,4 +1,5 @@
 """The CPU baseline: NumPy + SciPy sparse + BLAS, with numba kernels for the two projections."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,7 @@ class NumpyBackend(Backend):
         flat_w = weight.reshape(kh * kw * cin, cout)
         outs = []
         for start in range(0, x.shape[0], self.conv_chunk):
-            cols, (n, ho, wo) = im2col(x[start:start + self.conv_chunk], kh, kw, stride)
+            cols, (n, ho, wo) = im2col(x[start : start + self.conv_chunk], kh, kw, stride)
             y = cols @ flat_w
             y += bias
             if relu:
@@ -74,8 +75,9 @@ class NumpyBackend(Backend):
         batch, n, _ = points.shape
         channels = sum(m.shape[3] for m in maps)
         out = np.empty((batch, n, 3 + 3 * channels), dtype=np.float32)
-        numba_kernels.local_projection(np.ascontiguousarray(points, dtype=np.float32), np.ascontiguousarray(tf.packed),
-                                       *maps, tf.num_views, out)
+        numba_kernels.local_projection(
+            np.ascontiguousarray(points, dtype=np.float32), np.ascontiguousarray(tf.packed), *maps, tf.num_views, out
+        )
         return out
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
@@ -83,9 +85,9 @@ class NumpyBackend(Backend):
             return None
         b, k, n, cin = x.shape
         cout = layer.cout
-        y = x.reshape(-1, cin) @ layer.weight                                   # (B*K*N, 2*cout), one GEMM
+        y = x.reshape(-1, cin) @ layer.weight  # (B*K*N, 2*cout), one GEMM
         y1 = np.ascontiguousarray(y[:, cout:]).reshape(b, k, n * cout)
-        out = np.matmul(cheb1, y1).reshape(b, k, n, cout)                       # 43x43 mixing, one GEMM per sample
+        out = np.matmul(cheb1, y1).reshape(b, k, n, cout)  # 43x43 mixing, one GEMM per sample
         out += y[:, :cout].reshape(b, k, n, cout)
         out += layer.bias
         np.maximum(out, 0.0, out=out)

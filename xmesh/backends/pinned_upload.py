@@ -10,6 +10,7 @@ fill. Like a pageable copy, :meth:`PinnedUploader.copy_rows` returns once every 
 source, so the caller may change it afterwards; a slot is refilled only after the device has read
 it (an event per slot, waited on by the worker that refills it).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,16 @@ class PinnedUploader:
     """Copies (rows, ...) host arrays into pitched device rows through pinned slots (see the module
     docstring). One per backend; its pinned memory (SLOTS x SLOT_BYTES) is allocated at first use."""
 
-    def __init__(self, cupy, slot_bytes: int = SLOT_BYTES, slots: int = SLOTS, threads: int = THREADS,
-                 min_bytes: int = MIN_BYTES):
+    def __init__(
+        self, cupy, slot_bytes: int = SLOT_BYTES, slots: int = SLOTS, threads: int = THREADS, min_bytes: int = MIN_BYTES
+    ):
         self.cupy = cupy
-        self.slot_bytes, self.slots, self.threads, self.min_bytes = int(slot_bytes), int(slots), int(threads), int(min_bytes)
+        self.slot_bytes, self.slots, self.threads, self.min_bytes = (
+            int(slot_bytes),
+            int(slots),
+            int(threads),
+            int(min_bytes),
+        )
         self._pinned: list | None = None
         self._events: list = []
         self._pool: ThreadPoolExecutor | None = None
@@ -63,8 +70,9 @@ class PinnedUploader:
             return
         if rows * row_bytes < self.min_bytes or row_bytes > self.slot_bytes:
             host = np.ascontiguousarray(src, dtype=np.float32)
-            runtime.memcpy2DAsync(dst_ptr, dst_pitch, host.ctypes.data, row_bytes, row_bytes, rows,
-                                  runtime.memcpyHostToDevice, stream.ptr)
+            runtime.memcpy2DAsync(
+                dst_ptr, dst_pitch, host.ctypes.data, row_bytes, row_bytes, rows, runtime.memcpyHostToDevice, stream.ptr
+            )
             return
         self._ready()
         # chunks of whole rows: at most a slot, and small enough that every slot takes part
@@ -74,9 +82,13 @@ class PinnedUploader:
         def fill(chunk: int):
             slot = chunk % self.slots
             if self._events[slot] is not None:
-                self._events[slot].synchronize()   # the device has read the slot's previous chunk
+                self._events[slot].synchronize()  # the device has read the slot's previous chunk
             start, stop = chunks[chunk]
-            staged = self._pinned[slot][: (stop - start) * row_bytes].view(np.float32).reshape((stop - start,) + src.shape[1:])
+            staged = (
+                self._pinned[slot][: (stop - start) * row_bytes]
+                .view(np.float32)
+                .reshape((stop - start,) + src.shape[1:])
+            )
             np.copyto(staged, src[start:stop], casting="unsafe")
 
         pending = deque(self._pool.submit(fill, c) for c in range(min(self.slots, len(chunks))))
@@ -84,13 +96,21 @@ class PinnedUploader:
             for chunk, (start, stop) in enumerate(chunks):
                 pending.popleft().result()
                 slot = chunk % self.slots
-                runtime.memcpy2DAsync(dst_ptr + start * dst_pitch, dst_pitch, self._pinned[slot].ctypes.data,
-                                      row_bytes, row_bytes, stop - start, runtime.memcpyHostToDevice, stream.ptr)
+                runtime.memcpy2DAsync(
+                    dst_ptr + start * dst_pitch,
+                    dst_pitch,
+                    self._pinned[slot].ctypes.data,
+                    row_bytes,
+                    row_bytes,
+                    stop - start,
+                    runtime.memcpyHostToDevice,
+                    stream.ptr,
+                )
                 event = self.cupy.cuda.Event(disable_timing=True)
                 event.record(stream)
                 self._events[slot] = event
                 if chunk + self.slots < len(chunks):
                     pending.append(self._pool.submit(fill, chunk + self.slots))
         finally:
-            for future in pending:   # after an error: no worker may still write a slot
+            for future in pending:  # after an error: no worker may still write a slot
                 future.cancel() or future.exception()

@@ -6,6 +6,7 @@ shared memory, with the swizzle the MMAs' descriptors expect. A kernel takes it 
 ``__grid_constant__`` parameter (``WgTensorMap`` in kernels/wgmma_common.cuh): here it is a NumPy
 scalar of 128 raw bytes, which CuPy passes by value like any other NumPy scalar.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -31,13 +32,25 @@ def _encode_tiled():
     try:
         fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
     except (OSError, AttributeError) as err:
-        raise RuntimeError("the Hopper kernels' tensor maps need the CUDA driver's cuTensorMapEncodeTiled "
-                           f"(libcuda.so.1 of a CUDA 12 or newer driver): {err}") from err
+        raise RuntimeError(
+            "the Hopper kernels' tensor maps need the CUDA driver's cuTensorMapEncodeTiled "
+            f"(libcuda.so.1 of a CUDA 12 or newer driver): {err}"
+        ) from err
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
-                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
-                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
-                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.POINTER(ctypes.c_uint32),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return fn
 
 
@@ -52,17 +65,32 @@ def tiled(address: int, dims, strides_bytes, box, element_bytes: int):
     if len(strides_bytes) != rank - 1 or len(box) != rank:
         raise ValueError(f"tensor map: {rank} sizes need {rank - 1} strides and {rank} box sizes")
     if address % 16 or any(s % 16 for s in strides_bytes) or box[0] * element_bytes > 128:
-        raise ValueError(f"tensor map: address {address:#x} and strides {tuple(strides_bytes)} must be "
-                         f"16-byte multiples, and the box's rows ({box[0]} elements of {element_bytes} bytes) "
-                         f"at most 128 bytes")
-    room = (ctypes.c_uint8 * (TENSOR_MAP_DTYPE.itemsize + 64))()   # the driver writes it 64-byte aligned
+        raise ValueError(
+            f"tensor map: address {address:#x} and strides {tuple(strides_bytes)} must be "
+            f"16-byte multiples, and the box's rows ({box[0]} elements of {element_bytes} bytes) "
+            f"at most 128 bytes"
+        )
+    room = (ctypes.c_uint8 * (TENSOR_MAP_DTYPE.itemsize + 64))()  # the driver writes it 64-byte aligned
     at = (ctypes.addressof(room) + 63) & ~63
     u64, u32 = ctypes.c_uint64 * rank, ctypes.c_uint32 * rank
     data_type = DATA_UINT16 if element_bytes == 2 else DATA_UINT32
-    status = _encode_tiled()(at, data_type, rank, address, u64(*dims),
-                             (ctypes.c_uint64 * max(rank - 1, 1))(*strides_bytes), u32(*box), u32(*([1] * rank)),
-                             INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_ZERO)
+    status = _encode_tiled()(
+        at,
+        data_type,
+        rank,
+        address,
+        u64(*dims),
+        (ctypes.c_uint64 * max(rank - 1, 1))(*strides_bytes),
+        u32(*box),
+        u32(*([1] * rank)),
+        INTERLEAVE_NONE,
+        SWIZZLE_128B,
+        L2_PROMOTION_256B,
+        OOB_FILL_ZERO,
+    )
     if status != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {status}) for sizes {tuple(dims)}, "
-                           f"strides {tuple(strides_bytes)}, box {tuple(box)}")
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled failed (CUresult {status}) for sizes {tuple(dims)}, "
+            f"strides {tuple(strides_bytes)}, box {tuple(box)}"
+        )
     return np.frombuffer(ctypes.string_at(at, TENSOR_MAP_DTYPE.itemsize), dtype=TENSOR_MAP_DTYPE)[0]

@@ -10,6 +10,7 @@ from here).
 
 Only :mod:`.worker` and :mod:`.driver` import Dask; the rest works without the extra installed.
 """
+
 from ..reconstruct import ModelSpec
 from .connect import open_client, parse_cluster_spec
 

@@ -15,6 +15,7 @@ daemon processes, so the loader and mesh writers run in processes there as in th
 run (a ``local:N`` worker runs them in threads).
 Dask is an optional extra: without it :func:`open_client` fails at once, naming the extra.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,10 @@ def require(module: str, extra: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise BackendUnavailableError(f"{what} needs {module} ({exc.msg if hasattr(exc, 'msg') else exc}); "
-                                      f'install it with: pip install "xmesh-p2mpp[{extra}]"') from None
+        raise BackendUnavailableError(
+            f"{what} needs {module} ({exc.msg if hasattr(exc, 'msg') else exc}); "
+            f'install it with: pip install "xmesh-p2mpp[{extra}]"'
+        ) from None
 
 
 @contextlib.contextmanager
@@ -78,15 +81,19 @@ def open_client(spec: str, option: str = "--cluster", model=None):
     try:
         if kind == "file":
             if not Path(value).is_file():
-                raise InputError(f"{option} {spec}: no such scheduler file; expected the JSON file that "
-                                 "`dask scheduler --scheduler-file` writes")
+                raise InputError(
+                    f"{option} {spec}: no such scheduler file; expected the JSON file that "
+                    "`dask scheduler --scheduler-file` writes"
+                )
             client = distributed.Client(scheduler_file=value, timeout=CONNECT_TIMEOUT)
         else:
             client = distributed.Client(value, timeout=CONNECT_TIMEOUT)
     except (OSError, TimeoutError) as exc:
-        raise InputError(f"{option} {spec}: no scheduler answered within {CONNECT_TIMEOUT} ({exc}); "
-                         "start one (dask scheduler, dask-jobqueue, the Dask Kubernetes operator) "
-                         "and give its address") from None
+        raise InputError(
+            f"{option} {spec}: no scheduler answered within {CONNECT_TIMEOUT} ({exc}); "
+            "start one (dask scheduler, dask-jobqueue, the Dask Kubernetes operator) "
+            "and give its address"
+        ) from None
     try:
         for plugin in plugins:
             client.register_plugin(plugin)
@@ -106,13 +113,14 @@ def _local_cluster(kind: str, count, plugins, option: str, spec: str):
     specs = worker_specs(kind, count)
     restore = dask.config.get("distributed.worker.daemon", True)
     if kind == "local-cuda":
-        dask.config.set({"distributed.worker.daemon": False})   # read again by each worker (re)start
+        dask.config.set({"distributed.worker.daemon": False})  # read again by each worker (re)start
     try:
         try:
             cluster, client = start_local(specs, plugins)
         except (OSError, TimeoutError, RuntimeError) as exc:
-            raise BackendUnavailableError(f"{option} {spec}: could not start its {len(specs)} worker process(es) "
-                                          f"({type(exc).__name__}: {exc})") from None
+            raise BackendUnavailableError(
+                f"{option} {spec}: could not start its {len(specs)} worker process(es) ({type(exc).__name__}: {exc})"
+            ) from None
         try:
             yield client
         finally:

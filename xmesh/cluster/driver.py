@@ -11,6 +11,7 @@ A worker that dies mid-shard leaves its shard to the scheduler, which runs it ag
 worker; its rows come back once, with that shard's result. A shard that kills
 ``distributed.scheduler.allowed-failures`` workers in a row is reported with its samples.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,8 @@ from .worker import model_plugin, prepare, run_shard
 # batches per shard at most (GPU, CPU): small enough to spread and to rerun, long enough that the
 # network's pause between two shards (the last batch's results, the next one's upload) stays ~1%
 SHARD_BATCHES = {True: 8, False: 4}
-PREPARE_TIMEOUT_S = 900   # building a model compiles its kernels on a fresh GPU machine: about a minute
-RETRIES = 2         # reruns of a shard that raised something other than an XmeshError (e.g. a full disk)
+PREPARE_TIMEOUT_S = 900  # building a model compiles its kernels on a fresh GPU machine: about a minute
+RETRIES = 2  # reruns of a shard that raised something other than an XmeshError (e.g. a full disk)
 
 
 def shard_size(batches: int, threads: int, most: int) -> int:
@@ -66,8 +67,10 @@ def _threads(client) -> int:
 
 def _killed_worker_error(exc: Exception, shard: list) -> XmeshError:
     first, last = shard[0][0][0], shard[-1][-1][0]
-    return XmeshError(f"samples {first} to {last}: the workers running them died repeatedly ({exc}); look for "
-                      "out-of-memory kills or crashes in the workers' logs, or lower --batch-size")
+    return XmeshError(
+        f"samples {first} to {last}: the workers running them died repeatedly ({exc}); look for "
+        "out-of-memory kills or crashes in the workers' logs, or lower --batch-size"
+    )
 
 
 class DaskExecutor:
@@ -81,8 +84,14 @@ class DaskExecutor:
         self.spec = spec
         self.shard_batches = shard_batches
 
-    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
-            clock: StartupClock | None = None) -> dict:
+    def run(
+        self,
+        todo: list,
+        settings: RunSettings,
+        commit: Callable[[str], None],
+        progress,
+        clock: StartupClock | None = None,
+    ) -> dict:
         """Run ``todo`` (a list of (sample, paths)); ``commit(text)`` gets the CSV lines of each
         finished shard; the workers' set-up is ``clock``'s ``workers`` phase. Mesh files a killed
         worker left half-written are removed afterwards."""
@@ -91,29 +100,42 @@ class DaskExecutor:
             remove_stray_temporaries(Path(settings.mesh_dir))
         return info
 
-    def _run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
-             clock: StartupClock) -> dict:
+    def _run(
+        self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress, clock: StartupClock
+    ) -> dict:
         client, spec = self.client, self.spec
         plugin = model_plugin(spec)
-        client.register_plugin(plugin)   # nothing new where the cluster was started with it
+        client.register_plugin(plugin)  # nothing new where the cluster was started with it
         pending: set = set()
         preparing: set = set()
         try:
             setup_start = time.perf_counter()
             peers = _peers(client)
             for address, count in peers.items():
-                preparing.add(client.submit(prepare, plugin.name, settings, count, workers=[address],
-                                            allow_other_workers=True, pure=False, priority=1))
+                preparing.add(
+                    client.submit(
+                        prepare,
+                        plugin.name,
+                        settings,
+                        count,
+                        workers=[address],
+                        allow_other_workers=True,
+                        pure=False,
+                        priority=1,
+                    )
+                )
             try:
                 done, _ = wait(list(preparing), timeout=PREPARE_TIMEOUT_S, return_when="FIRST_COMPLETED")
-            except (TimeoutError, asyncio.TimeoutError):   # the same class from Python 3.11 on
-                raise XmeshError(f"no worker built its model within {PREPARE_TIMEOUT_S} s; see the workers' "
-                                 "logs (the dashboard's, or `dask worker`'s output)") from None
+            except (TimeoutError, asyncio.TimeoutError):  # the same class from Python 3.11 on
+                raise XmeshError(
+                    f"no worker built its model within {PREPARE_TIMEOUT_S} s; see the workers' "
+                    "logs (the dashboard's, or `dask worker`'s output)"
+                ) from None
             prepared: list[dict] = []
 
             def take_prepared(future) -> None:
                 preparing.discard(future)
-                prepared.append(future.result())   # a model that cannot be built fails here
+                prepared.append(future.result())  # a model that cannot be built fails here
 
             for future in done:
                 take_prepared(future)
@@ -125,10 +147,10 @@ class DaskExecutor:
             per = shard_size(len(batches), _threads(client), most)
             shards, first = [], 0
             for size in shard_plan(len(batches), len(peers), per):
-                shards.append(batches[first:first + size])
+                shards.append(batches[first : first + size])
                 first += size
             waiting = iter(enumerate(shards))
-            running = as_completed(list(preparing))   # the workers still building, then the shards
+            running = as_completed(list(preparing))  # the workers still building, then the shards
             shard_of: dict = {}
 
             def top_up() -> None:
@@ -143,8 +165,18 @@ class DaskExecutor:
                     if nxt is None:
                         return
                     index, shard = nxt
-                    future = client.submit(run_shard, plugin.name, index, shard, settings, peers, pure=False,
-                                           retries=RETRIES, workers=ready, allow_other_workers=ready is not None)
+                    future = client.submit(
+                        run_shard,
+                        plugin.name,
+                        index,
+                        shard,
+                        settings,
+                        peers,
+                        pure=False,
+                        retries=RETRIES,
+                        workers=ready,
+                        allow_other_workers=ready is not None,
+                    )
                     shard_of[future.key] = shard
                     pending.add(future)
                     running.add(future)
@@ -176,18 +208,29 @@ class DaskExecutor:
                     stages[k] += outcome.timing.get(k, 0.0)
                 top_up()
                 if not pending:
-                    break   # every shard is in; a worker still building has nothing left to do
+                    break  # every shard is in; a worker still building has nothing left to do
             wall = time.perf_counter() - start
         finally:
             for future in (*pending, *preparing):
                 future.cancel()
             try:
                 client.unregister_worker_plugin(plugin.name)
-            except Exception:   # the cluster may be gone already; its workers then hold nothing of ours
+            except Exception:  # the cluster may be gone already; its workers then hold nothing of ours
                 pass
         share = max(1, len(workers_seen))
         timing = {"wall": wall, **{k: v / share for k, v in stages.items()}, **started}
-        return {"evaluated": len(todo), "seconds": wall, "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
-                "timing": timing,
-                "cluster": {"scheduler": client.scheduler.address, "workers": len(peers), "workers_used": len(workers_seen),
-                            "shards": len(shards), "batches_per_shard": per, "setup_s": setup_s, "prepared": prepared}}
+        return {
+            "evaluated": len(todo),
+            "seconds": wall,
+            "samples_per_s": len(todo) / wall if wall > 0 else 0.0,
+            "timing": timing,
+            "cluster": {
+                "scheduler": client.scheduler.address,
+                "workers": len(peers),
+                "workers_used": len(workers_seen),
+                "shards": len(shards),
+                "batches_per_shard": per,
+                "setup_s": setup_s,
+                "prepared": prepared,
+            },
+        }

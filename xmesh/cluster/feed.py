@@ -9,6 +9,7 @@ sample id. A bad sample file or a non-finite prediction fails only its shard (th
 before it are kept); anything else stops the loop and fails the shards waiting on it, which Dask
 then retries, and the next shard starts a new loop.
 """
+
 from __future__ import annotations
 
 import queue
@@ -57,12 +58,19 @@ class StreamLoader:
     is decoded or waiting, so that the loop finishes its batch in flight before the next shard comes.
     A batch with a bad file fails its shard; a failed shard's other batches are skipped."""
 
-    def __init__(self, inbox: queue.Queue, pool: Executor | None, workers: int, views: tuple, with_gt: bool,
-                 depth: int = PREFETCH_DEPTH):
+    def __init__(
+        self,
+        inbox: queue.Queue,
+        pool: Executor | None,
+        workers: int,
+        views: tuple,
+        with_gt: bool,
+        depth: int = PREFETCH_DEPTH,
+    ):
         self.inbox, self.pool, self.workers = inbox, pool, int(workers)
         self.views, self.with_gt, self.depth = tuple(views), bool(with_gt), int(depth)
         self.wait_s = 0.0
-        self.owners: dict[str, Shard] = {}   # first sample id of each batch handed to the loop
+        self.owners: dict[str, Shard] = {}  # first sample id of each batch handed to the loop
 
     def __iter__(self):
         pending: deque = deque()
@@ -116,8 +124,9 @@ class StreamLoader:
 class ShardFeed:
     """One worker's loop for one run's settings; :meth:`run` queues a shard and waits for it."""
 
-    def __init__(self, model, settings, loaders: int, pool: Executor | None, writer: MeshWriter | None,
-                 buffers: LoopBuffers):
+    def __init__(
+        self, model, settings, loaders: int, pool: Executor | None, writer: MeshWriter | None, buffers: LoopBuffers
+    ):
         self.model, self.settings, self.loaders, self.writer, self.buffers = model, settings, loaders, writer, buffers
         self.inbox: queue.Queue = queue.Queue()
         self.loader = StreamLoader(self.inbox, pool, loaders, settings.views, settings.with_gt)
@@ -135,8 +144,11 @@ class ShardFeed:
             return
         try:
             check_finite(result)
-            futures = self.writer.submit([prediction_stem(s) for s in result.samples], result.vertices) \
-                if self.writer is not None else []
+            futures = (
+                self.writer.submit([prediction_stem(s) for s in result.samples], result.vertices)
+                if self.writer is not None
+                else []
+            )
             shard.finisher.put(result, futures)
         except XmeshError as exc:
             shard.fail(exc)
@@ -145,9 +157,16 @@ class ShardFeed:
 
     def _loop(self) -> None:
         try:
-            run_batches(self.model, [], self._on_batch, replace(self.settings, loaders=self.loaders),
-                        loader=self.loader, buffers=self.buffers, timing=self.timing)
-        except BaseException as exc:   # handed to every shard waiting, and to the next one to come
+            run_batches(
+                self.model,
+                [],
+                self._on_batch,
+                replace(self.settings, loaders=self.loaders),
+                loader=self.loader,
+                buffers=self.buffers,
+                timing=self.timing,
+            )
+        except BaseException as exc:  # handed to every shard waiting, and to the next one to come
             with self.lock:
                 self.broken = exc
                 for shard in self.shards:

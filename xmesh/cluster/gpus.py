@@ -6,12 +6,13 @@
 the driver's ``/proc/driver/nvidia/gpus``). :func:`gpu_cpus` reads the CPUs near a GPU (its PCI
 device's ``local_cpulist``), where the driver says which PCI device it is.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")   # one folder per GPU, named by its PCI bus id
+DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU, named by its PCI bus id
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 
 
@@ -26,7 +27,7 @@ def _nvml_count() -> int | None:
             return int(pynvml.nvmlDeviceGetCount())
         finally:
             pynvml.nvmlShutdown()
-    except Exception:   # no driver, or a library without this GPU: the driver's folder answers instead
+    except Exception:  # no driver, or a library without this GPU: the driver's folder answers instead
         return None
 
 

@@ -16,6 +16,7 @@ reported as an error (:class:`QuietHeartbeatAtClose`).
 whose set-up starts the model build) and only then the workers, so that each worker starts
 building as soon as it has joined, while the others start.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -31,7 +32,7 @@ from ..errors import BackendUnavailableError
 from .gpus import gpu_cpus, visible_gpus
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 120   # every worker process started and joined (they import Python packages)
+START_TIMEOUT_S = 120  # every worker process started and joined (they import Python packages)
 LOG_LEVEL = logging.ERROR
 
 
@@ -47,7 +48,7 @@ class CpuAffinity(WorkerPlugin):
         for task in os.listdir("/proc/self/task"):
             try:
                 os.sched_setaffinity(int(task), self.cpus)
-            except OSError:   # a thread that ended meanwhile, or CPUs taken away since the spec was made
+            except OSError:  # a thread that ended meanwhile, or CPUs taken away since the spec was made
                 pass
 
 
@@ -72,7 +73,7 @@ class ExitAtClose(WorkerPlugin):
 
     def teardown(self, worker) -> None:
         if worker.status in (Status.closing, Status.closing_gracefully):
-            atexit.register(_exit_now)   # run first: atexit runs the last one registered first
+            atexit.register(_exit_now)  # run first: atexit runs the last one registered first
 
 
 HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
@@ -92,7 +93,7 @@ class QuietHeartbeatAtClose(WorkerPlugin):
         logging.getLogger("distributed.worker").addFilter(self.filter)
 
     def teardown(self, worker) -> None:
-        if worker.status not in _CLOSING:   # removed from a running worker; a closing one still needs it
+        if worker.status not in _CLOSING:  # removed from a running worker; a closing one still needs it
             logging.getLogger("distributed.worker").removeFilter(self.filter)
 
 
@@ -111,15 +112,22 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _nanny(threads: int, memory_limit: int, env: dict | None = None, cpus: set | None = None,
-           cuda: bool = False) -> dict:
+def _nanny(
+    threads: int, memory_limit: int, env: dict | None = None, cpus: set | None = None, cuda: bool = False
+) -> dict:
     plugins = {ExitAtClose(), QuietHeartbeatAtClose()}
     if cpus:
         plugins.add(CpuAffinity(cpus))
     if cuda:
         plugins.add(CudaWarmup())
-    options = {"nthreads": threads, "memory_limit": memory_limit, "host": HOST, "silence_logs": LOG_LEVEL,
-               "dashboard": False, "plugins": plugins}
+    options = {
+        "nthreads": threads,
+        "memory_limit": memory_limit,
+        "host": HOST,
+        "silence_logs": LOG_LEVEL,
+        "dashboard": False,
+        "plugins": plugins,
+    }
     if env:
         options["env"] = env
     return {"cls": Nanny, "options": options}
@@ -132,9 +140,11 @@ def worker_specs(kind: str, count: int | None = None, environ=None) -> dict:
         return {i: _nanny(1, MEMORY_LIMIT // count) for i in range(count)}
     devices = visible_gpus(environ)
     if not devices:
-        raise BackendUnavailableError("--cluster local-cuda: no GPU visible (CUDA_VISIBLE_DEVICES is empty, or the "
-                                      "NVIDIA driver lists none); run on a machine with an NVIDIA GPU, or use "
-                                      "local:N with --backend numpy")
+        raise BackendUnavailableError(
+            "--cluster local-cuda: no GPU visible (CUDA_VISIBLE_DEVICES is empty, or the "
+            "NVIDIA driver lists none); run on a machine with an NVIDIA GPU, or use "
+            "local:N with --backend numpy"
+        )
     specs = {}
     for i, device in enumerate(devices):
         cpus = gpu_cpus(device)
@@ -145,7 +155,7 @@ def worker_specs(kind: str, count: int | None = None, environ=None) -> dict:
 def _scheduler() -> dict:
     import importlib.util
 
-    dashboard = importlib.util.find_spec("bokeh") is not None   # the dashboard's pages need bokeh
+    dashboard = importlib.util.find_spec("bokeh") is not None  # the dashboard's pages need bokeh
     # the HTTP server (health, metrics, and the dashboard's pages with bokeh) on a free port
     return {"cls": Scheduler, "options": {"host": HOST, "port": 0, "dashboard": dashboard, "dashboard_address": ":0"}}
 

@@ -10,6 +10,7 @@ returns its CSV lines once the shard's mesh files are on disk. An :class:`~xmesh
 (a bad sample file, a non-finite prediction) comes back as a value beside the rows finished before
 it, so the client commits those and raises it unchanged; other exceptions are left to Dask's retries.
 """
+
 from __future__ import annotations
 
 import threading
@@ -51,15 +52,15 @@ class WorkerModel:
     def __init__(self, spec):
         self.spec = spec
         self.model = None
-        self.model_lock = threading.Lock()   # taken inside setup_lock, never around it
+        self.model_lock = threading.Lock()  # taken inside setup_lock, never around it
         self.setup_lock = threading.RLock()
         self.build_s = {"model_s": 0.0, "kernels_s": 0.0}
         self.loader_pools: dict[int, object] = {}
         self.writers: dict[tuple, MeshWriter] = {}
-        self.running: ShardFeed | None = None   # the loop of the run under way
-        self.loop_buffers = LoopBuffers()   # one loop runs at a time
-        self.peers = 1   # workers on this host, this one included (told by the client in ``prepare``)
-        self.closed = False   # torn down: a task still running (a late ``prepare``) starts nothing more
+        self.running: ShardFeed | None = None  # the loop of the run under way
+        self.loop_buffers = LoopBuffers()  # one loop runs at a time
+        self.peers = 1  # workers on this host, this one included (told by the client in ``prepare``)
+        self.closed = False  # torn down: a task still running (a late ``prepare``) starts nothing more
 
     def processes(self, settings: RunSettings) -> tuple[int, int]:
         """(loader, mesh writer) processes: the run's, or this worker's defaults for its share of the
@@ -83,10 +84,11 @@ class WorkerModel:
 
     def start_build(self) -> None:
         """Build the model in a thread now (a failure is raised again by the next :meth:`reconstructor`)."""
+
         def build():
             try:
                 self.reconstructor()
-            except BaseException:   # the task that needs the model builds it again and reports the error
+            except BaseException:  # the task that needs the model builds it again and reports the error
                 pass
 
         threading.Thread(target=build, name="xmesh-model-build", daemon=True).start()
@@ -106,8 +108,9 @@ class WorkerModel:
         key = (settings.mesh_dir, settings.formats, writers, settings.ground_root)
         with self.setup_lock:
             if key not in self.writers:
-                self.writers[key] = MeshWriter(Path(settings.mesh_dir), faces, writers, settings.formats,
-                                               settings.ground_root)
+                self.writers[key] = MeshWriter(
+                    Path(settings.mesh_dir), faces, writers, settings.formats, settings.ground_root
+                )
             return self.writers[key]
 
     def feed(self, settings: RunSettings) -> ShardFeed:
@@ -116,14 +119,15 @@ class WorkerModel:
             self._check_open()
             feed = self.running
             if feed is None or feed.settings != settings or feed.broken is not None:
-                if feed is not None:   # another run's loop, or a stopped one: done with
+                if feed is not None:  # another run's loop, or a stopped one: done with
                     feed.close()
                 loaders = self.processes(settings)[0]
                 if feed is not None and feed.settings == settings and loaders in self.loader_pools:
-                    self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)   # it may have stopped it
-                pool = self.loader_pool(loaders)   # its processes start while the model is built
-                self.running = feed = ShardFeed(self.reconstructor(), settings, loaders, pool,
-                                                self.mesh_writer(settings), self.loop_buffers)
+                    self.loader_pools.pop(loaders).shutdown(wait=False, cancel_futures=True)  # it may have stopped it
+                pool = self.loader_pool(loaders)  # its processes start while the model is built
+                self.running = feed = ShardFeed(
+                    self.reconstructor(), settings, loaders, pool, self.mesh_writer(settings), self.loop_buffers
+                )
             return feed
 
     def _check_open(self) -> None:
@@ -162,9 +166,9 @@ class ModelPlugin(WorkerPlugin):
         return {"spec": self.spec, "token": self.token, "name": self.name, "state": None}
 
     def setup(self, worker) -> None:
-        keep_batch_memory(one_arena=True)   # the nanny's MALLOC_TRIM_THRESHOLD_; the loop runs in a thread
+        keep_batch_memory(one_arena=True)  # the nanny's MALLOC_TRIM_THRESHOLD_; the loop runs in a thread
         self.state = WorkerModel(self.spec)
-        self.state.start_build()   # while the other workers join and the client lists the samples
+        self.state.start_build()  # while the other workers join and the client lists the samples
 
     def teardown(self, worker) -> None:
         if self.state is not None:
@@ -182,8 +186,9 @@ def model_plugin(spec) -> ModelPlugin:
 def _state(plugin_name: str) -> WorkerModel:
     plugin = get_worker().plugins.get(plugin_name)
     if plugin is None or plugin.state is None:
-        raise RuntimeError(f"worker {get_worker().address} has no model plugin {plugin_name!r} (registered after "
-                           "this task was sent?)")
+        raise RuntimeError(
+            f"worker {get_worker().address} has no model plugin {plugin_name!r} (registered after this task was sent?)"
+        )
     return plugin.state
 
 
@@ -196,15 +201,23 @@ def prepare(plugin_name: str, settings: RunSettings, peers: int = 1) -> dict:
     state = _state(plugin_name)
     state.peers = max(1, int(peers))
     loaders, writers = state.processes(settings)
-    state.loader_pool(loaders)   # its processes start while the model is built
+    state.loader_pool(loaders)  # its processes start while the model is built
     state.reconstructor()
-    state.feed(settings)   # the mesh writers and the loop
-    return {"worker": get_worker().address, "seconds": round(time.perf_counter() - start, 3), **state.build_s,
-            "loaders": loaders, "writers": writers if settings.mesh_dir is not None else 0,
-            "cores": host_share(state.peers), "peers": state.peers}
+    state.feed(settings)  # the mesh writers and the loop
+    return {
+        "worker": get_worker().address,
+        "seconds": round(time.perf_counter() - start, 3),
+        **state.build_s,
+        "loaders": loaders,
+        "writers": writers if settings.mesh_dir is not None else 0,
+        "cores": host_share(state.peers),
+        "peers": state.peers,
+    }
 
 
-def run_shard(plugin_name: str, index: int, batches: list, settings: RunSettings, peers: dict | None = None) -> ShardOutcome:
+def run_shard(
+    plugin_name: str, index: int, batches: list, settings: RunSettings, peers: dict | None = None
+) -> ShardOutcome:
     """Reconstruct (and score) ``batches``; the outcome's rows are complete and their mesh files whole
     and synced when it returns. ``peers``: each worker's number of workers on its host, as
     :func:`prepare` takes it (a shard may reach a worker whose ``prepare`` has not run yet)."""
@@ -225,7 +238,7 @@ def run_shard(plugin_name: str, index: int, batches: list, settings: RunSettings
     try:
         shard = state.feed(settings).run(batches, finisher)
         error, timing = shard.error, shard.timing
-    except XmeshError as exc:   # the loop stopped on it (e.g. a batch the GPU cannot hold)
+    except XmeshError as exc:  # the loop stopped on it (e.g. a batch the GPU cannot hold)
         error = exc
     finally:
         try:

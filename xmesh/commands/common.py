@@ -1,4 +1,5 @@
 """Options shared by several subcommands."""
+
 from __future__ import annotations
 
 import contextlib
@@ -12,16 +13,31 @@ from ..io.weight_sources import SYNTHETIC_PREFIX
 
 
 def add_model_options(parser, weights_required: bool = True) -> None:
-    parser.add_argument("--weights", required=weights_required, nargs="+", metavar="W",
-                        help="an .npz keyed by the official variable names, or TensorFlow checkpoint prefix(es) "
-                             "(give both official checkpoints: meshnetmvp2m and meshnet); "
-                             "'official' the copy stored by 'xmesh weights add'; "
-                             f"'{SYNTHETIC_PREFIX}SEED' uses the synthetic test recipe (NOT trained weights)")
-    parser.add_argument("--template", default=None, help="a template .dat in the official layout (default: the built-in ellipsoid)")
+    parser.add_argument(
+        "--weights",
+        required=weights_required,
+        nargs="+",
+        metavar="W",
+        help="an .npz keyed by the official variable names, or TensorFlow checkpoint prefix(es) "
+        "(give both official checkpoints: meshnetmvp2m and meshnet); "
+        "'official' the copy stored by 'xmesh weights add'; "
+        f"'{SYNTHETIC_PREFIX}SEED' uses the synthetic test recipe (NOT trained weights)",
+    )
+    parser.add_argument(
+        "--template", default=None, help="a template .dat in the official layout (default: the built-in ellipsoid)"
+    )
     parser.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array backend (default: numpy)")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "fp16", "bf16"), help="GPU precision mode (default: fp32)")
-    parser.add_argument("--no-view-quirk", action="store_true",
-                        help="let each view sample its own stage-1 maps (only for weights trained that way)")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "tf32", "fp16", "bf16"),
+        help="GPU precision mode (default: fp32)",
+    )
+    parser.add_argument(
+        "--no-view-quirk",
+        action="store_true",
+        help="let each view sample its own stage-1 maps (only for weights trained that way)",
+    )
 
 
 def check_weights_values(args) -> None:
@@ -32,9 +48,11 @@ def check_weights_values(args) -> None:
 
     images = [w for w in args.weights or () if os.path.isfile(w) and describe_file(w) in IMAGE_KINDS]
     if images:
-        raise InputError(f"--weights took {len(args.weights)} value(s), {len(images)} of them image(s) "
-                         f"({first_few(images)}), not weights: --weights takes every value up to the next option; "
-                         "give the images before --weights")
+        raise InputError(
+            f"--weights took {len(args.weights)} value(s), {len(images)} of them image(s) "
+            f"({first_few(images)}), not weights: --weights takes every value up to the next option; "
+            "give the images before --weights"
+        )
 
 
 def check_folder(path: str, option: str, expected: str) -> None:
@@ -62,46 +80,73 @@ def describe_processes(chosen, args, client, writer: str = "writer") -> str:
 def check_batch_size(args) -> None:
     """--batch-size, where given, is a whole number >= 1 (every command refuses 0 the same way)."""
     if args.batch_size is not None and args.batch_size < 1:
-        raise InputError(f"--batch-size {args.batch_size}: expected a whole number >= 1 (default: 64 on the GPU, "
-                         "1 on the CPU)")
+        raise InputError(
+            f"--batch-size {args.batch_size}: expected a whole number >= 1 (default: 64 on the GPU, 1 on the CPU)"
+        )
 
 
 def add_cluster_option(parser) -> None:
-    parser.add_argument("--cluster", default=None, metavar="SPEC",
-                        help="run on a Dask cluster: local:N (N worker processes here), local-cuda (one worker per "
-                             "GPU), tcp://HOST:PORT (a running scheduler), or a scheduler file such as sched.json (written by "
-                             "dask scheduler --scheduler-file); needs pip install \"xmesh-p2mpp[dask]\"")
-    parser.add_argument("--shard-batches", type=int, default=None, metavar="K",
-                        help="with --cluster: batches per task sent to a worker (default: 8 on the GPU, 4 on the CPU, fewer "
-                             "so that every worker gets one)")
+    parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="SPEC",
+        help="run on a Dask cluster: local:N (N worker processes here), local-cuda (one worker per "
+        "GPU), tcp://HOST:PORT (a running scheduler), or a scheduler file such as sched.json (written by "
+        'dask scheduler --scheduler-file); needs pip install "xmesh-p2mpp[dask]"',
+    )
+    parser.add_argument(
+        "--shard-batches",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --cluster: batches per task sent to a worker (default: 8 on the GPU, 4 on the CPU, fewer "
+        "so that every worker gets one)",
+    )
 
 
 def spec_from_args(args):
     """The ModelSpec of the model options, for the workers of --cluster to build."""
     from ..reconstruct import ModelSpec
 
-    weight_sources.synthetic_seed(list(args.weights), "--weights")  # a malformed synthetic:SEED fails here, before any cluster starts
+    weight_sources.synthetic_seed(
+        list(args.weights), "--weights"
+    )  # a malformed synthetic:SEED fails here, before any cluster starts
     if weight_sources.is_official(list(args.weights)):
-        weight_sources.resolve_weights(list(args.weights))   # official weights never added: the same, with the steps
+        weight_sources.resolve_weights(list(args.weights))  # official weights never added: the same, with the steps
     if args.cluster == "local-cuda" and args.backend != "cupy":
-        raise InputError("--cluster local-cuda starts one worker per GPU: use it with --backend cupy "
-                         "(local:N runs N CPU workers for --backend numpy)")
-    return ModelSpec.of(list(args.weights), template=args.template, backend=args.backend, precision=args.precision,
-                        view_quirk=not args.no_view_quirk)
+        raise InputError(
+            "--cluster local-cuda starts one worker per GPU: use it with --backend cupy "
+            "(local:N runs N CPU workers for --backend numpy)"
+        )
+    return ModelSpec.of(
+        list(args.weights),
+        template=args.template,
+        backend=args.backend,
+        precision=args.precision,
+        view_quirk=not args.no_view_quirk,
+    )
 
 
 def reconstructor_from_args(args):
     from ..reconstruct import Reconstructor
 
-    return Reconstructor(resolve_weights(args.weights), template=args.template, backend=args.backend,
-                         precision=args.precision, view_quirk=not args.no_view_quirk)
+    return Reconstructor(
+        resolve_weights(args.weights),
+        template=args.template,
+        backend=args.backend,
+        precision=args.precision,
+        view_quirk=not args.no_view_quirk,
+    )
 
 
 def add_overwrite_option(parser, what: str) -> None:
-    parser.add_argument("--overwrite", action="store_true",
-                        help=f"start afresh: delete the {what} of an earlier run in --out instead of resuming it "
-                             "(a resume with other weights, template or settings than those recorded in "
-                             "--out/run.json is refused)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"start afresh: delete the {what} of an earlier run in --out instead of resuming it "
+        "(a resume with other weights, template or settings than those recorded in "
+        "--out/run.json is refused)",
+    )
 
 
 def run_identity(args, model):
@@ -116,9 +161,16 @@ def run_identity(args, model):
         from ..io.weights import load_weights, weights_fingerprint
 
         fingerprint = weights_fingerprint(load_weights(resolve_weights(args.weights)))
-    identity = model_identity(fingerprint, getattr(model, "template", args.template), args.backend, args.precision,
-                              args.views, not args.no_view_quirk, weights_about=" ".join(args.weights),
-                              template_about=args.template or "built-in ellipsoid")
+    identity = model_identity(
+        fingerprint,
+        getattr(model, "template", args.template),
+        args.backend,
+        args.precision,
+        args.views,
+        not args.no_view_quirk,
+        weights_about=" ".join(args.weights),
+        template_about=args.template or "built-in ellipsoid",
+    )
     check_identity(args.out, identity, args.overwrite)
     return identity
 
@@ -132,8 +184,10 @@ def output_errors(what: str):
     except OSError as exc:
         if isinstance(exc, XmeshError):
             raise
-        raise InputError(f"{what} failed ({os_error_reason(exc)}); the previous file, if any, is unchanged; "
-                         "expected a writable path with free space") from None
+        raise InputError(
+            f"{what} failed ({os_error_reason(exc)}); the previous file, if any, is unchanged; "
+            "expected a writable path with free space"
+        ) from None
 
 
 def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple | None = None) -> int:
@@ -149,7 +203,7 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
     if getattr(args, "backend", None) == "cupy" and not getattr(args, "cluster", None):
         from ..backends.cuda_driver import start_driver
 
-        start_driver()   # beside the listing, the pool's start and CuPy's import
+        start_driver()  # beside the listing, the pool's start and CuPy's import
     if listing is not None:
         from ..dataset import list_samples
 
@@ -168,7 +222,7 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
     from ..pipeline.loading import start_pool
 
     pool = None
-    try:   # the pool shut down however the command ends, Ctrl+C while it starts included
+    try:  # the pool shut down however the command ends, Ctrl+C while it starts included
         pool = start_pool(chosen.loaders)
         startup.mark("other")
         model = reconstructor_from_args(args)

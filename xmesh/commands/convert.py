@@ -1,4 +1,5 @@
 """xmesh convert CKPT_PREFIX [CKPT_PREFIX ...] OUT.npz: TensorFlow checkpoints -> one .npz, without TensorFlow."""
+
 from __future__ import annotations
 
 import sys
@@ -6,10 +7,14 @@ import sys
 
 def add_parser(sub) -> None:
     p = sub.add_parser("convert", help="convert TensorFlow V2 checkpoints to one .npz (no TensorFlow needed)")
-    p.add_argument("checkpoints", nargs="+", metavar="checkpoint",
-                   help="checkpoint prefix (e.g. meshnet.ckpt-10), its .index file, or its folder; give both official "
-                        "checkpoints (meshnetmvp2m.ckpt-50 meshnet.ckpt-10), or 'official' for the copy stored by "
-                        "'xmesh weights add', for one file with both stages")
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="checkpoint",
+        help="checkpoint prefix (e.g. meshnet.ckpt-10), its .index file, or its folder; give both official "
+        "checkpoints (meshnetmvp2m.ckpt-50 meshnet.ckpt-10), or 'official' for the copy stored by "
+        "'xmesh weights add', for one file with both stages",
+    )
     p.add_argument("out", help="output .npz (written atomically)")
     p.set_defaults(run=run)
 

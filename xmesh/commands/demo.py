@@ -1,4 +1,5 @@
 """xmesh demo: reconstruct a built-in procedural object end to end, nothing downloaded."""
+
 from __future__ import annotations
 
 import sys
@@ -6,16 +7,20 @@ import time
 from pathlib import Path
 
 DEMO_SEED = 1
-DEMO_RECIPE = "the test recipe's small-move variant"   # the template comes out deformed, not collapsed
+DEMO_RECIPE = "the test recipe's small-move variant"  # the template comes out deformed, not collapsed
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="render a built-in object, reconstruct it and write the mesh (no download)")
     p.add_argument("--out", default="xmesh-demo", help="output folder (default: ./xmesh-demo)")
-    p.add_argument("--weights", nargs="+", default=None,
-                   help="real weights: 'official' (the copy stored by 'xmesh weights add'), an .npz or both "
-                        "checkpoint prefixes; default: synthetic weights (the test recipe's small-move variant, "
-                        "seed 1)")
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        default=None,
+        help="real weights: 'official' (the copy stored by 'xmesh weights add'), an .npz or both "
+        "checkpoint prefixes; default: synthetic weights (the test recipe's small-move variant, "
+        "seed 1)",
+    )
     p.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
     p.set_defaults(run=run)
 
@@ -41,13 +46,17 @@ def run(args) -> int:
         said = describe_weights(args.weights)
     else:
         weights = synthetic_weights(DEMO_SEED, small_moves=True)
-        said = (f"SYNTHETIC weights ({DEMO_RECIPE}, seed {DEMO_SEED}): the official Pixel2Mesh++ weights cannot be "
-                "bundled, so this mesh shows the pipeline working, not a trained reconstruction. "
-                "Run 'xmesh weights add RELEASE.zip' once, then 'xmesh demo --weights official', for the real one.")
+        said = (
+            f"SYNTHETIC weights ({DEMO_RECIPE}, seed {DEMO_SEED}): the official Pixel2Mesh++ weights cannot be "
+            "bundled, so this mesh shows the pipeline working, not a trained reconstruction. "
+            "Run 'xmesh weights add RELEASE.zip' once, then 'xmesh demo --weights official', for the real one."
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"--out {out}: cannot make the folder ({exc.strerror or exc}); expected a writable folder path") from None
+        raise InputError(
+            f"--out {out}: cannot make the folder ({exc.strerror or exc}); expected a writable folder path"
+        ) from None
     images, cameras = demo_inputs(out / "inputs", seed=0)
     print(f"xmesh demo: inputs {', '.join(str(i) for i in images)}, cameras {cameras}", file=sys.stderr)
     print(f"xmesh demo: using {said}", file=sys.stderr)
@@ -57,10 +66,21 @@ def run(args) -> int:
     elapsed = time.perf_counter() - start
     mesh_path = mesh.to_obj(out / "mesh.obj")
     mesh.coarse().to_obj(out / "coarse.obj")
-    detail = (f"refined mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces; "
-              f"reconstructed in {elapsed:.2f} s on {args.backend}")
-    picture = write_demo_picture(out / "mesh.png", images, load_cameras(cameras), mesh,
-                                 weights_caption(args.weights, DEMO_SEED, DEMO_RECIPE), detail)
-    print(f"xmesh demo: wrote {mesh_path} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces), "
-          f"{out / 'coarse.obj'} and {picture} in {elapsed:.2f} s on {args.backend}", file=sys.stderr)
+    detail = (
+        f"refined mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces; "
+        f"reconstructed in {elapsed:.2f} s on {args.backend}"
+    )
+    picture = write_demo_picture(
+        out / "mesh.png",
+        images,
+        load_cameras(cameras),
+        mesh,
+        weights_caption(args.weights, DEMO_SEED, DEMO_RECIPE),
+        detail,
+    )
+    print(
+        f"xmesh demo: wrote {mesh_path} ({len(mesh.vertices)} vertices, {len(mesh.faces)} faces), "
+        f"{out / 'coarse.obj'} and {picture} in {elapsed:.2f} s on {args.backend}",
+        file=sys.stderr,
+    )
     return 0

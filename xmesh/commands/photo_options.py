@@ -1,6 +1,7 @@
 """The camera sources of ``xmesh reconstruct`` and ``xmesh render``: camera rows (--cameras), or posed
 photos (--colmap, --poses) with optional masks, converted by :mod:`xmesh.photo`; meshes then live in
 the photos' world."""
+
 from __future__ import annotations
 
 import sys
@@ -12,22 +13,52 @@ PHOTO_ONLY = ("--masks", "--center", "--radius", "--up", "--first-azimuth")
 
 
 def add_photo_options(p) -> None:
-    p.add_argument("--colmap", default=None, metavar="SPARSE_DIR",
-                   help="COLMAP sparse model in text form (cameras.txt, images.txt, points3D.txt); the images are "
-                        "its photos, found by file name; the mesh is written in COLMAP's world")
-    p.add_argument("--poses", default=None, metavar="JSON",
-                   help="camera-to-world matrices and intrinsics per photo (see xmesh.cameras.from_poses); the mesh is "
-                        "written in their world")
-    p.add_argument("--masks", nargs=3, default=None, metavar="M",
-                   help="with --colmap/--poses: one mask per photo (object white on black), else the photos' alpha")
-    p.add_argument("--center", default=None, metavar="C",
-                   help="with --colmap/--poses: 'points' (the object's 3D points), 'axes' (the point nearest every "
-                        "optical axis) or X,Y,Z")
-    p.add_argument("--radius", type=float, default=None, help="with --colmap/--poses: the object's radius in the input's units")
-    p.add_argument("--up", type=float, nargs=3, default=None, metavar=("X", "Y", "Z"),
-                   help="with --colmap/--poses: the world's up direction (default: estimated from the cameras)")
-    p.add_argument("--first-azimuth", type=float, default=None, metavar="DEG",
-                   help="with --colmap/--poses: the first view's azimuth (default 0)")
+    p.add_argument(
+        "--colmap",
+        default=None,
+        metavar="SPARSE_DIR",
+        help="COLMAP sparse model in text form (cameras.txt, images.txt, points3D.txt); the images are "
+        "its photos, found by file name; the mesh is written in COLMAP's world",
+    )
+    p.add_argument(
+        "--poses",
+        default=None,
+        metavar="JSON",
+        help="camera-to-world matrices and intrinsics per photo (see xmesh.cameras.from_poses); the mesh is "
+        "written in their world",
+    )
+    p.add_argument(
+        "--masks",
+        nargs=3,
+        default=None,
+        metavar="M",
+        help="with --colmap/--poses: one mask per photo (object white on black), else the photos' alpha",
+    )
+    p.add_argument(
+        "--center",
+        default=None,
+        metavar="C",
+        help="with --colmap/--poses: 'points' (the object's 3D points), 'axes' (the point nearest every "
+        "optical axis) or X,Y,Z",
+    )
+    p.add_argument(
+        "--radius", type=float, default=None, help="with --colmap/--poses: the object's radius in the input's units"
+    )
+    p.add_argument(
+        "--up",
+        type=float,
+        nargs=3,
+        default=None,
+        metavar=("X", "Y", "Z"),
+        help="with --colmap/--poses: the world's up direction (default: estimated from the cameras)",
+    )
+    p.add_argument(
+        "--first-azimuth",
+        type=float,
+        default=None,
+        metavar="DEG",
+        help="with --colmap/--poses: the first view's azimuth (default 0)",
+    )
 
 
 def _given(args) -> list[str]:
@@ -38,13 +69,17 @@ def camera_source(args) -> str:
     """Which of --cameras, --colmap, --poses was given (exactly one must be); checks the options that go with it."""
     given = _given(args)
     if len(given) != 1:
-        raise InputError(f"{'no camera source' if not given else 'several camera sources (' + ', '.join(given) + ')'}: "
-                         "give exactly one of --cameras FILE (camera rows), --colmap SPARSE_DIR or --poses JSON")
+        raise InputError(
+            f"{'no camera source' if not given else 'several camera sources (' + ', '.join(given) + ')'}: "
+            "give exactly one of --cameras FILE (camera rows), --colmap SPARSE_DIR or --poses JSON"
+        )
     if given[0] == "--cameras":
         extra = [name for name in PHOTO_ONLY if getattr(args, name[2:].replace("-", "_")) is not None]
         if extra:
-            raise InputError(f"{', '.join(extra)} go with --colmap or --poses (photos with their own cameras); "
-                             "--cameras rows take images already framed like ShapeNet renderings")
+            raise InputError(
+                f"{', '.join(extra)} go with --colmap or --poses (photos with their own cameras); "
+                "--cameras rows take images already framed like ShapeNet renderings"
+            )
     elif args.views is not None:
         raise InputError(f"--views picks rows of a --cameras file; with {given[0]} the three images are the views")
     return given[0]
@@ -52,9 +87,13 @@ def camera_source(args) -> str:
 
 def reject_photo_options(args) -> None:
     """--list reconstructs ShapeNet-layout samples only: no photo options."""
-    extra = [name for name in ("--colmap", "--poses") + PHOTO_ONLY if getattr(args, name[2:].replace("-", "_")) is not None]
+    extra = [
+        name for name in ("--colmap", "--poses") + PHOTO_ONLY if getattr(args, name[2:].replace("-", "_")) is not None
+    ]
     if extra:
-        raise InputError(f"{', '.join(extra)} cannot be used with --list; reconstruct posed photos one object at a time")
+        raise InputError(
+            f"{', '.join(extra)} cannot be used with --list; reconstruct posed photos one object at a time"
+        )
 
 
 def _center(value):
@@ -76,11 +115,15 @@ def photo_cameras(args, source: str):
     center = _center(args.center)
     options = dict(masks=args.masks, radius=args.radius, up=args.up)
     if source == "--colmap":
-        cameras = from_colmap(args.colmap, args.images, center=center or "points",
-                              first_azimuth=args.first_azimuth or 0.0, **options)
+        cameras = from_colmap(
+            args.colmap, args.images, center=center or "points", first_azimuth=args.first_azimuth or 0.0, **options
+        )
     else:
         cameras = from_poses(args.poses, args.images, center=center, first_azimuth=args.first_azimuth, **options)
-    print(f"xmesh {args.command}: cameras from {source} {args.colmap or args.poses}:\n{cameras.describe()}", file=sys.stderr)
+    print(
+        f"xmesh {args.command}: cameras from {source} {args.colmap or args.poses}:\n{cameras.describe()}",
+        file=sys.stderr,
+    )
     return cameras
 
 

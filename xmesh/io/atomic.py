@@ -4,6 +4,7 @@ An interrupted write leaves either the old file or the new one, never half of on
 file is created as ``open`` creates any new file (mode 0666 less the umask, and a folder's default
 ACL), not with ``tempfile.mkstemp``'s 0600, so the result is as readable as any other new file there.
 """
+
 from __future__ import annotations
 
 import contextlib

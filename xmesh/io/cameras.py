@@ -5,6 +5,7 @@ of such rows, whitespace (or comma) separated, such as the demo ``cameras.txt`` 
 ``rendering_metadata.txt`` (24 rows, one per rendering). ``views`` defaults to (0, 6, 7) for a file
 named ``rendering_metadata.txt`` (the renderings Pixel2Mesh++ used) and to (0, 1, 2) otherwise.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,9 +25,9 @@ DISTANCE_COLUMN = 3
 SHAPENET_METADATA_NAME = "rendering_metadata.txt"
 SHAPENET_DEFAULT_VIEWS = (0, 6, 7)
 DEFAULT_VIEWS = tuple(range(NUM_VIEWS))
-FIELD_OF_VIEW = 25.0                 # the fifth column of ShapeNet's rows (the network reads none)
-TRAINED_DISTANCES = (0.62, 0.88)     # ShapeNet rendering distances the network was trained on
-DISTANCE_WARNING = (0.45, 1.3)       # beyond these the object is much larger / smaller than in training
+FIELD_OF_VIEW = 25.0  # the fifth column of ShapeNet's rows (the network reads none)
+TRAINED_DISTANCES = (0.62, 0.88)  # ShapeNet rendering distances the network was trained on
+DISTANCE_WARNING = (0.45, 1.3)  # beyond these the object is much larger / smaller than in training
 
 
 ROWS_COUNT = "camera rows count from 0, as --views and views= do; lines from 1"
@@ -43,7 +44,9 @@ def _read_rows(path: str | os.PathLike) -> tuple[np.ndarray, list[int]]:
     if not path.exists():
         raise MissingFileError(f"camera file {str(path)!r} does not exist; expected a text file of camera rows")
     if path.is_dir():
-        raise InputError(f"camera path {str(path)!r} is a directory; expected a cameras.txt or {SHAPENET_METADATA_NAME} file")
+        raise InputError(
+            f"camera path {str(path)!r} is a directory; expected a cameras.txt or {SHAPENET_METADATA_NAME} file"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -71,7 +74,9 @@ def _read_rows(path: str | os.PathLike) -> tuple[np.ndarray, list[int]]:
                 f"(camera row {len(rows)}; {ROWS_COUNT})"
             ) from exc
     if not rows:
-        raise FileFormatError(f"camera file {str(path)!r} holds no camera rows; expected lines of {NUM_COLUMNS} numbers")
+        raise FileFormatError(
+            f"camera file {str(path)!r} holds no camera rows; expected lines of {NUM_COLUMNS} numbers"
+        )
     return np.asarray(rows, dtype=np.float64), lines
 
 
@@ -86,7 +91,9 @@ def _check_views(views: Any, count: int, source: str) -> list[int]:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
             raise InputError(f"views={views!r}: {v!r} is not an integer row index")
         if not 0 <= int(v) < count:
-            raise InputError(f"views={views!r}: index {int(v)} is out of range; {source} has {count} rows (0..{count - 1})")
+            raise InputError(
+                f"views={views!r}: index {int(v)} is out of range; {source} has {count} rows (0..{count - 1})"
+            )
         out.append(int(v))
     return out
 
@@ -99,8 +106,10 @@ def _validate_rows(rows: np.ndarray, chosen: list[int], source: str, lines: list
         with np.errstate(over="ignore", invalid="ignore"):
             finite = np.all(np.isfinite(rows[i])) and np.all(np.isfinite(rows[i].astype(np.float32)))
         if not finite:
-            raise InputError(f"{source}: camera row {i} {rows[i].tolist()} holds NaN or infinite values (or values "
-                             "beyond the float32 range, about 3.4e38); expected finite numbers{line}")
+            raise InputError(
+                f"{source}: camera row {i} {rows[i].tolist()} holds NaN or infinite values (or values "
+                "beyond the float32 range, about 3.4e38); expected finite numbers{line}"
+            )
         if not rows[i, DISTANCE_COLUMN] > 0:
             raise InputError(
                 f"{source}: camera row {i} has distance {rows[i, DISTANCE_COLUMN]:g} (column {DISTANCE_COLUMN}); "
@@ -118,13 +127,17 @@ def unlike_training_cameras(rows: np.ndarray, numbers: Sequence[int] | None = No
         distance, fov = row[DISTANCE_COLUMN], row[4]
         if not DISTANCE_WARNING[0] <= distance <= DISTANCE_WARNING[1]:
             unit = " (another unit, such as millimetres?)" if distance > 10 * DISTANCE_WARNING[1] else ""
-            reasons.append(f"row {i} has distance {distance:g}{unit}, far from the {TRAINED_DISTANCES[0]}-"
-                           f"{TRAINED_DISTANCES[1]} of training (object radius about 0.24 in the same units), so the "
-                           "object would fill much more or less of the view than in training")
+            reasons.append(
+                f"row {i} has distance {distance:g}{unit}, far from the {TRAINED_DISTANCES[0]}-"
+                f"{TRAINED_DISTANCES[1]} of training (object radius about 0.24 in the same units), so the "
+                "object would fill much more or less of the view than in training"
+            )
         if fov != FIELD_OF_VIEW:
-            reasons.append(f"row {i} has field of view {fov:g} (column 4); the training cameras' is {FIELD_OF_VIEW:g} "
-                           "and the network reads none (its focal length is fixed at 248 px), so views of another "
-                           "field of view do not match its projection")
+            reasons.append(
+                f"row {i} has field of view {fov:g} (column 4); the training cameras' is {FIELD_OF_VIEW:g} "
+                "and the network reads none (its focal length is fixed at 248 px), so views of another "
+                "field of view do not match its projection"
+            )
     return reasons
 
 
@@ -144,9 +157,15 @@ def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
         try:
             rows = np.asarray(source)
         except Exception as exc:  # ragged nested lists and the like
-            raise InputError(f"{name} could not be read as an array ({exc}); expected shape ({NUM_VIEWS}, {NUM_COLUMNS})") from exc
-        if rows.dtype == np.bool_ or not (np.issubdtype(rows.dtype, np.integer) or np.issubdtype(rows.dtype, np.floating)):
-            raise InputError(f"{name} has dtype {rows.dtype}; expected real numbers, shape ({NUM_VIEWS}, {NUM_COLUMNS})")
+            raise InputError(
+                f"{name} could not be read as an array ({exc}); expected shape ({NUM_VIEWS}, {NUM_COLUMNS})"
+            ) from exc
+        if rows.dtype == np.bool_ or not (
+            np.issubdtype(rows.dtype, np.integer) or np.issubdtype(rows.dtype, np.floating)
+        ):
+            raise InputError(
+                f"{name} has dtype {rows.dtype}; expected real numbers, shape ({NUM_VIEWS}, {NUM_COLUMNS})"
+            )
         if rows.ndim != 2 or rows.shape[1] != NUM_COLUMNS:
             raise InputError(
                 f"{name} has shape {rows.shape}; expected ({NUM_VIEWS}, {NUM_COLUMNS}) rows of "
@@ -160,6 +179,9 @@ def load_cameras(source: Any, views: Sequence[int] | None = None) -> np.ndarray:
     _validate_rows(rows, chosen, name, lines)
     reasons = unlike_training_cameras(rows[chosen], chosen)
     if reasons:
-        warnings.warn(f"{name}: {'; '.join(reasons)}. Rows like ShapeNet's are (azimuth, elevation, 0, distance "
-                      f"{TRAINED_DISTANCES[0]}-{TRAINED_DISTANCES[1]}, {FIELD_OF_VIEW:g}) ({ROWS_COUNT})", stacklevel=2)
+        warnings.warn(
+            f"{name}: {'; '.join(reasons)}. Rows like ShapeNet's are (azimuth, elevation, 0, distance "
+            f"{TRAINED_DISTANCES[0]}-{TRAINED_DISTANCES[1]}, {FIELD_OF_VIEW:g}) ({ROWS_COUNT})",
+            stacklevel=2,
+        )
     return np.ascontiguousarray(rows[chosen].astype(np.float32))

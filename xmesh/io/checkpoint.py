@@ -19,6 +19,7 @@ Layout, as far as this reader needs it:
 Partitioned (sliced) variables and string tensors are listed by :func:`read_index` but cannot be
 read. Public API: :func:`resolve_prefix`, :func:`read_index`, :func:`read_checkpoint`, :func:`convert`.
 """
+
 from __future__ import annotations
 
 import math
@@ -118,9 +119,7 @@ def _proto_fields(buf: bytes, where: str) -> list[tuple[int, int | bytes]]:
         elif wire == 2:
             length, pos = _varint(buf, pos, where)
             if pos + length > len(buf):
-                raise FileFormatError(
-                    f"{where}: field {number} claims {length} bytes but only {len(buf) - pos} remain"
-                )
+                raise FileFormatError(f"{where}: field {number} claims {length} bytes but only {len(buf) - pos} remain")
             value = bytes(buf[pos : pos + length])
             pos += length
         else:
@@ -288,7 +287,7 @@ def resolve_prefix(path: str | os.PathLike) -> Path:
         match = re.search(r'^\s*model_checkpoint_path\s*:\s*"((?:[^"\\]|\\.)*)"', state.read_text(), re.M)
         if not match:
             raise FileFormatError(
-                f"{state}: no model_checkpoint_path line; expected e.g. model_checkpoint_path: \"model.ckpt-10\""
+                f'{state}: no model_checkpoint_path line; expected e.g. model_checkpoint_path: "model.ckpt-10"'
             )
         named = Path(re.sub(r"\\(.)", r"\1", match.group(1)))
         p = named if named.is_absolute() else p / named
@@ -413,8 +412,10 @@ def convert(path: str | os.PathLike | Sequence[str | os.PathLike], out_npz: str 
     for one in paths:
         for name, array in read_checkpoint(one).items():
             if name in arrays:
-                raise InputError(f"{os.fspath(one)}: variable {name!r} is also in {source[name]}; expected checkpoints "
-                                 "with different variables (such as the official meshnetmvp2m and meshnet ones)")
+                raise InputError(
+                    f"{os.fspath(one)}: variable {name!r} is also in {source[name]}; expected checkpoints "
+                    "with different variables (such as the official meshnetmvp2m and meshnet ones)"
+                )
             arrays[name], source[name] = array, os.fspath(one)
     with atomic_output(out, "wb", "output .npz") as handle:
         np.savez(handle, **arrays)

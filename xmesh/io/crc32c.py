@@ -6,6 +6,7 @@ CRC-32C values: ``mask(crc) = rotate_right(crc, 15) + 0xa282ead8`` (mod 2**32).
 The loop is table-driven slicing-by-8, compiled with numba when it imports (hundreds of MB/s);
 without numba the same loop runs as plain Python, which is correct but slow (~MB/s).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -78,9 +79,7 @@ def _as_u8(data) -> np.ndarray:
     try:
         view = memoryview(data)
     except TypeError:
-        raise TypeError(
-            f"crc32c: data must be bytes-like or a NumPy array, not {type(data).__name__}"
-        ) from None
+        raise TypeError(f"crc32c: data must be bytes-like or a NumPy array, not {type(data).__name__}") from None
     return np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, dtype=np.uint8)
 
 

@@ -9,16 +9,17 @@ the product fits in 128 bits, here two 64-bit words. The result is rounded half 
 exact value, as C's printf and Python do; any value outside that range (and NaN, infinity) is
 formatted by Python instead. The output is byte for byte what Python's ``%`` gives.
 """
+
 from __future__ import annotations
 
 import numba
 import numpy as np
 
 _MASK32 = (1 << 32) - 1
-_POW10 = [10 ** k for k in range(32)]  # 2**24 * 10**31 < 2**128
+_POW10 = [10**k for k in range(32)]  # 2**24 * 10**31 < 2**128
 POW10_HI = np.array([p >> 64 for p in _POW10], dtype=np.uint64)
 POW10_LO = np.array([p & ((1 << 64) - 1) for p in _POW10], dtype=np.uint64)
-POW10_U64 = np.array([10 ** k for k in range(20)], dtype=np.uint64)
+POW10_U64 = np.array([10**k for k in range(20)], dtype=np.uint64)
 FIELD_BYTES = 27  # at most: '-d.dddddddddddddddddde-xxx' and a space or a newline
 
 
@@ -85,7 +86,7 @@ def _decimal(word, sig, pow_hi, pow_lo, pow_u64):
         mant, exp2 = frac | 0x800000, biased - 150
     if mant == 0:
         return 1, negative, np.uint64(0), 0
-    value = np.float64(mant) * 2.0 ** exp2
+    value = np.float64(mant) * 2.0**exp2
     if value < 1e-12 or exp2 >= 0:
         return -1, negative, np.uint64(0), 0
     e10 = np.int64(np.floor(np.log10(value)))
@@ -218,13 +219,21 @@ def _rows_text(vertices: np.ndarray, general: bool, prefix: str) -> str:
     values = np.ascontiguousarray(vertices, dtype=np.float32)
     out = np.empty(len(values) * (values.shape[1] * FIELD_BYTES + len(prefix)), dtype=np.uint8)
     failed = np.array([-1], dtype=np.int64)
-    end = _format_rows(values.view(np.uint32), out, general, np.frombuffer(prefix.encode("ascii"), np.uint8),
-                       POW10_HI, POW10_LO, POW10_U64, failed)
+    end = _format_rows(
+        values.view(np.uint32),
+        out,
+        general,
+        np.frombuffer(prefix.encode("ascii"), np.uint8),
+        POW10_HI,
+        POW10_LO,
+        POW10_U64,
+        failed,
+    )
     head = out[:end].tobytes().decode("ascii")
     if failed[0] < 0:
         return head
     # a value the compiled path leaves to Python: that row and the rest in Python
-    rest = values[failed[0]:]
+    rest = values[failed[0] :]
     spec = "%.9g" if general else "%.18e"
     row = prefix + " ".join([spec] * values.shape[1]) + "\n"
     return head[: head.rfind("\n") + 1] + (row * len(rest)) % tuple(rest.astype(np.float64).ravel().tolist())

@@ -17,6 +17,7 @@ Files are read with ``np.fromfile`` + ``cv2.imdecode`` so non-ASCII paths work, 
 failure (missing, empty, not an image, truncated) raises an ``xmesh.errors`` error naming the file.
 Note: like the original, EXIF orientation tags are ignored.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,7 +35,7 @@ from xmesh.errors import FileFormatError, InputError, MissingFileError
 
 NUM_VIEWS = 3
 IMAGE_SIZE = 224
-SMALLEST_SIDE = 64   # images with a side below this (under half the renderings' 137) are far from training
+SMALLEST_SIDE = 64  # images with a side below this (under half the renderings' 137) are far from training
 NETWORK_SHAPE = (NUM_VIEWS, IMAGE_SIZE, IMAGE_SIZE, 3)
 WHITE_SHARE = 0.9  # a rim pixel is white when every channel is at least this share of full scale
 WHITE_RIM = 0.9  # share of an image's outermost pixels that must be white when it has no alpha
@@ -74,7 +75,9 @@ def decode_file(path: Path) -> np.ndarray:
     try:
         data = np.fromfile(str(path), dtype=np.uint8)
     except OSError as exc:
-        raise MissingFileError(f"image file {str(path)!r} cannot be read ({exc}); expected a readable image file") from exc
+        raise MissingFileError(
+            f"image file {str(path)!r} cannot be read ({exc}); expected a readable image file"
+        ) from exc
     return decode_image_bytes(data, f"image file {str(path)!r}")
 
 
@@ -172,8 +175,10 @@ def unlike_a_rendering(image: np.ndarray) -> list[str]:
     if height != width:
         reasons.append(f"it is {width}x{height}, not square, so it is stretched to {IMAGE_SIZE}x{IMAGE_SIZE}")
     if min(height, width) < SMALLEST_SIDE:
-        reasons.append(f"it is only {width}x{height} pixels, so it is enlarged {IMAGE_SIZE / min(height, width):.3g} "
-                       f"times to {IMAGE_SIZE}x{IMAGE_SIZE} (the training renderings have 137x137)")
+        reasons.append(
+            f"it is only {width}x{height} pixels, so it is enlarged {IMAGE_SIZE / min(height, width):.3g} "
+            f"times to {IMAGE_SIZE}x{IMAGE_SIZE} (the training renderings have 137x137)"
+        )
     if channels <= 2:
         reasons.append("it is greyscale")
     if channels in (1, 3):  # no alpha: the background must be white already
@@ -204,9 +209,11 @@ def rendering_warning(image: np.ndarray, which: str) -> str | None:
     reasons = unlike_a_rendering(image) if image.ndim in (2, 3) and min(image.shape[:2]) > 0 else []
     if not reasons:
         return None
-    return (f"{which}: {'; '.join(reasons)}. The network expects renderings like ShapeNet's: "
-            f"{IMAGE_SIZE}x{IMAGE_SIZE} (or 137x137) colour pictures of the object alone on white; for "
-            "photos give their camera poses instead (--colmap or --poses, xmesh.cameras)")
+    return (
+        f"{which}: {'; '.join(reasons)}. The network expects renderings like ShapeNet's: "
+        f"{IMAGE_SIZE}x{IMAGE_SIZE} (or 137x137) colour pictures of the object alone on white; for "
+        "photos give their camera poses instead (--colmap or --poses, xmesh.cameras)"
+    )
 
 
 def _from_network_array(array: np.ndarray) -> np.ndarray:
@@ -219,7 +226,9 @@ def _from_network_array(array: np.ndarray) -> np.ndarray:
             f"{name} has shape {array.shape}; expected {NETWORK_SHAPE} (views, height, width, BGR). "
             f"Pass a list of {NUM_VIEWS} (H, W, 3) arrays to have them resized"
         )
-    if array.dtype == np.bool_ or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+    if array.dtype == np.bool_ or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
         raise InputError(f"{name} has dtype {array.dtype}; expected float in [0, 1] or uint8 (divided by 255)")
     if array.dtype == np.uint8:
         return (array / 255.0).astype(np.float32)

@@ -10,6 +10,7 @@ checks it and stores one verified copy in ``$XDG_CACHE_HOME/xmesh/weights/offici
 ``~/.cache/xmesh/weights/official``); the folder appears only once its files are whole and checked.
 :func:`official_prefixes` names the two stored checkpoints for ``weights="official"``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,18 @@ from xmesh.io.atomic import os_error_reason
 from xmesh.io.checkpoint import TensorInfo, read_index
 from xmesh.io.crc32c import crc32c
 
-__all__ = ["OFFICIAL", "CHECKPOINTS", "RELEASE_URL", "official_index_folder", "weights_folder",
-           "official_prefixes", "add_official_weights", "compare_index", "verify_data_shard", "download"]
+__all__ = [
+    "OFFICIAL",
+    "CHECKPOINTS",
+    "RELEASE_URL",
+    "official_index_folder",
+    "weights_folder",
+    "official_prefixes",
+    "add_official_weights",
+    "compare_index",
+    "verify_data_shard",
+    "download",
+]
 
 #: the name that stands for the stored copy: ``weights="official"``, ``--weights official``
 OFFICIAL = "official"
@@ -45,7 +56,7 @@ SHARD_SUFFIX = ".data-00000-of-00001"
 #: where the authors publish the weights (linked from github.com/walsvid/Pixel2MeshPlusPlus, data/README.md)
 RELEASE_URL = "https://drive.google.com/drive/folders/1bLhqXNoBxHh5PTbjoyqMnMtBzHwflL-q"
 _CHUNK = 1 << 20
-_SHOWN = 3   # mismatching tensors named in a message
+_SHOWN = 3  # mismatching tensors named in a message
 
 
 def official_index_folder() -> Path:
@@ -60,10 +71,12 @@ def weights_folder() -> Path:
 
 
 def _missing_message(folder: Path) -> str:
-    return (f"the official Pixel2Mesh++ weights are not in {folder}: download the authors' release (the zip in "
-            f"{RELEASE_URL}, linked from github.com/walsvid/Pixel2MeshPlusPlus data/README.md), then run "
-            f"'xmesh weights add THE_ZIP' (or its unpacked folder, or a URL you can fetch it from), or pass both "
-            f"checkpoints yourself: --weights .../{CHECKPOINTS[0]} .../{CHECKPOINTS[1]}")
+    return (
+        f"the official Pixel2Mesh++ weights are not in {folder}: download the authors' release (the zip in "
+        f"{RELEASE_URL}, linked from github.com/walsvid/Pixel2MeshPlusPlus data/README.md), then run "
+        f"'xmesh weights add THE_ZIP' (or its unpacked folder, or a URL you can fetch it from), or pass both "
+        f"checkpoints yourself: --weights .../{CHECKPOINTS[0]} .../{CHECKPOINTS[1]}"
+    )
 
 
 def official_prefixes() -> list[str]:
@@ -80,8 +93,17 @@ def _progress(total: int | None, desc: str, initial: int = 0, enabled: bool = Tr
     """A byte-counting tqdm bar on stderr; silent with ``enabled=False`` or off a terminal."""
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, disable=True if not enabled else None, leave=False)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        file=sys.stderr,
+        disable=True if not enabled else None,
+        leave=False,
+    )
 
 
 def _listed(names: list[str]) -> str:
@@ -95,9 +117,14 @@ def compare_index(given: Mapping[str, TensorInfo], reference: Mapping[str, Tenso
     missing = [n for n in reference if n not in given]
     extra = [n for n in given if n not in reference]
     shapes = [n for n in reference if n in given and given[n].shape != reference[n].shape]
-    other = [n for n in reference if n in given and n not in shapes
-             and (given[n].tf_dtype, given[n].offset, given[n].size, given[n].crc)
-             != (reference[n].tf_dtype, reference[n].offset, reference[n].size, reference[n].crc)]
+    other = [
+        n
+        for n in reference
+        if n in given
+        and n not in shapes
+        and (given[n].tf_dtype, given[n].offset, given[n].size, given[n].crc)
+        != (reference[n].tf_dtype, reference[n].offset, reference[n].size, reference[n].crc)
+    ]
     problems = []
     if missing:
         problems.append(f"{len(missing)} official tensor(s) missing: {_listed(missing)}")
@@ -105,8 +132,10 @@ def compare_index(given: Mapping[str, TensorInfo], reference: Mapping[str, Tenso
         problems.append(f"{len(extra)} tensor(s) the official checkpoint does not have: {_listed(extra)}")
     if shapes:
         n = shapes[0]
-        problems.append(f"{len(shapes)} tensor(s) of another shape: {_listed(shapes)} (e.g. {n!r} is "
-                        f"{given[n].shape}, officially {reference[n].shape})")
+        problems.append(
+            f"{len(shapes)} tensor(s) of another shape: {_listed(shapes)} (e.g. {n!r} is "
+            f"{given[n].shape}, officially {reference[n].shape})"
+        )
     if other:
         problems.append(f"{len(other)} tensor(s) whose recorded CRC-32C, dtype or place differ: {_listed(other)}")
     if problems:
@@ -119,8 +148,10 @@ def verify_data_shard(shard: Path, reference: Mapping[str, TensorInfo], where: s
     need = max(info.offset + info.size for info in reference.values())
     size = shard.stat().st_size
     if size != need:
-        raise ChecksumError(f"{where}: the data shard is {size} bytes, the official one {need}; the file is "
-                            f"{'truncated' if size < need else 'another checkpoint'}: get the release again")
+        raise ChecksumError(
+            f"{where}: the data shard is {size} bytes, the official one {need}; the file is "
+            f"{'truncated' if size < need else 'another checkpoint'}: get the release again"
+        )
     corrupt = []
     ordered = sorted(reference.items(), key=lambda item: item[1].offset)
     with open(shard, "rb") as handle, _progress(need, f"checking {shard.name}", enabled=progress) as bar:
@@ -134,7 +165,8 @@ def verify_data_shard(shard: Path, reference: Mapping[str, TensorInfo], where: s
         raise ChecksumError(
             f"{where}: {len(corrupt)} tensor(s) do not match the CRC-32C of the official index: {_listed(corrupt)} "
             f"(the first at bytes {first.offset}..{first.offset + first.size}); the copy is corrupt: get the release "
-            "again")
+            "again"
+        )
 
 
 def _release_files(source: Path) -> dict[str, Path]:
@@ -151,14 +183,18 @@ def _release_files(source: Path) -> dict[str, Path]:
 def _check_found(found: Mapping[str, list], wanted: set[str], source: Path) -> None:
     absent = sorted(wanted - set(found))
     if absent:
-        raise InputError(f"{source}: the official release's {', '.join(absent)} not found in it; expected the "
-                         f"authors' zip or its unpacked folder (coarse_mvp2m/models/{CHECKPOINTS[0]}.* and "
-                         f"refine_p2mpp/models/{CHECKPOINTS[1]}.*)")
+        raise InputError(
+            f"{source}: the official release's {', '.join(absent)} not found in it; expected the "
+            f"authors' zip or its unpacked folder (coarse_mvp2m/models/{CHECKPOINTS[0]}.* and "
+            f"refine_p2mpp/models/{CHECKPOINTS[1]}.*)"
+        )
     twice = sorted(name for name, paths in found.items() if len(paths) > 1)
     if twice:
         copies = found[twice[0]]
-        raise InputError(f"{source}: {twice[0]} is in it {len(copies)} times ({', '.join(map(str, copies))}); "
-                         "expected one copy of each checkpoint")
+        raise InputError(
+            f"{source}: {twice[0]} is in it {len(copies)} times ({', '.join(map(str, copies))}); "
+            "expected one copy of each checkpoint"
+        )
 
 
 def _copy(read: IO[bytes], target: Path, total: int | None, progress: bool) -> None:
@@ -190,8 +226,9 @@ def _unpack(source: Path, staging: Path, progress: bool) -> None:
                 with archive.open(member) as read:
                     _copy(read, staging / name, member.file_size, progress)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise InputError(f"{source}: not a whole zip archive ({exc}); a download cut short or another file: "
-                         "get the release again") from None
+        raise InputError(
+            f"{source}: not a whole zip archive ({exc}); a download cut short or another file: get the release again"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -220,8 +257,12 @@ def _is_url(source: str) -> bool:
     return urllib.parse.urlsplit(source).scheme in ("http", "https")
 
 
-def add_official_weights(source: str | os.PathLike, reference: Path | None = None, progress: bool = True,
-                         say: Callable[[str], None] | None = None) -> Path:
+def add_official_weights(
+    source: str | os.PathLike,
+    reference: Path | None = None,
+    progress: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> Path:
     """Check the official release at ``source`` (its unpacked folder, its zip, or an http/https URL of
     the zip) against the official ``.index`` files and store one verified copy in :func:`weights_folder`.
 
@@ -243,7 +284,8 @@ def add_official_weights(source: str | os.PathLike, reference: Path | None = Non
         raise UnwritableOutputError(
             f"{where}: {os_error_reason(exc)}; 'xmesh weights add' reads the release and writes its checked copy "
             f"(about 131 MB) in {folder.parent}: expected a readable release and a writable cache folder with room "
-            "(XDG_CACHE_HOME moves it)") from None
+            "(XDG_CACHE_HOME moves it)"
+        ) from None
 
 
 def _add(source: str | os.PathLike, reference: Path, folder: Path, progress: bool, say: Callable[[str], None]) -> Path:
@@ -256,16 +298,19 @@ def _add(source: str | os.PathLike, reference: Path, folder: Path, progress: boo
     else:
         path = Path(text)
         if not path.exists():
-            raise MissingFileError(f"{path}: not found; expected the official release's zip, its unpacked folder "
-                                   "or an http(s) URL of the zip")
+            raise MissingFileError(
+                f"{path}: not found; expected the official release's zip, its unpacked folder "
+                "or an http(s) URL of the zip"
+            )
     try:
         with _staging(folder) as staging:
             _unpack(path, staging, progress)
             for name in CHECKPOINTS:
                 official = read_index(reference / f"{name}.index")
                 compare_index(read_index(staging / f"{name}.index"), official, f"{text}: {name}.index")
-                verify_data_shard(staging / f"{name}{SHARD_SUFFIX}", official, f"{text}: {name}{SHARD_SUFFIX}",
-                                  progress)
+                verify_data_shard(
+                    staging / f"{name}{SHARD_SUFFIX}", official, f"{text}: {name}{SHARD_SUFFIX}", progress
+                )
                 shutil.copyfile(reference / f"{name}.index", staging / f"{name}.index")
                 say(f"xmesh weights: {name}: {len(official)} tensors match the official index")
             _replace_folder(staging, folder)
@@ -284,15 +329,16 @@ def _total_from_range(header: str | None) -> tuple[int | None, int | None]:
     return start, (int(match.group(2)) if match.group(2) != "*" else None)
 
 
-def download(url: str, target: Path, progress: bool = True, say: Callable[[str], None] | None = None,
-             timeout: float = 60.0) -> Path:
+def download(
+    url: str, target: Path, progress: bool = True, say: Callable[[str], None] | None = None, timeout: float = 60.0
+) -> Path:
     """Download ``url`` to ``target``. The bytes go to ``TARGET.part`` first, renamed to ``target`` only
     once the server's whole length has arrived; a ``.part`` left by an interrupted run is resumed with
     a Range request (or started again where the server ignores ranges). InputError, with the ``.part``
     kept, when the connection ends early."""
     say = say or (lambda line: print(line, file=sys.stderr))
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.unlink(missing_ok=True)   # only the .part is ever resumed: a whole file is never reused unchecked
+    target.unlink(missing_ok=True)  # only the .part is ever resumed: a whole file is never reused unchecked
     part = target.with_name(target.name + ".part")
     have = part.stat().st_size if part.is_file() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -300,15 +346,18 @@ def download(url: str, target: Path, progress: bool = True, say: Callable[[str],
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
         _, total = _total_from_range(exc.headers.get("Content-Range") if exc.headers else None)
-        if exc.code == 416 and have and total == have:   # the .part already holds the whole file
+        if exc.code == 416 and have and total == have:  # the .part already holds the whole file
             os.replace(part, target)
             return target
-        raise InputError(f"{url}: the server answered HTTP {exc.code} ({exc.reason}); expected the release's "
-                         "zip") from None
+        raise InputError(
+            f"{url}: the server answered HTTP {exc.code} ({exc.reason}); expected the release's zip"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        raise InputError(f"{url}: cannot download ({reason}); check the address and the network, or download the zip "
-                         "yourself and give its path") from None
+        raise InputError(
+            f"{url}: cannot download ({reason}); check the address and the network, or download the zip "
+            "yourself and give its path"
+        ) from None
     with response:
         start, total = _total_from_range(response.headers.get("Content-Range"))
         if have and response.status == 206 and start == have:
@@ -329,10 +378,14 @@ def download(url: str, target: Path, progress: bool = True, say: Callable[[str],
         except (OSError, http.client.HTTPException) as exc:
             if part.is_file():
                 have = part.stat().st_size
-            raise InputError(f"{url}: the download stopped at {have} of {total or '?'} bytes ({exc}); the part is kept "
-                             f"in {part}: run the same command again to resume") from None
+            raise InputError(
+                f"{url}: the download stopped at {have} of {total or '?'} bytes ({exc}); the part is kept "
+                f"in {part}: run the same command again to resume"
+            ) from None
     if total is not None and have != total:
-        raise InputError(f"{url}: the download stopped at {have} of {total} bytes; the part is kept in {part}: run the "
-                         "same command again to resume")
+        raise InputError(
+            f"{url}: the download stopped at {have} of {total} bytes; the part is kept in {part}: run the "
+            "same command again to resume"
+        )
     os.replace(part, target)
     return target

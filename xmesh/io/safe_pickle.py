@@ -5,6 +5,7 @@ with :mod:`pickle` would let a crafted file call any importable function. This l
 only the handful of globals that NumPy arrays need; any other global is refused *before* it is
 called, with :class:`~xmesh.errors.UnsafePickleError` naming the file and the global.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -30,7 +31,6 @@ def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
     return codecs.encode(text, encoding)
 
 
-
 # Arrays created without data (their bytes come later from the pickle, or never) are capped so a
 # crafted shape cannot reserve memory that later validation would touch.
 _MAX_EMPTY_BYTES = 1 << 30
@@ -46,8 +46,9 @@ def _empty_array(shape, dtype) -> np.ndarray:
     for d in dims:
         count *= max(d, 0)
     if count * max(dtype.itemsize, 1) > _MAX_EMPTY_BYTES:
-        raise UnsafePickleError(f"pickle asks for an empty array of shape {dims} ({dtype}), more than "
-                                f"{_MAX_EMPTY_BYTES} bytes; refused")
+        raise UnsafePickleError(
+            f"pickle asks for an empty array of shape {dims} ({dtype}), more than {_MAX_EMPTY_BYTES} bytes; refused"
+        )
     return np.ndarray.__new__(np.ndarray, dims, dtype)
 
 
@@ -129,8 +130,20 @@ def loads(data: bytes, source: str = "<bytes>") -> Any:
         if str(exc).startswith(f"{source}:"):
             raise
         raise UnsafePickleError(f"{source}: {exc}; nothing in it was run") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            OverflowError, MemoryError, UnicodeError, RecursionError, struct.error) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        MemoryError,
+        UnicodeError,
+        RecursionError,
+        struct.error,
+    ) as exc:
         raise FileFormatError(
             f"{source}: not a readable data pickle ({type(exc).__name__}: {exc}); expected a Python pickle "
             "of NumPy arrays as written by the original code"
@@ -150,4 +163,3 @@ def load(path: str | os.PathLike, what: str = "pickle") -> Any:
     except OSError as exc:
         raise FileFormatError(f"{path}: cannot read the {what} file ({exc.strerror})") from None
     return loads(data, source=path)
-

@@ -15,6 +15,7 @@ Vertex counts follow from the file: N1 = N0 + len(pool_idx[0]), N2 = N1 + len(po
 Everything is validated on load; a bad file raises :class:`~xmesh.errors.FileFormatError` naming
 the file, the key and the problem. Nothing in the pickle is executed (``xmesh.io.safe_pickle``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,18 @@ from .atomic import atomic_write
 
 NUM_STAGES = 3
 CHEB_ORDER = 2  # supports per stage: T0 (identity) and T1
-REQUIRED_KEYS = ("coord", "stage1", "stage2", "stage3", "pool_idx", "faces", "lape_idx",
-                 "faces_triangle", "sample_coord", "sample_cheb_dense")
+REQUIRED_KEYS = (
+    "coord",
+    "stage1",
+    "stage2",
+    "stage3",
+    "pool_idx",
+    "faces",
+    "lape_idx",
+    "faces_triangle",
+    "sample_coord",
+    "sample_cheb_dense",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +87,7 @@ class Template:
 # --------------------------------------------------------------------------------------------
 # validation helpers: each returns a clean array or raises FileFormatError naming source + key
 
+
 def _fail(source: str, key: str, problem: str) -> FileFormatError:
     return FileFormatError(f"{source}: template key {key}: {problem}")
 
@@ -100,13 +112,15 @@ def _floats(value: Any, source: str, key: str, shape: tuple, what: str) -> np.nd
         arr = arr.astype(np.float32)
     if not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        raise _fail(source, key, f"holds {bad} non-finite value(s) (NaN/inf, or too large for float32); "
-                                 "expected finite numbers")
+        raise _fail(
+            source, key, f"holds {bad} non-finite value(s) (NaN/inf, or too large for float32); expected finite numbers"
+        )
     return arr
 
 
-def _ints(value: Any, source: str, key: str, shape: tuple, what: str, low: int | None = None,
-          high: int | None = None) -> np.ndarray:
+def _ints(
+    value: Any, source: str, key: str, shape: tuple, what: str, low: int | None = None, high: int | None = None
+) -> np.ndarray:
     """An int64 array of the given shape with values in [low, high)."""
     arr = _array(value, source, key, "iu", what)
     _check_shape(arr, shape, source, key, what)
@@ -143,14 +157,17 @@ def _support(entry: Any, n: int, source: str, key: str) -> sp.csr_matrix:
     coords, values, shape = _sequence(entry, 3, source, key, "items (coords, values, shape)")
     shape = _ints(shape, source, f"{key} shape", (2,), "2 integers (rows, columns)")
     if tuple(int(s) for s in shape) != (n, n):
-        raise _fail(source, f"{key} shape", f"is {tuple(int(s) for s in shape)}, expected ({n}, {n}): the "
-                                             "vertex count of its stage")
-    coords = _ints(coords, source, f"{key} coords", (None, 2), "an integer (nnz, 2) array of (row, column)",
-                   0, n)
+        raise _fail(
+            source,
+            f"{key} shape",
+            f"is {tuple(int(s) for s in shape)}, expected ({n}, {n}): the vertex count of its stage",
+        )
+    coords = _ints(coords, source, f"{key} coords", (None, 2), "an integer (nnz, 2) array of (row, column)", 0, n)
     values = _floats(values, source, f"{key} values", (None,), "a float (nnz,) array")
     if values.shape[0] != coords.shape[0]:
-        raise _fail(source, key, f"has {coords.shape[0]} coords but {values.shape[0]} values; expected the same "
-                                 "number (nnz)")
+        raise _fail(
+            source, key, f"has {coords.shape[0]} coords but {values.shape[0]} values; expected the same number (nnz)"
+        )
     mat = sp.csr_matrix((values, (coords[:, 0], coords[:, 1])), shape=(n, n), dtype=np.float32)
     mat.sum_duplicates()
     mat.sort_indices()
@@ -162,12 +179,14 @@ def _support(entry: Any, n: int, source: str, key: str) -> sp.csr_matrix:
 def template_from_dict(data: Any, source: str = "<template dict>") -> Template:
     """Validate a dict of the official layout and build a :class:`Template`; ``source`` names it in errors."""
     if not isinstance(data, dict):
-        raise FileFormatError(f"{source}: holds a {type(data).__name__}, expected a dict with the keys "
-                              f"{', '.join(REQUIRED_KEYS)}")
+        raise FileFormatError(
+            f"{source}: holds a {type(data).__name__}, expected a dict with the keys {', '.join(REQUIRED_KEYS)}"
+        )
     missing = [k for k in REQUIRED_KEYS if k not in data]
     if missing:
-        raise FileFormatError(f"{source}: the template lacks the key(s) {', '.join(missing)}; expected all of "
-                              f"{', '.join(REQUIRED_KEYS)}")
+        raise FileFormatError(
+            f"{source}: the template lacks the key(s) {', '.join(missing)}; expected all of {', '.join(REQUIRED_KEYS)}"
+        )
 
     coord = _floats(data["coord"], source, "coord", (None, 3), "a float (N0, 3) array of vertex positions")
     if coord.shape[0] < 4:
@@ -177,8 +196,15 @@ def template_from_dict(data: Any, source: str = "<template dict>") -> Template:
     counts = [coord.shape[0]]
     pool_idx = []
     for k, pairs in enumerate(pools_raw):
-        pairs = _ints(pairs, source, f"pool_idx[{k}]", (None, 2),
-                      f"an integer (P, 2) array of vertex pairs of level {k}", 0, counts[-1])
+        pairs = _ints(
+            pairs,
+            source,
+            f"pool_idx[{k}]",
+            (None, 2),
+            f"an integer (P, 2) array of vertex pairs of level {k}",
+            0,
+            counts[-1],
+        )
         pool_idx.append(_readonly(pairs))
         counts.append(counts[-1] + pairs.shape[0])
 
@@ -190,38 +216,70 @@ def template_from_dict(data: Any, source: str = "<template dict>") -> Template:
 
     tri_raw = _sequence(data["faces_triangle"], NUM_STAGES, source, "faces_triangle", "integer (F, 3) arrays")
     faces_triangle = tuple(
-        _readonly(_ints(f, source, f"faces_triangle[{s}]", (None, 3),
-                        f"an integer (F, 3) array of 0-based vertex indices of level {s}", 0, counts[s]))
-        for s, f in enumerate(tri_raw))
+        _readonly(
+            _ints(
+                f,
+                source,
+                f"faces_triangle[{s}]",
+                (None, 3),
+                f"an integer (F, 3) array of 0-based vertex indices of level {s}",
+                0,
+                counts[s],
+            )
+        )
+        for s, f in enumerate(tri_raw)
+    )
 
     faces_raw = _sequence(data["faces"], NUM_STAGES, source, "faces", "integer (F, 4) arrays")
-    faces = tuple(_readonly(_array(f, source, f"faces[{s}]", "iu", "an integer 2-D array"))
-                  for s, f in enumerate(faces_raw))
+    faces = tuple(
+        _readonly(_array(f, source, f"faces[{s}]", "iu", "an integer 2-D array")) for s, f in enumerate(faces_raw)
+    )
     for s, f in enumerate(faces):
         if f.ndim != 2:
             raise _fail(source, f"faces[{s}]", f"has shape {f.shape}, expected a 2-D integer array")
 
     lape_raw = _sequence(data["lape_idx"], NUM_STAGES, source, "lape_idx", "integer (N, 10) arrays")
-    lape_idx = tuple(_readonly(_array(a, source, f"lape_idx[{s}]", "iu", "an integer 2-D array"))
-                     for s, a in enumerate(lape_raw))
+    lape_idx = tuple(
+        _readonly(_array(a, source, f"lape_idx[{s}]", "iu", "an integer 2-D array")) for s, a in enumerate(lape_raw)
+    )
     for s, a in enumerate(lape_idx):
         if a.ndim != 2 or a.shape[0] != counts[s]:
-            raise _fail(source, f"lape_idx[{s}]", f"has shape {a.shape}, expected ({counts[s]}, 10): one row per "
-                                                  f"vertex of level {s}")
+            raise _fail(
+                source,
+                f"lape_idx[{s}]",
+                f"has shape {a.shape}, expected ({counts[s]}, 10): one row per vertex of level {s}",
+            )
 
-    sample_coord = _floats(data["sample_coord"], source, "sample_coord", (None, 3),
-                           "a float (K, 3) array of hypothesis offsets")
+    sample_coord = _floats(
+        data["sample_coord"], source, "sample_coord", (None, 3), "a float (K, 3) array of hypothesis offsets"
+    )
     num_k = sample_coord.shape[0]
-    cheb_raw = _sequence(data["sample_cheb_dense"], CHEB_ORDER, source, "sample_cheb_dense",
-                         f"dense ({num_k}, {num_k}) supports")
+    cheb_raw = _sequence(
+        data["sample_cheb_dense"], CHEB_ORDER, source, "sample_cheb_dense", f"dense ({num_k}, {num_k}) supports"
+    )
     sample_cheb = tuple(
-        _readonly(_floats(a, source, f"sample_cheb_dense[{k}]", (num_k, num_k),
-                          f"a float ({num_k}, {num_k}) array (K = len(sample_coord))"))
-        for k, a in enumerate(cheb_raw))
+        _readonly(
+            _floats(
+                a,
+                source,
+                f"sample_cheb_dense[{k}]",
+                (num_k, num_k),
+                f"a float ({num_k}, {num_k}) array (K = len(sample_coord))",
+            )
+        )
+        for k, a in enumerate(cheb_raw)
+    )
 
-    return Template(coord=_readonly(coord), supports=tuple(supports), pool_idx=tuple(pool_idx),
-                    faces_triangle=faces_triangle, faces=faces, lape_idx=lape_idx,
-                    sample_coord=_readonly(sample_coord), sample_cheb=sample_cheb)
+    return Template(
+        coord=_readonly(coord),
+        supports=tuple(supports),
+        pool_idx=tuple(pool_idx),
+        faces_triangle=faces_triangle,
+        faces=faces,
+        lape_idx=lape_idx,
+        sample_coord=_readonly(sample_coord),
+        sample_cheb=sample_cheb,
+    )
 
 
 def load_template(path: str | os.PathLike) -> Template:
@@ -232,6 +290,7 @@ def load_template(path: str | os.PathLike) -> Template:
 
 # --------------------------------------------------------------------------------------------
 # writing
+
 
 def _index_array(arr: np.ndarray) -> np.ndarray:
     """Indices as int32 like the official file, unless they do not fit."""

@@ -14,6 +14,7 @@ The files are laid out as TensorFlow's own ``BundleWriter`` lays them out, so th
 Each file is written atomically, the data shard first, then the index, then the state file, so an
 interrupted save leaves the previous checkpoint readable. Public API: :func:`write_checkpoint`.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,16 +31,25 @@ from xmesh.io.crc32c import crc32c, mask
 __all__ = ["write_checkpoint"]
 
 _TABLE_MAGIC = 0xDB4775248B80FB57
-_BLOCK_SIZE = 262144        # TensorFlow's table::Options().block_size
-_RESTART_INTERVAL = 16      # table::Options().block_restart_interval (the index block uses 1)
+_BLOCK_SIZE = 262144  # TensorFlow's table::Options().block_size
+_RESTART_INTERVAL = 16  # table::Options().block_restart_interval (the index block uses 1)
 _FOOTER_LEN = 48
-_BUNDLE_VERSION = 1         # TensorFlow's kTensorBundleVersion (min consumer 0 is proto3's default)
+_BUNDLE_VERSION = 1  # TensorFlow's kTensorBundleVersion (min consumer 0 is proto3's default)
 
 # NumPy dtype -> TensorFlow's DataType enum, for the types a checkpoint of model weights holds.
 _TF_DTYPES = {
-    np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3, np.dtype(np.uint8): 4,
-    np.dtype(np.int16): 5, np.dtype(np.int8): 6, np.dtype(np.int64): 9, np.dtype(np.bool_): 10,
-    np.dtype(np.uint16): 17, np.dtype(np.float16): 19, np.dtype(np.uint32): 22, np.dtype(np.uint64): 23,
+    np.dtype(np.float32): 1,
+    np.dtype(np.float64): 2,
+    np.dtype(np.int32): 3,
+    np.dtype(np.uint8): 4,
+    np.dtype(np.int16): 5,
+    np.dtype(np.int8): 6,
+    np.dtype(np.int64): 9,
+    np.dtype(np.bool_): 10,
+    np.dtype(np.uint16): 17,
+    np.dtype(np.float16): 19,
+    np.dtype(np.uint32): 22,
+    np.dtype(np.uint64): 23,
 }
 
 
@@ -109,8 +119,11 @@ class _BlockBuilder:
         self.counter += 1
 
     def finish(self) -> bytes:
-        return bytes(self.buffer) + b"".join(struct.pack("<I", r) for r in self.restarts) + struct.pack(
-            "<I", len(self.restarts))
+        return (
+            bytes(self.buffer)
+            + b"".join(struct.pack("<I", r) for r in self.restarts)
+            + struct.pack("<I", len(self.restarts))
+        )
 
 
 def _shortest_separator(start: bytes, limit: bytes) -> bytes:
@@ -174,7 +187,8 @@ def _checked(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     for name, value in arrays.items():
         if not isinstance(name, str) or not name or name.startswith("\x00"):
             raise InputError(
-                f"checkpoint variable name {name!r}: expected a non-empty name such as 'meshnet/cnn/conv2d_1/W:0'")
+                f"checkpoint variable name {name!r}: expected a non-empty name such as 'meshnet/cnn/conv2d_1/W:0'"
+            )
         array = np.asarray(value)
         if array.dtype.newbyteorder("=") not in _TF_DTYPES:
             raise InputError(

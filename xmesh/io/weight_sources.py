@@ -6,6 +6,7 @@ recipe (:func:`xmesh.io.weights.synthetic_weights`): random weights of the right
 trained ones. :func:`resolve_weights` turns them into checkpoint prefixes or arrays; anything else is
 left to :func:`~xmesh.io.weights.load_weights`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,7 +48,7 @@ def synthetic_seed(weights: Any, option: str = "weights") -> int | None:
     if not is_synthetic(weights):
         return None
     text = _single(weights)
-    seed = text[len(SYNTHETIC_PREFIX):]
+    seed = text[len(SYNTHETIC_PREFIX) :]
     if not seed.isdigit():
         raise InputError(f"{option} {text!r}: expected {SYNTHETIC_PREFIX}N with a whole number N")
     return int(seed)
@@ -68,7 +69,7 @@ def resolve_weights(weights: Any, option: str = "weights") -> Any:
 def describe_weights(weights: Any) -> str:
     """One line saying which weights a run uses (for its messages and its summary)."""
     if is_synthetic(weights):
-        seed = _single(weights)[len(SYNTHETIC_PREFIX):]
+        seed = _single(weights)[len(SYNTHETIC_PREFIX) :]
         return f"synthetic weights (recipe seed {seed}; random, NOT the trained Pixel2Mesh++ weights)"
     if is_official(weights):
         return f"the official Pixel2Mesh++ weights (verified copy in {weights_folder()})"

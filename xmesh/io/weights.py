@@ -5,6 +5,7 @@ Weights are dicts keyed by the official checkpoint names *with* ``:0`` (e.g.
 ``meshnetmvp2m/``, stage 2 (MeshNet) ones with ``meshnet/``; the official release ships one
 checkpoint per stage, so :func:`load_weights` accepts a list of sources and merges them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,26 @@ STAGE_PREFIXES = {1: "meshnetmvp2m/", 2: "meshnet/"}
 _STAGE_LABELS = {1: "stage-1 (meshnetmvp2m)", 2: "stage-2 (meshnet)"}
 
 # CNN18: (out channels, kernel size) for conv2d_1..18; strides do not affect the variables.
-_CNN = [(16, 3), (16, 3), (32, 3), (32, 3), (32, 3), (64, 3), (64, 3), (64, 3), (128, 3), (128, 3),
-        (128, 3), (256, 5), (256, 3), (256, 3), (512, 5), (512, 3), (512, 3), (512, 3)]
+_CNN = [
+    (16, 3),
+    (16, 3),
+    (32, 3),
+    (32, 3),
+    (32, 3),
+    (64, 3),
+    (64, 3),
+    (64, 3),
+    (128, 3),
+    (128, 3),
+    (128, 3),
+    (256, 5),
+    (256, 3),
+    (256, 3),
+    (512, 5),
+    (512, 3),
+    (512, 3),
+    (512, 3),
+]
 _HIDDEN = 192
 _STAGE1_PROJ = 3 + 3 * 960  # coords + max/mean/std of 4 gathered maps (64+128+256+512)
 _STAGE2_PROJ = 3 + 3 * 112  # coords + max/mean/std of 16+32+64
@@ -61,8 +80,11 @@ def _stage1() -> dict[str, tuple[int, ...]]:
     prefix = STAGE_PREFIXES[1]
     out = _cnn(prefix)
     # (block, number of layers, layer index of the first one, input width of the first one)
-    for block, count, first_idx, first_in in ((1, 14, 1, _STAGE1_PROJ), (2, 14, 17, _STAGE1_PROJ + _HIDDEN),
-                                               (3, 15, 33, _STAGE1_PROJ + _HIDDEN)):
+    for block, count, first_idx, first_in in (
+        (1, 14, 1, _STAGE1_PROJ),
+        (2, 14, 17, _STAGE1_PROJ + _HIDDEN),
+        (3, 15, 33, _STAGE1_PROJ + _HIDDEN),
+    ):
         for j in range(1, count + 1):
             idx = first_idx + j - 1
             fin = first_in if j == 1 else _HIDDEN
@@ -127,7 +149,9 @@ def _draw(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     return u
 
 
-def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2), small_moves: bool = False) -> dict[str, np.ndarray]:
+def synthetic_weights(
+    seed: int, stages: Iterable[int] | int = (1, 2), small_moves: bool = False
+) -> dict[str, np.ndarray]:
     """Weights drawn by the recipe of ``golden/README.md`` (float64 draws stored as float32).
 
     ``small_moves``: the demo's variant, whose stage-1 graph convolutions carry each vertex's
@@ -136,14 +160,16 @@ def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2), small_mov
     collapsed; stage 2 is the recipe's."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"seed: expected a non-negative integer, got {seed!r}")
+
     def one(stage: int, name: str, shape: tuple) -> np.ndarray:
         value = _draw(name, shape, int(seed))
         if small_moves and stage == 1 and "graph_conv_blk" in name:
             value = _carry_coordinates(name, SMALL_MOVE_SCALE * value)
         return value.astype(np.float32)
 
-    variables = [(stage, name, shape) for stage in _check_stages(stages)
-                 for name, shape in expected_variables(stage).items()]
+    variables = [
+        (stage, name, shape) for stage in _check_stages(stages) for name, shape in expected_variables(stage).items()
+    ]
     # each variable has its own generator, so drawing them in threads (NumPy fills arrays without
     # the GIL) gives the same arrays; the largest first, so that the threads finish together
     largest = sorted(variables, key=lambda v: -math.prod(v[2]))
@@ -152,10 +178,12 @@ def synthetic_weights(seed: int, stages: Iterable[int] | int = (1, 2), small_mov
     return {name: drawn[name] for _, name, _ in variables}
 
 
-_DRAW_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+_DRAW_THREADS = max(
+    1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+)
 
 
-SMALL_MOVE_SCALE = 0.02   # the demo variant's share of the recipe's draws in stage 1's graph convolutions
+SMALL_MOVE_SCALE = 0.02  # the demo variant's share of the recipe's draws in stage 1's graph convolutions
 
 
 def _carry_coordinates(name: str, drawn: np.ndarray) -> np.ndarray:
@@ -164,16 +192,16 @@ def _carry_coordinates(name: str, drawn: np.ndarray) -> np.ndarray:
     0-5, which every hidden layer keeps (ReLU leaves them as relu(x), relu(-x)) and the block's
     last layer turns back into x."""
     carried = drawn.copy()
-    if not name.endswith("weights_0:0"):   # the neighbours' weights and the biases: the draws alone
+    if not name.endswith("weights_0:0"):  # the neighbours' weights and the biases: the draws alone
         return carried
     fin, fout = carried.shape
     eye = np.eye(3)
-    if fout == 3:    # last layer of a block: x = relu(x) - relu(-x)
+    if fout == 3:  # last layer of a block: x = relu(x) - relu(-x)
         carried[0:3] += eye
         carried[3:6] -= eye
-    elif fin == _HIDDEN:    # a hidden layer keeps channels 0-5
+    elif fin == _HIDDEN:  # a hidden layer keeps channels 0-5
         carried[0:6, 0:6] += np.eye(6)
-    else:    # a block's first layer, after a projection (coordinates first)
+    else:  # a block's first layer, after a projection (coordinates first)
         carried[0:3, 0:3] += eye
         carried[0:3, 3:6] -= eye
     return carried
@@ -188,13 +216,21 @@ def normalize_name(key: str) -> str:
     return name
 
 
-EXPECTED_SOURCE = ("expected an .npz keyed by the official variable names (e.g. meshnetmvp2m/cnn/conv2d_1/W:0) or a "
-                   "TensorFlow checkpoint prefix (PREFIX with PREFIX.index beside it)")
+EXPECTED_SOURCE = (
+    "expected an .npz keyed by the official variable names (e.g. meshnetmvp2m/cnn/conv2d_1/W:0) or a "
+    "TensorFlow checkpoint prefix (PREFIX with PREFIX.index beside it)"
+)
 # (leading bytes, what a file that starts with them is) of formats a weights path may wrongly name
-_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"),
-               (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras weights?)"), (b"\x93NUMPY", "a single NumPy .npy array"),
-               (b"PK\x03\x04", "a zip archive"), (b"PK\x05\x06", "an empty zip archive"),
-               (b"\x80", "a Python pickle (a PyTorch checkpoint?)"), (b"\x1f\x8b", "a gzip file"))
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras weights?)"),
+    (b"\x93NUMPY", "a single NumPy .npy array"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x80", "a Python pickle (a PyTorch checkpoint?)"),
+    (b"\x1f\x8b", "a gzip file"),
+)
 IMAGE_KINDS = ("a PNG image", "a JPEG image")
 NPZ_KIND = "an .npz (a zip archive of .npy arrays)"
 
@@ -219,8 +255,10 @@ def describe_file(path: str | os.PathLike) -> str:
                     return "a PyTorch checkpoint (a zip archive holding data.pkl)"
                 if names and all(n.endswith(".npy") for n in names):
                     return NPZ_KIND
-                return (f"a zip archive of {len(names)} file(s) ({first_few(names)}; a release of the official "
-                        "checkpoints is stored by xmesh weights add ZIP, then named 'official')")
+                return (
+                    f"a zip archive of {len(names)} file(s) ({first_few(names)}; a release of the official "
+                    "checkpoints is stored by xmesh weights add ZIP, then named 'official')"
+                )
             if kind == "a zip archive":
                 return "a truncated or damaged zip archive (its table of contents is missing)"
             return kind
@@ -245,13 +283,15 @@ def _any_known(names: Iterable[str]) -> bool:
 def _none_wanted(path: Path, kind: str, names: list[str]) -> WeightsError:
     """The error for weights whose arrays all have other names than the model's: a file of another model."""
     known = list(expected_variables())
-    return WeightsError(f"{path}: {kind} of {len(names)} array(s) ({first_few(sorted(names)) or 'none'}), none of "
-                        f"them a Pixel2Mesh++ variable; expected the official names, {len(known)} in all "
-                        f"({first_few(known)})")
+    return WeightsError(
+        f"{path}: {kind} of {len(names)} array(s) ({first_few(sorted(names)) or 'none'}), none of "
+        f"them a Pixel2Mesh++ variable; expected the official names, {len(known)} in all "
+        f"({first_few(known)})"
+    )
 
 
 def _from_npz(path: Path, wanted: set[str]) -> dict[str, Any]:
-    if not zipfile.is_zipfile(path):   # NumPy would read any other bytes as a pickle and advise allow_pickle
+    if not zipfile.is_zipfile(path):  # NumPy would read any other bytes as a pickle and advise allow_pickle
         what = describe_file(path)
         if what != "a single NumPy .npy array":
             raise wrong_kind(path, what)
@@ -267,9 +307,11 @@ def _from_npz(path: Path, wanted: set[str]) -> dict[str, Any]:
         if isinstance(exc, WeightsError):
             raise
         if "Object arrays" in str(exc):
-            raise WeightsError(f"{path}: an .npz holding object arrays (pickled Python objects, which xmesh does not "
-                               "load: loading them could run code); expected an .npz of plain float32 arrays keyed by "
-                               "official variable names") from None
+            raise WeightsError(
+                f"{path}: an .npz holding object arrays (pickled Python objects, which xmesh does not "
+                "load: loading them could run code); expected an .npz of plain float32 arrays keyed by "
+                "official variable names"
+            ) from None
         raise WeightsError(
             f"{path}: not a readable weights .npz ({type(exc).__name__}: {exc}); expected an .npz of plain "
             "float32 arrays keyed by official variable names (object arrays and pickles are refused)"
@@ -279,7 +321,9 @@ def _from_npz(path: Path, wanted: set[str]) -> dict[str, Any]:
 def _from_path(path: Path, wanted: set[str]) -> dict[str, Any]:
     if path.suffix == ".npz":
         if path.is_dir():
-            raise InputError(f"{path}: weights path is a folder; expected an .npz file keyed by official variable names")
+            raise InputError(
+                f"{path}: weights path is a folder; expected an .npz file keyed by official variable names"
+            )
         if not path.is_file():
             raise MissingFileError(f"{path}: weights file not found; expected an .npz keyed by official variable names")
         return _from_npz(path, wanted)
@@ -357,9 +401,11 @@ def _missing_hint(missing: list[str], chosen: tuple[int, ...]) -> str:
     for stage in chosen:
         if set(expected_variables(stage)) <= absent:
             ckpt = "meshnetmvp2m" if stage == 1 else "meshnet"
-            hints.append(f"all {len(expected_variables(stage))} {_STAGE_LABELS[stage]} variables are missing: "
-                         f"pass the {ckpt} checkpoint too, e.g. load_weights([stage1_source, stage2_source])"
-                         + (f", or ask only for stages=({3 - stage},)" if len(chosen) == 2 else ""))
+            hints.append(
+                f"all {len(expected_variables(stage))} {_STAGE_LABELS[stage]} variables are missing: "
+                f"pass the {ckpt} checkpoint too, e.g. load_weights([stage1_source, stage2_source])"
+                + (f", or ask only for stages=({3 - stage},)" if len(chosen) == 2 else "")
+            )
     return "; ".join(hints)
 
 
@@ -400,18 +446,27 @@ def validate_weights(weights: Mapping[str, Any], stages: Iterable[int] | int = (
         hint = _missing_hint(missing, chosen)
         absent = set(missing)
         whole = {n for stage in chosen if set(expected_variables(stage)) <= absent for n in expected_variables(stage)}
-        rest = [n for n in missing if n not in whole]   # the names a whole missing stage's hint does not cover
-        parts.append(f"{len(missing)} missing variable(s)" + (f" ({hint})" if hint else "")
-                     + (f": {first_few(rest)}" if rest else ""))
+        rest = [n for n in missing if n not in whole]  # the names a whole missing stage's hint does not cover
+        parts.append(
+            f"{len(missing)} missing variable(s)"
+            + (f" ({hint})" if hint else "")
+            + (f": {first_few(rest)}" if rest else "")
+        )
     if wrong_shape:
-        parts.append(f"{len(wrong_shape)} variable(s) with the wrong shape: "
-                     + first_few([f"{n}: expected {e}, got {g}" for n, e, g in wrong_shape]))
+        parts.append(
+            f"{len(wrong_shape)} variable(s) with the wrong shape: "
+            + first_few([f"{n}: expected {e}, got {g}" for n, e, g in wrong_shape])
+        )
     if wrong_dtype:
-        parts.append(f"{len(wrong_dtype)} variable(s) with a non-floating dtype (expected float32): "
-                     + first_few([f"{n}: {d}" for n, d in wrong_dtype]))
+        parts.append(
+            f"{len(wrong_dtype)} variable(s) with a non-floating dtype (expected float32): "
+            + first_few([f"{n}: {d}" for n, d in wrong_dtype])
+        )
     if non_finite:
-        parts.append(f"{len(non_finite)} variable(s) with non-finite values (NaN/inf, also after casting to float32): "
-                     + first_few([f"{n}: {c} value(s)" for n, c in non_finite]))
+        parts.append(
+            f"{len(non_finite)} variable(s) with non-finite values (NaN/inf, also after casting to float32): "
+            + first_few([f"{n}: {c} value(s)" for n, c in non_finite])
+        )
     err = WeightsError(f"weights for stages {chosen} are invalid: " + "; ".join(parts))
     err.missing, err.wrong_shape, err.wrong_dtype, err.non_finite = missing, wrong_shape, wrong_dtype, non_finite
     raise err

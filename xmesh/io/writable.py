@@ -4,6 +4,7 @@ Each check makes and removes a temporary entry where the output will go (or, whe
 not exist yet, in the nearest folder that does), so a read-only mount, an immutable folder, /proc or
 a path through a file fails at once, with one error naming the option and the path.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,9 @@ PROBE_PREFIX = ".xmesh-write-check-"
 
 
 def _refuse(what: str, path: Path, reason: str) -> UnwritableOutputError:
-    return UnwritableOutputError(f"{what} {path}: cannot be written ({reason}); nothing was computed; "
-                                 "give a path in a folder you can write to")
+    return UnwritableOutputError(
+        f"{what} {path}: cannot be written ({reason}); nothing was computed; give a path in a folder you can write to"
+    )
 
 
 def _nearest_existing(folder: Path) -> Path:

@@ -16,6 +16,7 @@ Backends (``backend=``):
 - ``"cupy"``: xmesh's CUDA kernel (:func:`xmesh.metrics.nn_cupy.nearest`);
 - ``"auto"`` (default): ``"cupy"`` when an input is a CuPy array, else ``"scipy"``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -180,7 +181,9 @@ def _samples(clouds, lengths, name: str) -> list:
     """The valid (N_i, 3) clouds of a padded (B,N,3) array with lengths, or of a list of arrays."""
     if _is_array(clouds):
         if clouds.ndim != 3:
-            raise InputError(f"{name} must be a padded (B, N, 3) array or a list of (N_i, 3) arrays; got shape {clouds.shape}")
+            raise InputError(
+                f"{name} must be a padded (B, N, 3) array or a list of (N_i, 3) arrays; got shape {clouds.shape}"
+            )
         batch, size = clouds.shape[0], clouds.shape[1]
         counts = np.full(batch, size) if lengths is None else np.asarray(_to_host(lengths))
         if counts.shape != (batch,) or counts.dtype.kind not in "iu":
@@ -194,7 +197,9 @@ def _samples(clouds, lengths, name: str) -> list:
     if lengths is not None:
         raise InputError(f"lengths for {name} apply only to a padded (B, N, 3) array; got a {type(clouds).__name__}")
     if not isinstance(clouds, (list, tuple)):
-        raise InputError(f"{name} must be a padded (B, N, 3) array or a list of (N_i, 3) arrays; got {type(clouds).__name__}")
+        raise InputError(
+            f"{name} must be a padded (B, N, 3) array or a list of (N_i, 3) arrays; got {type(clouds).__name__}"
+        )
     return [_points(cloud, f"{name}[{i}]") for i, cloud in enumerate(clouds)]
 
 

@@ -9,6 +9,7 @@ SciPy's k-d tree. Either way the squared distances are recomputed in float64 fro
 as :func:`xmesh.metrics.evaluate` does, so the batched and per-sample results agree to float64
 rounding.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -77,15 +78,21 @@ def _evaluate_gpu(preds, gts, len_p: np.ndarray, len_g: np.ndarray, thresholds):
     p64, g64 = p.astype(cupy.float64), g.astype(cupy.float64)
     d1 = _sqdist(cupy, p64, g64, cupy.maximum(index1, 0))
     d2 = _sqdist(cupy, g64, p64, cupy.maximum(index2, 0))
-    chamfer, d1_mean, d2_mean, fscore = _scores(cupy, d1, d2, rows_p, rows_g, lp.astype(cupy.float64),
-                                                lg.astype(cupy.float64), thresholds)
+    chamfer, d1_mean, d2_mean, fscore = _scores(
+        cupy, d1, d2, rows_p, rows_g, lp.astype(cupy.float64), lg.astype(cupy.float64), thresholds
+    )
     return {"chamfer": chamfer, "fscore": fscore, "d1_mean": d1_mean, "d2_mean": d2_mean, "finite": finite}
 
 
 def _evaluate_cpu(preds, gts, len_p: np.ndarray, len_g: np.ndarray, thresholds):
     batch = preds.shape[0]
-    out = {"chamfer": np.zeros(batch), "fscore": np.zeros((batch, len(thresholds))), "d1_mean": np.zeros(batch),
-           "d2_mean": np.zeros(batch), "finite": np.ones(batch, dtype=bool)}
+    out = {
+        "chamfer": np.zeros(batch),
+        "fscore": np.zeros((batch, len(thresholds))),
+        "d1_mean": np.zeros(batch),
+        "d2_mean": np.zeros(batch),
+        "finite": np.ones(batch, dtype=bool),
+    }
     for b in range(batch):
         p = np.asarray(preds[b, : len_p[b]], dtype=np.float64)
         g = np.asarray(gts[b, : len_g[b]], dtype=np.float64)
@@ -95,8 +102,9 @@ def _evaluate_cpu(preds, gts, len_p: np.ndarray, len_g: np.ndarray, thresholds):
         d1 = ((p - g[nn_cpu.nearest_index(p, g)]) ** 2).sum(axis=1)
         d2 = ((g - p[nn_cpu.nearest_index(g, p)]) ** 2).sum(axis=1)
         ones1, ones2 = np.ones((1, len(d1)), dtype=bool), np.ones((1, len(d2)), dtype=bool)
-        chamfer, m1, m2, fscore = _scores(np, d1[None], d2[None], ones1, ones2, np.array([float(len(d1))]),
-                                          np.array([float(len(d2))]), thresholds)
+        chamfer, m1, m2, fscore = _scores(
+            np, d1[None], d2[None], ones1, ones2, np.array([float(len(d1))]), np.array([float(len(d2))]), thresholds
+        )
         out["chamfer"][b], out["d1_mean"][b], out["d2_mean"][b], out["fscore"][b] = chamfer[0], m1[0], m2[0], fscore[0]
     return out
 
@@ -131,5 +139,5 @@ def pad_clouds(clouds: Sequence[np.ndarray], size: int | None = None, out: np.nd
         out = np.empty((len(clouds), size, 3), dtype=np.float32)
     for b, cloud in enumerate(clouds):
         out[b, : len(cloud)] = cloud
-        out[b, len(cloud):] = cloud[0]
+        out[b, len(cloud) :] = cloud[0]
     return out, lengths

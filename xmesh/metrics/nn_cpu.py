@@ -1,4 +1,5 @@
 """Nearest neighbours on the CPU with SciPy's k-d tree (exact, float64)."""
+
 from __future__ import annotations
 
 import numpy as np

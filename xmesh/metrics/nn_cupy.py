@@ -3,6 +3,7 @@
 The kernel source is ``nn_bruteforce.cu`` in the installed ``xmesh.kernels`` folder; it is compiled
 with ``cupy.RawModule`` on first use and kept per device for the life of the process.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,9 +64,7 @@ def _cloud(x, name: str):
     cupy = require_cupy()
     arr = cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32))
     if arr.ndim not in (2, 3) or arr.shape[-1] != 3 or 0 in arr.shape:
-        raise InputError(
-            f"{name} must be an (N, 3) or (B, N, 3) array of points with B, N >= 1; got shape {arr.shape}"
-        )
+        raise InputError(f"{name} must be an (N, 3) or (B, N, 3) array of points with B, N >= 1; got shape {arr.shape}")
     return arr
 
 
@@ -84,8 +83,7 @@ def nearest(a, b, lengths_a=None, lengths_b=None):
     a32, b32 = _cloud(a, "a"), _cloud(b, "b")
     if a32.ndim != b32.ndim or (a32.ndim == 3 and a32.shape[0] != b32.shape[0]):
         raise InputError(
-            "a and b must both be (N, 3) or both (B, ., 3) with the same B; "
-            f"got shapes {a32.shape} and {b32.shape}"
+            f"a and b must both be (N, 3) or both (B, ., 3) with the same B; got shapes {a32.shape} and {b32.shape}"
         )
     single = a32.ndim == 2
     if single:

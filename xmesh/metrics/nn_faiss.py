@@ -6,6 +6,7 @@ distance, and proves the winner with an error bound on FAISS's float32 distances
 cannot rule out a closer point outside the candidates, that query is answered by an exact float64
 brute-force scan instead. The result is a true nearest neighbour, like the k-d tree's.
 """
+
 from __future__ import annotations
 
 import functools

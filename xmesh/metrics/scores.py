@@ -8,6 +8,7 @@
 - at each threshold tau (on the *squared* distance): precision P = 100 * fraction(d1 <= tau),
   recall R = 100 * fraction(d2 <= tau), F = 2PR / (P + R + 1e-6), in percent.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence

@@ -1,14 +1,30 @@
 """The fixed shape of the Pixel2Mesh++ network (MODEL.md), as data the other modules read."""
+
 from __future__ import annotations
 
 # CNN18: (output channels, kernel size, stride) of conv2d_1 .. conv2d_18.
 CNN_LAYERS = (
-    (16, 3, 1), (16, 3, 1), (32, 3, 2), (32, 3, 1), (32, 3, 1), (64, 3, 2), (64, 3, 1), (64, 3, 1),
-    (128, 3, 2), (128, 3, 1), (128, 3, 1), (256, 5, 2), (256, 3, 1), (256, 3, 1), (512, 5, 2),
-    (512, 3, 1), (512, 3, 1), (512, 3, 1),
+    (16, 3, 1),
+    (16, 3, 1),
+    (32, 3, 2),
+    (32, 3, 1),
+    (32, 3, 1),
+    (64, 3, 2),
+    (64, 3, 1),
+    (64, 3, 1),
+    (128, 3, 2),
+    (128, 3, 1),
+    (128, 3, 1),
+    (256, 5, 2),
+    (256, 3, 1),
+    (256, 3, 1),
+    (512, 5, 2),
+    (512, 3, 1),
+    (512, 3, 1),
+    (512, 3, 1),
 )
-STAGE1_TAPS = (8, 11, 14, 18)   # maps read by the stage-1 projection: 56x56x64 ... 7x7x512
-STAGE2_TAPS = (2, 5, 8)         # maps read by the stage-2 local projection: 224x224x16 ... 56x56x64
+STAGE1_TAPS = (8, 11, 14, 18)  # maps read by the stage-1 projection: 56x56x64 ... 7x7x512
+STAGE2_TAPS = (2, 5, 8)  # maps read by the stage-2 local projection: 224x224x16 ... 56x56x64
 IMAGE_SIZE = 224
 NUM_VIEWS = 3
 
@@ -76,8 +92,14 @@ def unpool_commutes_with_next(idx: int) -> bool:
     """
     reads_previous = RESIDUAL_LAYERS | CONCAT_LAYERS
     nxt = idx + 1
-    return (idx in UNPOOL_LAYERS and nxt not in PROJECTION_LAYERS and nxt not in UNPOOL_LAYERS
-            and nxt < NUM_STAGE1_LAYERS and nxt not in reads_previous and nxt + 1 not in reads_previous)
+    return (
+        idx in UNPOOL_LAYERS
+        and nxt not in PROJECTION_LAYERS
+        and nxt not in UNPOOL_LAYERS
+        and nxt < NUM_STAGE1_LAYERS
+        and nxt not in reads_previous
+        and nxt + 1 not in reads_previous
+    )
 
 
 def cnn_name(stage: int, k: int) -> str:

@@ -9,6 +9,7 @@ each corner's share of the features' gradient into the map's gradient (atomic ad
 ``cupyx.scatter_add``) and the gradient's pull along the map's two axes, times ``s / 224``, into the
 row's pixel gradients. Both run in float32 and float64 (the gradient checks).
 """
+
 from __future__ import annotations
 
 import functools
@@ -92,16 +93,19 @@ extern "C" __global__ void bilinear_backward_TYPE(const TYPE* __restrict__ df, l
 }
 """
 
-_ROUNDED = {"float": ("__fmul_rn", "__fadd_rn", "__fsub_rn", "__fdiv_rn"),
-            "double": ("__dmul_rn", "__dadd_rn", "__dsub_rn", "__ddiv_rn")}
+_ROUNDED = {
+    "float": ("__fmul_rn", "__fadd_rn", "__fsub_rn", "__fdiv_rn"),
+    "double": ("__dmul_rn", "__dadd_rn", "__dsub_rn", "__ddiv_rn"),
+}
 
 
 @functools.cache
 def _kernels(type_name: str):
     import cupy
 
-    defines = "".join(f"#define {op} {name}\n" for op, name in zip(("MUL", "ADD", "SUB", "DIV"), _ROUNDED[type_name],
-                                                                      strict=True))
+    defines = "".join(
+        f"#define {op} {name}\n" for op, name in zip(("MUL", "ADD", "SUB", "DIV"), _ROUNDED[type_name], strict=True)
+    )
     module = cupy.RawModule(code=defines + SOURCE.replace("TYPE", type_name), options=("--std=c++11",))
     return module.get_function(f"bilinear_forward_{type_name}"), module.get_function(f"bilinear_backward_{type_name}")
 
@@ -118,8 +122,14 @@ def _geometry(fmap, h, view: int, views: int, dtype) -> tuple:
     """The kernels' (count, n, views, view, padded, step) arguments for a (B*V, s+1, s+1, C) map."""
     padded = int(fmap.shape[1])
     scalar = np.dtype(dtype).type
-    return (np.int64(h.size), np.int64(h.shape[-1]), np.int32(views), np.int32(view), np.int32(padded),
-            scalar(IMAGE_SIZE / (padded - 1)))
+    return (
+        np.int64(h.size),
+        np.int64(h.shape[-1]),
+        np.int32(views),
+        np.int32(view),
+        np.int32(padded),
+        scalar(IMAGE_SIZE / (padded - 1)),
+    )
 
 
 def bilinear_forward(fmap, h, w, views: int, view: int):
@@ -134,8 +144,11 @@ def bilinear_forward(fmap, h, w, views: int, view: int):
     total = h.size * channels
     if total:
         forward, _ = _kernels(_type_name(fmap.dtype))
-        forward(((total + THREADS - 1) // THREADS,), (THREADS,),
-                (fmap, h, w, *_geometry(fmap, h, view, views, fmap.dtype), np.int32(channels), out))
+        forward(
+            ((total + THREADS - 1) // THREADS,),
+            (THREADS,),
+            (fmap, h, w, *_geometry(fmap, h, view, views, fmap.dtype), np.int32(channels), out),
+        )
     return out
 
 
@@ -155,6 +168,20 @@ def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw) -> No
     if h.size:
         _, backward = _kernels(_type_name(fmap.dtype))
         scale = np.dtype(fmap.dtype).type((fmap.shape[1] - 1) / IMAGE_SIZE)
-        backward(((h.size * 32 + THREADS - 1) // THREADS,), (THREADS,),
-                 (df, np.int64(df.strides[0] // df.itemsize), fmap, h, w, *_geometry(fmap, h, view, views, fmap.dtype),
-                  scale, np.int32(fmap.shape[3]), dmap, dh, dw))
+        backward(
+            ((h.size * 32 + THREADS - 1) // THREADS,),
+            (THREADS,),
+            (
+                df,
+                np.int64(df.strides[0] // df.itemsize),
+                fmap,
+                h,
+                w,
+                *_geometry(fmap, h, view, views, fmap.dtype),
+                scale,
+                np.int32(fmap.shape[3]),
+                dmap,
+                dh,
+                dw,
+            ),
+        )

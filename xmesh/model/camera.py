@@ -5,17 +5,18 @@ camera 0's frame; a point is moved into view i's frame by ``to_camera_i(from_cam
 Frames are computed on the host in float32 (as the original graph did); the per-point transforms
 use only ``@``, ``-`` and ``+`` so they run unchanged on NumPy or CuPy arrays.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-FOCAL = 248.0          # pixels, at the 224x224 network input
-CENTER = 112.0         # principal point
-MAX_PIXEL = 223.0      # projections are clamped to [0, MAX_PIXEL]
+FOCAL = 248.0  # pixels, at the 224x224 network input
+CENTER = 112.0  # principal point
+MAX_PIXEL = 223.0  # projections are clamped to [0, MAX_PIXEL]
 IMAGE_SIZE = 224
-OBJECT_RADIUS = 0.24   # the objects' size in the network's world (xmesh.synthetic.shapes says why)
+OBJECT_RADIUS = 0.24  # the objects' size in the network's world (xmesh.synthetic.shapes says why)
 
 
 def camera_frames(rows) -> tuple[np.ndarray, np.ndarray]:
@@ -52,15 +53,20 @@ def packed_transforms(cameras) -> np.ndarray:
     frames, origin = camera_frames(cameras)
     rot = np.swapaxes(frames, -1, -2)
     from0 = np.linalg.inv(rot[:, 0].astype(np.float64)).astype(np.float32)
-    return np.concatenate([from0.reshape(batch, 9), origin[:, 0], rot.reshape(batch, 9 * views),
-                           origin.reshape(batch, 3 * views)], axis=1).astype(np.float32)
+    return np.concatenate(
+        [from0.reshape(batch, 9), origin[:, 0], rot.reshape(batch, 9 * views), origin.reshape(batch, 3 * views)], axis=1
+    ).astype(np.float32)
 
 
 def unpack_transforms(packed, views: int) -> tuple:
     """(from0, origin0, rot, origin) as views of :func:`packed_transforms` rows (..., 12 + 12V)."""
     lead = tuple(packed.shape[:-1])
-    return (packed[..., :9].reshape(lead + (3, 3)), packed[..., 9:12],
-            packed[..., 12:12 + 9 * views].reshape(lead + (views, 3, 3)), packed[..., 12 + 9 * views:].reshape(lead + (views, 3)))
+    return (
+        packed[..., :9].reshape(lead + (3, 3)),
+        packed[..., 9:12],
+        packed[..., 12 : 12 + 9 * views].reshape(lead + (views, 3, 3)),
+        packed[..., 12 + 9 * views :].reshape(lead + (views, 3)),
+    )
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,10 @@ class ViewTransforms:
     ``origin[i]`` = o_i apply view i: q_i = (p @ from0 + origin0 - origin[i]) @ rot[i].
     """
 
-    from0: np.ndarray    # (3,3)
+    from0: np.ndarray  # (3,3)
     origin0: np.ndarray  # (3,)
-    rot: np.ndarray      # (V,3,3)
-    origin: np.ndarray   # (V,3)
+    rot: np.ndarray  # (V,3,3)
+    origin: np.ndarray  # (V,3)
 
     @classmethod
     def from_cameras(cls, cameras) -> ViewTransforms:

@@ -5,6 +5,7 @@
 written with the array API: the convolution is an im2col product whose columns are ordered as
 the kernel's (kh, kw, cin) rows, the same product the NumPy backend computes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ def _padded(xp, x, kh: int, kw: int, stride: int):
     ho, top, bottom = same_padding(h, kh, stride)
     wo, left, right = same_padding(w, kw, stride)
     padded = xp.zeros((n, h + top + bottom, w + left + right, c), dtype=x.dtype)
-    padded[:, top:top + h, left:left + w, :] = x
+    padded[:, top : top + h, left : left + w, :] = x
     return padded, (ho, wo, top, left)
 
 
@@ -44,8 +45,11 @@ def im2col(xp, x, kh: int, kw: int, stride: int):
     """(N,H,W,C) -> (N*Ho*Wo, kh*kw*C) 'SAME' patches, rows in NHW order, columns in (kh, kw, C) order."""
     n, _, _, c = x.shape
     padded, (ho, wo, _, _) = _padded(xp, x, kh, kw, stride)
-    taps = [padded[:, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride, :]
-            for i in range(kh) for j in range(kw)]
+    taps = [
+        padded[:, i : i + stride * (ho - 1) + 1 : stride, j : j + stride * (wo - 1) + 1 : stride, :]
+        for i in range(kh)
+        for j in range(kw)
+    ]
     return xp.reshape(xp.stack(taps, axis=3), (n * ho * wo, kh * kw * c)), (ho, wo)
 
 
@@ -61,7 +65,7 @@ def col2im(xp, cols, shape, kh: int, kw: int, stride: int):
             rows = slice(i, i + stride * (ho - 1) + 1, stride)
             columns = slice(j, j + stride * (wo - 1) + 1, stride)
             padded[:, rows, columns, :] += cols[:, :, :, i * kw + j, :]
-    return padded[:, top:top + h, left:left + w, :]
+    return padded[:, top : top + h, left : left + w, :]
 
 
 @dataclass
@@ -105,7 +109,7 @@ def cnn_forward(xp, convs, images, taps):
     (the maps after the layers numbered in ``taps``, the per-layer caches)."""
     maps, caches = [], []
     x = images
-    for k, (weight, bias, stride) in enumerate(convs[:max(taps)], start=1):
+    for k, (weight, bias, stride) in enumerate(convs[: max(taps)], start=1):
         x, cache = conv_forward(xp, x, weight, bias, stride)
         caches.append(cache)
         if k in taps:

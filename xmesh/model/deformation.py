@@ -3,6 +3,7 @@
 Activations are kept hypothesis-major, (B, K, N, C) with K = 43 hypotheses per vertex, so the
 43x43 support acts as one matrix product over the leading axis.
 """
+
 from __future__ import annotations
 
 from .projection import local_projection
@@ -37,7 +38,7 @@ def deformation_block(backend, layers, params, centers, maps, tf):
     b, n, _ = centers.shape
     offsets = params.sample_coord
     k = offsets.shape[0]
-    points = centers[:, None, :, :] + offsets[None, :, None, :]          # (B,K,N,3)
+    points = centers[:, None, :, :] + offsets[None, :, None, :]  # (B,K,N,3)
     feats = local_projection(backend, xp.reshape(points, (b, k * n, 3)), maps, tf)
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
     return block_tail(backend, layers, x, params, centers)
@@ -73,6 +74,7 @@ def last_layer_and_score(backend, layer, score, x4, x3, params, centers):
 def first_wide_layers(backend, layers, x, params):
     """The block's first four wide layers: x1 = lc1(x), x2 = lc2(x1), x3 = lc3(x2) + x1, x4 = lc4(x3);
     returns (x3, x4), what the last wide layer x5 = lc5(x4) + x3 reads."""
+
     def conv(layer, h, res=None):
         return local_gconv(backend, layer, h, params.sample_cheb1, params.sample_cheb0, res)
 
@@ -89,7 +91,7 @@ def score_update(backend, layer, x, params, centers):
     fast = backend.op_score_update(layer, x, cheb1, cheb0, centers, offsets)
     if fast is not None:
         return fast
-    score = local_gconv(backend, layer, x, cheb1, cheb0)[..., 0]             # (B,K,N)
+    score = local_gconv(backend, layer, x, cheb1, cheb0)[..., 0]  # (B,K,N)
     return hypothesis_update(backend, centers, score, offsets)
 
 

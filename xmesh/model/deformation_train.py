@@ -6,6 +6,7 @@ convolution's parameters are a ``(W0, W1, b)`` triple of ``xp`` arrays and its g
 of their gradients; ``supports`` is ``(A0, A1)`` with A0 None when it is the identity (the
 official template's), so that both products share one GEMM of [W0 | W1].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +27,9 @@ def _over_hypotheses(xp, support, y):
 
 @dataclass
 class LocalGConvCache:
-    x: Any          # (B,K,N,cin) the layer's input
-    active: Any     # (B,K,N,cout) bool: the ReLU passed (pre-activation > 0)
-    layer: tuple    # (W0, W1, b)
+    x: Any  # (B,K,N,cin) the layer's input
+    active: Any  # (B,K,N,cout) bool: the ReLU passed (pre-activation > 0)
+    layer: tuple  # (W0, W1, b)
     supports: tuple
 
 
@@ -48,7 +49,7 @@ def local_gconv_forward(xp, layer, x, supports, residual=None):
         y0 = _over_hypotheses(xp, a0, xp.reshape(matmul(flat, w0), (b, k, n, cout)))
         y1 = xp.reshape(matmul(flat, w1), (b, k, n, cout))
     mixed = _over_hypotheses(xp, a1, y1)
-    if is_cupy_namespace(xp):   # one pass instead of five over (B,K,N,cout) arrays
+    if is_cupy_namespace(xp):  # one pass instead of five over (B,K,N,cout) arrays
         out, active = epilogues_cupy.bias_relu(y0, mixed, bias, residual)
         return out, LocalGConvCache(x, active, layer, supports)
     z = y0 + mixed + bias
@@ -81,8 +82,8 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True)
 
 @dataclass
 class HypothesisUpdateCache:
-    weight: Any     # (B,K,N) softmax of the scores over K
-    offsets: Any    # (K,3)
+    weight: Any  # (B,K,N) softmax of the scores over K
+    offsets: Any  # (K,3)
 
 
 def hypothesis_update_forward(xp, centers, score, offsets):
@@ -94,7 +95,7 @@ def hypothesis_update_forward(xp, centers, score, offsets):
 
 def hypothesis_update_backward(xp, dnew, cache: HypothesisUpdateCache):
     """(dcenters (B,N,3), dscore (B,K,N)) from the new centers' gradient."""
-    dweight = xp.permute_dims(xp.matmul(dnew, xp.matrix_transpose(cache.offsets)), (0, 2, 1))   # (B,K,N)
+    dweight = xp.permute_dims(xp.matmul(dnew, xp.matrix_transpose(cache.offsets)), (0, 2, 1))  # (B,K,N)
     w = cache.weight
     dscore = w * (dweight - xp.sum(w * dweight, axis=1, keepdims=True))
     return dnew, dscore
@@ -103,7 +104,7 @@ def hypothesis_update_backward(xp, dnew, cache: HypothesisUpdateCache):
 @dataclass
 class DeformationBlockCache:
     projection: LocalProjectionCache
-    layers: list            # LocalGConvCache of the six layers
+    layers: list  # LocalGConvCache of the six layers
     update: HypothesisUpdateCache
 
 
@@ -146,8 +147,8 @@ def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
         return dx
 
     dx5 = back(5, dscore[..., None])
-    dx3 = dx5 + back(3, back(4, dx5))      # x5 = lc5(x4) + x3, x4 = lc4(x3)
-    dx1 = dx3 + back(1, back(2, dx3))      # x3 = lc3(x2) + x1, x2 = lc2(x1)
+    dx3 = dx5 + back(3, back(4, dx5))  # x5 = lc5(x4) + x3, x4 = lc4(x3)
+    dx1 = dx3 + back(1, back(2, dx3))  # x3 = lc3(x2) + x1, x2 = lc2(x1)
     dx = back(0, dx1)
     b, k, n, width = dx.shape
     dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection)

@@ -3,6 +3,7 @@
 ``graph_conv`` and ``unpool`` are inference (a backend may replace them); the training pairs
 (``graph_conv_forward`` / ``graph_conv_backward``, ``unpool_forward`` / ``unpool_backward``) follow.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ def graph_conv(backend, layer, x, supports, residual=None, pool_idx=None):
 
     if layer.weight0 is None:
         y = product(layer.weight)
-        out = y[..., : layer.cout] + backend.spmm(s1, y[..., layer.cout:])
+        out = y[..., : layer.cout] + backend.spmm(s1, y[..., layer.cout :])
     else:
         out = backend.spmm(s0, product(layer.weight0)) + backend.spmm(s1, product(layer.weight))
     out = out + layer.bias
@@ -57,6 +58,7 @@ def unpool(backend, x, pool_idx):
 
 # -- training pairs: forward with an explicit cache, backward beside it -----------------------------
 
+
 @dataclass(frozen=True)
 class GraphSupports:
     """A stage's two supports for training, as ``xp`` sparse matrices of the training dtype, with
@@ -74,14 +76,18 @@ class GraphSupports:
         dense0 = s0.toarray() if hasattr(s0, "toarray") else np.asarray(s0)
         identity = dense0.shape[0] == dense0.shape[1] and np.array_equal(dense0, np.eye(dense0.shape[0]))
         t0 = None if identity else sparse_matrix(xp, s0, dtype)
-        return cls(t0, sparse_matrix(xp, s1, dtype), None if identity else sparse_matrix(xp, s0.T, dtype),
-                   sparse_matrix(xp, s1.T, dtype))
+        return cls(
+            t0,
+            sparse_matrix(xp, s1, dtype),
+            None if identity else sparse_matrix(xp, s0.T, dtype),
+            sparse_matrix(xp, s1.T, dtype),
+        )
 
 
 @dataclass
 class GraphConvCache:
     x: Any
-    act: Any            # the layer's output before the residual average
+    act: Any  # the layer's output before the residual average
     weight0: Any
     weight1: Any
     supports: GraphSupports

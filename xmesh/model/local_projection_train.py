@@ -8,6 +8,7 @@ unclamped pixel lies in [0, 223], ends included) and the camera projection. floo
 gradient, so at an integer coordinate, where the sample is 0, the coordinate's gradient is 0 too.
 On CuPy the bilinear taps of each view and map run in one launch each way (:mod:`.bilinear_cupy`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,9 +26,9 @@ from .view_pool import ViewPoolCache, pool_views_backward, pool_views_forward
 class ViewProjection:
     """One view's projection of the points: the view-frame points and which pixels the clamp passed."""
 
-    q: Any        # (B,n,3) points in the view's camera frame
-    h: Any        # (B,n) clamped pixel row
-    w: Any        # (B,n) clamped pixel column
+    q: Any  # (B,n,3) points in the view's camera frame
+    h: Any  # (B,n) clamped pixel row
+    w: Any  # (B,n) clamped pixel column
     h_inside: Any  # (B,n) bool: the unclamped row lies in [0, 223]
     w_inside: Any
 
@@ -36,9 +37,9 @@ class ViewProjection:
 class LocalProjectionCache:
     """What :func:`local_projection_backward` reads."""
 
-    tf: Any                 # DeviceTransforms
-    maps: list              # (B*V, s+1, s+1, C) zero-padded maps
-    views: list             # ViewProjection per view
+    tf: Any  # DeviceTransforms
+    maps: list  # (B*V, s+1, s+1, C) zero-padded maps
+    views: list  # ViewProjection per view
     pool: ViewPoolCache
 
 
@@ -50,8 +51,13 @@ def view_projection(xp, points, tf, view: int) -> ViewProjection:
     h = FOCAL * ((-y) / (-z)) + CENTER
     w = FOCAL * (x / (-z)) + CENTER
     # min(max(.)) is clip's arithmetic in two launches (array-api-compat's clip takes several on CuPy)
-    return ViewProjection(q, xp.minimum(xp.maximum(h, 0.0), MAX_PIXEL), xp.minimum(xp.maximum(w, 0.0), MAX_PIXEL),
-                          (h >= 0.0) & (h <= MAX_PIXEL), (w >= 0.0) & (w <= MAX_PIXEL))
+    return ViewProjection(
+        q,
+        xp.minimum(xp.maximum(h, 0.0), MAX_PIXEL),
+        xp.minimum(xp.maximum(w, 0.0), MAX_PIXEL),
+        (h >= 0.0) & (h <= MAX_PIXEL),
+        (w >= 0.0) & (w <= MAX_PIXEL),
+    )
 
 
 def _corners(xp, proj: ViewProjection, size: int):
@@ -63,8 +69,10 @@ def _corners(xp, proj: ViewProjection, size: int):
 
 def _corner_rows(xp, x1, x2, y1, y2, base, padded: int):
     """Flat row indices of the four corners (11, 21, 12, 22) in a (B*V*(s+1)^2, C) map."""
+
     def row(xi, yi):
         return xp.reshape(base + xp.astype(xi, xp.int64) * padded + xp.astype(yi, xp.int64), (-1,))
+
     return row(x1, y1), row(x2, y1), row(x1, y2), row(x2, y2)
 
 
@@ -116,8 +124,8 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
     batch, n, _ = dfeats.shape
     views = tf.num_views
     width = sum(m.shape[3] for m in maps)
-    dmax, dmean, dstd = (dfeats[..., 3 + i * width:3 + (i + 1) * width] for i in range(3))
-    dstacked = pool_views_backward(xp, dmax, dmean, dstd, cache.pool)         # (V,B,n,width)
+    dmax, dmean, dstd = (dfeats[..., 3 + i * width : 3 + (i + 1) * width] for i in range(3))
+    dstacked = pool_views_backward(xp, dmax, dmean, dstd, cache.pool)  # (V,B,n,width)
     dpoints = dfeats[..., :3]
     dflat = [None] * len(maps)
     if _fused(xp):
@@ -128,11 +136,12 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
         start = 0
         for m, fmap in enumerate(maps):
             padded, channels = fmap.shape[1], fmap.shape[3]
-            df = dstacked[view, :, :, start:start + channels]                    # (B,n,C)
+            df = dstacked[view, :, :, start : start + channels]  # (B,n,C)
             start += channels
             if _fused(xp):
-                bilinear_cupy.bilinear_backward(xp.reshape(df, (-1, channels)), fmap, proj.h, proj.w, views, view,
-                                                dflat[m], dh, dw)
+                bilinear_cupy.bilinear_backward(
+                    xp.reshape(df, (-1, channels)), fmap, proj.h, proj.w, views, view, dflat[m], dh, dw
+                )
                 continue
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
             flat = xp.reshape(fmap, (-1, channels))

@@ -5,6 +5,7 @@ cameras (B,V,5):
   deform the 156-vertex ellipsoid into the coarse 2466-vertex mesh;
 - stage 2 (MeshNet): CNN18 maps (convs 1-8 only); two deformation reasoning blocks refine it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,8 +27,18 @@ class Trace:
     stage2_blocks: list = field(default_factory=list)
 
 
-def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, start: int, stop: int,
-                      previous, current, blocks: list | None = None):
+def run_stage1_layers(
+    backend,
+    p,
+    maps,
+    tf: DeviceTransforms,
+    view_quirk: bool,
+    start: int,
+    stop: int,
+    previous,
+    current,
+    blocks: list | None = None,
+):
     """Run stage-1 layers ``start .. stop-1`` from the state (a[-2], a[-1]); returns the new state.
 
     The original's list of 48 layers: graph projections at 0, 15, 31, unpooling at 16 and 32,
@@ -38,9 +49,9 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
     is never made, and the product runs on a quarter of the rows.
     """
     xp = backend.xp
-    pending_pool = None   # an unpooling left to the next layer, which runs its product first
+    pending_pool = None  # an unpooling left to the next layer, which runs its product first
     for idx in range(start, stop):
-        if idx in arch.PROJECTION_LAYERS:   # with a[-2]'s features appended at the concatenating layers
+        if idx in arch.PROJECTION_LAYERS:  # with a[-2]'s features appended at the concatenating layers
             carried = previous if idx in arch.CONCAT_LAYERS else None
             h = graph_projection(backend, current, maps, tf, view_quirk, carried)
         elif idx in arch.UNPOOL_LAYERS:
@@ -49,7 +60,7 @@ def run_stage1_layers(backend, p, maps, tf: DeviceTransforms, view_quirk: bool, 
                 pending_pool, h = pool_idx, current
             else:
                 h = unpool(backend, current, pool_idx)
-        else:   # a graph convolution; the residual layers' averaging (h + a[-2]) / 2 is part of it
+        else:  # a graph convolution; the residual layers' averaging (h + a[-2]) / 2 is part of it
             block = arch.block_of_layer(idx)
             residual = previous if idx in arch.RESIDUAL_LAYERS else None
             h = graph_conv(backend, p.layers[idx], current, p.supports[block - 1], residual, pending_pool)
@@ -116,8 +127,9 @@ def stage2_maps(backend, p, images) -> tuple[list, list]:
     return maps, pad_maps(backend, maps)
 
 
-def run_stage2(backend, p, images, coarse, tf: DeviceTransforms, trace: Trace | None = None,
-               maps: tuple[list, list] | None = None):
+def run_stage2(
+    backend, p, images, coarse, tf: DeviceTransforms, trace: Trace | None = None, maps: tuple[list, list] | None = None
+):
     """Refined mesh (B,N,3) from the coarse one, through the two deformation reasoning blocks;
     ``maps``: ``stage2_maps``'s result when it was computed already."""
     maps, padded = stage2_maps(backend, p, images) if maps is None else maps
@@ -131,15 +143,23 @@ def run_stage2(backend, p, images, coarse, tf: DeviceTransforms, trace: Trace | 
     return centers
 
 
-def run_network(backend, stage1_params, stage2_params, images, cameras, view_quirk: bool = True,
-                trace: Trace | None = None):
+def run_network(
+    backend, stage1_params, stage2_params, images, cameras, view_quirk: bool = True, trace: Trace | None = None
+):
     """images: device (B*V,224,224,3); cameras: host (B,V,5). Returns (coarse (B,N,3), refined (B,N,3))."""
     tf = DeviceTransforms.from_cameras(backend, cameras)
     return run_network_on_device(backend, stage1_params, stage2_params, images, tf, view_quirk, trace)
 
 
-def run_network_on_device(backend, stage1_params, stage2_params, images, tf: DeviceTransforms,
-                          view_quirk: bool = True, trace: Trace | None = None):
+def run_network_on_device(
+    backend,
+    stage1_params,
+    stage2_params,
+    images,
+    tf: DeviceTransforms,
+    view_quirk: bool = True,
+    trace: Trace | None = None,
+):
     """As ``run_network`` with the view transforms already on the device: device work only (capturable).
 
     Stage 2's CNN reads only the images, so it is queued first, on a branch: on a GPU it runs
@@ -154,8 +174,9 @@ def run_network_on_device(backend, stage1_params, stage2_params, images, tf: Dev
     return coarse, refined
 
 
-def run_network_from_host(backend, stage1_params, stage2_params, host_images, tf: DeviceTransforms,
-                          view_quirk: bool = True):
+def run_network_from_host(
+    backend, stage1_params, stage2_params, host_images, tf: DeviceTransforms, view_quirk: bool = True
+):
     """As ``run_network_on_device`` from host images (B,V,224,224,3): only the views stage 1 reads
     are uploaded before it (with the view quirk, view 0); the others are uploaded on the stage-2
     CNN's branch, queued after stage 1, so on a GPU the upload runs while stage 1 computes."""

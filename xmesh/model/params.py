@@ -4,6 +4,7 @@ Built once per (weights, template, backend) and reused by every reconstruction: 
 matrices of a graph convolution are fused into one [W0 | W1] product wherever support 0 is the
 identity, and the stage-2 CNN keeps only the layers that can reach the output.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,19 +36,19 @@ class GraphConv:
 @dataclass(frozen=True)
 class Stage1Params:
     cnn: tuple
-    layers: dict           # layer index -> GraphConv
-    supports: tuple        # per block: (S0 or None if identity, S1) on the device
-    pool_idx: tuple        # device int arrays (E,2)
-    coord: Any             # (156,3)
+    layers: dict  # layer index -> GraphConv
+    supports: tuple  # per block: (S0 or None if identity, S1) on the device
+    pool_idx: tuple  # device int arrays (E,2)
+    coord: Any  # (156,3)
 
 
 @dataclass(frozen=True)
 class Stage2Params:
     cnn: tuple
-    blocks: tuple          # per DRB: six GraphConv (local) layers
-    sample_coord: Any      # (K,3)
-    sample_cheb1: Any      # (K,K) the non-identity support
-    sample_cheb0: Any      # None when the identity, else (K,K)
+    blocks: tuple  # per DRB: six GraphConv (local) layers
+    sample_coord: Any  # (K,3)
+    sample_cheb1: Any  # (K,K) the non-identity support
+    sample_cheb0: Any  # None when the identity, else (K,K)
 
 
 def _is_identity(matrix) -> bool:

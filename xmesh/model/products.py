@@ -11,11 +11,12 @@ layers, the CNN's narrow layers), every float64 product and NumPy take ``a @ b``
 with a row of ones (cuBLAS reads the array once), as CuPy's reduction over 10^5 to 10^7 rows into a
 few columns runs a block per column and takes up to a hundred times longer.
 """
+
 from __future__ import annotations
 
 from array_api_compat import is_cupy_namespace
 
-LENT_MIN = 128   # a lent product's output is at least this many rows and columns
+LENT_MIN = 128  # a lent product's output is at least this many rows and columns
 
 _lent = None
 
@@ -30,8 +31,14 @@ def lend(product):
 
 def matmul(a, b):
     """``a @ b`` for a (..., K) and a 2-D b (K, N), the leading axes of a as rows."""
-    if _lent is not None and b.ndim == 2 and a.ndim >= 2 and str(a.dtype) == "float32" \
-            and str(b.dtype) == "float32" and b.shape[1] >= LENT_MIN:
+    if (
+        _lent is not None
+        and b.ndim == 2
+        and a.ndim >= 2
+        and str(a.dtype) == "float32"
+        and str(b.dtype) == "float32"
+        and b.shape[1] >= LENT_MIN
+    ):
         rows = 1
         for size in a.shape[:-1]:
             rows *= int(size)

@@ -4,6 +4,7 @@ Both move camera-0 points into each view, project them with the original pinhole
 the views' CNN maps and pool over views by max, mean and std = sqrt(population variance + 1e-6).
 Written with the array API; a backend may replace either with a fused kernel (``op_*``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,8 +75,11 @@ def stage1_map_views(batch: int, maps, num_views: int, view_quirk: bool) -> int:
     for views in (num_views, read):
         if counts == {batch * views}:
             return views
-    raise InputError(f"graph projection: maps of {sorted(counts)} images for {batch} sample(s) of {num_views} views; "
-                     f"expected {batch * num_views}" + (f" or {batch * read} (the views the quirk reads)" if read != num_views else ""))
+    raise InputError(
+        f"graph projection: maps of {sorted(counts)} images for {batch} sample(s) of {num_views} views; "
+        f"expected {batch * num_views}"
+        + (f" or {batch * read} (the views the quirk reads)" if read != num_views else "")
+    )
 
 
 def graph_projection(backend, coords, maps, tf: DeviceTransforms, view_quirk: bool = True, carried=None):
@@ -123,7 +127,7 @@ def _stage1_gather(xp, coords, maps, tf: DeviceTransforms, view_quirk: bool, map
 @dataclass
 class GraphProjectionCache:
     pool: ViewPoolCache
-    indices: list       # per view, per map: the flat rows read
+    indices: list  # per view, per map: the flat rows read
     map_shapes: list
     carried_width: int
 
@@ -144,17 +148,17 @@ def graph_projection_backward(xp, dout, cache: GraphProjectionCache):
     no gradient: the coordinates get only their own columns'. The view max splits its gradient
     equally among the views that tie for it, as TensorFlow's reduce_max gradient does."""
     views, width = cache.pool.stacked.shape[0], cache.pool.stacked.shape[-1]
-    dstacked = pool_views_backward(xp, *(dout[..., 3 + i * width:3 + (i + 1) * width] for i in range(3)), cache.pool)
+    dstacked = pool_views_backward(xp, *(dout[..., 3 + i * width : 3 + (i + 1) * width] for i in range(3)), cache.pool)
     dmaps = []
     offset = 0
     for m, shape in enumerate(cache.map_shapes):
         channels = shape[3]
         rows = xp.concat([cache.indices[v][m] for v in range(views)])
-        values = xp.reshape(dstacked[..., offset:offset + channels], (-1, channels))
+        values = xp.reshape(dstacked[..., offset : offset + channels], (-1, channels))
         size = shape[0] * shape[1] * shape[2]
         dmaps.append(xp.reshape(scatter_add(xp, rows, values, size), shape))
         offset += channels
-    dcarried = dout[..., 3 + 3 * width:] if cache.carried_width else None
+    dcarried = dout[..., 3 + 3 * width :] if cache.carried_width else None
     return dout[..., :3], dmaps, dcarried
 
 
@@ -190,7 +194,7 @@ def local_projection(backend, points, maps, tf: DeviceTransforms):
         for fmap in maps:
             sp, channels = fmap.shape[1], fmap.shape[3]
             s = sp - 1
-            x = h / (IMAGE_SIZE / s)   # = h*s/224, exact for the power-of-two strides
+            x = h / (IMAGE_SIZE / s)  # = h*s/224, exact for the power-of-two strides
             y = w / (IMAGE_SIZE / s)
             x1, x2 = xp.floor(x), xp.ceil(x)
             y1, y2 = xp.floor(y), xp.ceil(y)
@@ -203,7 +207,12 @@ def local_projection(backend, points, maps, tf: DeviceTransforms):
 
             wx1, wx2 = (x2 - x)[..., None], (x - x1)[..., None]
             wy1, wy2 = (y2 - y)[..., None], (y - y1)[..., None]
-            f = tap(x1, y1) * (wx1 * wy1) + tap(x2, y1) * (wx2 * wy1) + tap(x1, y2) * (wx1 * wy2) + tap(x2, y2) * (wx2 * wy2)
+            f = (
+                tap(x1, y1) * (wx1 * wy1)
+                + tap(x2, y1) * (wx2 * wy1)
+                + tap(x1, y2) * (wx1 * wy2)
+                + tap(x2, y2) * (wx2 * wy2)
+            )
             feats.append(f)
         per_view.append(xp.concat(feats, axis=-1))
     return xp.concat([points] + _pool_views(xp, per_view), axis=-1)

@@ -5,6 +5,7 @@ is a sparse product there (a deterministic row loop in SciPy) and ``cupyx.scatte
 The array library is read from ``xp`` (array-api-compat's namespace), the dtype from the arrays,
 so float32 and float64 take the same path.
 """
+
 from __future__ import annotations
 
 from array_api_compat import is_cupy_namespace
@@ -25,8 +26,7 @@ def scatter_add(xp, index, values, size: int):
     import scipy.sparse
 
     n = int(index.shape[0])
-    rows = scipy.sparse.csr_matrix((np.ones(n, dtype=values.dtype), (np.asarray(index), np.arange(n))),
-                                   shape=(size, n))
+    rows = scipy.sparse.csr_matrix((np.ones(n, dtype=values.dtype), (np.asarray(index), np.arange(n))), shape=(size, n))
     return xp.reshape(xp.asarray(rows @ np.asarray(flat)), (size,) + tail)
 
 

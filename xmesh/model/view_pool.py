@@ -4,6 +4,7 @@ Both projections pool each point's per-view features this way. TensorFlow's max 
 equally among all the views that tie for the max (ReLU maps and zero samples tie often), so the
 backward does the same instead of routing to one argmax.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ STD_EPS = 1e-6
 class ViewPoolCache:
     """What the pooling's backward reads: the stacked per-view features, their max, mean and std."""
 
-    stacked: Any   # (V, ..., C)
+    stacked: Any  # (V, ..., C)
     maximum: Any
     mean: Any
     std: Any
@@ -42,8 +43,9 @@ def pool_views_forward(xp, stacked):
 def pool_views_backward(xp, dmax, dmean, dstd, cache: ViewPoolCache):
     """The gradient of the stacked features from those of (max, mean, std)."""
     if is_cupy_namespace(xp):
-        return view_pool_cupy.pool_views_backward(dmax, dmean, dstd, cache.stacked, cache.maximum, cache.mean,
-                                                  cache.std)
+        return view_pool_cupy.pool_views_backward(
+            dmax, dmean, dstd, cache.stacked, cache.maximum, cache.mean, cache.std
+        )
     views = cache.stacked.shape[0]
     ties = xp.astype(cache.stacked == cache.maximum, cache.stacked.dtype)
     share = dmax / xp.sum(ties, axis=0)

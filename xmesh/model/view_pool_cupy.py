@@ -5,6 +5,7 @@ views, and its backward in one more, instead of the array-API code's ten or so p
 The forward sums the views in their order and divides as NumPy's mean does; the backward splits the
 max's gradient equally among tied views, as TensorFlow does (:mod:`.view_pool`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,8 @@ def _kernels():
     import cupy
 
     forward = cupy.ElementwiseKernel(
-        "raw T stacked, int32 views, int64 size, T eps", "T maximum, T mean, T std",
+        "raw T stacked, int32 views, int64 size, T eps",
+        "T maximum, T mean, T std",
         """
         T top = stacked[i], total = stacked[i];
         for (int v = 1; v < views; ++v) {
@@ -34,7 +36,9 @@ def _kernels():
         maximum = top;
         mean = mu;
         std = sqrt(square / (T)views + eps);
-        """, "xmesh_pool_views_forward")
+        """,
+        "xmesh_pool_views_forward",
+    )
     backward = cupy.ElementwiseKernel(
         "T dmax, T dmean, T dstd, T maximum, T mean, T std, raw T stacked, int32 views, int64 size",
         "raw T dstacked",
@@ -48,7 +52,9 @@ def _kernels():
             const T s = stacked[v * size + i];
             dstacked[v * size + i] = (s == maximum ? share : (T)0) + through_mean + (s - mean) * spread;
         }
-        """, "xmesh_pool_views_backward")
+        """,
+        "xmesh_pool_views_backward",
+    )
     return forward, backward
 
 
@@ -69,6 +75,7 @@ def pool_views_backward(dmax, dmean, dstd, stacked, maximum, mean, std):
     import cupy
 
     dstacked = cupy.empty_like(stacked)
-    _kernels()[1](dmax, dmean, dstd, maximum, mean, std, stacked, np.int32(stacked.shape[0]),
-                  np.int64(maximum.size), dstacked)
+    _kernels()[1](
+        dmax, dmean, dstd, maximum, mean, std, stacked, np.int32(stacked.shape[0]), np.int64(maximum.size), dstacked
+    )
     return dstacked

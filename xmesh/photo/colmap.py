@@ -5,6 +5,7 @@ quaternion q = (w, x, y, z) and COLMAP's camera frame (x right, y down, z forwar
 binary ``.bin`` files by default; ``colmap model_converter --output_type TXT`` turns them into text.
 :func:`write_text_model` writes the same files (tests and synthetic captures use it).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,30 +40,37 @@ class RegisteredImage:
 
 @dataclass(frozen=True)
 class SparseModel:
-    images: list          # RegisteredImage, in the file's order
-    points: np.ndarray    # (N, 3) float64 world coordinates
+    images: list  # RegisteredImage, in the file's order
+    points: np.ndarray  # (N, 3) float64 world coordinates
     folder: Path
 
 
 def quaternion_to_rotation(q) -> np.ndarray:
     """A unit quaternion (w, x, y, z) -> its rotation matrix (normalised first)."""
     w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def rotation_to_quaternion(r) -> np.ndarray:
     """A rotation matrix -> the unit quaternion (w, x, y, z) with w >= 0 (the largest-component method)."""
     r = np.asarray(r, dtype=np.float64)
-    k = np.array([
-        [r[0, 0] - r[1, 1] - r[2, 2], r[1, 0] + r[0, 1], r[2, 0] + r[0, 2], r[2, 1] - r[1, 2]],
-        [r[1, 0] + r[0, 1], r[1, 1] - r[0, 0] - r[2, 2], r[2, 1] + r[1, 2], r[0, 2] - r[2, 0]],
-        [r[2, 0] + r[0, 2], r[2, 1] + r[1, 2], r[2, 2] - r[0, 0] - r[1, 1], r[1, 0] - r[0, 1]],
-        [r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1], r[0, 0] + r[1, 1] + r[2, 2]],
-    ]) / 3.0
+    k = (
+        np.array(
+            [
+                [r[0, 0] - r[1, 1] - r[2, 2], r[1, 0] + r[0, 1], r[2, 0] + r[0, 2], r[2, 1] - r[1, 2]],
+                [r[1, 0] + r[0, 1], r[1, 1] - r[0, 0] - r[2, 2], r[2, 1] + r[1, 2], r[0, 2] - r[2, 0]],
+                [r[2, 0] + r[0, 2], r[2, 1] + r[1, 2], r[2, 2] - r[0, 0] - r[1, 1], r[1, 0] - r[0, 1]],
+                [r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1], r[0, 0] + r[1, 1] + r[2, 2]],
+            ]
+        )
+        / 3.0
+    )
     values, vectors = np.linalg.eigh(k)
     x, y, z, w = vectors[:, np.argmax(values)]
     q = np.array([w, x, y, z])
@@ -73,12 +81,15 @@ def _lines(path: Path) -> list[tuple[int, str]]:
     """(line number, text) of a model file, comment lines dropped (blank lines kept: images.txt
     writes an empty 2D-points line for a photo without observations)."""
     if not path.is_file():
-        raise MissingFileError(f"COLMAP model file {str(path)!r} does not exist; expected the text model "
-                               f"({', '.join(FILES)})")
+        raise MissingFileError(
+            f"COLMAP model file {str(path)!r} does not exist; expected the text model ({', '.join(FILES)})"
+        )
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise FileFormatError(f"{str(path)!r} is not UTF-8 text (byte {exc.start}); expected COLMAP's text model") from exc
+        raise FileFormatError(
+            f"{str(path)!r} is not UTF-8 text (byte {exc.start}); expected COLMAP's text model"
+        ) from exc
     return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if not line.lstrip().startswith("#")]
 
 
@@ -86,7 +97,9 @@ def _numbers(tokens, path: Path, lineno: int, what: str) -> list[float]:
     try:
         values = [float(t) for t in tokens]
     except ValueError:
-        raise FileFormatError(f"{str(path)!r}, line {lineno}: {what} {' '.join(tokens)!r} are not all numbers") from None
+        raise FileFormatError(
+            f"{str(path)!r}, line {lineno}: {what} {' '.join(tokens)!r} are not all numbers"
+        ) from None
     if not np.all(np.isfinite(values)):
         raise FileFormatError(f"{str(path)!r}, line {lineno}: {what} hold NaN or infinite values")
     return values
@@ -100,13 +113,17 @@ def read_cameras(path: Path) -> dict[int, Intrinsics]:
         if not tokens:
             continue
         if len(tokens) < 5:
-            raise FileFormatError(f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS...")
+            raise FileFormatError(
+                f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS..."
+            )
         camera_id, model = tokens[0], tokens[1]
         size = _numbers(tokens[2:4], path, lineno, "WIDTH HEIGHT")
         params = _numbers(tokens[4:], path, lineno, "camera parameters")
         if not camera_id.isdigit() or min(size) < 1 or any(int(s) != s for s in size):
-            raise FileFormatError(f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected an integer camera id "
-                                  "and a positive integer WIDTH and HEIGHT")
+            raise FileFormatError(
+                f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected an integer camera id "
+                "and a positive integer WIDTH and HEIGHT"
+            )
         what = f"{str(path)!r}, line {lineno} (camera {camera_id})"
         cameras[int(camera_id)] = from_model(model, int(size[0]), int(size[1]), params, what)
     return cameras
@@ -121,8 +138,10 @@ def read_images(path: Path, cameras: dict[int, Intrinsics]) -> list[RegisteredIm
     for (lineno, line), _ in zip(lines[0::2], lines[1::2] + [(0, "")]):
         tokens = line.split()
         if len(tokens) < 10:
-            raise FileFormatError(f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected IMAGE_ID QW QX QY QZ "
-                                  "TX TY TZ CAMERA_ID NAME (then a line of 2D points)")
+            raise FileFormatError(
+                f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected IMAGE_ID QW QX QY QZ "
+                "TX TY TZ CAMERA_ID NAME (then a line of 2D points)"
+            )
         values = _numbers(tokens[1:8], path, lineno, "QW QX QY QZ TX TY TZ")
         if not tokens[0].isdigit() or not tokens[8].isdigit():
             raise FileFormatError(f"{str(path)!r}, line {lineno}: IMAGE_ID and CAMERA_ID must be integers")
@@ -130,8 +149,15 @@ def read_images(path: Path, cameras: dict[int, Intrinsics]) -> list[RegisteredIm
             raise FileFormatError(f"{str(path)!r}, line {lineno}: camera {tokens[8]} is not in cameras.txt")
         if np.linalg.norm(values[:4]) == 0:
             raise FileFormatError(f"{str(path)!r}, line {lineno}: the quaternion is zero")
-        images.append(RegisteredImage(int(tokens[0]), " ".join(tokens[9:]), quaternion_to_rotation(values[:4]),
-                                      np.asarray(values[4:7]), cameras[int(tokens[8])]))
+        images.append(
+            RegisteredImage(
+                int(tokens[0]),
+                " ".join(tokens[9:]),
+                quaternion_to_rotation(values[:4]),
+                np.asarray(values[4:7]),
+                cameras[int(tokens[8])],
+            )
+        )
     return images
 
 
@@ -143,7 +169,9 @@ def read_points(path: Path) -> np.ndarray:
         if not tokens:
             continue
         if len(tokens) < 4:
-            raise FileFormatError(f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected POINT3D_ID X Y Z R G B ERROR TRACK...")
+            raise FileFormatError(
+                f"{str(path)!r}, line {lineno}: {line.strip()!r}; expected POINT3D_ID X Y Z R G B ERROR TRACK..."
+            )
         rows.append(_numbers(tokens[1:4], path, lineno, "X Y Z"))
     return np.asarray(rows, dtype=np.float64).reshape(-1, 3)
 
@@ -152,13 +180,19 @@ def read_text_model(folder: str | os.PathLike) -> SparseModel:
     """The photos, poses, intrinsics and 3D points of a COLMAP sparse model folder (text form)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise MissingFileError(f"COLMAP model folder {str(folder)!r} does not exist; expected a sparse model "
-                               f"folder holding {', '.join(FILES)} (e.g. sparse/0)")
+        raise MissingFileError(
+            f"COLMAP model folder {str(folder)!r} does not exist; expected a sparse model "
+            f"folder holding {', '.join(FILES)} (e.g. sparse/0)"
+        )
     missing = [name for name in FILES if not (folder / name).is_file()]
     if missing:
         binary = [name for name in ("cameras.bin", "images.bin", "points3D.bin") if (folder / name).is_file()]
-        hint = (f"; it holds COLMAP's binary model ({', '.join(binary)}): convert it with `colmap model_converter "
-                f"--input_path {folder} --output_path {folder} --output_type TXT`" if binary else "")
+        hint = (
+            f"; it holds COLMAP's binary model ({', '.join(binary)}): convert it with `colmap model_converter "
+            f"--input_path {folder} --output_path {folder} --output_type TXT`"
+            if binary
+            else ""
+        )
         raise MissingFileError(f"COLMAP model folder {str(folder)!r} lacks {', '.join(missing)}{hint}")
     cameras = read_cameras(folder / "cameras.txt")
     images = read_images(folder / "images.txt", cameras)
@@ -175,12 +209,16 @@ def find_image(model: SparseModel, name: str, what: str) -> RegisteredImage:
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
-        raise InputError(f"{what}: {name!r} matches several registered photos ({', '.join(m.name for m in matches)}); "
-                         "give the name as COLMAP writes it in images.txt")
+        raise InputError(
+            f"{what}: {name!r} matches several registered photos ({', '.join(m.name for m in matches)}); "
+            "give the name as COLMAP writes it in images.txt"
+        )
     known = ", ".join(im.name for im in model.images[:10]) + (" ..." if len(model.images) > 10 else "")
-    raise InputError(f"{what}: photo {name!r} was not registered by COLMAP (not in {str(model.folder / 'images.txt')!r}, "
-                     f"which holds {len(model.images)} photo(s): {known}); re-run COLMAP with more overlap between "
-                     "the photos, or choose a registered one")
+    raise InputError(
+        f"{what}: photo {name!r} was not registered by COLMAP (not in {str(model.folder / 'images.txt')!r}, "
+        f"which holds {len(model.images)} photo(s): {known}); re-run COLMAP with more overlap between "
+        "the photos, or choose a registered one"
+    )
 
 
 def write_text_model(folder: str | os.PathLike, names, rotations, translations, intrinsics, points) -> Path:
@@ -191,12 +229,16 @@ def write_text_model(folder: str | os.PathLike, names, rotations, translations, 
     camera_lines, image_lines = [], []
     for i, (name, rot, trans, k) in enumerate(zip(names, rotations, translations, intrinsics), start=1):
         model = "OPENCV" if k.distorted else "PINHOLE"
-        params = [k.fx, k.fy, k.cx, k.cy] + ([k.distortion.get(n, 0.0) for n in MODELS["OPENCV"][0][4:]] if k.distorted else [])
+        params = [k.fx, k.fy, k.cx, k.cy] + (
+            [k.distortion.get(n, 0.0) for n in MODELS["OPENCV"][0][4:]] if k.distorted else []
+        )
         camera_lines.append(f"{i} {model} {k.width} {k.height} " + " ".join(repr(float(p)) for p in params))
         q = rotation_to_quaternion(rot)
         image_lines.append(f"{i} " + " ".join(repr(float(v)) for v in (*q, *trans)) + f" {i} {name}")
         image_lines.append("")
-    point_lines = [f"{i} " + " ".join(repr(float(v)) for v in p) + " 128 128 128 0" for i, p in enumerate(points, start=1)]
+    point_lines = [
+        f"{i} " + " ".join(repr(float(v)) for v in p) + " 128 128 128 0" for i, p in enumerate(points, start=1)
+    ]
     header = "# written by xmesh\n"
     for name, lines in zip(FILES, (camera_lines, image_lines, point_lines)):
         with atomic_write(folder / name, "w") as handle:

@@ -5,6 +5,7 @@ it places an object whose 3D points crowd on its textured side where the points'
 The points are visited in a seeded random order (expected linear time); each level of the
 recursion keeps one more point on the boundary, at most four.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from xmesh.errors import InputError
 
 SHUFFLE_SEED = 0
-RELATIVE_SLACK = 1e-12   # a point this far (times the points' extent) outside still counts as inside
+RELATIVE_SLACK = 1e-12  # a point this far (times the points' extent) outside still counts as inside
 
 
 def _sphere_through(boundary: np.ndarray) -> tuple[np.ndarray, float]:

@@ -6,6 +6,7 @@ official demo's predictions), y up, and each camera at (azimuth, elevation, dist
 origin with its x axis horizontal (roll 0). Every quantity here is a similarity invariant of the
 input: rotating, translating or scaling the input world changes none of the network's cameras.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,10 +16,10 @@ from xmesh.model.camera import OBJECT_RADIUS
 from xmesh.photo.enclosing_sphere import smallest_enclosing_sphere
 
 TARGET_RADIUS = OBJECT_RADIUS
-STRAY_DISTANCE = 4.0           # points beyond this many median distances from the centre are strays
-SPHERE_PASSES = 3              # each pass measures the strays from the last pass's centre
-DEGENERATE_UP = 1e-3           # second-smallest eigenvalue share below which the right axes fix no up
-OPENCV_FROM_NETWORK = np.diag([1.0, -1.0, -1.0])   # network camera axes (y up, z back) -> OpenCV (y down, z forward)
+STRAY_DISTANCE = 4.0  # points beyond this many median distances from the centre are strays
+SPHERE_PASSES = 3  # each pass measures the strays from the last pass's centre
+DEGENERATE_UP = 1e-3  # second-smallest eigenvalue share below which the right axes fix no up
+OPENCV_FROM_NETWORK = np.diag([1.0, -1.0, -1.0])  # network camera axes (y up, z back) -> OpenCV (y down, z forward)
 
 
 def _unit(v) -> np.ndarray:
@@ -35,7 +36,9 @@ def object_sphere(points, centre=None) -> tuple[np.ndarray, float]:
     the points that are not strays."""
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) < 4:
-        raise InputError(f"object points: shape {points.shape}; at least 4 points (N, 3) are needed to place the object")
+        raise InputError(
+            f"object points: shape {points.shape}; at least 4 points (N, 3) are needed to place the object"
+        )
     if centre is not None:
         middle = np.asarray(centre, dtype=np.float64)
         distance = np.linalg.norm(points - middle, axis=1)
@@ -56,8 +59,10 @@ def nearest_to_axes(centres, directions) -> np.ndarray:
         system += across
         right += across @ c
     if np.linalg.cond(system) > 1e8:
-        raise InputError("center='axes': the optical axes are (nearly) parallel, so no point lies nearest to all "
-                         "of them; give center= (a point) or use the 3D points (center='points')")
+        raise InputError(
+            "center='axes': the optical axes are (nearly) parallel, so no point lies nearest to all "
+            "of them; give center= (a point) or use the 3D points (center='points')"
+        )
     return np.linalg.solve(system, right)
 
 
@@ -82,8 +87,10 @@ def normalising_rotation(up, direction0, azimuth0: float) -> np.ndarray:
     up = _unit(up)
     horizontal = direction0 - (direction0 @ up) * up
     if np.linalg.norm(horizontal) <= 1e-9 * np.linalg.norm(direction0):
-        raise InputError("view 0 looks straight down (or up) the up direction, so its azimuth is undefined; "
-                         "choose another first view")
+        raise InputError(
+            "view 0 looks straight down (or up) the up direction, so its azimuth is undefined; "
+            "choose another first view"
+        )
     ex = _unit(horizontal)
     ez = np.cross(ex, up)
     a = np.deg2rad(azimuth0)

@@ -1,5 +1,6 @@
 """What a reconstruction call hands the network for either kind of cameras: camera rows (with images
 already in the network's framing) or :class:`PhotoCameras` (photos to resample, mesh to move back)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,7 +18,9 @@ def network_inputs(images: Any, cameras: Any, views: Sequence[int] | None = None
     """(images (3, 224, 224, 3) float32, camera rows (3, 5) float32) for one sample."""
     if isinstance(cameras, PhotoCameras):
         if views is not None:
-            raise InputError(f"views={views!r} picks rows of a camera file; PhotoCameras already hold their three views")
+            raise InputError(
+                f"views={views!r} picks rows of a camera file; PhotoCameras already hold their three views"
+            )
         return cameras.prepare_images(images), cameras.rows
     return load_images(images), load_cameras(cameras, views=views)
 

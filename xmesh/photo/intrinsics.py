@@ -6,6 +6,7 @@ normalised image coordinates (x, y) = (X/Z, Y/Z) of the OpenCV camera frame (x r
 forward) to distorted ones with COLMAP's formulas for its models ``SIMPLE_RADIAL``, ``RADIAL``,
 ``OPENCV`` and ``FULL_OPENCV``; only the forward direction is needed (3D -> photo).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,9 +51,11 @@ class Intrinsics:
             return Intrinsics(self.fx, self.fy, self.cx, self.cy, width, height, dict(self.distortion))
         sx, sy = width / self.width, height / self.height
         if abs(sx * self.height - height) > 1.0 or abs(sy * self.width - width) > 1.0:
-            raise InputError(f"{what}: the photo is {width}x{height} pixels but its camera was calibrated at "
-                             f"{self.width}x{self.height}, another aspect ratio; use the photo the camera was "
-                             "calibrated on (or one scaled uniformly from it)")
+            raise InputError(
+                f"{what}: the photo is {width}x{height} pixels but its camera was calibrated at "
+                f"{self.width}x{self.height}, another aspect ratio; use the photo the camera was "
+                "calibrated on (or one scaled uniformly from it)"
+            )
         return Intrinsics(self.fx * sx, self.fy * sy, self.cx * sx, self.cy * sy, width, height, dict(self.distortion))
 
     def distort(self, x, y):
@@ -61,8 +64,8 @@ class Intrinsics:
             return x, y
         d = {name: float(self.distortion.get(name, 0.0)) for name in DISTORTION_NAMES}
         r2 = x * x + y * y
-        radial = 1.0 + d["k1"] * r2 + d["k2"] * r2 * r2 + d["k3"] * r2 ** 3
-        radial = radial / (1.0 + d["k4"] * r2 + d["k5"] * r2 * r2 + d["k6"] * r2 ** 3)
+        radial = 1.0 + d["k1"] * r2 + d["k2"] * r2 * r2 + d["k3"] * r2**3
+        radial = radial / (1.0 + d["k4"] * r2 + d["k5"] * r2 * r2 + d["k6"] * r2**3)
         xy = x * y
         xd = x * radial + 2.0 * d["p1"] * xy + d["p2"] * (r2 + 2.0 * x * x)
         yd = y * radial + 2.0 * d["p2"] * xy + d["p1"] * (r2 + 2.0 * y * y)
@@ -88,13 +91,17 @@ class Intrinsics:
 def from_model(model: str, width: int | None, height: int | None, params, what: str) -> Intrinsics:
     """Intrinsics from a COLMAP camera model name and its parameter list."""
     if model not in MODELS:
-        raise InputError(f"{what}: camera model {model!r} is not supported; supported: {', '.join(MODELS)}. "
-                         "Undistort the images with `colmap image_undistorter` (it writes PINHOLE cameras) "
-                         "and use its sparse model")
+        raise InputError(
+            f"{what}: camera model {model!r} is not supported; supported: {', '.join(MODELS)}. "
+            "Undistort the images with `colmap image_undistorter` (it writes PINHOLE cameras) "
+            "and use its sparse model"
+        )
     names, _ = MODELS[model]
     params = [float(p) for p in params]
     if len(params) != len(names):
-        raise InputError(f"{what}: camera model {model} takes {len(names)} parameters ({' '.join(names)}), got {len(params)}")
+        raise InputError(
+            f"{what}: camera model {model} takes {len(names)} parameters ({' '.join(names)}), got {len(params)}"
+        )
     values = dict(zip(names, params))
     fx = values.get("fx", values.get("f"))
     fy = values.get("fy", values.get("f"))

@@ -1,4 +1,5 @@
 """One posed photo (:class:`PhotoView`) and how messages name it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

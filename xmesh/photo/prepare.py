@@ -17,6 +17,7 @@ Object pixels: the photo's alpha channel (alpha 0 is background, as in the origi
 ``cameras`` below is a :class:`~xmesh.photo.views.PhotoCameras` (whose ``prepare_images`` calls
 :func:`prepare_photos`).
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,8 @@ from xmesh.io.images import IMAGE_SIZE, NETWORK_SHAPE, NUM_VIEWS, decode_file, p
 from xmesh.model.camera import CENTER, FOCAL
 from xmesh.photo.posed import view_label
 
-RESIZE_MATCH_PX = 1e-6     # mapping within this of the plain resize: the original loader runs
-SHRINK_ABOVE = 2.0         # photo pixels per output pixel above which the photo is shrunk first
+RESIZE_MATCH_PX = 1e-6  # mapping within this of the plain resize: the original loader runs
+SHRINK_ABOVE = 2.0  # photo pixels per output pixel above which the photo is shrunk first
 
 
 def _decoded(item, what: str) -> np.ndarray:
@@ -53,12 +54,16 @@ def load_mask(item, what: str, shape: tuple | None = None) -> np.ndarray:
     if mask.ndim != 2:
         raise InputError(f"{what}: shape {mask.shape}; expected an (H, W) mask image")
     if shape is not None and mask.shape != tuple(shape):
-        raise InputError(f"{what}: the mask is {mask.shape[1]}x{mask.shape[0]} pixels but its photo is "
-                         f"{shape[1]}x{shape[0]}; expected a mask of the photo's size")
+        raise InputError(
+            f"{what}: the mask is {mask.shape[1]}x{mask.shape[0]} pixels but its photo is "
+            f"{shape[1]}x{shape[0]}; expected a mask of the photo's size"
+        )
     binary = mask.copy() if mask.dtype == np.bool_ else mask.astype(np.float64) > 0.5 * scale_of(mask, what)
     if not binary.any():
-        raise InputError(f"{what} is empty (no pixel marks the object); expected the object's pixels above half "
-                         "the mask's range (white on black)")
+        raise InputError(
+            f"{what} is empty (no pixel marks the object); expected the object's pixels above half "
+            "the mask's range (white on black)"
+        )
     return binary
 
 
@@ -73,7 +78,7 @@ def source_coordinates(cameras, index: int, intrinsics) -> tuple[np.ndarray, np.
     """Per output pixel, the photo's continuous pixel coordinates (224, 224, 2) and whether the ray
     points into the photo's camera (in front of it)."""
     view = cameras.views[index]
-    turn = view.rotation @ cameras.virtual_rotation(index).T     # network camera -> photo camera
+    turn = view.rotation @ cameras.virtual_rotation(index).T  # network camera -> photo camera
     return intrinsics.project(network_rays() @ turn.T)
 
 
@@ -96,8 +101,9 @@ def bilinear_white(image: np.ndarray, uv: np.ndarray, valid: np.ndarray) -> np.n
     fx, fy = (x - x0)[..., None], (y - y0)[..., None]
     xa, xb = np.clip(x0, 0, width - 1).astype(np.intp), np.clip(x0 + 1, 0, width - 1).astype(np.intp)
     ya, yb = np.clip(y0, 0, height - 1).astype(np.intp), np.clip(y0 + 1, 0, height - 1).astype(np.intp)
-    out = ((image[ya, xa] * (1 - fx) + image[ya, xb] * fx) * (1 - fy)
-           + (image[yb, xa] * (1 - fx) + image[yb, xb] * fx) * fy)
+    out = (image[ya, xa] * (1 - fx) + image[ya, xb] * fx) * (1 - fy) + (
+        image[yb, xa] * (1 - fx) + image[yb, xb] * fx
+    ) * fy
     return np.where(inside[..., None], out, 1.0)
 
 
@@ -115,14 +121,18 @@ def prepare_photo(cameras, index: int, image, mask=None) -> np.ndarray:
         alpha = load_mask(mask, mask_what, (height, width))
         image = np.concatenate([image[:, :, :3], np.where(alpha, scale, 0).astype(image.dtype)[:, :, None]], axis=2)
     elif image.shape[2] == 4 and not image[:, :, 3].any():
-        raise InputError(f"{what}: the alpha channel is 0 everywhere, an empty mask; expected the object's "
-                         "pixels to have alpha > 0")
+        raise InputError(
+            f"{what}: the alpha channel is 0 everywhere, an empty mask; expected the object's pixels to have alpha > 0"
+        )
     elif image.shape[2] == 3:
-        warnings.warn(f"{what}: no mask and no alpha channel, so the photo is used with its background; the "
-                      "network was trained on objects on white: give a mask (--masks) or an RGBA photo", stacklevel=3)
+        warnings.warn(
+            f"{what}: no mask and no alpha channel, so the photo is used with its background; the "
+            "network was trained on objects on white: give a mask (--masks) or an RGBA photo",
+            stacklevel=3,
+        )
     if image.shape[2] == 4:
         image = image.copy()
-        image[image[:, :, 3] == 0] = scale   # the original loader's compositing on white
+        image[image[:, :, 3] == 0] = scale  # the original loader's compositing on white
     intrinsics = view.intrinsics.scaled_to(width, height, what)
     uv, front = source_coordinates(cameras, index, intrinsics)
     if front.all() and _resize_mapping(uv, width, height):
@@ -152,8 +162,10 @@ def prepare_photos(cameras, images, masks) -> np.ndarray:
         raise InputError(f"images: expected {NUM_VIEWS} photos (paths or arrays), got {images!r}")
     masks = (None,) * NUM_VIEWS if masks is None else masks
     if len(images) != NUM_VIEWS or len(masks) != NUM_VIEWS:
-        raise InputError(f"got {len(images)} photos and {len(masks)} masks for {NUM_VIEWS} views; give one photo "
-                         "(and one mask, or none) per camera, in the cameras' order")
+        raise InputError(
+            f"got {len(images)} photos and {len(masks)} masks for {NUM_VIEWS} views; give one photo "
+            "(and one mask, or none) per camera, in the cameras' order"
+        )
     out = np.empty(NETWORK_SHAPE, dtype=np.float32)
     for i in range(NUM_VIEWS):
         out[i] = prepare_photo(cameras, i, images[i], masks[i])

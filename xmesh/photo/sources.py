@@ -12,6 +12,7 @@ Both end in :func:`xmesh.photo.views.convert`. The object is placed by ``center`
 
 ``radius`` always overrides the measured one. Units are the input's.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,11 @@ def object_points(views, points, masks) -> np.ndarray:
         if mask is None:
             keep &= front & view.intrinsics.inside(uv)
             continue
-        what = f"{view_label(i, view)}: mask {str(mask)!r}" if isinstance(mask, (str, os.PathLike)) else f"{view_label(i, view)}: mask"
+        what = (
+            f"{view_label(i, view)}: mask {str(mask)!r}"
+            if isinstance(mask, (str, os.PathLike))
+            else f"{view_label(i, view)}: mask"
+        )
         binary = load_mask(mask, what)
         height, width = binary.shape
         k = view.intrinsics.scaled_to(width, height, what)
@@ -57,8 +62,10 @@ def object_points(views, points, masks) -> np.ndarray:
         keep &= hit
     if keep.sum() < 4:
         where = "every view's mask" if any(m is not None for m in masks) else "all three photos"
-        raise InputError(f"only {int(keep.sum())} of the {len(points)} 3D points lie inside {where}, too few to place "
-                         "the object; check the masks and views, or give center='axes' and radius=")
+        raise InputError(
+            f"only {int(keep.sum())} of the {len(points)} 3D points lie inside {where}, too few to place "
+            "the object; check the masks and views, or give center='axes' and radius="
+        )
     return points[keep]
 
 
@@ -81,7 +88,9 @@ def place_object(views, points, masks, center, radius) -> tuple[np.ndarray, floa
     if radius is not None:
         return middle, float(radius)
     if not have_points:
-        raise InputError("radius=: the object's radius (input units) is needed where there are no 3D points to measure it")
+        raise InputError(
+            "radius=: the object's radius (input units) is needed where there are no 3D points to measure it"
+        )
     return middle, frame.object_sphere(object_points(views, points, masks), centre=middle)[1]
 
 
@@ -99,8 +108,15 @@ def _names(images) -> list[str] | None:
     return out
 
 
-def from_colmap(sparse_dir: str | os.PathLike, images: Sequence[str] | None = None, masks=None, center: Any = "points",
-                radius: float | None = None, up=None, first_azimuth: float = 0.0) -> PhotoCameras:
+def from_colmap(
+    sparse_dir: str | os.PathLike,
+    images: Sequence[str] | None = None,
+    masks=None,
+    center: Any = "points",
+    radius: float | None = None,
+    up=None,
+    first_azimuth: float = 0.0,
+) -> PhotoCameras:
     """The network's cameras for three photos of a COLMAP sparse model in text form (``cameras.txt``,
     ``images.txt``, ``points3D.txt``; ``colmap model_converter --output_type TXT`` writes them).
 
@@ -118,8 +134,10 @@ def from_colmap(sparse_dir: str | os.PathLike, images: Sequence[str] | None = No
         chosen = list(model.images)
     else:
         chosen = [colmap.find_image(model, name, f"view {i}") for i, name in enumerate(names)]
-    views = [PhotoView(im.name if names is None else names[i], im.intrinsics, im.rotation, im.center)
-             for i, im in enumerate(chosen)]
+    views = [
+        PhotoView(im.name if names is None else names[i], im.intrinsics, im.rotation, im.center)
+        for i, im in enumerate(chosen)
+    ]
     everyone = [PhotoView(im.name, im.intrinsics, im.rotation, im.center) for im in model.images]
     masks = _masks(masks)
     middle, size = place_object(views, model.points, masks, center, radius)
@@ -140,11 +158,15 @@ def _matrix(value, what: str) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise InputError(f"{what}: camera_to_world is not a matrix of numbers ({exc})") from None
     if m.shape not in ((4, 4), (3, 4)) or not np.all(np.isfinite(m)):
-        raise InputError(f"{what}: camera_to_world has shape {m.shape}; expected a finite 4x4 (or 3x4) camera-to-world matrix")
+        raise InputError(
+            f"{what}: camera_to_world has shape {m.shape}; expected a finite 4x4 (or 3x4) camera-to-world matrix"
+        )
     rot = m[:3, :3]
     if np.abs(rot.T @ rot - np.eye(3)).max() > ORTHONORMAL_TOLERANCE or np.linalg.det(rot) < 0:
-        raise InputError(f"{what}: the rotation part of camera_to_world is not a rotation (orthonormal, determinant +1); "
-                         "remove any scale from the pose")
+        raise InputError(
+            f"{what}: the rotation part of camera_to_world is not a rotation (orthonormal, determinant +1); "
+            "remove any scale from the pose"
+        )
     return m
 
 
@@ -176,12 +198,23 @@ def pose_view(entry: dict, index: int, convention: str) -> PhotoView:
     if values["fx"] <= 0 or values["fy"] <= 0:
         raise InputError(f"{what}: focal lengths fx={values['fx']}, fy={values['fy']}; expected > 0")
     size = [_number(entry, k, what) for k in ("width", "height")]
-    if (size[0] is None) != (size[1] is None) or size[0] is not None and (min(size) < 1 or any(int(s) != s for s in size)):
+    if (
+        (size[0] is None) != (size[1] is None)
+        or size[0] is not None
+        and (min(size) < 1 or any(int(s) != s for s in size))
+    ):
         raise InputError(f"{what}: width={size[0]}, height={size[1]}; expected both (positive integers) or neither")
     distortion = {k: _number(entry, k, what) for k in ("k1", "k2", "p1", "p2", "k3") if k in entry}
     axes = m[:3, :3] if convention == "opencv" else m[:3, :3] @ frame.OPENCV_FROM_NETWORK
-    k = Intrinsics(values["fx"], values["fy"], values["cx"], values["cy"],
-                   None if size[0] is None else int(size[0]), None if size[1] is None else int(size[1]), distortion)
+    k = Intrinsics(
+        values["fx"],
+        values["fy"],
+        values["cx"],
+        values["cy"],
+        None if size[0] is None else int(size[0]),
+        None if size[1] is None else int(size[1]),
+        distortion,
+    )
     return PhotoView(name, k, axes.T.copy(), m[:3, 3].copy())
 
 
@@ -211,15 +244,25 @@ def _order(views: list[PhotoView], names: list[str] | None) -> list[PhotoView]:
         matches = [v for v in views if v.name == name] or [v for v in views if Path(v.name).name == Path(name).name]
         if len(matches) != 1:
             known = ", ".join(v.name for v in views)
-            raise InputError(f"view {i} ({name}): {'no' if not matches else 'several'} pose(s) for this photo among "
-                             f"the poses' images ({known}); expected exactly one")
+            raise InputError(
+                f"view {i} ({name}): {'no' if not matches else 'several'} pose(s) for this photo among "
+                f"the poses' images ({known}); expected exactly one"
+            )
         out.append(PhotoView(name, matches[0].intrinsics, matches[0].rotation, matches[0].centre))
     return out
 
 
-def from_poses(poses: Any, images: Sequence[str] | None = None, masks=None, center: Any = None,
-               radius: float | None = None, up=None, first_azimuth: float | None = None, points=None,
-               convention: str | None = None) -> PhotoCameras:
+def from_poses(
+    poses: Any,
+    images: Sequence[str] | None = None,
+    masks=None,
+    center: Any = None,
+    radius: float | None = None,
+    up=None,
+    first_azimuth: float | None = None,
+    points=None,
+    convention: str | None = None,
+) -> PhotoCameras:
     """The network's cameras from camera-to-world matrices with intrinsics.
 
     ``poses``: a ``poses.json`` path, or its content as a dict or a list of views::

@@ -14,6 +14,7 @@ that points elsewhere or is rolled differs from it by a rotation about its own c
 pinhole photo undoes exactly by reprojection, so the photo is resampled into the network's view
 (rolled photos come out turned upright, off-centre objects centred) rather than rejected.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -29,8 +30,8 @@ from xmesh.photo import frame
 from xmesh.photo.posed import view_label
 from xmesh.photo.prepare import prepare_photos
 
-WEAK_UP = 0.1                        # second-smallest share of the x axes' spread below which up is weakly fixed
-MAX_ELEVATION = 89.0                 # the network's camera frame is undefined straight above the object
+WEAK_UP = 0.1  # second-smallest share of the x axes' spread below which up is weakly fixed
+MAX_ELEVATION = 89.0  # the network's camera frame is undefined straight above the object
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,10 @@ class PhotoCameras:
         lines = [f"object centre {np.round(self.centre, 6).tolist()}, radius {self.radius:.6g} (input units)"]
         for i, (v, roll, off) in enumerate(zip(self.views, self.roll_degrees(), self.off_axis_degrees())):
             az, el, _, d, _ = self.table[i]
-            lines.append(f"{view_label(i, v)}: azimuth {az:.3f}, elevation {el:.3f}, distance {d:.4f}; "
-                         f"roll {roll:.2f} deg, object {off:.2f} deg off the optical axis")
+            lines.append(
+                f"{view_label(i, v)}: azimuth {az:.3f}, elevation {el:.3f}, distance {d:.4f}; "
+                f"roll {roll:.2f} deg, object {off:.2f} deg off the optical axis"
+            )
         return "\n".join(lines)
 
 
@@ -133,8 +136,10 @@ def check_count(count: int, what: str) -> None:
     if count < NUM_VIEWS:
         raise InputError(f"{what}: {count} view(s); Pixel2Mesh++ needs exactly {NUM_VIEWS} photos of the object")
     if count > NUM_VIEWS:
-        raise InputError(f"{what}: {count} views; Pixel2Mesh++ takes exactly {NUM_VIEWS}: choose three "
-                         "(spread around the object, e.g. 90-150 degrees apart)")
+        raise InputError(
+            f"{what}: {count} views; Pixel2Mesh++ takes exactly {NUM_VIEWS}: choose three "
+            "(spread around the object, e.g. 90-150 degrees apart)"
+        )
 
 
 def check_facing(views, centre) -> None:
@@ -142,15 +147,19 @@ def check_facing(views, centre) -> None:
     for i, view in enumerate(views):
         q = view.to_camera(centre[None])[0]
         if q[2] <= 1e-12 * np.linalg.norm(q):
-            raise InputError(f"{view_label(i, view)}: the camera looks away from the object: the object centre "
-                             f"{np.round(centre, 6).tolist()} lies behind it; check the pose (camera-to-world, "
-                             "OpenCV or OpenGL axes?) and that the photo shows the object")
+            raise InputError(
+                f"{view_label(i, view)}: the camera looks away from the object: the object centre "
+                f"{np.round(centre, 6).tolist()} lies behind it; check the pose (camera-to-world, "
+                "OpenCV or OpenGL axes?) and that the photo shows the object"
+            )
         uv, _ = view.intrinsics.project(q[None])
         if not view.intrinsics.inside(uv)[0]:
             k = view.intrinsics
-            raise InputError(f"{view_label(i, view)}: the camera looks away from the object: the object centre "
-                             f"projects to pixel ({uv[0, 0]:.1f}, {uv[0, 1]:.1f}), outside the {k.width}x{k.height} "
-                             "photo; check the pose and the object centre")
+            raise InputError(
+                f"{view_label(i, view)}: the camera looks away from the object: the object centre "
+                f"projects to pixel ({uv[0, 0]:.1f}, {uv[0, 1]:.1f}), outside the {k.width}x{k.height} "
+                "photo; check the pose and the object centre"
+            )
 
 
 def estimate_up(views) -> np.ndarray:
@@ -159,12 +168,17 @@ def estimate_up(views) -> np.ndarray:
     right = np.asarray([v.rotation[0] for v in views])
     spread = np.linalg.eigvalsh(right.T @ right)
     if spread[1] < WEAK_UP * spread.sum():
-        warnings.warn(f"the up direction is estimated from {len(views)} cameras whose horizontals nearly agree, so a "
-                      "little roll tilts it much: pass up= (--up), or cameras from all around the object", stacklevel=4)
+        warnings.warn(
+            f"the up direction is estimated from {len(views)} cameras whose horizontals nearly agree, so a "
+            "little roll tilts it much: pass up= (--up), or cameras from all around the object",
+            stacklevel=4,
+        )
     return frame.estimate_up(right, [-v.rotation[1] for v in views])
 
 
-def convert(views, centre, radius: float, up=None, first_azimuth: float = 0.0, masks=None, up_from=None) -> PhotoCameras:
+def convert(
+    views, centre, radius: float, up=None, first_azimuth: float = 0.0, masks=None, up_from=None
+) -> PhotoCameras:
     """Three posed photos, the object's centre and radius (input units) -> :class:`PhotoCameras`.
     ``up_from``: the cameras that estimate up when ``up`` is None (default the three; every
     registered photo of a capture fixes it far better)."""
@@ -185,15 +199,23 @@ def convert(views, centre, radius: float, up=None, first_azimuth: float = 0.0, m
     for i, view in enumerate(views):
         azimuth, elevation, distance = frame.spherical(scale * rotation @ (view.centre - centre))
         if abs(elevation) > MAX_ELEVATION:
-            raise InputError(f"{view_label(i, view)}: elevation {elevation:.2f} deg: the camera is (nearly) straight "
-                             "above or below the object, where the network's cameras are undefined; choose a photo "
-                             f"within {MAX_ELEVATION:g} deg of the horizon, or give up=")
+            raise InputError(
+                f"{view_label(i, view)}: elevation {elevation:.2f} deg: the camera is (nearly) straight "
+                "above or below the object, where the network's cameras are undefined; choose a photo "
+                f"within {MAX_ELEVATION:g} deg of the horizon, or give up="
+            )
         table[i] = ((first_azimuth if i == 0 else azimuth) % 360.0, elevation, 0.0, distance, FIELD_OF_VIEW)
-    far = [f"{view_label(i, v)}: {d:.3f}" for i, (v, d) in enumerate(zip(views, table[:, 3]))
-           if not DISTANCE_WARNING[0] <= d <= DISTANCE_WARNING[1]]
+    far = [
+        f"{view_label(i, v)}: {d:.3f}"
+        for i, (v, d) in enumerate(zip(views, table[:, 3]))
+        if not DISTANCE_WARNING[0] <= d <= DISTANCE_WARNING[1]
+    ]
     if far:
-        warnings.warn(f"camera distances in the network's frame ({'; '.join(far)}) are far from those it was trained "
-                      f"on ({TRAINED_DISTANCES[0]}-{TRAINED_DISTANCES[1]}, object radius {frame.TARGET_RADIUS}): the "
-                      "object fills much more or less of the photo than in training", stacklevel=3)
+        warnings.warn(
+            f"camera distances in the network's frame ({'; '.join(far)}) are far from those it was trained "
+            f"on ({TRAINED_DISTANCES[0]}-{TRAINED_DISTANCES[1]}, object radius {frame.TARGET_RADIUS}): the "
+            "object fills much more or less of the photo than in training",
+            stacklevel=3,
+        )
     masks = (None,) * NUM_VIEWS if masks is None else tuple(masks)
     return PhotoCameras(views, table, centre, float(radius), rotation, masks)

@@ -1,4 +1,5 @@
 """Panels: RGBA renders put on white, text labels and captions (OpenCV's Hershey font), layout."""
+
 from __future__ import annotations
 
 import cv2

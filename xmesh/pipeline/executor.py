@@ -9,6 +9,7 @@ and returns this run's figures: ``evaluated``, ``seconds``, ``samples_per_s`` an
 (seconds per stage, and the start-up's phases from ``clock``, a
 :class:`~xmesh.pipeline.startup.StartupClock`, closed at the first batch).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,8 +23,14 @@ from .writing import BatchFinisher, MeshWriter, prediction_stem
 
 
 class Executor(Protocol):
-    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
-            clock: StartupClock | None = None) -> dict:
+    def run(
+        self,
+        todo: list,
+        settings: RunSettings,
+        commit: Callable[[str], None],
+        progress,
+        clock: StartupClock | None = None,
+    ) -> dict:
         """Run ``todo``; see the module docstring."""
 
 
@@ -36,12 +43,21 @@ class LocalExecutor:
         self.model = model
         self.loader_pool = loader_pool
 
-    def run(self, todo: list, settings: RunSettings, commit: Callable[[str], None], progress,
-            clock: StartupClock | None = None) -> dict:
-        writer = MeshWriter(settings.mesh_dir, self.model.faces, settings.writers, settings.formats,
-                            settings.ground_root) if settings.mesh_dir is not None else None
+    def run(
+        self,
+        todo: list,
+        settings: RunSettings,
+        commit: Callable[[str], None],
+        progress,
+        clock: StartupClock | None = None,
+    ) -> dict:
+        writer = (
+            MeshWriter(settings.mesh_dir, self.model.faces, settings.writers, settings.formats, settings.ground_root)
+            if settings.mesh_dir is not None
+            else None
+        )
 
-        def finish(result: BatchResult) -> None:   # the finisher's thread, in order, after the meshes
+        def finish(result: BatchResult) -> None:  # the finisher's thread, in order, after the meshes
             commit(format_rows(result) if settings.with_gt else "")
             progress.update(len(result.samples))
 
@@ -57,11 +73,14 @@ class LocalExecutor:
             timing = run_batches(self.model, settings.batches(todo), on_batch, settings, loader_pool=self.loader_pool)
         finally:
             try:
-                finisher.close()   # commit every batch that completed, also when the run failed
+                finisher.close()  # commit every batch that completed, also when the run failed
             finally:
                 if writer is not None:
                     writer.close()
         timing.write = finisher.busy_s + finisher.mesh_s / max(1, settings.writers)
-        return {"evaluated": len(todo), "seconds": timing.wall,
-                "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
-                "timing": {**timing.as_dict(), **started}}
+        return {
+            "evaluated": len(todo),
+            "seconds": timing.wall,
+            "samples_per_s": len(todo) / timing.wall if timing.wall > 0 else 0.0,
+            "timing": {**timing.as_dict(), **started},
+        }

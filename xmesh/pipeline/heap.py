@@ -7,6 +7,7 @@ in and zeroed each time. :func:`keep_batch_memory` restores a heap that reuses s
 the batch loop runs in a thread (a cluster worker's), ``one_arena`` also keeps every thread on the
 main heap: a thread's own arena (heaps of 64 MB) maps batch-sized blocks afresh far more often.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,8 @@ import os
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-MMAP_THRESHOLD = 32 << 20    # glibc's largest: blocks up to 32 MB come from the reusable heap
-TRIM_THRESHOLD = 256 << 20   # free memory kept at the heap's top before it is returned
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to 32 MB come from the reusable heap
+TRIM_THRESHOLD = 256 << 20  # free memory kept at the heap's top before it is returned
 
 
 def keep_batch_memory(one_arena: bool = False) -> bool:
@@ -30,7 +31,7 @@ def keep_batch_memory(one_arena: bool = False) -> bool:
     try:
         libc = ctypes.CDLL(name)
         mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):   # not glibc (musl, macOS): nothing to set
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to set
         return False
     done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return done and (not one_arena or bool(mallopt(M_ARENA_MAX, 1)))

@@ -6,6 +6,7 @@ float32 bytes to move; its ground truth is read by the restricted unpickler. Pyt
 task a chunk of a batch, up to ``depth`` batches ahead of the one the loop is computing. Inside a
 daemon process (a Dask worker) children are not allowed, so threads do the work there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,9 +29,9 @@ from ..io.cameras import load_cameras
 from ..io.images import UINT8_TO_UNIT, load_images_u8
 from .heap import keep_batch_memory
 
-PREFETCH_DEPTH = 3   # batches decoded ahead of the one computing
-CHUNK = 8            # samples per worker task
-OWNER_POLL_S = 1.0   # how often a pool process looks for its owner where the system cannot tell it
+PREFETCH_DEPTH = 3  # batches decoded ahead of the one computing
+CHUNK = 8  # samples per worker task
+OWNER_POLL_S = 1.0  # how often a pool process looks for its owner where the system cannot tell it
 
 
 @dataclass
@@ -78,10 +79,14 @@ def assemble(batch: list[tuple[SampleId, SamplePaths]], loaded: list[tuple]) -> 
     images = [x[0] for x in loaded]
     if any(i.dtype != images[0].dtype for i in images):  # a float32 sample (a 16-bit file) among uint8 ones
         images = [i if i.dtype == np.float32 else UINT8_TO_UNIT[i] for i in images]
-    return HostBatch(samples=[s for s, _ in batch], images=np.stack(images),
-                     cameras=np.stack([x[1] for x in loaded]).astype(np.float32),
-                     gts=None if loaded[0][2] is None else [x[2] for x in loaded],
-                     decode_s=sum(x[3] for x in loaded), gt_s=sum(x[4] for x in loaded))
+    return HostBatch(
+        samples=[s for s, _ in batch],
+        images=np.stack(images),
+        cameras=np.stack([x[1] for x in loaded]).astype(np.float32),
+        gts=None if loaded[0][2] is None else [x[2] for x in loaded],
+        decode_s=sum(x[3] for x in loaded),
+        gt_s=sum(x[4] for x in loaded),
+    )
 
 
 def submit_batch(pool: Executor | None, batch: list, views: tuple, with_gt: bool) -> list[Future] | None:
@@ -89,7 +94,7 @@ def submit_batch(pool: Executor | None, batch: list, views: tuple, with_gt: bool
     batch is then decoded inline by :func:`decoded`)."""
     if pool is None:
         return None
-    return [pool.submit(load_chunk, batch[i:i + CHUNK], views, with_gt) for i in range(0, len(batch), CHUNK)]
+    return [pool.submit(load_chunk, batch[i : i + CHUNK], views, with_gt) for i in range(0, len(batch), CHUNK)]
 
 
 def decoded(batch: list, futures: list[Future] | None, views: tuple, with_gt: bool) -> list[tuple]:
@@ -117,13 +122,18 @@ def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> E
         context = multiprocessing.get_context("forkserver")
         # imported once, in the forkserver (numba's import with the mesh text formatting, which this process
         # skips), and its quick end
-        context.set_forkserver_preload(["xmesh.pipeline.loading", "xmesh.pipeline.writing", "xmesh.io.exact_text",
-                                        "xmesh.pipeline.server_exit"])
+        context.set_forkserver_preload(
+            ["xmesh.pipeline.loading", "xmesh.pipeline.writing", "xmesh.io.exact_text", "xmesh.pipeline.server_exit"]
+        )
         _start_forkserver_deaf_to_ctrl_c()
     else:
         context = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_pool_process_start,
-                               initargs=(os.getpid(), initializer, initargs))
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=context,
+        initializer=_pool_process_start,
+        initargs=(os.getpid(), initializer, initargs),
+    )
 
 
 @contextlib.contextmanager
@@ -183,8 +193,8 @@ def _pool_process_start(owner: int, initializer, initargs: tuple) -> None:
 
 def _end_after(owner: int) -> None:
     try:
-        handle = os.pidfd_open(owner)   # readable once the owner has ended
-    except (AttributeError, OSError):   # no pidfd (an old kernel), or the owner is gone already
+        handle = os.pidfd_open(owner)  # readable once the owner has ended
+    except (AttributeError, OSError):  # no pidfd (an old kernel), or the owner is gone already
         handle = None
     if handle is not None:
         select.select([handle], [], [])
@@ -195,7 +205,7 @@ def _end_after(owner: int) -> None:
                 os.kill(owner, 0)
             except ProcessLookupError:
                 break
-            except PermissionError:   # alive, under another user (a reused id)
+            except PermissionError:  # alive, under another user (a reused id)
                 pass
     os._exit(0)
 
@@ -212,12 +222,12 @@ def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> 
         return None
     pool = make_pool(workers, initializer, initargs)
 
-    def start() -> None:   # the first start waits for the forkserver's imports: not on the caller's time
+    def start() -> None:  # the first start waits for the forkserver's imports: not on the caller's time
         try:
             for _ in range(workers):
                 pool.submit(_ready)
-        except (RuntimeError, EOFError, OSError):   # shut down meanwhile, or its processes could not start
-            pass   # (the pool's first task raises it again for its user)
+        except (RuntimeError, EOFError, OSError):  # shut down meanwhile, or its processes could not start
+            pass  # (the pool's first task raises it again for its user)
 
     threading.Thread(target=start, name="xmesh-pool-start", daemon=True).start()
     return pool
@@ -255,9 +265,15 @@ class BatchLoader:
     ahead; 0: each batch is decoded inline when asked for. ``wait_s`` sums the time the consumer
     spent blocked on the next batch."""
 
-    def __init__(self, batches: list[list[tuple[SampleId, SamplePaths]]], workers: int = 1,
-                 views: Sequence[int] = DEFAULT_VIEWS, with_gt: bool = True, depth: int = PREFETCH_DEPTH,
-                 pool: Executor | None = None):
+    def __init__(
+        self,
+        batches: list[list[tuple[SampleId, SamplePaths]]],
+        workers: int = 1,
+        views: Sequence[int] = DEFAULT_VIEWS,
+        with_gt: bool = True,
+        depth: int = PREFETCH_DEPTH,
+        pool: Executor | None = None,
+    ):
         self.batches = batches
         self.workers = int(workers)
         self.views = tuple(views)
@@ -288,7 +304,7 @@ class BatchLoader:
 
         try:
             while True:
-                while len(pending) <= self.depth and submit():   # this batch and `depth` more decoding
+                while len(pending) <= self.depth and submit():  # this batch and `depth` more decoding
                     pass
                 if not pending:
                     return

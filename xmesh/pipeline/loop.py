@@ -5,6 +5,7 @@
 On the GPU batch k is queued before the loop waits for batch k-1, so the GPU is never left without
 work while the host handles results; :class:`Timing` says where the time went.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ from .loading import BatchLoader, HostBatch
 from .settings import RunSettings
 from .staging import Stager, copy_to_host, pinned_buffer
 
-GT_ROWS_STEP = 1024   # padded ground truth grows in steps of this many points, so buffers are reused
+GT_ROWS_STEP = 1024  # padded ground truth grows in steps of this many points, so buffers are reused
 
 
 @dataclass
@@ -77,8 +78,10 @@ def check_finite(result: BatchResult) -> None:
     if result.scores is not None:
         bad = np.flatnonzero(~result.scores["finite"])
         if bad.size:
-            raise XmeshError(f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
-                             "coordinates; check the weights (and --precision) used")
+            raise XmeshError(
+                f"sample {result.samples[bad[0]]}: the network's prediction holds NaN or infinite "
+                "coordinates; check the weights (and --precision) used"
+            )
 
 
 def _gt_arrays(host: HostBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -90,9 +93,11 @@ def _gt_arrays(host: HostBatch) -> tuple[np.ndarray, np.ndarray]:
 def _host_scores(vertices: np.ndarray, gts: list[np.ndarray], metric_backend: str) -> dict:
     """Per-sample metrics on the host through :func:`xmesh.metrics.evaluate` ('scipy' or 'faiss')."""
     rows = [evaluate(v, g, THRESHOLDS, backend=metric_backend) for v, g in zip(vertices, gts)]
-    return {"chamfer": np.array([r["chamfer"] for r in rows]),
-            "fscore": np.array([[r["fscore"][t] for t in THRESHOLDS] for r in rows]),
-            "finite": np.ones(len(rows), dtype=bool)}
+    return {
+        "chamfer": np.array([r["chamfer"] for r in rows]),
+        "fscore": np.array([[r["fscore"][t] for t in THRESHOLDS] for r in rows]),
+        "finite": np.ones(len(rows), dtype=bool),
+    }
 
 
 class LoopBuffers:
@@ -106,9 +111,16 @@ class LoopBuffers:
         self.results: list[dict] = [{}, {}]
 
 
-def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]], on_batch: Callable[[BatchResult], None],
-                settings: RunSettings, loader_pool=None, loader: BatchLoader | None = None,
-                buffers: LoopBuffers | None = None, timing: Timing | None = None) -> Timing:
+def run_batches(
+    reconstructor,
+    batches: list[list[tuple[SampleId, SamplePaths]]],
+    on_batch: Callable[[BatchResult], None],
+    settings: RunSettings,
+    loader_pool=None,
+    loader: BatchLoader | None = None,
+    buffers: LoopBuffers | None = None,
+    timing: Timing | None = None,
+) -> Timing:
     """Run every batch; see the module docstring. ``settings`` (:class:`~xmesh.pipeline.settings.RunSettings`):
     the loader processes, views, scoring (``metric_backend`` 'auto' scores where the network ran, in
     one batched pass; 'scipy'/'faiss' per sample on the host; 'cupy' on the GPU), and with a
@@ -127,8 +139,16 @@ def run_batches(reconstructor, batches: list[list[tuple[SampleId, SamplePaths]]]
     start = time.perf_counter()
     with device if device is not None else contextlib.nullcontext():
         if backend.name == "cupy":
-            _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend,
-                      buffers or LoopBuffers())
+            _gpu_loop(
+                reconstructor,
+                loader,
+                on_batch,
+                timing,
+                with_gt,
+                keep_vertices,
+                metric_backend,
+                buffers or LoopBuffers(),
+            )
         else:
             _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend)
     timing.wall = time.perf_counter() - start
@@ -144,7 +164,7 @@ def _account_loading(timing: Timing, host: HostBatch, workers: int) -> None:
 
 def _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend) -> None:
     for host in loader:
-        if host is None:   # nothing ready: nothing is in flight here either
+        if host is None:  # nothing ready: nothing is in flight here either
             continue
         _account_loading(timing, host, loader.workers)
         t0 = time.perf_counter()
@@ -164,23 +184,27 @@ def _cpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
         timing.upload += t1 - t0
         timing.network += t2 - t1
         timing.metrics += t3 - t2
-        on_batch(BatchResult(host.samples, refined if keep_vertices or not with_gt else None, scores,
-                             (t2 - t1) * 1000.0 / len(host)))
+        on_batch(
+            BatchResult(
+                host.samples, refined if keep_vertices or not with_gt else None, scores, (t2 - t1) * 1000.0 / len(host)
+            )
+        )
 
 
 @dataclass
 class _InFlight:
     host: HostBatch
     slot: int
-    events: list            # start, after network, after metrics, results on the host
-    refined: object         # device (B, N, 3), kept alive until copied
-    packed: object          # device (B, 2 + T) float64 scores, or None
+    events: list  # start, after network, after metrics, results on the host
+    refined: object  # device (B, N, 3), kept alive until copied
+    packed: object  # device (B, 2 + T) float64 scores, or None
     host_vertices: np.ndarray | None
     host_scores: np.ndarray | None
 
 
-def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend,
-              kept: LoopBuffers) -> None:
+def _gpu_loop(
+    reconstructor, loader, on_batch, timing, with_gt, keep_vertices, metric_backend, kept: LoopBuffers
+) -> None:
     cupy = reconstructor.backend.cupy
     if kept.stager is None:
         kept.stager = Stager(cupy)
@@ -200,7 +224,7 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
         timing.metrics += cupy.cuda.get_elapsed_time(ev[1], ev[2]) / 1000.0
         if last_done is not None:
             timing.gpu_idle += max(0.0, cupy.cuda.get_elapsed_time(last_done, ev[0]) / 1000.0)
-        last_done = ev[1]   # the compute stream's last work for this batch
+        last_done = ev[1]  # the compute stream's last work for this batch
         scores = None
         if on_gpu_metrics:
             packed = job.host_scores
@@ -217,7 +241,7 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
     pending: _InFlight | None = None
     try:
         for number, host in enumerate(loader):
-            if host is None:   # the loader has nothing ready: finish the batch in flight before it waits
+            if host is None:  # the loader has nothing ready: finish the batch in flight before it waits
                 if pending is not None:
                     finish(pending)
                     pending = None
@@ -241,8 +265,9 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
                 metric_stream.wait_event(events[1])
                 if on_gpu_metrics:
                     s = evaluate_batch(refined, device["gt"], lengths_gt=lengths)
-                    packed = cupy.concatenate([s["chamfer"][:, None], s["finite"][:, None].astype(cupy.float64),
-                                               s["fscore"]], axis=1)
+                    packed = cupy.concatenate(
+                        [s["chamfer"][:, None], s["finite"][:, None].astype(cupy.float64), s["fscore"]], axis=1
+                    )
                 events.append(metric_stream.record())
                 if need_vertices:
                     host_vertices = pinned_buffer(buffers, "vertices", refined.shape, np.float32)
@@ -254,10 +279,9 @@ def _gpu_loop(reconstructor, loader, on_batch, timing, with_gt, keep_vertices, m
             stager.release(slot, events[-1])  # the slot's buffers are read until the metrics end
             job = _InFlight(host, slot, events, refined, packed, host_vertices, host_scores)
             if pending is not None:
-                finish(pending)   # batch k is queued: now wait for batch k-1
+                finish(pending)  # batch k is queued: now wait for batch k-1
             pending = job
         if pending is not None:
             finish(pending)
     finally:
         stager.close()
-

@@ -5,7 +5,8 @@ without the interpreter's clean-up, which with NumPy and numba loaded took a ten
 more, while a caller reading the command's output (it holds the same stdout and stderr) waited. It
 writes nothing and holds no file of ours, and its children, the loaders, end on their own.
 """
+
 import atexit
 import os
 
-atexit.register(os._exit, 0)   # atexit runs the last one registered first, before the clean-up
+atexit.register(os._exit, 0)  # atexit runs the last one registered first, before the clean-up

@@ -1,4 +1,5 @@
 """What a dataset run does, as one frozen value that an executor and a cluster's workers share."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -29,13 +30,14 @@ class RunSettings:
     formats: tuple = MESH_FORMATS
     ground_root: str | None = None
 
-    def __post_init__(self) -> None:   # lists given for views or formats: kept as tuples, so settings compare
+    def __post_init__(self) -> None:  # lists given for views or formats: kept as tuples, so settings compare
         object.__setattr__(self, "views", tuple(int(v) for v in self.views))
         object.__setattr__(self, "formats", tuple(self.formats))
 
     @classmethod
-    def choose(cls, gpu: bool, batch_size: int | None = None, workers: int | None = None, save_meshes: bool = False,
-               **rest) -> RunSettings:
+    def choose(
+        cls, gpu: bool, batch_size: int | None = None, workers: int | None = None, save_meshes: bool = False, **rest
+    ) -> RunSettings:
         """Given values, else the GPU's or the CPU's defaults (:func:`xmesh.pipeline.loading.default_workers`).
         ``workers`` given sets the loaders and, with meshes, as many writers. ``rest``: the other fields."""
         loaders, writers = default_workers(gpu, save_meshes)
@@ -49,7 +51,7 @@ class RunSettings:
 
     def batches(self, items: list) -> list[list]:
         """``items`` cut into batches of ``batch_size``."""
-        return [items[i:i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+        return [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
 
     def as_summary(self) -> dict:
         """The batch size and process counts as a run's summary reports them."""

@@ -13,6 +13,7 @@ A new device buffer comes from CuPy's pool, which hands out blocks freed on the 
 soon as they are freed: work queued there may still be using the block. So before its first upload
 the side stream waits for everything queued on the compute stream so far.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,7 @@ class Stager:
                 self.cupy.cuda.Device().synchronize()
             slot.pinned[name] = cupyx.empty_pinned((size,), dtype=dtype)
             slot.device[name] = self.cupy.empty((size,), dtype=dtype)
-            self.stream.wait_event(self.cupy.cuda.get_current_stream().record())   # see the module docstring
+            self.stream.wait_event(self.cupy.cuda.get_current_stream().record())  # see the module docstring
         return slot.pinned[name][:size].reshape(shape), slot.device[name][:size].reshape(shape)
 
     def stage(self, arrays: dict[str, np.ndarray | Sequence[np.ndarray]]) -> tuple[int, dict]:
@@ -100,8 +101,9 @@ def copy_to_host(cupy, device_array, pinned: np.ndarray) -> None:
     ``pinned`` (of its size) on the current stream; ``pinned`` holds it once that stream gets past
     the copy (an event recorded after it)."""
     stream = cupy.cuda.get_current_stream()
-    cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, device_array.data.ptr, device_array.nbytes,
-                                  cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+    cupy.cuda.runtime.memcpyAsync(
+        pinned.ctypes.data, device_array.data.ptr, device_array.nbytes, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
+    )
 
 
 def pinned_buffer(buffers: dict, name: str, shape: tuple, dtype) -> np.ndarray:

@@ -15,6 +15,7 @@ and ``other`` (argument parsing, pools, what is left). :func:`begin` starts the 
 library call gets one that starts when it is made (:func:`adopt`). The same clock gives the seconds after the
 last batch (``finish``: the last meshes and rows written, the summary made).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,8 @@ import threading
 import time
 
 PHASES = ("import", "cluster", "listing", "model", "kernels", "workers", "other")
-PREFIX = "startup_"   # run.timing's keys: "startup" (the total) and "startup_<phase>"
-FINISH = "finish"     # run.timing's seconds from the last batch to the outputs written
+PREFIX = "startup_"  # run.timing's keys: "startup" (the total) and "startup_<phase>"
+FINISH = "finish"  # run.timing's seconds from the last batch to the outputs written
 
 _IMPORTED = time.perf_counter()
 _lock = threading.Lock()
@@ -37,8 +38,8 @@ def process_age() -> float | None:
     try:
         with open("/proc/self/stat", "rb") as handle:
             stat = handle.read()
-        fields = stat[stat.rindex(b")") + 2:].split()   # the name may hold spaces; field 3 comes after it
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: start time after boot, in ticks
+        fields = stat[stat.rindex(b")") + 2 :].split()  # the name may hold spaces; field 3 comes after it
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time after boot, in ticks
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
     except (OSError, ValueError, IndexError, AttributeError):
         return None
@@ -122,9 +123,12 @@ def format_startup(timing: dict) -> str:
     first), then '; 0.12 s from the last batch to the outputs written'; '' without."""
     if "startup" not in timing:
         return ""
-    phases = sorted(((k[len(PREFIX):], v) for k, v in timing.items() if k.startswith(PREFIX)), key=lambda kv: -kv[1])
-    text = (f"start-up {timing['startup']:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in phases if v >= 0.005)
-            + " to the first batch")
+    phases = sorted(((k[len(PREFIX) :], v) for k, v in timing.items() if k.startswith(PREFIX)), key=lambda kv: -kv[1])
+    text = (
+        f"start-up {timing['startup']:.2f} s: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in phases if v >= 0.005)
+        + " to the first batch"
+    )
     if FINISH in timing:
         text += f"; {timing[FINISH]:.2f} s from the last batch to the outputs written"
     return text
@@ -139,7 +143,7 @@ class _Prefetch(threading.Thread):
     def run(self) -> None:
         try:
             self.result = self.fn(*self.args)
-        except BaseException as exc:   # raised where the result is taken
+        except BaseException as exc:  # raised where the result is taken
             self.error = exc
 
 

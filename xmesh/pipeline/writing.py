@@ -11,6 +11,7 @@ file is written atomically, so a
 file that exists is whole; a killed run can leave only hidden temporary files, which
 :func:`remove_stray_temporaries` deletes before the next run.
 """
+
 from __future__ import annotations
 
 import io
@@ -113,8 +114,9 @@ def _replace_file(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_predictions(folder: str, stems: Sequence[str], vertices: np.ndarray, formats: Sequence[str],
-                      ground_root: str | None = None) -> float:
+def write_predictions(
+    folder: str, stems: Sequence[str], vertices: np.ndarray, formats: Sequence[str], ground_root: str | None = None
+) -> float:
     """Write each sample's files (in a writer process), with ``ground_root`` (the folder of the
     ``{id}.dat`` ground truth) also ``{id}_ground.xyz``; returns the seconds it took."""
     start = time.perf_counter()
@@ -133,8 +135,14 @@ class MeshWriter:
     """Writer processes for predicted meshes (``workers`` of them; threads inside a daemon process);
     with ``ground_root``, each sample's ``{id}_ground.xyz`` too."""
 
-    def __init__(self, folder: Path, faces: np.ndarray, workers: int, formats: Sequence[str] = ("xyz", "obj"),
-                 ground_root: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        faces: np.ndarray,
+        workers: int,
+        formats: Sequence[str] = ("xyz", "obj"),
+        ground_root: str | os.PathLike | None = None,
+    ):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.formats = tuple(formats)
@@ -142,9 +150,17 @@ class MeshWriter:
         self.pool = start_pool(max(1, int(workers)), initializer=_init_writer, initargs=(np.asarray(faces),))
 
     def submit(self, stems: Sequence[str], vertices: np.ndarray) -> list[Future]:
-        return [self.pool.submit(write_predictions, str(self.folder), list(stems[i:i + _CHUNK]),
-                                 np.ascontiguousarray(vertices[i:i + _CHUNK]), self.formats, self.ground_root)
-                for i in range(0, len(stems), _CHUNK)]
+        return [
+            self.pool.submit(
+                write_predictions,
+                str(self.folder),
+                list(stems[i : i + _CHUNK]),
+                np.ascontiguousarray(vertices[i : i + _CHUNK]),
+                self.formats,
+                self.ground_root,
+            )
+            for i in range(0, len(stems), _CHUNK)
+        ]
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

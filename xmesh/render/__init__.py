@@ -5,10 +5,19 @@ sets seen through xmesh's camera rows.
 zoomed to fit a mesh's bounds; ``draw``: meshes and point sets seen through camera rows (or a framing),
 images side by side, PNG output, ground-truth point files read back.
 """
+
 import importlib
 
-_HOMES = {"render_mesh": "draw", "render_points": "draw", "render_views": "draw", "save_png": "draw",
-          "tile": "draw", "Framing": "framing", "fit_framing": "framing", "rasterize": "raster"}
+_HOMES = {
+    "render_mesh": "draw",
+    "render_points": "draw",
+    "render_views": "draw",
+    "save_png": "draw",
+    "tile": "draw",
+    "Framing": "framing",
+    "fit_framing": "framing",
+    "rasterize": "raster",
+}
 
 
 def __getattr__(name: str):

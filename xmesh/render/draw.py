@@ -8,6 +8,7 @@ network's 248 px focal length at 224 px). At size 224 this is exactly ``xmesh.mo
 Meshes the network outputs live in camera 0's frame: pass ``frame="camera0"`` and the row of
 camera 0, and they are first mapped back with ``camera_to_world``.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,8 @@ from xmesh.render.raster import color_array, downsample, draw_points, rasterize,
 
 SHAPENET_SIZE = 137
 DEFAULT_COLOR = (0.72, 0.72, 0.76)
-GT_COLOR = (220 / 255, 30 / 255, 30 / 255)   # ground truth, red in every picture: drawn alone or over a mesh
-POINT_COLOR = (220, 30, 30, 255)              # GT_COLOR as the RGBA bytes of points drawn over a mesh
+GT_COLOR = (220 / 255, 30 / 255, 30 / 255)  # ground truth, red in every picture: drawn alone or over a mesh
+POINT_COLOR = (220, 30, 30, 255)  # GT_COLOR as the RGBA bytes of points drawn over a mesh
 FRAMES = ("world", "camera0")
 DEPTH_SHADES = 6
 FAR_SHADE = 0.45
@@ -39,8 +40,10 @@ def focal_length(size: int) -> float:
 def _check_row(row, what: str) -> np.ndarray:
     row = np.asarray(row, dtype=np.float64)
     if row.shape != (5,) or not np.all(np.isfinite(row)) or not row[3] > 0:
-        raise InputError(f"{what}: {np.asarray(row).tolist()!r}; expected a camera row "
-                         "(azimuth deg, elevation deg, 0, distance > 0, 25)")
+        raise InputError(
+            f"{what}: {np.asarray(row).tolist()!r}; expected a camera row "
+            "(azimuth deg, elevation deg, 0, distance > 0, 25)"
+        )
     return row
 
 
@@ -87,9 +90,20 @@ def screen_coordinates(world_points, camera_row, size: int) -> tuple[np.ndarray,
     return np.stack([w, h], axis=1), depth, q
 
 
-def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=None, color=DEFAULT_COLOR,
-                frame: str = "world", camera0_row=None, supersample: int = 2, point_radius: float | None = None,
-                point_color=POINT_COLOR, framing: Framing | None = None) -> np.ndarray:
+def render_mesh(
+    vertices,
+    faces,
+    camera_row,
+    size: int = SHAPENET_SIZE,
+    points=None,
+    color=DEFAULT_COLOR,
+    frame: str = "world",
+    camera0_row=None,
+    supersample: int = 2,
+    point_radius: float | None = None,
+    point_color=POINT_COLOR,
+    framing: Framing | None = None,
+) -> np.ndarray:
     """An RGBA uint8 (size, size, 4) image of the mesh seen by ``camera_row``: flat Lambert shading,
     transparent background, antialiased by ``supersample`` x ``supersample`` samples per pixel. ``points`` (N, 3),
     in the same frame as the vertices, are drawn on top as dots (e.g. a ground-truth overlay).
@@ -125,8 +139,16 @@ def render_mesh(vertices, faces, camera_row, size: int = SHAPENET_SIZE, points=N
     return image
 
 
-def render_points(points, camera_row, size: int = SHAPENET_SIZE, color=GT_COLOR, frame: str = "world",
-                  camera0_row=None, framing: Framing | None = None, radius: float | None = None) -> np.ndarray:
+def render_points(
+    points,
+    camera_row,
+    size: int = SHAPENET_SIZE,
+    color=GT_COLOR,
+    frame: str = "world",
+    camera0_row=None,
+    framing: Framing | None = None,
+    radius: float | None = None,
+) -> np.ndarray:
     """An RGBA uint8 (size, size, 4) image of a point set (e.g. ground truth) as dots, the far ones
     drawn first and darker (``DEPTH_SHADES`` steps from full ``color`` down to ``FAR_SHADE`` of it)."""
     row = _check_row(camera_row, "camera_row")
@@ -148,8 +170,18 @@ def render_points(points, camera_row, size: int = SHAPENET_SIZE, color=GT_COLOR,
     return image
 
 
-def render_views(mesh_or_vertices, faces=None, cameras=None, *, size: int = SHAPENET_SIZE, points=None,
-                 color=DEFAULT_COLOR, frame: str = "world", camera0_row=None, supersample: int = 2) -> list[np.ndarray]:
+def render_views(
+    mesh_or_vertices,
+    faces=None,
+    cameras=None,
+    *,
+    size: int = SHAPENET_SIZE,
+    points=None,
+    color=DEFAULT_COLOR,
+    frame: str = "world",
+    camera0_row=None,
+    supersample: int = 2,
+) -> list[np.ndarray]:
     """One :func:`render_mesh` image per camera row of ``cameras`` (V, 5).
 
     ``mesh_or_vertices``: an object with ``vertices`` and ``faces`` (e.g. ``xmesh.mesh.Mesh``), or the
@@ -168,8 +200,20 @@ def render_views(mesh_or_vertices, faces=None, cameras=None, *, size: int = SHAP
         raise InputError(f"render_views: cameras have shape {cameras.shape}; expected (V, 5) camera rows")
     if frame == "camera0" and camera0_row is None:
         camera0_row = cameras[0]
-    return [render_mesh(vertices, faces, row, size=size, points=points, color=color, frame=frame,
-                        camera0_row=camera0_row, supersample=supersample) for row in cameras]
+    return [
+        render_mesh(
+            vertices,
+            faces,
+            row,
+            size=size,
+            points=points,
+            color=color,
+            frame=frame,
+            camera0_row=camera0_row,
+            supersample=supersample,
+        )
+        for row in cameras
+    ]
 
 
 def tile(images) -> np.ndarray:
@@ -184,8 +228,10 @@ def save_png(path: str | os.PathLike, rgba) -> Path:
     """Write an RGBA (H, W, 4) or RGB (H, W, 3) uint8 image as a PNG, atomically."""
     image = np.asarray(rgba)
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (3, 4) or 0 in image.shape:
-        raise InputError(f"save_png({str(path)!r}): image of shape {image.shape} / dtype {image.dtype}; "
-                         "expected (H, W, 4) RGBA or (H, W, 3) RGB uint8")
+        raise InputError(
+            f"save_png({str(path)!r}): image of shape {image.shape} / dtype {image.dtype}; "
+            "expected (H, W, 4) RGBA or (H, W, 3) RGB uint8"
+        )
     code = cv2.COLOR_RGBA2BGRA if image.shape[2] == 4 else cv2.COLOR_RGB2BGR
     ok, encoded = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(image), code))
     if not ok:

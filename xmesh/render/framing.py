@@ -7,6 +7,7 @@ centred. ``zoom`` says how much larger that is than the same points seen from th
 (None where that camera does not have them all in front of it). Arithmetic is float64, so a mesh
 0.001 or 1000 units wide, anywhere, is framed alike.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ triangle covers the pixels whose centres fall inside it (edges included). Depth 
 along the viewing axis; the z-buffer keeps 1/depth, interpolated linearly in screen space, which is
 the perspective-correct depth of the surface at that pixel.
 """
+
 from __future__ import annotations
 
 import math
@@ -145,8 +146,12 @@ def draw_points(rgba: np.ndarray, xy, radius: float = 1.0, color=(220, 30, 30, 2
     if value.shape != (4,):
         raise InputError(f"draw_points: color {color!r}; expected an RGB or RGBA triple of 0..255")
     reach = int(math.ceil(radius))
-    offsets = [(dr, dc) for dr in range(-reach, reach + 1) for dc in range(-reach, reach + 1)
-               if dr * dr + dc * dc <= radius * radius + 1e-9]
+    offsets = [
+        (dr, dc)
+        for dr in range(-reach, reach + 1)
+        for dc in range(-reach, reach + 1)
+        if dr * dr + dc * dc <= radius * radius + 1e-9
+    ]
     rows = np.floor(xy[:, 1]).astype(np.int64)
     cols = np.floor(xy[:, 0]).astype(np.int64)
     h, w = out.shape[:2]

@@ -5,6 +5,7 @@ them all) and ``OUT/summary.json`` (the weights and the run's throughput and tim
 charts with matplotlib (the ``report`` extra: ``pip install "xmesh-p2mpp[report]"``) and the gallery
 with xmesh's own renderer, and writes a page that needs nothing from the network to be viewed.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,10 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
     except ImportError as exc:
-        raise MissingExtraError(f"--report draws its charts with matplotlib, which is not installed ({exc}); "
-                                f"install the report extra: {EXTRA_HINT}") from None
+        raise MissingExtraError(
+            f"--report draws its charts with matplotlib, which is not installed ({exc}); "
+            f"install the report extra: {EXTRA_HINT}"
+        ) from None
 
 
 def _read_summary(path: Path) -> dict:
@@ -36,7 +39,9 @@ def _read_summary(path: Path) -> dict:
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FileFormatError(f"{path}: not the JSON xmesh eval writes ({exc}); run xmesh eval again to rewrite it") from None
+        raise FileFormatError(
+            f"{path}: not the JSON xmesh eval writes ({exc}); run xmesh eval again to rewrite it"
+        ) from None
     if not isinstance(summary, dict):
         raise FileFormatError(f"{path}: holds a {type(summary).__name__}; expected the JSON object xmesh eval writes")
     return summary
@@ -49,8 +54,14 @@ def is_synthetic(meta: dict) -> bool:
     return "synthetic" in str(meta.get("weights", "")).lower()
 
 
-def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, reconstructor=None,
-                 views: Sequence[int] = DEFAULT_VIEWS, progress: bool = True) -> Path:
+def write_report(
+    out_dir: str | os.PathLike,
+    images_root=None,
+    gt_root=None,
+    reconstructor=None,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    progress: bool = True,
+) -> Path:
     """Write ``out_dir/report.html`` and its pictures in ``out_dir/report/`` from the evaluation in
     ``out_dir``; returns the page's path. ``images_root`` / ``gt_root`` (the dataset, as given to
     ``xmesh eval``) give the gallery its input views and ground truth; predictions are read from
@@ -80,8 +91,9 @@ def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, rec
     timing_chart = None
     if isinstance(run.get("timing"), dict) and "wall" in run["timing"]:
         timing_chart = charts.timing_bars(run["timing"], folder / "timing.png")
-    picks = gallery.draw_gallery(gallery.pick_samples(rows), out_dir, folder, images_root, gt_root, reconstructor,
-                                 views, progress)
+    picks = gallery.draw_gallery(
+        gallery.pick_samples(rows), out_dir, folder, images_root, gt_root, reconstructor, views, progress
+    )
     keep = {bars.name, spread.name, *(p.picture.name for c in picks.values() for p in c if p.picture)}
     if timing_chart is not None:
         keep.add(timing_chart.name)
@@ -91,29 +103,56 @@ def write_report(out_dir: str | os.PathLike, images_root=None, gt_root=None, rec
 
     meta = summary.get("meta", {}) if isinstance(summary.get("meta"), dict) else {}
     synthetic = is_synthetic(meta)
-    banner = ("<div class='warning' id='synthetic-warning'><b>Synthetic weights.</b> This run used xmesh's "
-              "synthetic test recipe (random numbers, not the trained Pixel2Mesh++ weights): the figures show the "
-              "pipeline working, not reconstruction quality.</div>") if synthetic else ""
+    banner = (
+        (
+            "<div class='warning' id='synthetic-warning'><b>Synthetic weights.</b> This run used xmesh's "
+            "synthetic test recipe (random numbers, not the trained Pixel2Mesh++ weights): the figures show the "
+            "pipeline working, not reconstruction quality.</div>"
+        )
+        if synthetic
+        else ""
+    )
     weights = meta.get("weights", "not recorded (summary.json has no meta)")
-    run_facts = [("weights", weights), ("synthetic weights", "yes" if synthetic else "no"),
-                 ("backend", f"{meta.get('backend', 'n/a')} ({meta.get('precision', 'n/a')})"),
-                 ("template", meta.get("template", "n/a")), ("input views", meta.get("views", list(views))),
-                 ("samples in samples.csv", len(rows)), ("categories", len(table["categories"]))]
+    run_facts = [
+        ("weights", weights),
+        ("synthetic weights", "yes" if synthetic else "no"),
+        ("backend", f"{meta.get('backend', 'n/a')} ({meta.get('precision', 'n/a')})"),
+        ("template", meta.get("template", "n/a")),
+        ("input views", meta.get("views", list(views))),
+        ("samples in samples.csv", len(rows)),
+        ("categories", len(table["categories"])),
+    ]
     if run:
-        run_facts.append(("last run", f"{run.get('evaluated', 0)} evaluated, {run.get('skipped', 0)} already in "
-                                      "samples.csv (resumed)" if run.get("skipped") else
-                          f"{run.get('evaluated', 0)} evaluated"))
+        run_facts.append(
+            (
+                "last run",
+                f"{run.get('evaluated', 0)} evaluated, {run.get('skipped', 0)} already in samples.csv (resumed)"
+                if run.get("skipped")
+                else f"{run.get('evaluated', 0)} evaluated",
+            )
+        )
     tau_text = f"{float(tau):g}"
     sections = [
         ("run", "Run", page.facts(run_facts)),
-        ("metrics", "Metrics per category",
-         page.metrics_table(table, tau, two_tau) + page.image_tag(f"{REPORT_FOLDER}/{bars.name}",
-                                                             f"per-category Chamfer and F-scores (tau = {tau_text})", "chart")
-         + page.image_tag(f"{REPORT_FOLDER}/{spread.name}", "distribution of per-sample Chamfer distance", "chart")),
-        ("timing", "Throughput and time breakdown",
-         page.timing_section(run, f"{REPORT_FOLDER}/{timing_chart.name}" if timing_chart else None)),
-        ("gallery", "Gallery: best, median and worst samples of each category",
-         page.gallery_section(picks, names, tau, REPORT_FOLDER)),
+        (
+            "metrics",
+            "Metrics per category",
+            page.metrics_table(table, tau, two_tau)
+            + page.image_tag(
+                f"{REPORT_FOLDER}/{bars.name}", f"per-category Chamfer and F-scores (tau = {tau_text})", "chart"
+            )
+            + page.image_tag(f"{REPORT_FOLDER}/{spread.name}", "distribution of per-sample Chamfer distance", "chart"),
+        ),
+        (
+            "timing",
+            "Throughput and time breakdown",
+            page.timing_section(run, f"{REPORT_FOLDER}/{timing_chart.name}" if timing_chart else None),
+        ),
+        (
+            "gallery",
+            "Gallery: best, median and worst samples of each category",
+            page.gallery_section(picks, names, tau, REPORT_FOLDER),
+        ),
     ]
     title = f"xmesh evaluation report: {len(rows)} samples"
     return page.write_page(out_dir / REPORT_HTML, page.page(title, sections, banner))

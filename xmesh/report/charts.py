@@ -3,6 +3,7 @@
 Figures are made with ``matplotlib.figure.Figure`` directly (no pyplot, no global state), so
 drawing a report changes nothing for the caller's own plots.
 """
+
 from __future__ import annotations
 
 import io
@@ -51,9 +52,11 @@ def category_bars(table: dict, tau: str, two_tau: str, path) -> Path:
     ``mean_over_categories``); ``tau`` / ``two_tau``: the F-score keys."""
     names = [m["name"] for m in table["categories"].values()] + ["mean"]
     rows = list(table["categories"].values()) + [table["mean_over_categories"]]
-    panels = [("Chamfer distance x1000 (lower is better)", [m["chamfer_x1000"] for m in rows]),
-              (f"F-score, tau = {float(tau):g} (%)", [m["fscore"][tau] for m in rows]),
-              (f"F-score, 2 tau = {float(two_tau):g} (%)", [m["fscore"][two_tau] for m in rows])]
+    panels = [
+        ("Chamfer distance x1000 (lower is better)", [m["chamfer_x1000"] for m in rows]),
+        (f"F-score, tau = {float(tau):g} (%)", [m["fscore"][tau] for m in rows]),
+        (f"F-score, 2 tau = {float(two_tau):g} (%)", [m["fscore"][two_tau] for m in rows]),
+    ]
     width = max(9.0, 3 * (1.2 + 0.45 * len(names)))
     figure = _figure(width, 3.4)
     axes = figure.subplots(1, 3)
@@ -88,8 +91,13 @@ def chamfer_histogram(rows: list[dict], names: dict, path) -> Path:
             if np.isfinite(row["chamfer"]) and row["chamfer"] > 0:
                 by_category.setdefault(row["category"], []).append(row["chamfer"])
         for category in sorted(by_category):
-            ax.hist(by_category[category], bins=bins, histtype="step", linewidth=1.5,
-                    label=f"{names.get(category, category)} ({len(by_category[category])})")
+            ax.hist(
+                by_category[category],
+                bins=bins,
+                histtype="step",
+                linewidth=1.5,
+                label=f"{names.get(category, category)} ({len(by_category[category])})",
+            )
         if log:
             ax.set_xscale("log")
         ax.legend(fontsize=7, ncols=2 if len(by_category) > 6 else 1)

@@ -4,6 +4,7 @@ each shown as its input view, the prediction, the ground truth and both from the
 Predictions come from ``OUT/predict/{id}_predict.obj`` where ``xmesh eval --save-meshes`` wrote
 them; the others are reconstructed again (the gallery's samples only) when a reconstructor is given.
 """
+
 from __future__ import annotations
 
 import sys
@@ -79,21 +80,36 @@ def _reconstruct(reconstructor, picks: list[Pick], images_root, views, progress:
     on_gpu = getattr(getattr(reconstructor, "backend", None), "name", "numpy") == "cupy"
     size = RECONSTRUCT_CHUNK if on_gpu else 1
     meshes: dict[str, object] = {}
-    with tqdm(total=len(picks), desc="report: reconstructing the gallery", unit="sample", file=sys.stderr,
-              disable=None if progress else True, dynamic_ncols=True) as bar:
+    with tqdm(
+        total=len(picks),
+        desc="report: reconstructing the gallery",
+        unit="sample",
+        file=sys.stderr,
+        disable=None if progress else True,
+        dynamic_ncols=True,
+    ) as bar:
         for start in range(0, len(picks), size):
-            chunk = picks[start:start + size]
+            chunk = picks[start : start + size]
             paths = [sample_paths(p.row["id"], images_root, ".", views) for p in chunk]
-            results = reconstructor.reconstruct_batch([list(p.images) for p in paths], [p.cameras for p in paths],
-                                                      views=list(views))
+            results = reconstructor.reconstruct_batch(
+                [list(p.images) for p in paths], [p.cameras for p in paths], views=list(views)
+            )
             for pick, mesh in zip(chunk, results):
                 meshes[pick.row["id"]] = mesh
             bar.update(len(chunk))
     return meshes
 
 
-def draw_gallery(picks: dict[str, list[Pick]], out_dir, report_dir, images_root=None, gt_root=None,
-                 reconstructor=None, views: Sequence[int] = DEFAULT_VIEWS, progress: bool = True) -> dict[str, list[Pick]]:
+def draw_gallery(
+    picks: dict[str, list[Pick]],
+    out_dir,
+    report_dir,
+    images_root=None,
+    gt_root=None,
+    reconstructor=None,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    progress: bool = True,
+) -> dict[str, list[Pick]]:
     """Draw one picture per pick into ``report_dir`` (``gallery_{id}.png``): input view 1, the
     prediction and the ground truth framed from camera 1's direction, and both from camera 1 itself.
     Missing pieces (no images root, no prediction, an unreadable file) leave a note in ``problems``
@@ -117,8 +133,9 @@ def draw_gallery(picks: dict[str, list[Pick]], out_dir, report_dir, images_root=
                 pick.problems.append(f"could not reconstruct it again: {exc}")
     for pick in every:
         if pick.row["id"] not in meshes and not pick.problems:
-            pick.problems.append("no prediction: run xmesh eval with --save-meshes, or give the report the "
-                                 "reconstructor and the images")
+            pick.problems.append(
+                "no prediction: run xmesh eval with --save-meshes, or give the report the reconstructor and the images"
+            )
         pick.picture = _draw(pick, meshes.get(pick.row["id"]), report_dir, images_root, gt_root, views)
     return picks
 
@@ -135,8 +152,11 @@ def _draw(pick: Pick, mesh, report_dir: Path, images_root, gt_root, views) -> Pa
     cameras = gt = None
     paths = sample_paths(sample, images_root if images_root is not None else ".", gt_root or ".", views)
     try:
-        panels.append(image_panel(paths.images[0], PANEL, title="input view 1") if images_root is not None
-                      else _blank("input: no images root"))
+        panels.append(
+            image_panel(paths.images[0], PANEL, title="input view 1")
+            if images_root is not None
+            else _blank("input: no images root")
+        )
         if images_root is not None:
             cameras = load_cameras(paths.cameras, views=list(views))
     except XmeshError as exc:
@@ -151,13 +171,30 @@ def _draw(pick: Pick, mesh, report_dir: Path, images_root, gt_root, views) -> Pa
     if not known:  # without the sample's cameras, look from a ShapeNet-like direction
         cameras = np.array([[45.0, 25.0, 0.0, 0.8, 25.0]] * 3, dtype=np.float32)
     row0 = cameras[0]
-    panels.append(mesh_panel(mesh.vertices, mesh.faces, row0, PANEL, camera0_row=row0, title="prediction")[0]
-                  if mesh is not None else _blank("prediction: none"))
-    panels.append(points_panel(gt, row0, PANEL, camera0_row=row0, title="ground truth")[0]
-                  if gt is not None else _blank("ground truth: none"))
+    panels.append(
+        mesh_panel(mesh.vertices, mesh.faces, row0, PANEL, camera0_row=row0, title="prediction")[0]
+        if mesh is not None
+        else _blank("prediction: none")
+    )
+    panels.append(
+        points_panel(gt, row0, PANEL, camera0_row=row0, title="ground truth")[0]
+        if gt is not None
+        else _blank("ground truth: none")
+    )
     if mesh is not None and known:  # what camera 1 saw: only with the sample's own cameras
         overlay = gt[:: max(1, len(gt) // OVERLAY_POINTS)] if gt is not None else None
-        panels.append(mesh_panel(mesh.vertices, mesh.faces, row0, PANEL, camera0_row=row0, points=overlay,
-                                 camera_view=True, title="both", point_radius=0.8)[0])
+        panels.append(
+            mesh_panel(
+                mesh.vertices,
+                mesh.faces,
+                row0,
+                PANEL,
+                camera0_row=row0,
+                points=overlay,
+                camera_view=True,
+                title="both",
+                point_radius=0.8,
+            )[0]
+        )
     picture = hstack([framed_border(p) for p in panels])
     return save_png(report_dir / f"gallery_{_stem(sample.name)}.png", picture)

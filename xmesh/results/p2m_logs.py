@@ -8,6 +8,7 @@ Both divide a category's sum by ``count + 1e-6``, and list empty categories with
 functions write the same lines from xmesh's rows, so tables and scripts made for the original keep
 working; categories outside the 13 follow them, named by their synset.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,9 +23,19 @@ CD_LOG = "cd.log"
 
 #: The original scripts' category names, in their order.
 ORIGINAL_NAMES = {
-    "02828884": "bench", "03001627": "chair", "03636649": "lamp", "03691459": "speaker", "04090263": "firearm",
-    "04379243": "table", "04530566": "watercraft", "02691156": "plane", "02933112": "cabinet",
-    "02958343": "car", "03211117": "monitor", "04256520": "couch", "04401088": "cellphone",
+    "02828884": "bench",
+    "03001627": "chair",
+    "03636649": "lamp",
+    "03691459": "speaker",
+    "04090263": "firearm",
+    "04379243": "table",
+    "04530566": "watercraft",
+    "02691156": "plane",
+    "02933112": "cabinet",
+    "02958343": "car",
+    "03211117": "monitor",
+    "04256520": "couch",
+    "04401088": "cellphone",
 }
 
 
@@ -33,7 +44,9 @@ def _totals(rows: list[dict]) -> dict[str, list]:
     sums run row after row in float64, as the original's do."""
     totals = {cat: [0, 0.0, [0.0] * len(THRESHOLDS)] for cat in ORIGINAL_NAMES}
     for row in rows:
-        entry = totals.get(row["category"]) or totals.setdefault(str(row["category"]), [0, 0.0, [0.0] * len(THRESHOLDS)])
+        entry = totals.get(row["category"]) or totals.setdefault(
+            str(row["category"]), [0, 0.0, [0.0] * len(THRESHOLDS)]
+        )
         entry[0] += 1
         entry[1] += float(row["chamfer"])
         sums, scores = entry[2], row["fscore"]

@@ -10,6 +10,7 @@ that refuses early and records only once its other checks have passed. Values th
 (``about``: which file the weights came from) are kept beside the identity for the message, and never
 compared.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from ..errors import FileFormatError, InputError
 from ..io.atomic import atomic_write
 
 RUN_JSON = "run.json"
-SHOWN_HEX = 12   # how much of a fingerprint a message shows
+SHOWN_HEX = 12  # how much of a fingerprint a message shows
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class RunIdentity:
 
 def _shown(value: Any, about: str | None) -> str:
     if isinstance(value, str):
-        text = value[:SHOWN_HEX] if len(value) == 64 else value   # a fingerprint: its start is enough
+        text = value[:SHOWN_HEX] if len(value) == 64 else value  # a fingerprint: its start is enough
     else:
         text = json.dumps(value)
     return f"{text} ({about})" if about else text
@@ -72,20 +73,25 @@ def read_identity(folder: str | os.PathLike) -> RunIdentity | None:
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise FileFormatError(f"{path}: not a run record of xmesh ({type(exc).__name__}: {exc}); remove it, or "
-                              "pass --overwrite to start the folder afresh") from None
+        raise FileFormatError(
+            f"{path}: not a run record of xmesh ({type(exc).__name__}: {exc}); remove it, or "
+            "pass --overwrite to start the folder afresh"
+        ) from None
 
 
-def check_identity(folder: str | os.PathLike, identity: RunIdentity, overwrite: bool = False,
-                   option: str = "--out") -> None:
+def check_identity(
+    folder: str | os.PathLike, identity: RunIdentity, overwrite: bool = False, option: str = "--out"
+) -> None:
     """Refuse (InputError, one line) a ``folder`` whose run.json records another identity, unless
     ``overwrite``; ``option`` names the folder as the user gave it. Reads only."""
     recorded = None if overwrite else read_identity(folder)
     differences = identity.differences(recorded) if recorded is not None else []
     if differences:
-        raise InputError(f"{option} {folder} holds the results of another run ({RUN_JSON}): "
-                         f"{'; '.join(differences)}; resume it with the same settings, pass --overwrite to "
-                         f"start afresh, or choose another {option}")
+        raise InputError(
+            f"{option} {folder} holds the results of another run ({RUN_JSON}): "
+            f"{'; '.join(differences)}; resume it with the same settings, pass --overwrite to "
+            f"start afresh, or choose another {option}"
+        )
 
 
 def record_identity(folder: str | os.PathLike, identity: RunIdentity) -> None:
@@ -96,17 +102,25 @@ def record_identity(folder: str | os.PathLike, identity: RunIdentity) -> None:
         handle.write("\n")
 
 
-def check_or_record(folder: str | os.PathLike, identity: RunIdentity, overwrite: bool = False,
-                    option: str = "--out") -> None:
+def check_or_record(
+    folder: str | os.PathLike, identity: RunIdentity, overwrite: bool = False, option: str = "--out"
+) -> None:
     """:func:`check_identity`, then :func:`record_identity`: a new folder (or ``overwrite``) takes
     ``identity``; one holding the same is resumed; one holding another is refused."""
     check_identity(folder, identity, overwrite, option)
     record_identity(folder, identity)
 
 
-def model_identity(weights: Mapping | str, template=None, backend: str = "numpy", precision: str = "fp32",
-                   views: Sequence[int] = (0, 6, 7), view_quirk: bool = True, weights_about: str | None = None,
-                   template_about: str | None = None) -> RunIdentity:
+def model_identity(
+    weights: Mapping | str,
+    template=None,
+    backend: str = "numpy",
+    precision: str = "fp32",
+    views: Sequence[int] = (0, 6, 7),
+    view_quirk: bool = True,
+    weights_about: str | None = None,
+    template_about: str | None = None,
+) -> RunIdentity:
     """The identity of the network's outputs: ``weights`` as :func:`~xmesh.io.weights.load_weights`
     returns them (or their :func:`~xmesh.io.weights.weights_fingerprint`), ``template`` None (the
     built-in ellipsoid), a path or a Template, and the settings."""
@@ -121,7 +135,13 @@ def model_identity(weights: Mapping | str, template=None, backend: str = "numpy"
     else:
         mesh, template_about = load_template(template), template_about or os.fspath(template)
     fingerprint = weights if isinstance(weights, str) else weights_fingerprint(weights)
-    fields = {"weights": fingerprint, "template": template_fingerprint(mesh), "backend": backend,
-              "precision": precision, "views": [int(v) for v in views], "view_quirk": bool(view_quirk)}
+    fields = {
+        "weights": fingerprint,
+        "template": template_fingerprint(mesh),
+        "backend": backend,
+        "precision": precision,
+        "views": [int(v) for v in views],
+        "view_quirk": bool(view_quirk),
+    }
     about = {name: text for name, text in (("weights", weights_about), ("template", template_about)) if text}
     return RunIdentity.of(fields, about)

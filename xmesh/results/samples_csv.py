@@ -6,6 +6,7 @@ batch's rows by one ``write`` and one ``fsync``; :func:`repair_csv` drops a last
 incomplete by an interrupted write; :func:`read_csv` reads the rows and refuses a file it did not
 write.
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,8 +25,13 @@ def format_rows(result) -> str:
     """The CSV lines of a scored batch (a :class:`xmesh.pipeline.loop.BatchResult`)."""
     lines = []
     for b, sample in enumerate(result.samples):
-        values = [str(sample), sample.synset, f"{result.ms:.3f}", repr(float(result.scores["chamfer"][b])),
-                  *(repr(float(f)) for f in result.scores["fscore"][b])]
+        values = [
+            str(sample),
+            sample.synset,
+            f"{result.ms:.3f}",
+            repr(float(result.scores["chamfer"][b])),
+            *(repr(float(f)) for f in result.scores["fscore"][b]),
+        ]
         lines.append(",".join(values) + "\n")
     return "".join(lines)
 
@@ -55,32 +61,48 @@ def read_csv(path: Path) -> list[dict]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise FileFormatError(f"{path}: not UTF-8 text (byte {exc.start}); expected the samples.csv xmesh eval writes") from None
+        raise FileFormatError(
+            f"{path}: not UTF-8 text (byte {exc.start}); expected the samples.csv xmesh eval writes"
+        ) from None
     lines = text.splitlines()
     if not lines:
         return []
     header = tuple(next(csv.reader([lines[0]])))
     if header != CSV_COLUMNS:
-        raise FileFormatError(f"{path}: header {','.join(header)!r}; expected {','.join(CSV_COLUMNS)!r}. "
-                              "It was not written by this version of xmesh eval: use another --out folder")
+        raise FileFormatError(
+            f"{path}: header {','.join(header)!r}; expected {','.join(CSV_COLUMNS)!r}. "
+            "It was not written by this version of xmesh eval: use another --out folder"
+        )
     rows, seen = [], {}
     for lineno, fields in enumerate(csv.reader(lines[1:]), start=2):
         if not fields:
             continue
         if len(fields) != len(CSV_COLUMNS):
-            raise FileFormatError(f"{path}, line {lineno}: {len(fields)} fields; expected {len(CSV_COLUMNS)} "
-                                  f"({','.join(CSV_COLUMNS)}). Remove the line to re-evaluate that sample")
+            raise FileFormatError(
+                f"{path}, line {lineno}: {len(fields)} fields; expected {len(CSV_COLUMNS)} "
+                f"({','.join(CSV_COLUMNS)}). Remove the line to re-evaluate that sample"
+            )
         try:
             numbers = [float(v) for v in fields[2:]]
         except ValueError:
-            raise FileFormatError(f"{path}, line {lineno}: {','.join(fields)!r} holds a non-number where "
-                                  "ms, chamfer and F-scores are expected; remove the line to re-evaluate it") from None
+            raise FileFormatError(
+                f"{path}, line {lineno}: {','.join(fields)!r} holds a non-number where "
+                "ms, chamfer and F-scores are expected; remove the line to re-evaluate it"
+            ) from None
         if fields[0] in seen:
-            raise FileFormatError(f"{path}, line {lineno}: sample {fields[0]} repeats line {seen[fields[0]]}; "
-                                  "remove one of them")
+            raise FileFormatError(
+                f"{path}, line {lineno}: sample {fields[0]} repeats line {seen[fields[0]]}; remove one of them"
+            )
         seen[fields[0]] = lineno
-        rows.append({"id": fields[0], "category": fields[1], "ms": numbers[0], "chamfer": numbers[1],
-                     "fscore": dict(zip(THRESHOLDS, numbers[2:]))})
+        rows.append(
+            {
+                "id": fields[0],
+                "category": fields[1],
+                "ms": numbers[0],
+                "chamfer": numbers[1],
+                "fscore": dict(zip(THRESHOLDS, numbers[2:])),
+            }
+        )
     return rows
 
 
@@ -90,7 +112,7 @@ class CsvAppender:
     def __init__(self, path: Path):
         self.path = path
         fresh = not path.exists() or path.stat().st_size == 0
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)   # the umask decides
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides
         if fresh:
             self.write(",".join(CSV_COLUMNS) + "\n")
 

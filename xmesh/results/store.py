@@ -6,6 +6,7 @@ those of new samples in one write and fsync; :meth:`ResultsStore.finish` summari
 CSV, so a resumed run's summary covers every sample, and writes summary.json, summary.txt,
 f_score.log and cd.log.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """summary.json and summary.txt: per-category means of a samples.csv, and the table people read."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ def format_table(summary: dict) -> str:
     lines = [head, "-" * len(head)]
 
     def line(cat: str, name: str, m: dict) -> str:
-        return (f"{cat:<10} {name:<12} {m['count']:>7d} {m['chamfer']:>12.6g} {m['chamfer_x1000']:>10.4f} "
-                f"{m['fscore'][tau]:>8.2f} {m['fscore'][two]:>8.2f}")
+        return (
+            f"{cat:<10} {name:<12} {m['count']:>7d} {m['chamfer']:>12.6g} {m['chamfer_x1000']:>10.4f} "
+            f"{m['fscore'][tau]:>8.2f} {m['fscore'][two]:>8.2f}"
+        )
 
     for cat, m in summary["categories"].items():
         lines.append(line(cat, m["name"], m))
@@ -52,14 +55,20 @@ def format_table(summary: dict) -> str:
     lines.append(line("mean", "(present)", summary["mean_over_categories"]))
     lines.append(line("mean", "(samples)", summary["mean_over_samples"]))
     present = len(summary["categories"])
-    lines.append(f"means: (present) of the {present} categor{'y' if present == 1 else 'ies'} evaluated, each "
-                 "weighing the same; (samples) of every sample")
-    lines.append(f"tau = {TAU:g}, 2 tau = {TWO_TAU:g} (squared distances); F in percent; "
-                 f"mean reconstruction time {summary['mean_ms_per_sample']:.1f} ms/sample")
+    lines.append(
+        f"means: (present) of the {present} categor{'y' if present == 1 else 'ies'} evaluated, each "
+        "weighing the same; (samples) of every sample"
+    )
+    lines.append(
+        f"tau = {TAU:g}, 2 tau = {TWO_TAU:g} (squared distances); F in percent; "
+        f"mean reconstruction time {summary['mean_ms_per_sample']:.1f} ms/sample"
+    )
     m = summary["mean_over_13_categories"]
-    lines.append(f"the original scripts' mean over their 13 categories, absent ones as 0 (their convention, to compare "
-                 f"with their logs; not a quality figure): CD x1000 {m['chamfer_x1000']:.4f}, F(tau) "
-                 f"{m['fscore'][tau]:.2f}, F(2tau) {m['fscore'][two]:.2f}")
+    lines.append(
+        f"the original scripts' mean over their 13 categories, absent ones as 0 (their convention, to compare "
+        f"with their logs; not a quality figure): CD x1000 {m['chamfer_x1000']:.4f}, F(tau) "
+        f"{m['fscore'][tau]:.2f}, F(2tau) {m['fscore'][two]:.2f}"
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ whose ``put`` hands the pickling and writing to a thread of their own. Each requ
 :class:`~xmesh.serve.upload.Sample` gets its arrival time (``time.monotonic()``) in its ``stamps`` as
 ``"received"``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,7 +49,7 @@ class WorkerQueues:
         self._pid = self._next = -1
 
     def put(self, item) -> None:
-        if self._pid != os.getpid():    # each server process starts its turns at a worker of its own
+        if self._pid != os.getpid():  # each server process starts its turns at a worker of its own
             self._pid, self._next = os.getpid(), os.getpid() % len(self.queues)
         self._next = (self._next + 1) % len(self.queues)
         self.queues[self._next].put(item)
@@ -74,7 +75,7 @@ class PrefetchingBatchLoop(BatchedLoop):
 
     def __call__(self, lit_api, device, worker_id, request_queue, transport, *args, **kwargs):
         self._arrived: queue.Queue = queue.Queue()
-        own = request_queue.of_worker(worker_id)   # XmeshLitServer's WorkerQueues
+        own = request_queue.of_worker(worker_id)  # XmeshLitServer's WorkerQueues
         threading.Thread(target=self._receive, args=(own,), name="xmesh-receive", daemon=True).start()
         super().__call__(lit_api, device, worker_id, request_queue, transport, *args, **kwargs)
 
@@ -82,7 +83,7 @@ class PrefetchingBatchLoop(BatchedLoop):
         while True:
             try:
                 item = request_queue.get()
-            except (EOFError, OSError):     # the server's queue is closed: it is shutting down
+            except (EOFError, OSError):  # the server's queue is closed: it is shutting down
                 item = _SENTINEL_VALUE
             if item != _SENTINEL_VALUE:
                 item[3].stamps["received"] = time.monotonic()
@@ -97,8 +98,14 @@ class PrefetchingBatchLoop(BatchedLoop):
             while not stopping:
                 requests, timed_out, stopping = self.gather(lit_api, busy=in_flight is not None)
                 for response_queue_id, uid in timed_out:
-                    self.put_response(transport, response_queue_id, uid, HTTPException(504, "Request timed out"),
-                                      LitAPIStatus.ERROR, LoopResponseType.REGULAR)
+                    self.put_response(
+                        transport,
+                        response_queue_id,
+                        uid,
+                        HTTPException(504, "Request timed out"),
+                        LitAPIStatus.ERROR,
+                        LoopResponseType.REGULAR,
+                    )
                 launched = self._launch(lit_api, transport, requests, callback_runner) if requests else None
                 if in_flight is not None:
                     self._answer(lit_api, transport, in_flight, callback_runner)
@@ -123,8 +130,11 @@ class PrefetchingBatchLoop(BatchedLoop):
                 break
         if 1 < len(items) < lit_api.max_batch_size and lit_api.batch_timeout > 0:
             deadline = time.monotonic() + lit_api.batch_timeout
-            while (len(items) < lit_api.max_batch_size and items[-1] != _SENTINEL_VALUE
-                   and (left := deadline - time.monotonic()) > 0):
+            while (
+                len(items) < lit_api.max_batch_size
+                and items[-1] != _SENTINEL_VALUE
+                and (left := deadline - time.monotonic()) > 0
+            ):
                 try:
                     items.append(self._arrived.get(timeout=left))
                 except queue.Empty:
@@ -173,8 +183,14 @@ class PrefetchingBatchLoop(BatchedLoop):
         """Answer each request of ``batch`` with ``exc``, as LitServe's loop does."""
         for response_queue_id, uid in zip(batch.response_queue_ids, batch.uids):
             if isinstance(exc, HTTPException):
-                self.put_response(transport, response_queue_id, uid, PickleableHTTPException.from_exception(exc),
-                                  LitAPIStatus.ERROR, LoopResponseType.REGULAR)
+                self.put_response(
+                    transport,
+                    response_queue_id,
+                    uid,
+                    PickleableHTTPException.from_exception(exc),
+                    LitAPIStatus.ERROR,
+                    LoopResponseType.REGULAR,
+                )
             else:
                 self.put_error_response(transport, response_queue_id, uid, exc, LoopResponseType.REGULAR)
         if not isinstance(exc, HTTPException):

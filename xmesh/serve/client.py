@@ -4,6 +4,7 @@ sends, from Python as well.
     mesh = xmesh.serve.client.reconstruct_remote("http://127.0.0.1:8000", ["a.png", "b.png", "c.png"],
                                                  cameras="cameras.txt")
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from xmesh.io.cameras import load_cameras
 from xmesh.io.gltf import read_glb
 from xmesh.mesh import Mesh
 
-WARNINGS_HEADER = "X-Xmesh-Warnings"   # a JSON list (ASCII) of what xmesh reconstruct would warn of the inputs
+WARNINGS_HEADER = "X-Xmesh-Warnings"  # a JSON list (ASCII) of what xmesh reconstruct would warn of the inputs
 
 
 class ServerError(XmeshError):
@@ -41,8 +42,12 @@ def multipart_body(images: Sequence[tuple[str, bytes]], fields: dict[str, str]) 
     parts = []
     for name, data in images:
         safe = name.replace('"', "_").replace("\r", "_").replace("\n", "_")
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="images"; filename="{safe}"\r\n'
-                     f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="images"; filename="{safe}"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+        )
     for key, value in fields.items():
         parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode())
     parts.append(f"--{boundary}--\r\n".encode("ascii"))
@@ -82,13 +87,16 @@ def check_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         bare = url.split("://", 1)[-1]
-        raise InputError(f"server URL {url!r}: expected http://HOST:PORT or https://HOST:PORT, "
-                         f"e.g. http://{bare or '127.0.0.1:8000'}")
+        raise InputError(
+            f"server URL {url!r}: expected http://HOST:PORT or https://HOST:PORT, "
+            f"e.g. http://{bare or '127.0.0.1:8000'}"
+        )
     return url.rstrip("/")
 
 
-def post(url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "glb",
-         timeout: float = 300.0) -> tuple[bytes, Any]:
+def post(
+    url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "glb", timeout: float = 300.0
+) -> tuple[bytes, Any]:
     """POST the request to ``{url}/v1/reconstruct?format=fmt``: (body, headers) of a success (the headers
     looked up case-insensitively); else ServerError."""
     target = check_url(url) + "/v1/reconstruct?" + urllib.parse.urlencode({"format": fmt})
@@ -104,8 +112,11 @@ def post(url: str, images: Sequence[Any], fields: dict[str, str], fmt: str = "gl
         except ValueError:
             detail = {}
         field = detail.get("field")
-        raise ServerError(f"server {url}: {exc.code}: {(field + ': ') if field else ''}{detail.get('error', exc.reason)}",
-                          exc.code, field) from None
+        raise ServerError(
+            f"server {url}: {exc.code}: {(field + ': ') if field else ''}{detail.get('error', exc.reason)}",
+            exc.code,
+            field,
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise ServerError(f"server {url}: cannot be reached ({reason}); expected a running xmesh serve") from None
@@ -122,8 +133,14 @@ def remote_mesh(url: str, images: Sequence[Any], fields: dict[str, str], timeout
     return Mesh(np.array(vertices), faces), headers
 
 
-def reconstruct_remote(url: str, images: Sequence[Any], cameras: Any = None, poses: Any = None,
-                       views: Sequence[int] | None = None, timeout: float = 300.0) -> Mesh:
+def reconstruct_remote(
+    url: str,
+    images: Sequence[Any],
+    cameras: Any = None,
+    poses: Any = None,
+    views: Sequence[int] | None = None,
+    timeout: float = 300.0,
+) -> Mesh:
     """The mesh ``xmesh serve`` at ``url`` reconstructs from 3 images (paths or file bytes) and their
     ``cameras`` (rows or a camera file) or ``poses`` (a poses.json path or content): on the NumPy
     backend, exactly the mesh a local ``xmesh.reconstruct`` gives for the same inputs and weights."""

@@ -12,6 +12,7 @@ the network and copies the results into pinned host memory; ``collect`` waits fo
 after that copy. On the CPU (:class:`HostBatches`) the network runs in a thread of its own, one batch
 after another, while the caller's thread stacks the next batch and answers the last.
 """
+
 from __future__ import annotations
 
 import time
@@ -60,10 +61,10 @@ class HostBatches:
 
 @dataclass
 class _GpuJob:
-    started: Any      # event: the device begins the batch
-    done: Any         # event: the results are in ``host``
-    host: tuple       # pinned (coarse, refined), views of ``buffers``
-    buffers: dict     # the pinned buffer set the results were copied into
+    started: Any  # event: the device begins the batch
+    done: Any  # event: the results are in ``host``
+    host: tuple  # pinned (coarse, refined), views of ``buffers``
+    buffers: dict  # the pinned buffer set the results were copied into
 
 
 class GpuBatches:
@@ -81,7 +82,7 @@ class GpuBatches:
     def launch(self, views: list[np.ndarray], cameras: np.ndarray) -> _GpuJob:
         cupy, backend = self.cupy, self.model.backend
         stream = cupy.cuda.get_current_stream()
-        name = f"images_{views[0].dtype}"   # a buffer a dtype: 8-bit and float32 batches in turn keep theirs
+        name = f"images_{views[0].dtype}"  # a buffer a dtype: 8-bit and float32 batches in turn keep theirs
         slot, device = self.stager.stage({name: views})
         self.stager.wait(slot)
         started = stream.record()

@@ -2,6 +2,7 @@
 nothing loaded from elsewhere). It says which weights the server runs, sends the form to
 ``/v1/reconstruct?format=preview`` and shows the picture, the warnings about the inputs and the OBJ,
 PLY and GLB downloads the answer carries."""
+
 from __future__ import annotations
 
 import html
@@ -107,9 +108,12 @@ def page_html(info: dict) -> str:
     set apart where they are the synthetic recipe's, not trained ones."""
     weights = info["weights"]
     if weights["synthetic"]:
-        line = (f"This server runs {weights['description']}: its meshes show what the pipeline does, not what "
-                "the trained network reconstructs.")
+        line = (
+            f"This server runs {weights['description']}: its meshes show what the pipeline does, not what "
+            "the trained network reconstructs."
+        )
     else:
         line = f"This server runs {weights['description']}."
-    return (PAGE.replace("@WEIGHTS_CLASS@", "synthetic" if weights["synthetic"] else "trained")
-            .replace("@WEIGHTS@", html.escape(line)))
+    return PAGE.replace("@WEIGHTS_CLASS@", "synthetic" if weights["synthetic"] else "trained").replace(
+        "@WEIGHTS@", html.escape(line)
+    )

@@ -10,6 +10,7 @@ body ``{"error", "field", "status"}``. An answer's ``Server-Timing`` header give
 each step (:data:`PHASES`), from ``time.monotonic()`` stamps taken in the HTTP process and the worker
 (one clock for all processes of a machine).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,15 +40,22 @@ SERVER_MS_HEADER = "X-Xmesh-Server-Ms"
 COMPUTE_MS_HEADER = "X-Xmesh-Compute-Ms"
 TIMING_HEADER = "Server-Timing"
 # (name, from stamp, to stamp, what it is) of each step of an answered request
-PHASES = (("read", "arrived", "read", "the body read and its multipart fields parsed"),
-          ("decode", "read", "prepared", "the images decoded and the fields checked"),
-          ("queue", "prepared", "received", "to the worker through the request queue"),
-          ("wait", "received", "start", "in the worker until its batch begins on the device: the batch "
-                                         "gathered, its views stacked and uploaded, the batch before it done"),
-          ("compute", "start", "end", "the batch on the device: its network and the results' copy back"),
-          ("back", "end", "answered", "the answer back to the HTTP process, from its results on the host"),
-          ("format", "answered", "formatted", "the mesh written as the answer's file"),
-          ("total", "arrived", "formatted", "all of it: X-Xmesh-Server-Ms"))
+PHASES = (
+    ("read", "arrived", "read", "the body read and its multipart fields parsed"),
+    ("decode", "read", "prepared", "the images decoded and the fields checked"),
+    ("queue", "prepared", "received", "to the worker through the request queue"),
+    (
+        "wait",
+        "received",
+        "start",
+        "in the worker until its batch begins on the device: the batch "
+        "gathered, its views stacked and uploaded, the batch before it done",
+    ),
+    ("compute", "start", "end", "the batch on the device: its network and the results' copy back"),
+    ("back", "end", "answered", "the answer back to the HTTP process, from its results on the host"),
+    ("format", "answered", "formatted", "the mesh written as the answer's file"),
+    ("total", "arrived", "formatted", "all of it: X-Xmesh-Server-Ms"),
+)
 FIELDS = ("images", "cameras", "poses")
 ROUTES_SERVED = "the server answers GET / (a page), GET /v1/info, GET /health and POST /v1/reconstruct"
 MAX_PARTS = 16
@@ -57,9 +65,9 @@ RETRY_AFTER_S = 1
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int
-    read_timeout_s: float   # the longest pause between two chunks of a body
+    read_timeout_s: float  # the longest pause between two chunks of a body
     max_queue: int
-    body_timeout_s: float   # the longest a whole body may take to arrive
+    body_timeout_s: float  # the longest a whole body may take to arrive
 
 
 class Admission:
@@ -102,8 +110,11 @@ def refusal(field: str | None, message: str, status: int, headers: dict | None =
 
 
 def _too_large(size: str, limits: Limits) -> UploadError:
-    return UploadError("body", f"{size}over the {limits.max_body_bytes // 2**20} MiB limit; send smaller photos "
-                               "(the server's --max-body-mb)", status=413)
+    return UploadError(
+        "body",
+        f"{size}over the {limits.max_body_bytes // 2**20} MiB limit; send smaller photos (the server's --max-body-mb)",
+        status=413,
+    )
 
 
 async def _bounded_body(request: Request, limits: Limits):
@@ -120,11 +131,18 @@ async def _bounded_body(request: Request, limits: Limits):
             return
         except asyncio.TimeoutError:
             if left <= limits.read_timeout_s:
-                raise UploadError("body", f"not whole after {limits.body_timeout_s:g} s ({received} bytes); "
-                                          "send the request body at a steady pace (the server's --body-timeout-s)",
-                                  status=408) from None
-            raise UploadError("body", f"no data for {limits.read_timeout_s:g} s after {received} bytes; "
-                                      "send the request body without pausing", status=408) from None
+                raise UploadError(
+                    "body",
+                    f"not whole after {limits.body_timeout_s:g} s ({received} bytes); "
+                    "send the request body at a steady pace (the server's --body-timeout-s)",
+                    status=408,
+                ) from None
+            raise UploadError(
+                "body",
+                f"no data for {limits.read_timeout_s:g} s after {received} bytes; "
+                "send the request body without pausing",
+                status=408,
+            ) from None
         received += len(chunk)
         if received > limits.max_body_bytes:
             raise _too_large("", limits)
@@ -147,29 +165,41 @@ class CloseWatch:
             if not self.closed:
                 seen = self._tail + chunk
                 self.closed = self.delimiter in seen
-                self._tail = seen[-len(self.delimiter):]
+                self._tail = seen[-len(self.delimiter) :]
             yield chunk
 
 
 async def read_fields(request: Request, limits: Limits) -> tuple[list[tuple[str, bytes]], str | None, str | None]:
     """(images as (file name, bytes), cameras text, poses text) of a multipart/form-data body."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise UploadError("body", f"content type {request.headers.get('content-type')!r}; expected multipart/form-data "
-                                  "with the fields images (3 files) and cameras or poses", status=415)
+        raise UploadError(
+            "body",
+            f"content type {request.headers.get('content-type')!r}; expected multipart/form-data "
+            "with the fields images (3 files) and cameras or poses",
+            status=415,
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise _too_large(f"{int(declared)} bytes, ", limits)
     close = CloseWatch(request.headers.get("content-type", ""))
-    parser = MultiPartParser(request.headers, close.watch(_bounded_body(request, limits)), max_files=MAX_PARTS,
-                             max_fields=MAX_PARTS, max_part_size=1 << 20)
+    parser = MultiPartParser(
+        request.headers,
+        close.watch(_bounded_body(request, limits)),
+        max_files=MAX_PARTS,
+        max_fields=MAX_PARTS,
+        max_part_size=1 << 20,
+    )
     try:
         form = await parser.parse()
     except MultiPartException as exc:
         raise UploadError("body", f"malformed multipart/form-data ({exc.message})") from None
     try:
         if not close.closed:
-            raise UploadError("body", f"cut short: {close.received} bytes without the closing "
-                                      f"{close.delimiter.decode('latin-1')!r} line; send the whole multipart body")
+            raise UploadError(
+                "body",
+                f"cut short: {close.received} bytes without the closing "
+                f"{close.delimiter.decode('latin-1')!r} line; send the whole multipart body",
+            )
         unknown = sorted(set(form.keys()) - set(FIELDS))
         if unknown:
             raise UploadError(unknown[0], f"unknown field; expected {', '.join(FIELDS)}")
@@ -195,8 +225,14 @@ async def read_fields(request: Request, limits: Limits) -> tuple[list[tuple[str,
         await form.close()
 
 
-def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces: np.ndarray, info: dict,
-               limits: Limits, admission: Admission) -> None:
+def add_routes(
+    app: FastAPI,
+    submit: Callable[[Sample], Awaitable[dict]],
+    faces: np.ndarray,
+    info: dict,
+    limits: Limits,
+    admission: Admission,
+) -> None:
     """Register the page, /v1/info and /v1/reconstruct on ``app``; ``submit`` queues a prepared sample
     for a worker and returns its answer."""
     weights_line = info["weights"]["description"]
@@ -226,8 +262,13 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
     async def reconstruct(request: Request) -> Response:
         stamps = {"arrived": time.monotonic()}
         if not admission.enter():
-            return refusal(None, f"the server holds {limits.max_queue} requests already (its --max-queue); "
-                                 f"retry after {RETRY_AFTER_S} s", 503, {"Retry-After": str(RETRY_AFTER_S)})
+            return refusal(
+                None,
+                f"the server holds {limits.max_queue} requests already (its --max-queue); "
+                f"retry after {RETRY_AFTER_S} s",
+                503,
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
         try:
             fmt = choose_format(request.query_params.get("format"), request.headers.get("accept"))
             files, cameras, poses = await read_fields(request, limits)
@@ -239,22 +280,25 @@ def add_routes(app: FastAPI, submit: Callable[[Sample], Awaitable[dict]], faces:
             if "error" in result:
                 return refusal(None, result["error"], result["status"])
             mesh = Mesh(result["refined"], faces, result["coarse"])
-            if fmt in QUICK_FORMATS:   # quicker than the hop to a thread and back
+            if fmt in QUICK_FORMATS:  # quicker than the hop to a thread and back
                 body = answer(fmt, sample, mesh, weights_line)
             else:
                 body = await run_in_threadpool(answer, fmt, sample, mesh, weights_line)
             stamps.update(result["stamps"], formatted=time.monotonic())
-            headers = {BATCH_HEADER: str(result["batch"]), COMPUTE_MS_HEADER: f"{result['ms']:.3f}",
-                       SERVER_MS_HEADER: f"{(stamps['formatted'] - stamps['arrived']) * 1000.0:.3f}",
-                       TIMING_HEADER: server_timing(stamps)}
+            headers = {
+                BATCH_HEADER: str(result["batch"]),
+                COMPUTE_MS_HEADER: f"{result['ms']:.3f}",
+                SERVER_MS_HEADER: f"{(stamps['formatted'] - stamps['arrived']) * 1000.0:.3f}",
+                TIMING_HEADER: server_timing(stamps),
+            }
             if sample.warnings:
                 headers[WARNINGS_HEADER] = json.dumps(sample.warnings)
             return Response(body, media_type=MEDIA_TYPES[fmt], headers=headers)
         except UploadError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         except ClientDisconnect:
-            return Response(status_code=400)   # the client is gone: nobody reads this
-        except HTTPException as exc:           # from LitServe's queue, e.g. a worker that died
+            return Response(status_code=400)  # the client is gone: nobody reads this
+        except HTTPException as exc:  # from LitServe's queue, e.g. a worker that died
             return refusal(None, str(exc.detail), exc.status_code)
         finally:
             admission.leave()

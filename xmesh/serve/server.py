@@ -11,6 +11,7 @@ waiting, the worker waits at most ``batch_timeout_ms`` for more). SIGTERM to the
 first stops the HTTP server processes, which answer the requests they hold (uvicorn's graceful
 shutdown: no new connections, the open ones finished), then stops the workers.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -36,10 +37,10 @@ from xmesh.serve.worker import ModelSettings, ReconstructAPI
 
 API_PATH = "/v1/reconstruct"
 DRAIN_TIMEOUT_S = 60.0
-HTTP_PROCESS_PREFIX = "LitServer-"   # how LitServe names its HTTP server processes
-MONITOR_THREAD = "litserve-monitoring"   # LitServe's thread that watches the workers
+HTTP_PROCESS_PREFIX = "LitServer-"  # how LitServe names its HTTP server processes
+MONITOR_THREAD = "litserve-monitoring"  # LitServe's thread that watches the workers
 MONITOR_INTERVAL_S = 0.25
-PIPE_BYTES = 1 << 20   # a request's 450 KB of views in one write and one read (Linux's default pipe: 64 KB)
+PIPE_BYTES = 1 << 20  # a request's 450 KB of views in one write and one read (Linux's default pipe: 64 KB)
 # The HTTP processes' interpreter switch interval (the default is 5 ms): how long a thread that wants the
 # interpreter lock back (a decoding thread done, a queue's thread done writing a request or reading an
 # answer) may wait while the event loop runs Python. On an H100 host a lone request's median fell by
@@ -51,7 +52,7 @@ SWITCH_INTERVAL_S = 0.0005
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
-    devices: tuple[int, ...] | None = None     # GPU indices; None: one CPU worker
+    devices: tuple[int, ...] | None = None  # GPU indices; None: one CPU worker
     max_batch: int = 64
     batch_timeout_ms: float = 2.0
     max_body_mb: int = 64
@@ -69,7 +70,7 @@ def pipe_queue(context):
     the worker's receiving thread waits for its interpreter lock, which the batch loop and the answer
     queues' threads hold in turn: on four H100s a worker took in 650-690 requests a second that way."""
     queue = context.Queue()
-    with suppress(OSError, AttributeError):   # a pipe that may not grow (limits, no F_SETPIPE_SZ) stays as it is
+    with suppress(OSError, AttributeError):  # a pipe that may not grow (limits, no F_SETPIPE_SZ) stays as it is
         fcntl.fcntl(queue._reader.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     return queue
 
@@ -94,9 +95,9 @@ class XmeshLitServer(ls.LitServer):
     event."""
 
     def _init_manager(self, num_api_servers: int):
-        with ctrl_c_held():   # the Manager's process, forked: stopped by this one, without a traceback
+        with ctrl_c_held():  # the Manager's process, forked: stopped by this one, without a traceback
             manager = super()._init_manager(num_api_servers)
-        context = multiprocessing.get_context("spawn")   # spawn-made locks may go to forked and spawned processes
+        context = multiprocessing.get_context("spawn")  # spawn-made locks may go to forked and spawned processes
         for path in self.litapi_request_queues:
             workers = len(self._inference_workers_config_for_api(path))
             self.litapi_request_queues[path] = WorkerQueues([pipe_queue(context) for _ in range(workers)])
@@ -104,7 +105,7 @@ class XmeshLitServer(ls.LitServer):
         return manager
 
     def _start_server(self, *args, **kwargs):
-        with ctrl_c_held():   # uvicorn's processes, forked: until uvicorn sets its own handlers
+        with ctrl_c_held():  # uvicorn's processes, forked: until uvicorn sets its own handlers
             return super()._start_server(*args, **kwargs)
 
     def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
@@ -116,7 +117,7 @@ class XmeshLitServer(ls.LitServer):
         super()._perform_graceful_shutdown(manager, uvicorn_workers, shutdown_reason)
 
     def _stop_monitor(self) -> None:
-        with suppress(EOFError, OSError):   # a Manager already gone (Ctrl+C reaches it too) stops the monitor itself
+        with suppress(EOFError, OSError):  # a Manager already gone (Ctrl+C reaches it too) stops the monitor itself
             self._shutdown_event.set()
         for thread in threading.enumerate():
             if thread.name == MONITOR_THREAD and thread is not threading.current_thread():
@@ -131,8 +132,9 @@ def build_server(settings: ModelSettings, options: ServeOptions, faces: np.ndarr
     if options.devices is None:
         server = XmeshLitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=False)
     else:
-        server = XmeshLitServer(api, accelerator="cuda", devices=list(options.devices), workers_per_device=1,
-                              timeout=False)
+        server = XmeshLitServer(
+            api, accelerator="cuda", devices=list(options.devices), workers_per_device=1, timeout=False
+        )
     server.monitor_internal = MONITOR_INTERVAL_S
     app = server.app
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/", API_PATH)]
@@ -162,8 +164,10 @@ def _drain_then_stop(main_pid: int):
             os.kill(os.getpid(), signum)
             return
         processes = _http_processes()
-        print(f"xmesh serve: SIGTERM: finishing the requests in flight in {len(processes)} server process(es)",
-              file=sys.stderr)
+        print(
+            f"xmesh serve: SIGTERM: finishing the requests in flight in {len(processes)} server process(es)",
+            file=sys.stderr,
+        )
         for process in processes:
             os.kill(process.pid, signal.SIGTERM)
         for process in processes:
@@ -185,16 +189,21 @@ def serve(settings: ModelSettings, options: ServeOptions, faces: np.ndarray, inf
     server = build_server(settings, options, faces, info)
     previous = signal.signal(signal.SIGTERM, _drain_then_stop(os.getpid()))
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)   # the HTTP processes fork from this one and keep it
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # the HTTP processes fork from this one and keep it
     logging.getLogger("litserve").setLevel(logging.WARNING)
     logging.getLogger("litserve.server").addFilter(_QuietShutdown())
-    logging.getLogger("python_multipart").setLevel(logging.ERROR)   # a malformed body is answered, not logged
+    logging.getLogger("python_multipart").setLevel(logging.ERROR)  # a malformed body is answered, not logged
     try:
-        server.run(host=options.host, port=options.port, num_api_servers=options.http_processes,
-                   generate_client_file=False, log_level="warning")
+        server.run(
+            host=options.host,
+            port=options.port,
+            num_api_servers=options.http_processes,
+            generate_client_file=False,
+            log_level="warning",
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
         sys.setswitchinterval(interval)
-        for child in multiprocessing.active_children():   # anything a stop before LitServe's own left behind
+        for child in multiprocessing.active_children():  # anything a stop before LitServe's own left behind
             child.terminate()
             child.join(5)

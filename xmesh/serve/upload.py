@@ -7,6 +7,7 @@ Images are decoded with the same function as image files (:func:`xmesh.io.images
 after their size is read from the file's header, so that a small file claiming a huge picture is
 refused before any pixel is decoded. Every refusal is an :class:`UploadError` naming the field.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,7 @@ from xmesh.errors import InputError, XmeshError
 from xmesh.io.cameras import load_cameras
 from xmesh.io.images import NUM_VIEWS, decode_image_bytes, load_images, prepare_image_u8, rendering_warning
 
-MAX_PIXELS = 64_000_000      # a 48-megapixel phone photo fits; a 30000x30000 "bomb" does not
+MAX_PIXELS = 64_000_000  # a 48-megapixel phone photo fits; a 30000x30000 "bomb" does not
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_START = b"\xff\xd8"
 # JPEG markers whose segment holds the frame size (SOF0-SOF15 but DHT, JPG and DAC)
@@ -78,15 +79,15 @@ def image_size(data: bytes, field: str) -> tuple[int, int]:
             if data[offset] != 0xFF:
                 break
             marker = data[offset + 1]
-            if marker == 0xFF:          # fill byte
+            if marker == 0xFF:  # fill byte
                 offset += 1
                 continue
-            if marker in (0x01, *range(0xD0, 0xD8)):   # markers without a length
+            if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
                 offset += 2
                 continue
-            (length,) = struct.unpack(">H", data[offset + 2:offset + 4])
+            (length,) = struct.unpack(">H", data[offset + 2 : offset + 4])
             if marker in JPEG_FRAMES and offset + 9 <= len(data):
-                height, width = struct.unpack(">HH", data[offset + 5:offset + 9])
+                height, width = struct.unpack(">HH", data[offset + 5 : offset + 9])
                 return width, height
             offset += 2 + length
         raise UploadError(field, "a JPEG whose frame header (its size) was not found; expected a whole JPEG file")
@@ -99,8 +100,12 @@ def decode_upload(data: bytes, field: str) -> np.ndarray:
         raise UploadError(field, "an empty file; expected a PNG or JPEG photo")
     width, height = image_size(data, field)
     if width < 1 or height < 1 or width * height > MAX_PIXELS:
-        raise UploadError(field, f"the header says {width}x{height} pixels; expected at least 1x1 and at most "
-                                 f"{MAX_PIXELS // 1_000_000} megapixels (refused before decoding)", status=413)
+        raise UploadError(
+            field,
+            f"the header says {width}x{height} pixels; expected at least 1x1 and at most "
+            f"{MAX_PIXELS // 1_000_000} megapixels (refused before decoding)",
+            status=413,
+        )
     try:
         return decode_image_bytes(data, "the file")
     except XmeshError as exc:
@@ -117,9 +122,13 @@ def parse_cameras(text: str) -> np.ndarray:
         rows = json.loads(text)
     except ValueError as exc:
         raise UploadError("cameras", f"not JSON ({exc}); expected three rows of five numbers") from None
-    if not (isinstance(rows, list) and len(rows) == NUM_VIEWS and all(isinstance(r, list) and len(r) == 5 for r in rows)):
-        raise UploadError("cameras", f"{text[:120]!r}; expected three rows of five numbers "
-                                     "[azimuth, elevation, 0, distance, 25], one per image")
+    if not (
+        isinstance(rows, list) and len(rows) == NUM_VIEWS and all(isinstance(r, list) and len(r) == 5 for r in rows)
+    ):
+        raise UploadError(
+            "cameras",
+            f"{text[:120]!r}; expected three rows of five numbers [azimuth, elevation, 0, distance, 25], one per image",
+        )
     for i, row in enumerate(rows):
         for j, value in enumerate(row):
             if not _finite_number(value):
@@ -167,14 +176,24 @@ async def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: st
     Awaited in the event loop, which hands each image to the decoding threads itself (no hop to another
     thread first); the first image at fault, in view order, names the refusal."""
     if (cameras is None) == (poses is None):
-        raise UploadError("cameras", "give exactly one of the fields 'cameras' (three camera rows as JSON) "
-                                     "or 'poses' (the poses JSON of xmesh reconstruct --poses)")
+        raise UploadError(
+            "cameras",
+            "give exactly one of the fields 'cameras' (three camera rows as JSON) "
+            "or 'poses' (the poses JSON of xmesh reconstruct --poses)",
+        )
     if len(files) != NUM_VIEWS:
-        raise UploadError("images", f"{len(files)} file(s); Pixel2Mesh++ needs exactly {NUM_VIEWS} photos, in view order")
+        raise UploadError(
+            "images", f"{len(files)} file(s); Pixel2Mesh++ needs exactly {NUM_VIEWS} photos, in view order"
+        )
     rows = parse_cameras(cameras) if cameras is not None else None
     loop, pool = asyncio.get_running_loop(), _decoders()
-    outcomes = await asyncio.gather(*(loop.run_in_executor(pool, _decode_view, i, name, data, rows is not None)
-                                      for i, (name, data) in enumerate(files)), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(
+            loop.run_in_executor(pool, _decode_view, i, name, data, rows is not None)
+            for i, (name, data) in enumerate(files)
+        ),
+        return_exceptions=True,
+    )
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
@@ -182,8 +201,9 @@ async def prepare(files: list[tuple[str, bytes]], cameras: str | None, poses: st
     if rows is None:
         return await loop.run_in_executor(pool, _posed, files, decoded, poses)
     # camera rows take renderings: the warnings of xmesh reconstruct --cameras for images unlike them
-    said = [rendering_warning(image, f"view {i + 1} ({name!r})")
-            for i, ((name, _), image) in enumerate(zip(files, decoded))]
+    said = [
+        rendering_warning(image, f"view {i + 1} ({name!r})") for i, ((name, _), image) in enumerate(zip(files, decoded))
+    ]
     views = [view for _, view in outcomes]
     if all(view is not None for view in views):
         sample = Sample(np.stack(views), rows)

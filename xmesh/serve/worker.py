@@ -9,6 +9,7 @@ batch that runs out of GPU memory), ``collect`` waits for its results; the worke
 the last. Should a batch fail anyway, its samples run one by one, so a failure stays with its own
 request. A worker answers each request with its vertices (the server process formats the mesh).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,13 @@ class ModelSettings:
     def build(self):
         from xmesh.reconstruct import Reconstructor
 
-        return Reconstructor(self.weights, template=self.template, backend=self.backend, precision=self.precision,
-                             view_quirk=self.view_quirk)
+        return Reconstructor(
+            self.weights,
+            template=self.template,
+            backend=self.backend,
+            precision=self.precision,
+            view_quirk=self.view_quirk,
+        )
 
 
 def select_device(device: str) -> None:
@@ -57,8 +63,7 @@ def select_device(device: str) -> None:
 def failure(exc: BaseException) -> dict:
     """A request's answer when its reconstruction failed: 503 when memory ran out, else 500."""
     if isinstance(exc, DeviceOutOfMemoryError):
-        return {"error": f"the device ran out of memory even for this one sample ({exc}); retry later",
-                "status": 503}
+        return {"error": f"the device ran out of memory even for this one sample ({exc}); retry later", "status": 503}
     log.exception("reconstruction failed", exc_info=exc)
     return {"error": f"the reconstruction failed ({type(exc).__name__}: {exc})", "status": 500}
 
@@ -79,8 +84,9 @@ class ReconstructAPI(ls.LitAPI):
     ``launch`` and ``collect`` are the two halves of ``predict``, which the worker's loop calls apart."""
 
     def __init__(self, settings: ModelSettings, max_batch_size: int, batch_timeout: float, api_path: str):
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path,
-                         loop=PrefetchingBatchLoop())
+        super().__init__(
+            max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=api_path, loop=PrefetchingBatchLoop()
+        )
         self.settings = settings
 
     def setup(self, device) -> None:
@@ -120,10 +126,16 @@ class ReconstructAPI(ls.LitAPI):
                 return [failure(exc)]
             return [self.predict([sample])[0] for sample in samples]
         start, end = result.start, result.end
-        return [{"coarse": result.coarse[b], "refined": result.refined[b], "batch": len(samples),
-                 "ms": (end - start) * 1000.0,
-                 "stamps": {"received": sample.stamps.get("received", start), "start": start, "end": end}}
-                for b, sample in enumerate(samples)]
+        return [
+            {
+                "coarse": result.coarse[b],
+                "refined": result.refined[b],
+                "batch": len(samples),
+                "ms": (end - start) * 1000.0,
+                "stamps": {"received": sample.stamps.get("received", start), "start": start, "end": end},
+            }
+            for b, sample in enumerate(samples)
+        ]
 
     def predict(self, samples) -> list[dict]:
         return self.collect(self.launch(samples))

@@ -4,10 +4,19 @@
 camera sets, rendering folders (drawn by :mod:`xmesh.render`), the Pixel2Mesh++ dataset layout, demo
 inputs; ``capture``: a synthetic hand-held capture with its COLMAP model.
 """
+
 import importlib
 
-_HOMES = {"demo_inputs": "dataset", "demo_scene": "dataset", "shapenet_cameras": "dataset", "write_dataset": "dataset",
-          "write_rendering_set": "dataset", "SHAPE_NAMES": "shapes", "make_shape": "shapes", "sample_surface": "shapes"}
+_HOMES = {
+    "demo_inputs": "dataset",
+    "demo_scene": "dataset",
+    "shapenet_cameras": "dataset",
+    "write_dataset": "dataset",
+    "write_rendering_set": "dataset",
+    "SHAPE_NAMES": "shapes",
+    "make_shape": "shapes",
+    "sample_surface": "shapes",
+}
 
 
 def __getattr__(name: str):

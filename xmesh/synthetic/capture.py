@@ -2,6 +2,7 @@
 intrinsics, a little roll and aim error), their masks, and the COLMAP text model of the capture in an
 arbitrary world (z up, other units), to try ``xmesh reconstruct --colmap`` without a camera.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,8 @@ from xmesh.photo.intrinsics import Intrinsics
 from xmesh.render.raster import downsample, rasterize, shade
 from xmesh.synthetic.shapes import as_rng, make_shape, sample_surface
 
-PHONE = Intrinsics(620.0, 620.0, 322.0, 236.0, 640, 480)   # a phone photo scaled to 640x480
-WORLD_SCALE = 5.0                                           # the capture's units per network unit
+PHONE = Intrinsics(620.0, 620.0, 322.0, 236.0, 640, 480)  # a phone photo scaled to 640x480
+WORLD_SCALE = 5.0  # the capture's units per network unit
 
 
 def face_colours(faces, seed: int = 7) -> np.ndarray:
@@ -27,8 +28,9 @@ def render_pinhole(vertices, faces, rotation, centre, k: Intrinsics, colours=Non
     """BGRA uint8 photo of a mesh through any pinhole camera: world -> camera ``rotation`` (OpenCV
     axes), camera ``centre``, intrinsics ``k`` (distortion applied to the vertices); each face flat."""
     cam = (np.asarray(vertices, dtype=np.float64) - centre) @ np.asarray(rotation).T
-    big = Intrinsics(k.fx * supersample, k.fy * supersample, k.cx * supersample, k.cy * supersample,
-                     distortion=k.distortion)
+    big = Intrinsics(
+        k.fx * supersample, k.fy * supersample, k.cx * supersample, k.cy * supersample, distortion=k.distortion
+    )
     uv, _ = big.project(cam)
     index, _ = rasterize(uv, cam[:, 2], faces, k.height * supersample, k.width * supersample)
     colours = face_colours(faces) if colours is None else colours
@@ -40,7 +42,7 @@ def _look_at(centre, target, up) -> np.ndarray:
     forward = (target - centre) / np.linalg.norm(target - centre)
     right = np.cross(forward, up)
     right /= np.linalg.norm(right)
-    return np.stack([right, np.cross(forward, right), forward])   # rows: x right, y down, z forward
+    return np.stack([right, np.cross(forward, right), forward])  # rows: x right, y down, z forward
 
 
 def write_capture(folder, shape: str = "car", views: int = 24, seed: int = 0, k: Intrinsics = PHONE) -> dict:
@@ -62,8 +64,9 @@ def write_capture(folder, shape: str = "car", views: int = 24, seed: int = 0, k:
         azimuth = np.deg2rad(360.0 * i / views + rng.uniform(-3, 3))
         elevation = np.deg2rad(rng.uniform(25, 35))
         distance = rng.uniform(0.7, 0.85) / frame.TARGET_RADIUS * np.linalg.norm(vertices, axis=1).max()
-        local = distance * np.array([np.cos(elevation) * np.cos(azimuth), np.sin(elevation),
-                                     np.cos(elevation) * np.sin(azimuth)])
+        local = distance * np.array(
+            [np.cos(elevation) * np.cos(azimuth), np.sin(elevation), np.cos(elevation) * np.sin(azimuth)]
+        )
         centre = local @ to_world.T + shift
         aim = shift + rng.uniform(-0.03, 0.03, size=3) * WORLD_SCALE * distance
         rot = _look_at(centre, aim, up)
@@ -71,7 +74,10 @@ def write_capture(folder, shape: str = "car", views: int = 24, seed: int = 0, k:
         rot = np.array([[np.cos(tilt), -np.sin(tilt), 0], [np.sin(tilt), np.cos(tilt), 0], [0, 0, 1]]) @ rot
         photo = render_pinhole(world_vertices, faces, rot, centre, k)
         name = f"IMG_{i:04d}.png"
-        for sub, image in (("photos", photo[:, :, :3]), ("masks", np.where(photo[:, :, 3] > 0, 255, 0).astype(np.uint8))):
+        for sub, image in (
+            ("photos", photo[:, :, :3]),
+            ("masks", np.where(photo[:, :, 3] > 0, 255, 0).astype(np.uint8)),
+        ):
             (folder / sub).mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(folder / sub / name), image)
         names.append(name)

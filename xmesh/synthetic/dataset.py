@@ -15,6 +15,7 @@ what ``cv2.imread(00.png, cv2.IMREAD_UNCHANGED)`` returns. Array globals in the 
 ``numpy.core.multiarray`` (not NumPy 2's ``numpy._core``) so older NumPy, Python 2's included,
 can read it. Everything is deterministic in ``seed``.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -120,8 +121,13 @@ def _py2_array_globals(data: bytes) -> bytes:
         if opcode.name == "GLOBAL" and arg.startswith("numpy._core."):
             module, name = arg.split(" ", 1)
             pieces.append(data[last:position])
-            pieces.append(b"c" + module.replace("numpy._core.", "numpy.core.", 1).encode("ascii") + b"\n"
-                          + name.encode("ascii") + b"\n")
+            pieces.append(
+                b"c"
+                + module.replace("numpy._core.", "numpy.core.", 1).encode("ascii")
+                + b"\n"
+                + name.encode("ascii")
+                + b"\n"
+            )
             last = position + 1 + len(module) + 1 + len(name) + 1
     pieces.append(data[last:])
     return b"".join(pieces)
@@ -148,8 +154,15 @@ def _item_id(rng: np.random.Generator) -> str:
     return "".join(f"{b:02x}" for b in rng.integers(0, 256, size=16))
 
 
-def write_dataset(root, n_per_category: int = 2, categories=DEFAULT_CATEGORIES, seed: int = 0,
-                  n_points: int = DEFAULT_POINTS, size: int = 137, first_index: int = 0) -> dict:
+def write_dataset(
+    root,
+    n_per_category: int = 2,
+    categories=DEFAULT_CATEGORIES,
+    seed: int = 0,
+    n_points: int = DEFAULT_POINTS,
+    size: int = 137,
+    first_index: int = 0,
+) -> dict:
     """Write procedural objects in the official Pixel2Mesh++ layout (module docstring).
 
     Each item is generated from ``(seed, synset, index)`` alone, index counting from ``first_index``
@@ -161,7 +174,9 @@ def write_dataset(root, n_per_category: int = 2, categories=DEFAULT_CATEGORIES, 
     categories = tuple(categories)
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown or not categories:
-        raise InputError(f"write_dataset: categories {unknown or categories!r}; expected synsets among {sorted(CATEGORIES)}")
+        raise InputError(
+            f"write_dataset: categories {unknown or categories!r}; expected synsets among {sorted(CATEGORIES)}"
+        )
     root = Path(root)
     ids, gts, folders = [], [], []
     for synset in categories:
@@ -200,7 +215,8 @@ def demo_inputs(folder, seed: int = 0) -> tuple[list[Path], Path]:
     like the original demo folder. Returns (the 3 image paths, the cameras path)."""
     vertices, faces, cameras = demo_scene(seed)
     folder = Path(folder)
-    images = [save_png(folder / f"plane{i + 1}.png", render_mesh(vertices, faces, row, color=CATEGORIES["02691156"][1]))
-              for i, row in enumerate(cameras)]
+    images = [
+        save_png(folder / f"plane{i + 1}.png", render_mesh(vertices, faces, row, color=CATEGORIES["02691156"][1]))
+        for i, row in enumerate(cameras)
+    ]
     return images, write_camera_file(folder / "cameras.txt", cameras)
-

@@ -10,6 +10,7 @@ of xmesh's world frame: the official demo's predicted airplane spans a radius of
 network's 248 px focal at 224 px (half field of view 24.3 deg) keeps a sphere of radius 0.24
 inside the picture from any camera distance >= 0.59.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -97,10 +98,12 @@ def _cube_lattice(n: int) -> tuple[np.ndarray, np.ndarray]:
             grid[..., b] = j
             points.append(grid.reshape(-1, 3))
             idx = lambda di, dj, base=base: base + (quad_i + di) * (n + 1) + (quad_j + dj)  # noqa: E731
-            tris = np.concatenate([
-                np.stack([idx(0, 0), idx(1, 0), idx(1, 1)], axis=1),
-                np.stack([idx(0, 0), idx(1, 1), idx(0, 1)], axis=1),
-            ])
+            tris = np.concatenate(
+                [
+                    np.stack([idx(0, 0), idx(1, 0), idx(1, 1)], axis=1),
+                    np.stack([idx(0, 0), idx(1, 1), idx(0, 1)], axis=1),
+                ]
+            )
             faces.append(tris if side == n else tris[:, ::-1])
             base += (n + 1) ** 2
     lattice, inverse = np.unique(np.concatenate(points), axis=0, return_inverse=True)
@@ -115,8 +118,9 @@ def box(center, size, subdivisions: int = 3) -> tuple[np.ndarray, np.ndarray]:
     return _finish(vertices, faces)
 
 
-def superquadric(radii=(1.0, 1.0, 1.0), exponent: float = 0.5, subdivisions: int = 12,
-                 center=(0.0, 0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+def superquadric(
+    radii=(1.0, 1.0, 1.0), exponent: float = 0.5, subdivisions: int = 12, center=(0.0, 0.0, 0.0)
+) -> tuple[np.ndarray, np.ndarray]:
     """The surface ``|x/a|^(2/e) + |y/b|^(2/e) + |z/c|^(2/e) = 1`` (e=1: ellipsoid, e<1: boxier).
 
     Built by pushing a subdivided cube radially onto the surface (no poles, closed)."""
@@ -131,8 +135,9 @@ def superquadric(radii=(1.0, 1.0, 1.0), exponent: float = 0.5, subdivisions: int
     return _finish(vertices, faces)
 
 
-def torus(major: float = 1.0, minor: float = 0.35, segments: int = 32, rings: int = 16,
-          center=(0.0, 0.0, 0.0), rotation=None) -> tuple[np.ndarray, np.ndarray]:
+def torus(
+    major: float = 1.0, minor: float = 0.35, segments: int = 32, rings: int = 16, center=(0.0, 0.0, 0.0), rotation=None
+) -> tuple[np.ndarray, np.ndarray]:
     """A torus around the y axis (ring in the xz plane), optionally rotated by a 3x3 matrix."""
     if not 0 < minor < major:
         raise InputError(f"torus: minor={minor}, major={major}; expected 0 < minor < major")
@@ -143,11 +148,13 @@ def torus(major: float = 1.0, minor: float = 0.35, segments: int = 32, rings: in
     vertices = np.stack([ring * np.cos(uu), minor * np.sin(vv), ring * np.sin(uu)], axis=-1).reshape(-1, 3)
     i, j = np.meshgrid(np.arange(segments), np.arange(rings), indexing="ij")
     i, j = i.ravel(), j.ravel()
-    idx = lambda a, b: ((a % segments) * rings + (b % rings))  # noqa: E731
-    faces = np.concatenate([
-        np.stack([idx(i, j), idx(i + 1, j), idx(i + 1, j + 1)], axis=1),
-        np.stack([idx(i, j), idx(i + 1, j + 1), idx(i, j + 1)], axis=1),
-    ])
+    idx = lambda a, b: (a % segments) * rings + (b % rings)  # noqa: E731
+    faces = np.concatenate(
+        [
+            np.stack([idx(i, j), idx(i + 1, j), idx(i + 1, j + 1)], axis=1),
+            np.stack([idx(i, j), idx(i + 1, j + 1), idx(i, j + 1)], axis=1),
+        ]
+    )
     if rotation is not None:
         vertices = vertices @ np.asarray(rotation, dtype=np.float64).T
     return _finish(vertices + np.asarray(center, dtype=np.float64), faces)
@@ -179,8 +186,11 @@ def chair(rng=None) -> tuple[np.ndarray, np.ndarray]:
     """Seat, backrest and four legs (boxes)."""
     width, depth, leg, back = _jitter(rng, 4) * np.array([0.5, 0.5, 0.45, 0.55])
     thick, sink = 0.06, 0.02  # parts reach ``sink`` into the seat: no coplanar touching faces
-    legs = [box((sx * (width / 2 - 0.04), sink - leg / 2 - thick / 2, sz * (depth / 2 - 0.04)), (0.05, leg, 0.05))
-            for sx in (-1, 1) for sz in (-1, 1)]
+    legs = [
+        box((sx * (width / 2 - 0.04), sink - leg / 2 - thick / 2, sz * (depth / 2 - 0.04)), (0.05, leg, 0.05))
+        for sx in (-1, 1)
+        for sz in (-1, 1)
+    ]
     return merge(
         box((0.0, 0.0, 0.0), (width, thick, depth), subdivisions=4),
         box((0.0, back / 2 + thick / 2 - sink, -depth / 2 + 0.03), (0.98 * width, back, 0.05), subdivisions=4),
@@ -192,8 +202,11 @@ def table(rng=None) -> tuple[np.ndarray, np.ndarray]:
     """A table top and four legs (boxes)."""
     width, depth, leg = _jitter(rng, 3) * np.array([1.0, 0.6, 0.5])
     thick = 0.05
-    legs = [box((sx * (width / 2 - 0.06), 0.02 - leg / 2 - thick / 2, sz * (depth / 2 - 0.06)), (0.06, leg, 0.06))
-            for sx in (-1, 1) for sz in (-1, 1)]
+    legs = [
+        box((sx * (width / 2 - 0.06), 0.02 - leg / 2 - thick / 2, sz * (depth / 2 - 0.06)), (0.06, leg, 0.06))
+        for sx in (-1, 1)
+        for sz in (-1, 1)
+    ]
     return merge(box((0.0, 0.0, 0.0), (width, thick, depth), subdivisions=5), *legs)
 
 
@@ -202,12 +215,19 @@ def car(rng=None) -> tuple[np.ndarray, np.ndarray]:
     length, height, width = _jitter(rng, 3) * np.array([0.5, 0.12, 0.22])
     wheel = 0.07
     turn = _rotation_x(90.0)  # wheel axis along z
-    wheels = [torus(wheel, 0.4 * wheel, 20, 10, center=(sx * 0.6 * length, -height, sz * width), rotation=turn)
-              for sx in (-1, 1) for sz in (-1, 1)]
+    wheels = [
+        torus(wheel, 0.4 * wheel, 20, 10, center=(sx * 0.6 * length, -height, sz * width), rotation=turn)
+        for sx in (-1, 1)
+        for sz in (-1, 1)
+    ]
     return merge(
         superquadric((length, height, width), exponent=0.35, subdivisions=10),
-        superquadric((0.5 * length, 0.9 * height, 0.85 * width), exponent=0.5, subdivisions=8,
-                     center=(-0.1 * length, 1.2 * height, 0.0)),
+        superquadric(
+            (0.5 * length, 0.9 * height, 0.85 * width),
+            exponent=0.5,
+            subdivisions=8,
+            center=(-0.1 * length, 1.2 * height, 0.0),
+        ),
         *wheels,
     )
 
@@ -218,8 +238,9 @@ _BUILDERS = {
     "table": table,
     "car": car,
     "torus": lambda rng=None: torus(1.0, 0.35 * float(_jitter(rng)), rotation=_rotation_x(30.0)),
-    "superquadric": lambda rng=None: superquadric(tuple(_jitter(rng, 3) * (1.0, 0.7, 0.8)), exponent=0.4,
-                                                   subdivisions=14),
+    "superquadric": lambda rng=None: superquadric(
+        tuple(_jitter(rng, 3) * (1.0, 0.7, 0.8)), exponent=0.4, subdivisions=14
+    ),
 }
 
 
@@ -253,7 +274,9 @@ def sample_surface(vertices, faces, n: int, rng=None) -> tuple[np.ndarray, np.nd
     if vertices.ndim != 2 or vertices.shape[1] != 3:
         raise InputError(f"sample_surface: vertices have shape {vertices.shape}; expected (V, 3)")
     if faces.ndim != 2 or faces.shape[1] != 3 or not np.issubdtype(faces.dtype, np.integer):
-        raise InputError(f"sample_surface: faces have shape {faces.shape} / dtype {faces.dtype}; expected (F, 3) integers")
+        raise InputError(
+            f"sample_surface: faces have shape {faces.shape} / dtype {faces.dtype}; expected (F, 3) integers"
+        )
     if faces.size and (faces.min() < 0 or faces.max() >= len(vertices)):
         raise InputError(f"sample_surface: face indices must lie in [0, {len(vertices) - 1}]")
     if int(n) != n or n < 0:

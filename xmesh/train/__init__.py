@@ -5,6 +5,7 @@ by official name (``step.py``); each stage's loss and backward reads top to bott
 ``Trainer`` holds one stage's weights and Adam state and steps through samples; ``fit`` is a whole
 training run from files, as ``xmesh train`` runs it (docs/training.md).
 """
+
 from __future__ import annotations
 
 from .fit import fit

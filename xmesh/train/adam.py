@@ -11,6 +11,7 @@ The state is plain arrays (:meth:`AdamState.arrays`), so a checkpoint stores and
 On CuPy a float32 variable's update is one kernel (``_cupy_update``) in the same order of float32
 operations, each rounded on its own (no fused multiply-add), so it equals the array-API code's bit for bit.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,11 +65,14 @@ class AdamState:
     def from_arrays(cls, arrays: Mapping, asarray=np.asarray) -> AdamState:
         """The state :meth:`arrays` returned; ``asarray`` moves each moment to the training's device."""
         config = AdamConfig(*(float(arrays[key]) for key in ("learning_rate", "beta1", "beta2", "epsilon")))
-        return cls(config,
-                   m={key[2:]: asarray(value) for key, value in arrays.items() if key.startswith("m/")},
-                   v={key[2:]: asarray(value) for key, value in arrays.items() if key.startswith("v/")},
-                   beta1_power=np.float32(arrays["beta1_power"]), beta2_power=np.float32(arrays["beta2_power"]),
-                   step=int(arrays["step"]))
+        return cls(
+            config,
+            m={key[2:]: asarray(value) for key, value in arrays.items() if key.startswith("m/")},
+            v={key[2:]: asarray(value) for key, value in arrays.items() if key.startswith("v/")},
+            beta1_power=np.float32(arrays["beta1_power"]),
+            beta2_power=np.float32(arrays["beta2_power"]),
+            step=int(arrays["step"]),
+        )
 
 
 @functools.cache
@@ -77,12 +81,15 @@ def _cupy_update():
     import cupy
 
     return cupy.ElementwiseKernel(
-        "float32 grad, float32 keep1, float32 keep2, float32 alpha, float32 eps", "float32 var, float32 m, float32 v",
+        "float32 grad, float32 keep1, float32 keep2, float32 alpha, float32 eps",
+        "float32 var, float32 m, float32 v",
         """
         m = __fadd_rn(m, __fmul_rn(__fsub_rn(grad, m), keep1));
         v = __fadd_rn(v, __fmul_rn(__fsub_rn(__fmul_rn(grad, grad), v), keep2));
         var = __fsub_rn(var, __fdiv_rn(__fmul_rn(m, alpha), __fadd_rn(__fsqrt_rn(v), eps)));
-        """, "xmesh_adam_update")
+        """,
+        "xmesh_adam_update",
+    )
 
 
 def adam_step(xp, variables: dict, gradients: Mapping, state: AdamState) -> None:

@@ -6,6 +6,7 @@ The sample is the golden training sample where ``../shared`` is there (the demo 
 renderings with their object's surface samples and stage 1's mesh of the synthetic weights. A batch of
 B repeats it B times: the arithmetic of B different samples, without B files to read.
 """
+
 from __future__ import annotations
 
 import time
@@ -29,9 +30,13 @@ def default_sample(template) -> tuple[Sample, str]:
     path = golden_path("train_seed1.npz")
     if path is not None:
         with np.load(path) as data:
-            return Sample(sample_id, np.asarray(data["images"], np.float32), np.asarray(data["cameras"], np.float32),
-                          np.asarray(data["labels"], np.float32), np.asarray(data["s2_features"], np.float32)), \
-                f"golden training sample ({path})"
+            return Sample(
+                sample_id,
+                np.asarray(data["images"], np.float32),
+                np.asarray(data["cameras"], np.float32),
+                np.asarray(data["labels"], np.float32),
+                np.asarray(data["s2_features"], np.float32),
+            ), f"golden training sample ({path})"
     from ..benchmarking import default_inputs
     from ..synthetic.dataset import demo_scene, ground_truth_points
     from .starts import Stage1Model
@@ -40,8 +45,9 @@ def default_sample(template) -> tuple[Sample, str]:
     vertices, faces, rows = demo_scene(0)
     labels = ground_truth_points(vertices, faces, rows[0], 3000, np.random.default_rng(0)).astype(np.float32)
     coarse, _ = Stage1Model(synthetic_weights(WEIGHTS_SEED, stages=1), template).run(images[None], cameras[None])
-    return Sample(sample_id, images, cameras, labels, np.asarray(coarse, np.float32)[0]), \
-        "procedural demo renderings (synthetic.dataset.demo_scene, seed 0)"
+    return Sample(
+        sample_id, images, cameras, labels, np.asarray(coarse, np.float32)[0]
+    ), "procedural demo renderings (synthetic.dataset.demo_scene, seed 0)"
 
 
 @dataclass
@@ -69,8 +75,15 @@ class StepWorkload:
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            self.step()   # the loss and gradients come back to the host: the step is over
+            self.step()  # the loss and gradients come back to the host: the step is over
             times.append(time.perf_counter() - start)
         median = float(np.median(times))
-        return {"stage": self.stage, "backend": self.backend, "batch": self.batch, "steps": steps,
-                "median_s": median, "min_s": float(np.min(times)), "samples_per_s": self.batch / median}
+        return {
+            "stage": self.stage,
+            "backend": self.backend,
+            "batch": self.batch,
+            "steps": steps,
+            "median_s": median,
+            "min_s": float(np.min(times)),
+            "samples_per_s": self.batch / median,
+        }

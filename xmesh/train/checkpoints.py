@@ -7,6 +7,7 @@ generator (the original's legacy ``RandomState``) and the generator of the loss'
 The file is whole or absent (:func:`xmesh.io.atomic.atomic_output`), so the newest one is always a
 state to resume from; a checkpoint that does not end an epoch is removed once a newer one is on disk.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,14 +46,26 @@ class TrainState:
 
 def random_state_to_json(state: np.random.RandomState) -> dict:
     name, keys, pos, has_gauss, gauss = state.get_state(legacy=True)
-    return {"bit_generator": name, "key": [int(k) for k in keys], "pos": int(pos), "has_gauss": int(has_gauss),
-            "cached_gaussian": float(gauss)}
+    return {
+        "bit_generator": name,
+        "key": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(gauss),
+    }
 
 
 def random_state_from_json(data: dict) -> np.random.RandomState:
     state = np.random.RandomState()
-    state.set_state((data["bit_generator"], np.asarray(data["key"], dtype=np.uint32), data["pos"], data["has_gauss"],
-                     data["cached_gaussian"]))
+    state.set_state(
+        (
+            data["bit_generator"],
+            np.asarray(data["key"], dtype=np.uint32),
+            data["pos"],
+            data["has_gauss"],
+            data["cached_gaussian"],
+        )
+    )
     return state
 
 
@@ -62,9 +75,16 @@ def path_for(out_dir: Path, step: int) -> Path:
 
 def save(out_dir: Path, state: TrainState) -> Path:
     """Write ``state`` as the newest checkpoint, then remove older ones that do not end an epoch."""
-    meta = {"stage": state.stage, "step": state.step, "epoch": state.epoch,
-            "position": state.position, "order": [int(i) for i in state.order], "data_rng": state.data_rng,
-            "draw_rng": state.draw_rng, "epoch_end": state.epoch_end}
+    meta = {
+        "stage": state.stage,
+        "step": state.step,
+        "epoch": state.epoch,
+        "position": state.position,
+        "order": [int(i) for i in state.order],
+        "data_rng": state.data_rng,
+        "draw_rng": state.draw_rng,
+        "epoch_end": state.epoch_end,
+    }
     arrays = {"state": np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)}
     for kind, values in (("weights", state.weights), ("adam", state.adam)):
         arrays.update({f"{kind}/{name}": np.asarray(value) for name, value in values.items()})
@@ -98,8 +118,10 @@ def _read_meta(path: Path) -> dict:
         with np.load(path, allow_pickle=False) as npz:
             return json.loads(npz["state"].tobytes().decode("utf-8"))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise FileFormatError(f"{path}: not a training checkpoint xmesh wrote ({type(exc).__name__}: {exc}); "
-                              "remove it, or start afresh with --overwrite") from None
+        raise FileFormatError(
+            f"{path}: not a training checkpoint xmesh wrote ({type(exc).__name__}: {exc}); "
+            "remove it, or start afresh with --overwrite"
+        ) from None
 
 
 def load(path: Path) -> TrainState:
@@ -110,14 +132,21 @@ def load(path: Path) -> TrainState:
             kind, _, name = key.partition("/")
             if kind in parts:
                 parts[kind][name] = npz[key]
-    return TrainState(stage=meta["stage"], weights=parts["weights"], adam=parts["adam"], step=meta["step"],
-                      epoch=meta["epoch"], position=meta["position"],
-                      order=meta["order"], data_rng=meta["data_rng"], draw_rng=meta["draw_rng"],
-                      epoch_end=meta["epoch_end"])
+    return TrainState(
+        stage=meta["stage"],
+        weights=parts["weights"],
+        adam=parts["adam"],
+        step=meta["step"],
+        epoch=meta["epoch"],
+        position=meta["position"],
+        order=meta["order"],
+        data_rng=meta["data_rng"],
+        draw_rng=meta["draw_rng"],
+        epoch_end=meta["epoch_end"],
+    )
 
 
 def latest(out_dir: Path) -> TrainState | None:
     """The newest checkpoint's state, or None when the run has none."""
     found = listed(out_dir)
     return load(found[-1][0]) if found else None
-

@@ -11,6 +11,7 @@ sample's starting mesh (:mod:`xmesh.train.starts`).
 Every file of every listed sample is looked for before any compute (:meth:`TrainingSet.check`); a
 ground truth that is there but unreadable, or without normals, is named with its sample when loaded.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,13 +42,17 @@ def load_labels(sample: SampleId, path: str) -> np.ndarray:
     """The (N, 6) float32 points and normals of a ground-truth ``.dat``; errors name the sample and file."""
     points = load_ground_truth_array(path)
     if points.shape[1] < 6:
-        raise FileFormatError(f"sample {sample}: ground truth {path} holds {points.shape[1]} columns; training "
-                              "needs 6 (xyz and the unit normal), as the original's .dat and xmesh ground-truth write")
+        raise FileFormatError(
+            f"sample {sample}: ground truth {path} holds {points.shape[1]} columns; training "
+            "needs 6 (xyz and the unit normal), as the original's .dat and xmesh ground-truth write"
+        )
     labels = np.ascontiguousarray(points[:, :6], dtype=np.float32)
     bad = np.flatnonzero(~np.isfinite(labels).all(axis=1))
     if bad.size:
-        raise FileFormatError(f"sample {sample}: ground truth {path} has {bad.size} row(s) with NaN or infinite "
-                              f"values (first at row {bad[0]}); expected finite points and normals")
+        raise FileFormatError(
+            f"sample {sample}: ground truth {path} has {bad.size} row(s) with NaN or infinite "
+            f"values (first at row {bad[0]}); expected finite points and normals"
+        )
     return labels
 
 
@@ -55,8 +60,14 @@ class TrainingSet:
     """The samples of ``list_file`` in the official layout (``images_root``: the ShapeNetRendering folder or
     one holding it; ``gt_root``: the ``.dat`` files). ``option`` names the list in messages."""
 
-    def __init__(self, list_file: str | os.PathLike, images_root: str | os.PathLike, gt_root: str | os.PathLike,
-                 views: Sequence[int] = DEFAULT_VIEWS, option: str = "--list"):
+    def __init__(
+        self,
+        list_file: str | os.PathLike,
+        images_root: str | os.PathLike,
+        gt_root: str | os.PathLike,
+        views: Sequence[int] = DEFAULT_VIEWS,
+        option: str = "--list",
+    ):
         self.list_file = os.fspath(list_file)
         self.option = option
         self.views = tuple(views)
@@ -72,13 +83,19 @@ class TrainingSet:
         """Raise the first listed sample's missing rendering, camera file or ground truth, naming the list."""
         for problem in self.problems:
             if problem is not None:
-                raise type(problem)(f"{self.option} {self.list_file}: {problem}; every listed sample needs its "
-                                    "renderings, rendering_metadata.txt and ground-truth .dat")
+                raise type(problem)(
+                    f"{self.option} {self.list_file}: {problem}; every listed sample needs its "
+                    "renderings, rendering_metadata.txt and ground-truth .dat"
+                )
 
     def load(self, index: int) -> Sample:
         sample, paths = self.ids[index], self.paths[index]
         images, cameras, _, _, _ = load_sample(sample, paths, self.views, with_gt=False)
         if images.dtype == np.uint8:
             images = UINT8_TO_UNIT[images]
-        return Sample(sample, np.ascontiguousarray(images, dtype=np.float32), np.asarray(cameras, np.float32),
-                      load_labels(sample, paths.gt))
+        return Sample(
+            sample,
+            np.ascontiguousarray(images, dtype=np.float32),
+            np.asarray(cameras, np.float32),
+            load_labels(sample, paths.gt),
+        )

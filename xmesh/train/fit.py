@@ -8,6 +8,7 @@ it holds a run, holds this same run (``run.json``, :mod:`xmesh.results.run_ident
 template's fingerprints, the list's digest and the settings that change the result). Then stage 2's
 starting meshes are computed once if not given, and the training runs (``xmesh.train.run.train``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,14 +49,20 @@ def _one_line(exc: WeightsError) -> str:
     missing, shapes = getattr(exc, "missing", []), getattr(exc, "wrong_shape", [])
     dtypes, finite = getattr(exc, "wrong_dtype", []), getattr(exc, "non_finite", [])
     parts = []
-    for label, items in (("missing", missing), ("with the wrong shape", [n for n, *_ in shapes]),
-                         ("not floating", [n for n, _ in dtypes]), ("with NaN or infinity", [n for n, _ in finite])):
+    for label, items in (
+        ("missing", missing),
+        ("with the wrong shape", [n for n, *_ in shapes]),
+        ("not floating", [n for n, _ in dtypes]),
+        ("with NaN or infinity", [n for n, _ in finite]),
+    ):
         if items:
             stages = sorted({s for s in (1, 2) for n in items if n in expected_variables(s)})
             whole = [s for s in stages if set(expected_variables(s)) <= set(items)]
             if whole:
-                parts.append(f"{len(items)} {label}: every stage-{whole[0]} variable (is this the other stage's "
-                             f"checkpoint? give both stages' weights)")
+                parts.append(
+                    f"{len(items)} {label}: every stage-{whole[0]} variable (is this the other stage's "
+                    f"checkpoint? give both stages' weights)"
+                )
             else:
                 parts.append(f"{len(items)} {label}: {', '.join(items[:3])}{' ...' if len(items) > 3 else ''}")
     return "; ".join(parts) or str(exc).replace("\n", " ")
@@ -69,10 +76,11 @@ def load_run_weights(weights: Any, stage: int, needs_stage1: bool) -> dict:
     try:
         arrays = load_weights(source, stages=needed)
     except WeightsError as exc:
-        raise WeightsError(f"--weights: training stage {stage}"
-                           f"{' (with stage 1 for its starting meshes or validation)' if len(needed) == 2 else ''}"
-                           f" needs every variable of stage(s) {', '.join(map(str, needed))}: {_one_line(exc)}"
-                           ) from None
+        raise WeightsError(
+            f"--weights: training stage {stage}"
+            f"{' (with stage 1 for its starting meshes or validation)' if len(needed) == 2 else ''}"
+            f" needs every variable of stage(s) {', '.join(map(str, needed))}: {_one_line(exc)}"
+        ) from None
     other = 3 - stage
     if other not in needed:
         try:
@@ -86,18 +94,40 @@ def _clear(out: Path) -> None:
     for folder in (checkpoints.FOLDER, VAL_FOLDER, STARTS_FOLDER):
         shutil.rmtree(out / folder, ignore_errors=True)
     logs.remove_outputs(out)
-    for path in [out / WEIGHTS_FILE, out / "checkpoint", out / RUN_JSON, *out.glob(f"{TF_NAMES[1]}.ckpt-*"),
-                 *out.glob(f"{TF_NAMES[2]}.ckpt-*")]:
+    for path in [
+        out / WEIGHTS_FILE,
+        out / "checkpoint",
+        out / RUN_JSON,
+        *out.glob(f"{TF_NAMES[1]}.ckpt-*"),
+        *out.glob(f"{TF_NAMES[2]}.ckpt-*"),
+    ]:
         path.unlink(missing_ok=True)
 
 
-def fit(stage: int, images: str | os.PathLike, gt: str | os.PathLike, list_file: str | os.PathLike, weights: Any,
-        out: str | os.PathLike, epochs: int | None = None, batch_size: int = 1, checkpoint_every: int | None = None,
-        val_list: str | os.PathLike | None = None, val_images=None, val_gt=None,
-        starts: str | os.PathLike | None = None,
-        template: Any = None, backend: str = "numpy", lr: float = 1e-5, seed: int = 123,
-        views: Sequence[int] = DEFAULT_VIEWS, view_quirk: bool = True, cnn_from_stage1: bool = False,
-        overwrite: bool = False, progress: bool = True) -> dict:
+def fit(
+    stage: int,
+    images: str | os.PathLike,
+    gt: str | os.PathLike,
+    list_file: str | os.PathLike,
+    weights: Any,
+    out: str | os.PathLike,
+    epochs: int | None = None,
+    batch_size: int = 1,
+    checkpoint_every: int | None = None,
+    val_list: str | os.PathLike | None = None,
+    val_images=None,
+    val_gt=None,
+    starts: str | os.PathLike | None = None,
+    template: Any = None,
+    backend: str = "numpy",
+    lr: float = 1e-5,
+    seed: int = 123,
+    views: Sequence[int] = DEFAULT_VIEWS,
+    view_quirk: bool = True,
+    cnn_from_stage1: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
     """Train ``stage`` on ``list_file`` into ``out`` (resuming it); see the module docstring and
     ``xmesh.train.run.train`` (whose figures it returns, with ``summary`` and ``wrote`` lines)."""
     if stage not in (1, 2):
@@ -118,8 +148,13 @@ def fit(stage: int, images: str | os.PathLike, gt: str | os.PathLike, list_file:
     data.check()
     validation = None
     if val_list is not None:
-        validation = Validation(os.fspath(val_list), os.fspath(val_images or images), os.fspath(val_gt or gt),
-                                tuple(views), view_quirk=view_quirk)
+        validation = Validation(
+            os.fspath(val_list),
+            os.fspath(val_images or images),
+            os.fspath(val_gt or gt),
+            tuple(views),
+            view_quirk=view_quirk,
+        )
         for _, _, problem in list_samples(val_list, validation.images_root, validation.gt_root, views):
             if problem is not None:
                 raise type(problem)(f"--val-list {val_list}: {problem}")
@@ -127,21 +162,42 @@ def fit(stage: int, images: str | os.PathLike, gt: str | os.PathLike, list_file:
         raise InputError("--cnn-from-stage1 starts stage 2's CNN from stage 1's; it applies to --stage 2")
     needs_stage1 = stage == 2 and (starts is None or validation is not None or cnn_from_stage1)
     arrays = load_run_weights(weights, stage, needs_stage1)
-    if cnn_from_stage1:   # the original restores stage 2's CNN from the stage-1 run before training
-        arrays.update({name: arrays[name.replace(STAGE_PREFIXES[2], STAGE_PREFIXES[1], 1)].copy()
-                       for name in expected_variables(2) if "/cnn/" in name})
+    if cnn_from_stage1:  # the original restores stage 2's CNN from the stage-1 run before training
+        arrays.update(
+            {
+                name: arrays[name.replace(STAGE_PREFIXES[2], STAGE_PREFIXES[1], 1)].copy()
+                for name in expected_variables(2)
+                if "/cnn/" in name
+            }
+        )
     template_obj = resolve_template(template)
     start_meshes = None
     read = {n: v for n, v in arrays.items() if n in expected_variables(stage) or needs_stage1}
-    network = model_identity(weights_fingerprint(read), template_obj, backend, "fp32", views, view_quirk,
-                             weights_about=describe_weights(weights),
-                             template_about=None if template is None else os.fspath(template))
-    identity = RunIdentity.of({**dict(network.fields), "stage": stage, "list": _file_digest(list_file),
-                               "batch_size": batch_size, "lr": lr, "seed": seed, "cnn_from_stage1": cnn_from_stage1,
-                               "starts": None if starts is None else os.path.abspath(starts)},
-                              {**dict(network.about), "list": os.fspath(list_file)})
+    network = model_identity(
+        weights_fingerprint(read),
+        template_obj,
+        backend,
+        "fp32",
+        views,
+        view_quirk,
+        weights_about=describe_weights(weights),
+        template_about=None if template is None else os.fspath(template),
+    )
+    identity = RunIdentity.of(
+        {
+            **dict(network.fields),
+            "stage": stage,
+            "list": _file_digest(list_file),
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+            "cnn_from_stage1": cnn_from_stage1,
+            "starts": None if starts is None else os.path.abspath(starts),
+        },
+        {**dict(network.about), "list": os.fspath(list_file)},
+    )
     check_identity(out, identity, overwrite)
-    vertices = int(template_obj.faces_triangle[-1].max()) + 1   # the refined mesh's
+    vertices = int(template_obj.faces_triangle[-1].max()) + 1  # the refined mesh's
     if starts is not None:
         start_meshes = StartMeshes(starts, vertices)
         start_meshes.check(data.ids)
@@ -150,17 +206,17 @@ def fit(stage: int, images: str | os.PathLike, gt: str | os.PathLike, list_file:
     record_identity(out, identity)
     if stage == 2 and starts is None:
         folder = out / STARTS_FOLDER
-        compute_starts(arrays, template_obj, list_file, images, folder, backend, views, view_quirk,
-                       progress=progress)
+        compute_starts(arrays, template_obj, list_file, images, folder, backend, views, view_quirk, progress=progress)
         start_meshes = StartMeshes(folder, vertices, option="the computed starting meshes in")
     trainer = Trainer(stage, arrays, template_obj, backend, lr=lr, seed=seed)
-    figures = train(trainer, data, out, epochs, batch_size, checkpoint_every, seed, start_meshes, validation,
-                    progress)
+    figures = train(trainer, data, out, epochs, batch_size, checkpoint_every, seed, start_meshes, validation, progress)
     resumed = figures["resumed_from_step"]
-    figures["summary"] = (f"stage {stage}, {len(data)} samples, batch size {batch_size}, "
-                          f"{'resumed at step ' + str(resumed) + ', ' if resumed else ''}{figures['steps']} step(s) "
-                          f"in {figures['seconds']:.1f} s, now at step {figures['step']}, epoch {figures['epoch']} "
-                          f"of {epochs}")
+    figures["summary"] = (
+        f"stage {stage}, {len(data)} samples, batch size {batch_size}, "
+        f"{'resumed at step ' + str(resumed) + ', ' if resumed else ''}{figures['steps']} step(s) "
+        f"in {figures['seconds']:.1f} s, now at step {figures['step']}, epoch {figures['epoch']} "
+        f"of {epochs}"
+    )
     figures["wrote"] = [str(out / logs.TRAIN_LOG), str(out / checkpoints.FOLDER)]
     if figures.get("validation"):
         last = figures["validation"][-1]

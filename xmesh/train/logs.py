@@ -7,6 +7,7 @@ the same values on NumPy). ``val_log.csv``: one row an
 epoch (the evaluation pipeline's Chamfer and F-scores over the validation list). ``loss.png``: the
 curves of both, drawn with matplotlib (the ``report`` extra), imported only here.
 """
+
 from __future__ import annotations
 
 import csv
@@ -56,8 +57,9 @@ class StepLog:
             self.path.unlink()
         self.handle = None
 
-    def append(self, step: int, epoch: int, samples: list[str], loss: float, terms: dict, seconds: float,
-               wall: float) -> None:
+    def append(
+        self, step: int, epoch: int, samples: list[str], loss: float, terms: dict, seconds: float, wall: float
+    ) -> None:
         """A step's row: ``seconds`` the step's compute, ``wall`` since the step before ended (its loading,
         logging and checkpoint included)."""
         if self.header is None:
@@ -65,9 +67,15 @@ class StepLog:
             _rewrite(self.path, self.header, [])
         if self.handle is None:
             self.handle = open(self.path, "a", encoding="utf-8", newline="")
-        row = {"step": step, "epoch": epoch, "samples": ";".join(samples), "loss": repr(float(loss)),
-               "seconds": f"{seconds:.6f}", "samples_per_s": f"{len(samples) / max(seconds, 1e-12):.3f}",
-               "wall_s": f"{wall:.6f}"}
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "samples": ";".join(samples),
+            "loss": repr(float(loss)),
+            "seconds": f"{seconds:.6f}",
+            "samples_per_s": f"{len(samples) / max(seconds, 1e-12):.3f}",
+            "wall_s": f"{wall:.6f}",
+        }
         row.update({name: repr(float(value)) for name, value in terms.items()})
         csv.DictWriter(self.handle, fieldnames=self.header, lineterminator="\n").writerow(row)
         self.handle.flush()
@@ -85,8 +93,13 @@ def validated_epochs(out_dir: Path) -> set[int]:
 def append_validation(out_dir: Path, epoch: int, step: int, summary: dict) -> dict:
     """Add the epoch's validation summary (``evaluate_dataset``'s) to ``val_log.csv``; returns the row."""
     means = summary["mean_over_samples"]
-    row = {"epoch": epoch, "step": step, "samples": summary["samples"], "chamfer": repr(means["chamfer"]),
-           "chamfer_x1000": repr(means["chamfer_x1000"])}
+    row = {
+        "epoch": epoch,
+        "step": step,
+        "samples": summary["samples"],
+        "chamfer": repr(means["chamfer"]),
+        "chamfer_x1000": repr(means["chamfer_x1000"]),
+    }
     row.update({f"f_{tau}": repr(value) for tau, value in means["fscore"].items()})
     path = Path(out_dir) / VAL_LOG
     rows = [r for r in read_rows(path) if int(r["epoch"]) != epoch] + [row]

@@ -11,6 +11,7 @@ neighbours of the forward pass, the face choice and the gathered normals held co
 normal term differentiated through TF's ``l2_normalize`` of the edges. Every function takes a
 leading batch axis B; a loss is returned per sample, (B,).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from array_api_compat import is_cupy_namespace
 
 from ..model.sparse import scatter_add
 
-SAMPLES = 4000          # points sampled on the faces per mesh_loss call
-NORMALIZE_EPS = 1e-12   # tf.nn.l2_normalize's epsilon on the squared norm
+SAMPLES = 4000  # points sampled on the faces per mesh_loss call
+NORMALIZE_EPS = 1e-12  # tf.nn.l2_normalize's epsilon on the squared norm
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,13 @@ class GroundTruth:
             padded[b, : counts[b]] = np.asarray(lab, dtype=np.float64)[:, :6]
             valid[b, : counts[b]] = 1.0
         padded = padded.astype(np.dtype(dtype))
-        return cls(xp.asarray(padded[..., :3]), xp.asarray(padded[..., 3:]), xp.asarray(valid.astype(padded.dtype)),
-                   counts, xp.asarray(counts.astype(padded.dtype)))
+        return cls(
+            xp.asarray(padded[..., :3]),
+            xp.asarray(padded[..., 3:]),
+            xp.asarray(valid.astype(padded.dtype)),
+            counts,
+            xp.asarray(counts.astype(padded.dtype)),
+        )
 
 
 @dataclass(frozen=True)
@@ -121,8 +127,14 @@ def face_areas(xp, pred, faces):
     """Each face's area (B,F), in the original's ``choice_faces`` arithmetic."""
     a, b, c = (xp.take(pred, faces[:, i], axis=1) for i in range(3))
     u, v = a - b, b - c
-    cross = xp.stack([u[..., 1] * v[..., 2] - u[..., 2] * v[..., 1], u[..., 2] * v[..., 0] - u[..., 0] * v[..., 2],
-                      u[..., 0] * v[..., 1] - u[..., 1] * v[..., 0]], axis=-1)
+    cross = xp.stack(
+        [
+            u[..., 1] * v[..., 2] - u[..., 2] * v[..., 1],
+            u[..., 2] * v[..., 0] - u[..., 0] * v[..., 2],
+            u[..., 0] * v[..., 1] - u[..., 1] * v[..., 0],
+        ],
+        axis=-1,
+    )
     return xp.sqrt(xp.sum(cross * cross, axis=-1)) / 2
 
 
@@ -149,8 +161,9 @@ class Uniforms:
         return [cls(xp.asarray(pick), xp.asarray(r1), xp.asarray(r2)) for pick, r1, r2 in host]
 
 
-def draw_samples(xp, rng: np.random.Generator | None, pred, faces, count: int = SAMPLES,
-                 uniforms: Uniforms | None = None) -> Draws:
+def draw_samples(
+    xp, rng: np.random.Generator | None, pred, faces, count: int = SAMPLES, uniforms: Uniforms | None = None
+) -> Draws:
     """The trainer's own draws: ``count`` faces per sample chosen with probability proportional to
     area (as the original's ``choice_faces``) and two uniforms each. The uniforms are ``uniforms``, or
     drawn from ``rng`` now (:meth:`Uniforms.draw`); the face choice inverts the areas' cumulative
@@ -239,8 +252,9 @@ def mesh_loss_forward(xp, pred, gt: GroundTruth, edges, faces, draws: Draws, wei
     normal_loss = xp.mean(xp.abs(cosine), axis=1) * weights.normal
 
     terms = {"chamfer": point_loss, "edge": edge_loss, "normal": normal_loss}
-    cache = MeshLossCache(n, edges, faces, draws, weights, edge, unit_normal, inv, free, cosine, sample_pred, gt,
-                          idx1, idx2, terms)
+    cache = MeshLossCache(
+        n, edges, faces, draws, weights, edge, unit_normal, inv, free, cosine, sample_pred, gt, idx1, idx2, terms
+    )
     return point_loss + edge_loss + normal_loss, cache
 
 
@@ -316,8 +330,10 @@ def laplace_loss_forward(xp, pred1, pred2, lape_idx, weights: LaplaceWeights, re
         reciprocal = laplace_reciprocal(xp, lape_idx, pred1.dtype)
     lap_diff = laplace_coord(xp, pred1, lape_idx, reciprocal) - laplace_coord(xp, pred2, lape_idx, reciprocal)
     move_diff = pred1 - pred2
-    loss = (xp.mean(xp.sum(lap_diff * lap_diff, axis=-1), axis=1) * weights.laplace
-            + xp.mean(xp.sum(move_diff * move_diff, axis=-1), axis=1) * weights.move)
+    loss = (
+        xp.mean(xp.sum(lap_diff * lap_diff, axis=-1), axis=1) * weights.laplace
+        + xp.mean(xp.sum(move_diff * move_diff, axis=-1), axis=1) * weights.move
+    )
     return loss, LaplaceCache(lape_idx, reciprocal, lap_diff, move_diff, weights)
 
 

@@ -4,6 +4,7 @@ tflearn's conv_2d registers ``1e-5 * l2_loss(W)`` for each convolution's kernel 
 their sum times 0.3; stage 1 also adds ``5e-6 * l2_loss`` of every weight and bias of its 43 graph
 layers. ``l2_loss(v) = sum(v**2) / 2``, so each gradient is the factor times the variable.
 """
+
 from __future__ import annotations
 
 from ..model import architecture as arch

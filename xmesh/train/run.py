@@ -12,6 +12,7 @@ At the end the folder holds ``weights.npz`` (every variable by official name: th
 the other stage's as given) and the trained stage's TensorFlow checkpoint, named as the original saves
 it (``meshnetmvp2m.ckpt-EPOCHS`` or ``meshnet.ckpt-EPOCHS``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -60,18 +61,34 @@ class Validation:
             model = Stage1Model(weights, template, backend, self.view_quirk)
         else:
             model = Reconstructor(weights, template=template, backend=backend, view_quirk=self.view_quirk)
-        return evaluate_dataset(model, self.list_file, self.images_root, self.gt_root, out_dir,
-                                batch_size=self.batch_size, metric_backend=self.metric_backend, progress=False,
-                                views=self.views)
+        return evaluate_dataset(
+            model,
+            self.list_file,
+            self.images_root,
+            self.gt_root,
+            out_dir,
+            batch_size=self.batch_size,
+            metric_backend=self.metric_backend,
+            progress=False,
+            views=self.views,
+        )
 
 
 def _fresh_state(trainer: Trainer, count: int, seed: int) -> TrainState:
     data_rng = np.random.RandomState(seed)
     order = list(range(count))
     data_rng.shuffle(order)
-    return TrainState(stage=trainer.stage, weights={}, adam={}, step=0, epoch=0, position=0, order=order,
-                      data_rng=checkpoints.random_state_to_json(data_rng),
-                      draw_rng=trainer.draw_rng.bit_generator.state)
+    return TrainState(
+        stage=trainer.stage,
+        weights={},
+        adam={},
+        step=0,
+        epoch=0,
+        position=0,
+        order=order,
+        data_rng=checkpoints.random_state_to_json(data_rng),
+        draw_rng=trainer.draw_rng.bit_generator.state,
+    )
 
 
 def _snapshot(trainer: Trainer, state: TrainState, data_rng: np.random.RandomState) -> TrainState:
@@ -85,8 +102,10 @@ def _snapshot(trainer: Trainer, state: TrainState, data_rng: np.random.RandomSta
 def _restore(trainer: Trainer, state: TrainState) -> np.random.RandomState:
     missing = [n for n in trainer.trained if n not in state.weights]
     if missing:
-        raise InputError(f"the checkpoint of step {state.step} lacks {len(missing)} variable(s) of stage "
-                         f"{trainer.stage}, e.g. {missing[0]}; start afresh with --overwrite")
+        raise InputError(
+            f"the checkpoint of step {state.step} lacks {len(missing)} variable(s) of stage "
+            f"{trainer.stage}, e.g. {missing[0]}; start afresh with --overwrite"
+        )
     trainer.restore(state.weights, state.adam, state.draw_rng)
     return checkpoints.random_state_from_json(state.data_rng)
 
@@ -96,8 +115,9 @@ def write_outputs(out_dir: Path, trainer: Trainer, epochs_done: int) -> dict:
     weights_path = Path(out_dir) / WEIGHTS_FILE
     with atomic_output(weights_path, "wb", "trained weights") as handle:
         np.savez(handle, **trainer.host_weights())
-    prefix = write_checkpoint(Path(out_dir) / f"{TF_NAMES[trainer.stage]}.ckpt-{epochs_done}",
-                              trainer.trained_weights())
+    prefix = write_checkpoint(
+        Path(out_dir) / f"{TF_NAMES[trainer.stage]}.ckpt-{epochs_done}", trainer.trained_weights()
+    )
     return {"weights": weights_path, "tf_checkpoint": prefix}
 
 
@@ -131,13 +151,30 @@ class _Loader:
 def _progress(total: int, initial: int, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="xmesh train", unit="sample", file=sys.stderr,
-                disable=True if not enabled else None, dynamic_ncols=True, smoothing=0.05)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc="xmesh train",
+        unit="sample",
+        file=sys.stderr,
+        disable=True if not enabled else None,
+        dynamic_ncols=True,
+        smoothing=0.05,
+    )
 
 
-def train(trainer: Trainer, data: TrainingSet, out_dir, epochs: int, batch_size: int = 1,
-          checkpoint_every: int | None = None, seed: int = 123, starts: StartMeshes | None = None,
-          validation: Validation | None = None, progress: bool = True) -> dict:
+def train(
+    trainer: Trainer,
+    data: TrainingSet,
+    out_dir,
+    epochs: int,
+    batch_size: int = 1,
+    checkpoint_every: int | None = None,
+    seed: int = 123,
+    starts: StartMeshes | None = None,
+    validation: Validation | None = None,
+    progress: bool = True,
+) -> dict:
     """Train ``trainer`` on ``data`` for ``epochs`` epochs in ``out_dir`` (resuming its newest checkpoint);
     see the module docstring. Returns the run's figures."""
     out_dir = Path(out_dir)
@@ -146,8 +183,10 @@ def train(trainer: Trainer, data: TrainingSet, out_dir, epochs: int, batch_size:
     saved = checkpoints.latest(out_dir)
     if saved is not None:
         if saved.stage != trainer.stage:
-            raise InputError(f"--out {out_dir}: its checkpoints are of stage {saved.stage}, and this run trains "
-                             f"stage {trainer.stage}; give another --out, or --overwrite to start afresh")
+            raise InputError(
+                f"--out {out_dir}: its checkpoints are of stage {saved.stage}, and this run trains "
+                f"stage {trainer.stage}; give another --out, or --overwrite to start afresh"
+            )
         state = saved
         data_rng = _restore(trainer, state)
     else:
@@ -155,31 +194,40 @@ def train(trainer: Trainer, data: TrainingSet, out_dir, epochs: int, batch_size:
         data_rng = checkpoints.random_state_from_json(state.data_rng)
     log = logs.StepLog(out_dir, state.step)
     plotting = logs.have_matplotlib()
-    figures = {"resumed_from_step": state.step if saved is not None else None, "steps": 0, "seconds": 0.0,
-               "validation": []}
+    figures = {
+        "resumed_from_step": state.step if saved is not None else None,
+        "steps": 0,
+        "seconds": 0.0,
+        "validation": [],
+    }
 
     def validate(epoch: int) -> None:
-        summary = validation.score(trainer.stage, trainer.host_weights(), trainer.template, trainer.backend,
-                                   out_dir / VAL_FOLDER / f"epoch-{epoch:03d}")
+        summary = validation.score(
+            trainer.stage,
+            trainer.host_weights(),
+            trainer.template,
+            trainer.backend,
+            out_dir / VAL_FOLDER / f"epoch-{epoch:03d}",
+        )
         row = logs.append_validation(out_dir, epoch, state.step, summary)
         figures["validation"].append(row)
 
     if validation is not None and state.epoch_end and state.epoch not in logs.validated_epochs(out_dir):
-        validate(state.epoch)   # killed between the epoch's checkpoint and its validation
+        validate(state.epoch)  # killed between the epoch's checkpoint and its validation
     loader = _Loader(data, starts)
     bar = _progress(epochs * count, min(state.epoch * count + state.position, epochs * count), progress)
     started = last_end = time.perf_counter()
     try:
         while state.epoch < epochs:
-            batch = state.order[state.position: state.position + batch_size]
-            following = state.order[state.position + len(batch): state.position + len(batch) + batch_size]
+            batch = state.order[state.position : state.position + batch_size]
+            following = state.order[state.position + len(batch) : state.position + len(batch) + batch_size]
             samples = loader.take(batch)
             loader.ahead(following)
             draws_before = trainer.draw_rng.bit_generator.state
             t0 = time.perf_counter()
             try:
                 result = trainer.step(samples, state.step + 1)
-            except NonFiniteLossError:   # the weights are the last good ones: keep the state before this step
+            except NonFiniteLossError:  # the weights are the last good ones: keep the state before this step
                 if not checkpoints.path_for(out_dir, state.step).exists() and state.step > 0:
                     trainer.draw_rng.bit_generator.state = draws_before
                     checkpoints.save(out_dir, _snapshot(trainer, state, data_rng))
@@ -188,8 +236,15 @@ def train(trainer: Trainer, data: TrainingSet, out_dir, epochs: int, batch_size:
             state.step += 1
             state.position += len(batch)
             now = time.perf_counter()
-            log.append(state.step, state.epoch + 1, [str(s.id) for s in samples], result.loss, result.terms, seconds,
-                       now - last_end)
+            log.append(
+                state.step,
+                state.epoch + 1,
+                [str(s.id) for s in samples],
+                result.loss,
+                result.terms,
+                seconds,
+                now - last_end,
+            )
             last_end = now
             bar.set_postfix(loss=f"{result.loss:.4g}", refresh=False)
             bar.update(len(batch))

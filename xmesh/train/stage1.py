@@ -8,6 +8,7 @@ unpooled previous block) and its output. Backward: the same layers in reverse, t
 projections' map gradients summed into the CNN's backward. The regularisers come last: the CNN's
 L2 and the graph layers' weight decay.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from ..model.projection import DeviceTransforms, graph_projection_backward, grap
 from . import mesh_losses as ml
 from .regularisers import cnn_regulariser, graph_weight_decay
 
-MESH_LOSS_CALLS = 3   # the mesh_loss calls of one step, in the original's order: blocks 1, 2, 3
+MESH_LOSS_CALLS = 3  # the mesh_loss calls of one step, in the original's order: blocks 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,12 @@ class Stage1Template:
     """What stage 1's training reads of the template, on ``xp`` in the training dtype."""
 
     coord: Any
-    supports: tuple       # per block: GraphSupports
-    pool_idx: tuple       # (E,2) int64 per unpooling
-    edges: tuple          # per block: (E,2) the second support's coordinate pairs
-    faces: tuple          # per block: (F,3)
-    lape_idx: tuple       # per block: (N,10)
-    reciprocal: tuple     # per block: (N,1) 1 / neighbour count
+    supports: tuple  # per block: GraphSupports
+    pool_idx: tuple  # (E,2) int64 per unpooling
+    edges: tuple  # per block: (E,2) the second support's coordinate pairs
+    faces: tuple  # per block: (F,3)
+    lape_idx: tuple  # per block: (N,10)
+    reciprocal: tuple  # per block: (N,1) 1 / neighbour count
 
     @classmethod
     def build(cls, xp, template, dtype) -> Stage1Template:
@@ -64,8 +65,10 @@ def graph_layer_variables(idx: int) -> str:
 
 def cnn_layers(weights: dict) -> list:
     """(W, b, stride) of stage 1's 18 convolutions."""
-    return [(weights[f"{arch.cnn_name(1, k)}/W:0"], weights[f"{arch.cnn_name(1, k)}/b:0"], stride)
-            for k, (_, _, stride) in enumerate(arch.CNN_LAYERS, start=1)]
+    return [
+        (weights[f"{arch.cnn_name(1, k)}/W:0"], weights[f"{arch.cnn_name(1, k)}/b:0"], stride)
+        for k, (_, _, stride) in enumerate(arch.CNN_LAYERS, start=1)
+    ]
 
 
 @dataclass
@@ -92,8 +95,16 @@ def cnn_images(xp, images, view_quirk: bool):
     return xp.reshape(chosen, (-1,) + tuple(images.shape[2:]))
 
 
-def forward(xp, weights: dict, tmpl: Stage1Template, images, tf: DeviceTransforms, view_quirk: bool = True,
-            stop: int = arch.NUM_STAGE1_LAYERS, maps_and_caches=None) -> Stage1Forward:
+def forward(
+    xp,
+    weights: dict,
+    tmpl: Stage1Template,
+    images,
+    tf: DeviceTransforms,
+    view_quirk: bool = True,
+    stop: int = arch.NUM_STAGE1_LAYERS,
+    maps_and_caches=None,
+) -> Stage1Forward:
     """Stage 1's training forward up to layer ``stop`` (all 48 by default); ``maps_and_caches`` is the
     CNN's result when it ran already."""
     if maps_and_caches is None:
@@ -114,8 +125,15 @@ def forward(xp, weights: dict, tmpl: Stage1Template, images, tf: DeviceTransform
             scope = graph_layer_variables(idx)
             residual = previous if idx in arch.RESIDUAL_LAYERS else None
             h, caches[idx] = graph_conv_forward(
-                xp, a[-1], weights[f"{scope}/weights_0:0"], weights[f"{scope}/weights_1:0"], weights[f"{scope}/bias:0"],
-                tmpl.supports[arch.block_of_layer(idx) - 1], not arch.last_layer_of_block(idx), residual)
+                xp,
+                a[-1],
+                weights[f"{scope}/weights_0:0"],
+                weights[f"{scope}/weights_1:0"],
+                weights[f"{scope}/bias:0"],
+                tmpl.supports[arch.block_of_layer(idx) - 1],
+                not arch.last_layer_of_block(idx),
+                residual,
+            )
             if arch.last_layer_of_block(idx):
                 blocks.append(h)
         a.append(h)
@@ -130,7 +148,7 @@ def backward(xp, fwd: Stage1Forward, dblocks: list, tmpl: Stage1Template, weight
         if g is not None:
             da[k] = g if k not in da else da[k] + g
 
-    outputs = [first + count for _, first, count in arch.GRAPH_BLOCKS]   # a[15], a[31], a[48]
+    outputs = [first + count for _, first, count in arch.GRAPH_BLOCKS]  # a[15], a[31], a[48]
     for k, g in zip(outputs, dblocks):
         add(k, g)
     grads: dict = {}
@@ -166,8 +184,17 @@ def laplace_loss_name(block: int) -> str:
     return f"laplace_loss_block{block}_{block + 2}"
 
 
-def loss_and_gradients(xp, weights: dict, tmpl: Stage1Template, images, tf: DeviceTransforms, gt: ml.GroundTruth,
-                       draws: list | None, rng: np.random.Generator | None = None, view_quirk: bool = True):
+def loss_and_gradients(
+    xp,
+    weights: dict,
+    tmpl: Stage1Template,
+    images,
+    tf: DeviceTransforms,
+    gt: ml.GroundTruth,
+    draws: list | None,
+    rng: np.random.Generator | None = None,
+    view_quirk: bool = True,
+):
     """Stage 1's loss averaged over the batch and its terms (each averaged over the batch), as ``xp``
     scalars, and every variable's gradient by official name (``xp`` arrays).
 
@@ -180,16 +207,18 @@ def loss_and_gradients(xp, weights: dict, tmpl: Stage1Template, images, tf: Devi
     terms, dblocks = {}, [None, None, None]
     mesh_caches = []
     for b, pred in enumerate(fwd.blocks):
-        block_draws = draws[b] if draws is not None else ml.draw_samples(xp, rng, pred, tmpl.faces[b],
-                                                                         uniforms=uniforms[b])
+        block_draws = (
+            draws[b] if draws is not None else ml.draw_samples(xp, rng, pred, tmpl.faces[b], uniforms=uniforms[b])
+        )
         loss, cache = ml.mesh_loss_forward(xp, pred, gt, tmpl.edges[b], tmpl.faces[b], block_draws, ml.STAGE1_MESH)
         terms[mesh_loss_name(b + 1)] = xp.mean(loss)
         mesh_caches.append(cache)
     befores = [fwd.activations[0]] + [unpool_forward(xp, fwd.blocks[b], tmpl.pool_idx[b]) for b in range(2)]
     lap_caches = []
     for b, pred in enumerate(fwd.blocks):
-        loss, cache = ml.laplace_loss_forward(xp, befores[b], pred, tmpl.lape_idx[b], ml.STAGE1_LAPLACE,
-                                              tmpl.reciprocal[b])
+        loss, cache = ml.laplace_loss_forward(
+            xp, befores[b], pred, tmpl.lape_idx[b], ml.STAGE1_LAPLACE, tmpl.reciprocal[b]
+        )
         terms[laplace_loss_name(b + 1)] = xp.mean(loss)
         lap_caches.append(cache)
     for b in range(3):
@@ -197,7 +226,7 @@ def loss_and_gradients(xp, weights: dict, tmpl: Stage1Template, images, tf: Devi
     for b in range(3):
         dbefore, dafter = ml.laplace_loss_backward(xp, per_sample, lap_caches[b])
         dblocks[b] = dblocks[b] + dafter
-        if b > 0:   # the template (block 1's input mesh) is a constant
+        if b > 0:  # the template (block 1's input mesh) is a constant
             n = fwd.blocks[b - 1].shape[1]
             dblocks[b - 1] = dblocks[b - 1] + unpool_backward(xp, dbefore, tmpl.pool_idx[b - 1], n)
     grads = backward(xp, fwd, dblocks, tmpl, weights)

@@ -13,6 +13,7 @@ never run (nothing reads their maps): their kernels get the regulariser's gradie
 biases none, so the biases are absent from the gradients, as TensorFlow gives them None and its
 Adam leaves them unchanged.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,20 +28,20 @@ from ..model.projection import DeviceTransforms
 from . import mesh_losses as ml
 from .regularisers import cnn_regulariser
 
-BLOCK = 3              # the losses read block 3's (2466-vertex) edges, faces and Laplacian neighbours
-MESH_LOSS_CALLS = 2    # the mesh_loss_2 calls of one step, in the original's order: DRB 1's output, DRB 2's
+BLOCK = 3  # the losses read block 3's (2466-vertex) edges, faces and Laplacian neighbours
+MESH_LOSS_CALLS = 2  # the mesh_loss_2 calls of one step, in the original's order: DRB 1's output, DRB 2's
 
 
 @dataclass(frozen=True)
 class Stage2Template:
     """What stage 2's training reads of the template, on ``xp`` in the training dtype."""
 
-    offsets: Any          # (K,3) the hypotheses' offsets (sample_coord)
-    supports: tuple       # (A0 or None where the identity, A1), (K,K) each
-    edges: Any            # (E,2) block 3's second support's coordinate pairs
-    faces: Any            # (F,3) block 3's triangles
-    lape_idx: Any         # (N,10)
-    reciprocal: Any       # (N,1) 1 / neighbour count
+    offsets: Any  # (K,3) the hypotheses' offsets (sample_coord)
+    supports: tuple  # (A0 or None where the identity, A1), (K,K) each
+    edges: Any  # (E,2) block 3's second support's coordinate pairs
+    faces: Any  # (F,3) block 3's triangles
+    lape_idx: Any  # (N,10)
+    reciprocal: Any  # (N,1) 1 / neighbour count
 
     @classmethod
     def build(cls, xp, template, dtype) -> Stage2Template:
@@ -60,14 +61,21 @@ class Stage2Template:
 
 def cnn_layers(weights: dict) -> list:
     """(W, b, stride) of the convolutions whose maps stage 2 reads (1-8)."""
-    return [(weights[f"{arch.cnn_name(2, k)}/W:0"], weights[f"{arch.cnn_name(2, k)}/b:0"], stride)
-            for k, (_, _, stride) in enumerate(arch.CNN_LAYERS[:max(arch.STAGE2_TAPS)], start=1)]
+    return [
+        (weights[f"{arch.cnn_name(2, k)}/W:0"], weights[f"{arch.cnn_name(2, k)}/b:0"], stride)
+        for k, (_, _, stride) in enumerate(arch.CNN_LAYERS[: max(arch.STAGE2_TAPS)], start=1)
+    ]
 
 
 def drb_layers(weights: dict) -> list:
     """Per DRB, its six local graph convolutions' (W0, W1, b)."""
-    return [[tuple(weights[f"{arch.drb_layer_name(scope, k)}/{part}:0"] for part in ("weights_0", "weights_1", "bias"))
-             for k in ks] for scope, ks in arch.DRB_BLOCKS]
+    return [
+        [
+            tuple(weights[f"{arch.drb_layer_name(scope, k)}/{part}:0"] for part in ("weights_0", "weights_1", "bias"))
+            for k in ks
+        ]
+        for scope, ks in arch.DRB_BLOCKS
+    ]
 
 
 def pad_map(xp, fmap):
@@ -115,7 +123,7 @@ def backward(xp, fwd: Stage2Forward, dblocks: list) -> dict:
             name = arch.drb_layer_name(scope, k)
             grads[f"{name}/weights_0:0"], grads[f"{name}/weights_1:0"], grads[f"{name}/bias:0"] = dw0, dw1, db
     # the padded row and column read 0 whatever the CNN computes: their gradient goes nowhere
-    dmaps = [d[:, :m.shape[1], :m.shape[2], :] for d, m in zip(dmaps, fwd.maps, strict=True)]
+    dmaps = [d[:, : m.shape[1], : m.shape[2], :] for d, m in zip(dmaps, fwd.maps, strict=True)]
     for k, (dw, db) in enumerate(cnn_backward(xp, dmaps, fwd.cnn_caches, arch.STAGE2_TAPS), start=1):
         grads[f"{arch.cnn_name(2, k)}/W:0"], grads[f"{arch.cnn_name(2, k)}/b:0"] = dw, db
     return grads
@@ -139,8 +147,16 @@ class Stage2Losses:
     laplace_caches: list
 
 
-def losses(xp, fwd: Stage2Forward, tmpl: Stage2Template, gt: ml.GroundTruth, starts, draws: list | None,
-           rng: np.random.Generator | None = None, uniforms: list | None = None) -> Stage2Losses:
+def losses(
+    xp,
+    fwd: Stage2Forward,
+    tmpl: Stage2Template,
+    gt: ml.GroundTruth,
+    starts,
+    draws: list | None,
+    rng: np.random.Generator | None = None,
+    uniforms: list | None = None,
+) -> Stage2Losses:
     """mesh_loss_2 of each DRB's output and laplace_loss_2 between its input and output.
 
     ``draws``: the two mesh_loss calls' :class:`~xmesh.train.mesh_losses.Draws`, or None to draw them
@@ -149,19 +165,33 @@ def losses(xp, fwd: Stage2Forward, tmpl: Stage2Template, gt: ml.GroundTruth, sta
     terms, mesh_caches, laplace_caches = {}, [], []
     befores = [starts, fwd.blocks[0]]
     for call, pred in enumerate(fwd.blocks):
-        call_draws = draws[call] if draws is not None else ml.draw_samples(
-            xp, rng, pred, tmpl.faces, uniforms=None if uniforms is None else uniforms[call])
-        terms[mesh_loss_name(call)], cache = ml.mesh_loss_forward(xp, pred, gt, tmpl.edges, tmpl.faces, call_draws,
-                                                                  ml.STAGE2_MESH)
+        call_draws = (
+            draws[call]
+            if draws is not None
+            else ml.draw_samples(xp, rng, pred, tmpl.faces, uniforms=None if uniforms is None else uniforms[call])
+        )
+        terms[mesh_loss_name(call)], cache = ml.mesh_loss_forward(
+            xp, pred, gt, tmpl.edges, tmpl.faces, call_draws, ml.STAGE2_MESH
+        )
         mesh_caches.append(cache)
-        terms[laplace_loss_name(call)], cache = ml.laplace_loss_forward(xp, befores[call], pred, tmpl.lape_idx,
-                                                                        ml.STAGE2_LAPLACE, tmpl.reciprocal)
+        terms[laplace_loss_name(call)], cache = ml.laplace_loss_forward(
+            xp, befores[call], pred, tmpl.lape_idx, ml.STAGE2_LAPLACE, tmpl.reciprocal
+        )
         laplace_caches.append(cache)
     return Stage2Losses(terms, mesh_caches, laplace_caches)
 
 
-def loss_and_gradients(xp, weights: dict, tmpl: Stage2Template, images, tf: DeviceTransforms, gt: ml.GroundTruth,
-                       starts, draws: list | None, rng: np.random.Generator | None = None):
+def loss_and_gradients(
+    xp,
+    weights: dict,
+    tmpl: Stage2Template,
+    images,
+    tf: DeviceTransforms,
+    gt: ml.GroundTruth,
+    starts,
+    draws: list | None,
+    rng: np.random.Generator | None = None,
+):
     """Stage 2's loss averaged over the batch and its terms (each averaged over the batch), as ``xp``
     scalars, and the gradient of every variable the loss reaches, by official name (``xp`` arrays).
     Without ``draws``, the uniforms of the own draws are drawn from ``rng`` before the forward."""
@@ -174,7 +204,7 @@ def loss_and_gradients(xp, weights: dict, tmpl: Stage2Template, images, tf: Devi
     for call, cache in enumerate(calls.laplace_caches):
         dbefore, dafter = ml.laplace_loss_backward(xp, per_sample, cache)
         dblocks[call] = dblocks[call] + dafter
-        if call > 0:   # DRB 1's input, the start, is data
+        if call > 0:  # DRB 1's input, the start, is data
             dblocks[call - 1] = dblocks[call - 1] + dbefore
     grads = backward(xp, fwd, dblocks)
     cnn_loss, cnn_grads = cnn_regulariser(xp, weights, 2)
@@ -187,8 +217,17 @@ def loss_and_gradients(xp, weights: dict, tmpl: Stage2Template, images, tf: Devi
     return total, terms, grads
 
 
-def loss(xp, weights: dict, tmpl: Stage2Template, images, tf: DeviceTransforms, gt: ml.GroundTruth, starts,
-         draws: list | None, rng: np.random.Generator | None = None):
+def loss(
+    xp,
+    weights: dict,
+    tmpl: Stage2Template,
+    images,
+    tf: DeviceTransforms,
+    gt: ml.GroundTruth,
+    starts,
+    draws: list | None,
+    rng: np.random.Generator | None = None,
+):
     """Stage 2's loss averaged over the batch, forward only (an ``xp`` scalar)."""
     calls = losses(xp, forward(xp, weights, tmpl, images, tf, starts), tmpl, gt, starts, draws, rng)
     total = cnn_regulariser(xp, weights, 2)[0]

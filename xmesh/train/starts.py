@@ -8,6 +8,7 @@ stage-1 weights through the batch pipeline (:func:`xmesh.evaluate.reconstruct_da
 :class:`Stage1Model` in place of the whole network), once: the files are the run's cache, and a
 sample whose file is there is not computed again.
 """
+
 from __future__ import annotations
 
 import os
@@ -69,7 +70,8 @@ class StartMeshes:
                 raise MissingFileError(
                     f"{self.option} {self.folder}: sample {sample} has no starting mesh "
                     f"({' or '.join(p.name for p in self.candidates(sample))}); stage 2 trains on stage 1's "
-                    "predictions: give stage-1 weights to compute them, or a folder holding them")
+                    "predictions: give stage-1 weights to compute them, or a folder holding them"
+                )
 
     def load(self, sample: SampleId) -> np.ndarray:
         path = self.path(sample)
@@ -80,17 +82,29 @@ class StartMeshes:
         except ValueError as exc:
             raise FileFormatError(f"sample {sample}: starting mesh {path} is not a table of numbers ({exc})") from None
         if mesh.shape != (self.vertices, 3) or not np.isfinite(mesh).all():
-            raise FileFormatError(f"sample {sample}: starting mesh {path} holds {mesh.shape[0]}x{mesh.shape[1]} "
-                                  f"values{'' if np.isfinite(mesh).all() else ' with NaN or infinity'}; expected "
-                                  f"{self.vertices} finite vertices of 3 coordinates, stage 1's mesh of this template")
+            raise FileFormatError(
+                f"sample {sample}: starting mesh {path} holds {mesh.shape[0]}x{mesh.shape[1]} "
+                f"values{'' if np.isfinite(mesh).all() else ' with NaN or infinity'}; expected "
+                f"{self.vertices} finite vertices of 3 coordinates, stage 1's mesh of this template"
+            )
         return mesh.astype(np.float32)
 
 
-def compute_starts(weights: dict, template, list_file, images_root, folder, backend: str = "numpy",
-                   views: Sequence[int] = DEFAULT_VIEWS, view_quirk: bool = True, batch_size: int | None = None,
-                   progress: bool = True) -> dict:
+def compute_starts(
+    weights: dict,
+    template,
+    list_file,
+    images_root,
+    folder,
+    backend: str = "numpy",
+    views: Sequence[int] = DEFAULT_VIEWS,
+    view_quirk: bool = True,
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Stage 1's mesh of every sample of ``list_file`` into ``folder/{id}_predict.xyz``, through the batch
     pipeline; samples whose file is there already are skipped. Returns the pipeline's run figures."""
     model = Stage1Model(weights, template, backend, view_quirk)
-    return reconstruct_dataset(model, list_file, images_root, folder, batch_size=batch_size, progress=progress,
-                               views=views, formats=("xyz",))
+    return reconstruct_dataset(
+        model, list_file, images_root, folder, batch_size=batch_size, progress=progress, views=views, formats=("xyz",)
+    )

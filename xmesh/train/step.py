@@ -1,4 +1,5 @@
 """The public training step: one sample's (or a batch's) loss, loss terms and gradients by official name."""
+
 from __future__ import annotations
 
 import os
@@ -70,14 +71,28 @@ def _draws(xp, draws, calls: int, dtype):
         return None
     for b, sample in enumerate(draws):
         if len(sample) != calls:
-            raise InputError(f"draws[{b}] holds {len(sample)} (choice, r1, r2) triples; this stage's step makes "
-                             f"{calls} mesh_loss calls")
+            raise InputError(
+                f"draws[{b}] holds {len(sample)} (choice, r1, r2) triples; this stage's step makes "
+                f"{calls} mesh_loss calls"
+            )
     return [ml.Draws.stack(xp, [sample[k] for sample in draws], dtype) for k in range(calls)]
 
 
-def batch_loss_and_gradients(stage, params_or_weights, template, images, cameras, labels, starts=None, draws=None,
-                             backend="numpy", rng=None, dtype=np.float32, view_quirk: bool = True,
-                             to_host: bool = True) -> LossAndGradients:
+def batch_loss_and_gradients(
+    stage,
+    params_or_weights,
+    template,
+    images,
+    cameras,
+    labels,
+    starts=None,
+    draws=None,
+    backend="numpy",
+    rng=None,
+    dtype=np.float32,
+    view_quirk: bool = True,
+    to_host: bool = True,
+) -> LossAndGradients:
     """The step for B samples at once, the loss and gradients averaged over the B samples.
 
     ``params_or_weights``: the stage's variables by official name (host arrays, or arrays already on
@@ -91,38 +106,44 @@ def batch_loss_and_gradients(stage, params_or_weights, template, images, cameras
     xp = be.xp
     template = resolve_template(template)
     prefix = STAGE_PREFIXES[stage]
-    weights = {name: xp.asarray(value, dtype=dtype) for name, value in params_or_weights.items()
-               if name.startswith(prefix)}
-    images = xp.asarray(np.asarray(images, dtype=np.float32) if isinstance(images, np.ndarray) else images,
-                        dtype=dtype)
+    weights = {
+        name: xp.asarray(value, dtype=dtype) for name, value in params_or_weights.items() if name.startswith(prefix)
+    }
+    images = xp.asarray(np.asarray(images, dtype=np.float32) if isinstance(images, np.ndarray) else images, dtype=dtype)
     if images.ndim != 5 or len(labels) != images.shape[0]:
-        raise InputError(f"images of shape {tuple(images.shape)} with {len(labels)} label arrays: expected "
-                         "(B,V,224,224,3) images and B label arrays")
+        raise InputError(
+            f"images of shape {tuple(images.shape)} with {len(labels)} label arrays: expected "
+            "(B,V,224,224,3) images and B label arrays"
+        )
     gt = ml.GroundTruth.from_labels(xp, labels, dtype)
     if rng is None:
         rng = np.random.default_rng(0)
     if stage == 1:
         tmpl = _stage1_template(xp, template, dtype)
         tf = stage1.transforms(xp, cameras)
-        loss, terms, grads = stage1.loss_and_gradients(xp, weights, tmpl, images, tf, gt,
-                                                       _draws(xp, draws, stage1.MESH_LOSS_CALLS, dtype), rng,
-                                                       view_quirk)
+        loss, terms, grads = stage1.loss_and_gradients(
+            xp, weights, tmpl, images, tf, gt, _draws(xp, draws, stage1.MESH_LOSS_CALLS, dtype), rng, view_quirk
+        )
     else:
         if starts is None or len(starts) != images.shape[0]:
-            raise InputError("stage 2 deforms a start mesh per sample (stage 1's prediction): pass starts, "
-                             f"one (N,3) array for each of the {images.shape[0]} sample(s)")
+            raise InputError(
+                "stage 2 deforms a start mesh per sample (stage 1's prediction): pass starts, "
+                f"one (N,3) array for each of the {images.shape[0]} sample(s)"
+            )
         tmpl = _stage2_template(xp, template, dtype)
         tf = stage1.transforms(xp, cameras)
         start = xp.stack([xp.asarray(s, dtype=dtype) for s in starts])
-        loss, terms, grads = stage2.loss_and_gradients(xp, weights, tmpl, images, tf, gt, start,
-                                                       _draws(xp, draws, stage2.MESH_LOSS_CALLS, dtype), rng)
+        loss, terms, grads = stage2.loss_and_gradients(
+            xp, weights, tmpl, images, tf, gt, start, _draws(xp, draws, stage2.MESH_LOSS_CALLS, dtype), rng
+        )
     if to_host:
         grads = {name: np.asarray(be.to_numpy(g)) for name, g in grads.items()}
     return LossAndGradients(float(loss), {k: float(v) for k, v in terms.items()}, grads)
 
 
-def loss_and_gradients(stage, weights, template, images, cameras, labels, start=None, draws=None,
-                       backend="numpy") -> LossAndGradients:
+def loss_and_gradients(
+    stage, weights, template, images, cameras, labels, start=None, draws=None, backend="numpy"
+) -> LossAndGradients:
     """One sample's loss, terms and gradients as the original's training graph computes them.
 
     ``images`` (V,224,224,3), ``cameras`` (V,5), ``labels`` (P,6) points and unit normals; ``start``
@@ -131,5 +152,14 @@ def loss_and_gradients(stage, weights, template, images, cameras, labels, start=
     """
     images = np.asarray(images, dtype=np.float32)
     cameras = np.asarray(cameras, dtype=np.float32)
-    return batch_loss_and_gradients(stage, weights, template, images[None], cameras[None], [np.asarray(labels)],
-                                    None if start is None else [start], None if draws is None else [draws], backend)
+    return batch_loss_and_gradients(
+        stage,
+        weights,
+        template,
+        images[None],
+        cameras[None],
+        [np.asarray(labels)],
+        None if start is None else [start],
+        None if draws is None else [draws],
+        backend,
+    )

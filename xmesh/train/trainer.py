@@ -11,6 +11,7 @@ The loss's own random draws (the 4000 surface samples of each ``mesh_loss`` call
 uninterrupted one draws. A loss or gradient that is not finite stops before any update
 (:class:`NonFiniteLossError`, naming the samples and the step): the weights stay the last good ones.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,8 +36,15 @@ class Trainer:
     if given, are kept as they are) and their Adam moments, resident on ``backend`` ("numpy" or
     "cupy"). ``lr``: Adam's learning rate (the original's 1e-5); ``seed``: the loss's own draws."""
 
-    def __init__(self, stage: int, weights: dict[str, np.ndarray], template: Any = None, backend: str = "numpy",
-                 lr: float = 1e-5, seed: int = 123):
+    def __init__(
+        self,
+        stage: int,
+        weights: dict[str, np.ndarray],
+        template: Any = None,
+        backend: str = "numpy",
+        lr: float = 1e-5,
+        seed: int = 123,
+    ):
         self.stage = int(stage)
         self.template = resolve_template(template)
         self.backend = backend
@@ -73,20 +81,38 @@ class Trainer:
         labels = [s.labels for s in samples]
         starts = [s.start for s in samples] if self.stage == 2 else None
         xp = self.device.xp
-        with np.errstate(all="ignore"):   # an overflow is reported below, as the step's one error
-            result = batch_loss_and_gradients(self.stage, self.weights, self.template, images, cameras, labels,
-                                              starts, None, self.backend, self.draw_rng, to_host=False)
+        with np.errstate(all="ignore"):  # an overflow is reported below, as the step's one error
+            result = batch_loss_and_gradients(
+                self.stage,
+                self.weights,
+                self.template,
+                images,
+                cameras,
+                labels,
+                starts,
+                None,
+                self.backend,
+                self.draw_rng,
+                to_host=False,
+            )
         # the gradients stay on the device: a NaN or an infinity anywhere makes its gradient's sum one, so
         # the sums are read back at once, and only where one is not finite each gradient is looked at
         sums = xp.stack([xp.sum(g) for g in result.gradients.values()])
-        bad = [] if bool(xp.all(xp.isfinite(sums))) else \
-            [name for name, g in result.gradients.items() if not bool(xp.all(xp.isfinite(g)))]
+        bad = (
+            []
+            if bool(xp.all(xp.isfinite(sums)))
+            else [name for name, g in result.gradients.items() if not bool(xp.all(xp.isfinite(g)))]
+        )
         if not np.isfinite(result.loss) or bad:
             where = f"step {step_number}" if step_number is not None else "this step"
-            what = (f"the loss is {result.loss}" if not np.isfinite(result.loss)
-                    else f"the gradient of {bad[0]} holds NaN or infinity")
+            what = (
+                f"the loss is {result.loss}"
+                if not np.isfinite(result.loss)
+                else f"the gradient of {bad[0]} holds NaN or infinity"
+            )
             raise NonFiniteLossError(
                 f"{where}, sample(s) {', '.join(str(s.id) for s in samples)}: {what}; the run stopped before "
-                "updating the weights, and the last good checkpoint is kept")
+                "updating the weights, and the last good checkpoint is kept"
+            )
         adam_step(xp, self.weights, result.gradients, self.adam)
         return result

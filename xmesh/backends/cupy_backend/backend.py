@@ -31,6 +31,7 @@ On compute capability 9.0 the 16-bit modes run in the Hopper layer kernel and ca
 other GPUs ``fp16`` runs those products through cuBLAS (no capture) and ``bf16`` is refused (CuPy
 has no bfloat16 arrays). The camera arithmetic is always exact float32.
 """
+
 from __future__ import annotations
 
 from ...model import products

@@ -1,6 +1,7 @@
 """'SAME' convolutions: cuDNN in the speed modes where it is installed, the implicit GEMM of
 ``kernels/tc_gemm.cu``, and ``kernels/convolution.cu`` (direct sums for few input channels, im2col).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -40,50 +41,113 @@ class ConvolutionStage:
         k = kh * kw * cin
         flat_w = weight.reshape(k, cout)
         out = cp.empty((n, ho, wo, cout), dtype=cp.float32)
-        if self._cudnn is not None and relu and bias is not None \
-                and plan.conv_on_cudnn(x.shape, weight.shape, stride):
+        if self._cudnn is not None and relu and bias is not None and plan.conv_on_cudnn(x.shape, weight.shape, stride):
             try:
                 self._cudnn.conv2d_same_relu(x, weight, bias, out)
                 return out
-            except CudnnError as exc:   # e.g. a cuDNN built for another CUDA: our kernels take over for good
-                warnings.warn(f"xmesh: cuDNN's convolution failed, using xmesh's own kernels from now on ({exc}); "
-                              "set XMESH_CUDNN=0 to skip cuDNN", RuntimeWarning, stacklevel=2)
+            except CudnnError as exc:  # e.g. a cuDNN built for another CUDA: our kernels take over for good
+                warnings.warn(
+                    f"xmesh: cuDNN's convolution failed, using xmesh's own kernels from now on ({exc}); "
+                    "set XMESH_CUDNN=0 to skip cuDNN",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 self._cudnn = None
         if cin % GEMM_BK == 0 and cout % 4 == 0 and flat_w.flags.c_contiguous and flat_w.data.ptr % 16 == 0:
             bn = _tile_width(cout)
             entry = self._gemm_kernel(f"conv_{self.gemm_passes}x_n{bn}", bn)
-            geometry = (x, np.int32(h), np.int32(w), np.int32(cin), np.int32(kw), np.int32(stride), np.int32(ho),
-                        np.int32(wo), np.int32(top), np.int32(left))
-            return self._launch_tc(entry, geometry, flat_w, out.reshape(n * ho * wo, cout), n * ho * wo, k, bn,
-                                   bias, relu).reshape(out.shape)
-        if cin < GEMM_BK and cout % 4 == 0 and k * cout * 4 <= DIRECT_CONV_WEIGHT_BYTES \
-                and h * w * cin < 2**31 and n < 65536:   # grid (ho, n); 32-bit offsets within an image
+            geometry = (
+                x,
+                np.int32(h),
+                np.int32(w),
+                np.int32(cin),
+                np.int32(kw),
+                np.int32(stride),
+                np.int32(ho),
+                np.int32(wo),
+                np.int32(top),
+                np.int32(left),
+            )
+            return self._launch_tc(
+                entry, geometry, flat_w, out.reshape(n * ho * wo, cout), n * ho * wo, k, bn, bias, relu
+            ).reshape(out.shape)
+        if (
+            cin < GEMM_BK
+            and cout % 4 == 0
+            and k * cout * 4 <= DIRECT_CONV_WEIGHT_BYTES
+            and h * w * cin < 2**31
+            and n < 65536
+        ):  # grid (ho, n); 32-bit offsets within an image
             bias_arg = np.uint64(0) if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32)
-            if (cin, kh, kw, stride, cout) == (3, 3, 3, 1, 16) and wo <= 1024:   # the CNNs' first layer
-                self._convolution_kernel("conv_direct_c3_k3_n16")(   # a block per output row, a thread per pixel
-                    (ho, n), (-(-wo // 32) * 32,),
-                    (x, cp.ascontiguousarray(flat_w, dtype=cp.float32), bias_arg, out, np.int32(h), np.int32(w),
-                     np.int32(wo), np.int32(top), np.int32(left), np.int32(bool(relu))))
+            if (cin, kh, kw, stride, cout) == (3, 3, 3, 1, 16) and wo <= 1024:  # the CNNs' first layer
+                self._convolution_kernel("conv_direct_c3_k3_n16")(  # a block per output row, a thread per pixel
+                    (ho, n),
+                    (-(-wo // 32) * 32,),
+                    (
+                        x,
+                        cp.ascontiguousarray(flat_w, dtype=cp.float32),
+                        bias_arg,
+                        out,
+                        np.int32(h),
+                        np.int32(w),
+                        np.int32(wo),
+                        np.int32(top),
+                        np.int32(left),
+                        np.int32(bool(relu)),
+                    ),
+                )
                 return out
-            self._convolution_kernel("conv_direct_x4")(   # a block per output row
-                (ho, n), (THREADS,),
-                (x, cp.ascontiguousarray(flat_w, dtype=cp.float32), bias_arg, out, np.int32(h), np.int32(w),
-                 np.int32(cin), np.int32(kh), np.int32(kw), np.int32(stride), np.int32(wo), np.int32(top),
-                 np.int32(left), np.int32(cout), np.int32(bool(relu))),
-                shared_mem=k * cout * 4)
+            self._convolution_kernel("conv_direct_x4")(  # a block per output row
+                (ho, n),
+                (THREADS,),
+                (
+                    x,
+                    cp.ascontiguousarray(flat_w, dtype=cp.float32),
+                    bias_arg,
+                    out,
+                    np.int32(h),
+                    np.int32(w),
+                    np.int32(cin),
+                    np.int32(kh),
+                    np.int32(kw),
+                    np.int32(stride),
+                    np.int32(wo),
+                    np.int32(top),
+                    np.int32(left),
+                    np.int32(cout),
+                    np.int32(bool(relu)),
+                ),
+                shared_mem=k * cout * 4,
+            )
             return out
         chunk = max(1, IM2COL_LIMIT // (ho * wo * k))
         im2col = self._convolution_kernel("im2col_nhwc")
         for start in range(0, n, chunk):
-            part = x[start:start + chunk]
+            part = x[start : start + chunk]
             m = part.shape[0]
             if kh == 1 and kw == 1 and stride == 1:
                 cols = part.reshape(m * h * w, cin)
             else:
                 cols = cp.empty((m * ho * wo, k), dtype=cp.float32)
-                im2col(_grid(cols.size), (THREADS,),
-                       (part, cols, np.int32(m), np.int32(h), np.int32(w), np.int32(cin), np.int32(kh),
-                        np.int32(kw), np.int32(stride), np.int32(ho), np.int32(wo), np.int32(top), np.int32(left)))
-            y = out[start:start + m].reshape(m * ho * wo, cout)
+                im2col(
+                    _grid(cols.size),
+                    (THREADS,),
+                    (
+                        part,
+                        cols,
+                        np.int32(m),
+                        np.int32(h),
+                        np.int32(w),
+                        np.int32(cin),
+                        np.int32(kh),
+                        np.int32(kw),
+                        np.int32(stride),
+                        np.int32(ho),
+                        np.int32(wo),
+                        np.int32(top),
+                        np.int32(left),
+                    ),
+                )
+            y = out[start : start + m].reshape(m * ho * wo, cout)
             self.gemm(cols, flat_w, out=y, bias=bias, relu=relu, cache_key=weight)
         return out

@@ -2,6 +2,7 @@
 five wide layers chained in the 16-bit modes; elsewhere a GEMM and ``kernels/deformation.cu``'s mixing
 epilogue, or cuBLAS), the score layer with the softmax and the vertex update (``deformation.cu``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,10 @@ from . import hopper as hg
 from .device import LAYER_OPERANDS, THREADS, _grid
 
 #: A block's end kernels: (vertices, threads) a block.
-_SCORE_BLOCKS = {"drb_score_update": (SCORE_VERTICES, SCORE_THREADS),
-                 "drb_score_finish": (SCORE_FINISH_VERTICES, SCORE_FINISH_THREADS)}
+_SCORE_BLOCKS = {
+    "drb_score_update": (SCORE_VERTICES, SCORE_THREADS),
+    "drb_score_finish": (SCORE_FINISH_VERTICES, SCORE_FINISH_THREADS),
+}
 
 SOURCE = DEFORMATION_FILE
 #: The row format code (kernel_constants.ROWS_*) of each activation type the deformation.cu kernels read.
@@ -41,6 +44,7 @@ class DeformationStage:
 
     def _local_weights(self, layer, cheb1, cheb0):
         """(W0, W1, bias, A1, A0) in the GEMM dtype, split once per (layer, supports) objects."""
+
         def make():
             cp = self.cupy
             dtype = cp.float16 if self.precision == "fp16" else cp.float32
@@ -49,9 +53,13 @@ class DeformationStage:
                 w0, w1 = layer.weight[:, :cout], layer.weight[:, cout:]
             else:
                 w0, w1 = layer.weight0, layer.weight
-            return (cp.ascontiguousarray(w0, dtype=dtype), cp.ascontiguousarray(w1, dtype=dtype),
-                    cp.ascontiguousarray(layer.bias, dtype=cp.float32), cp.ascontiguousarray(cheb1, dtype=dtype),
-                    None if cheb0 is None else cp.ascontiguousarray(cheb0, dtype=dtype))
+            return (
+                cp.ascontiguousarray(w0, dtype=dtype),
+                cp.ascontiguousarray(w1, dtype=dtype),
+                cp.ascontiguousarray(layer.bias, dtype=cp.float32),
+                cp.ascontiguousarray(cheb1, dtype=dtype),
+                None if cheb0 is None else cp.ascontiguousarray(cheb0, dtype=dtype),
+            )
 
         return self._derived.get((layer, cheb1, cheb0), "local", make)
 
@@ -74,14 +82,20 @@ class DeformationStage:
         with a non-identity first support, other widths, or an X it does not take."""
         operands = LAYER_OPERANDS[self.precision]
         z = hg.WIDE_COLS
-        if (self.hopper is None or not hg.OPERANDS[operands].is_16bit
-                or cheb0 is not None or len(layers) != hg.CHAIN.hidden_layers + 1
-                or any(layer.weight0 is not None for layer in layers)
-                or layers[0].weight.shape != (x.shape[-1], 2 * z) or not 0 < x.shape[-1] <= hg.CHAIN.max_cin
-                or any(layer.weight.shape != (z, 2 * z) for layer in layers[1:])
-                or x.dtype != hg.activation_dtype(self.cupy, operands)
-                or not plan.chain_takes(x, x.shape[-1])):
+        if (
+            self.hopper is None
+            or not hg.OPERANDS[operands].is_16bit
+            or cheb0 is not None
+            or len(layers) != hg.CHAIN.hidden_layers + 1
+            or any(layer.weight0 is not None for layer in layers)
+            or layers[0].weight.shape != (x.shape[-1], 2 * z)
+            or not 0 < x.shape[-1] <= hg.CHAIN.max_cin
+            or any(layer.weight.shape != (z, 2 * z) for layer in layers[1:])
+            or x.dtype != hg.activation_dtype(self.cupy, operands)
+            or not plan.chain_takes(x, x.shape[-1])
+        ):
             return None
+
         def make():
             weights = [self._hopper_weight(layer.weight, operands, layer.weight) for layer in layers]
             return self.hopper.prepare_chain16(weights[0], weights[1:], [layer.bias for layer in layers])
@@ -104,15 +118,20 @@ class DeformationStage:
         mixes them, adds the bias, takes the softmax and moves the vertices (``drb_score_update``'s
         arithmetic, its float32 products summed in another order). None elsewhere."""
         score = layers[-1]
-        if (not self.fuse_drb_score or len(layers) != hg.CHAIN.hidden_layers + 2 or not plan.fusable_score(score)
-                or x.shape[1] != HYPOTHESES):
+        if (
+            not self.fuse_drb_score
+            or len(layers) != hg.CHAIN.hidden_layers + 2
+            or not plan.fusable_score(score)
+            or x.shape[1] != HYPOTHESES
+        ):
             return None
         chain = self._prepared_chain(layers[:-1], x, cheb0)
         if chain is None:
             return None
         rows = self.hopper.drb_chain16(x, chain, self._mixing_source(cheb1), score_weight=score.weight)
-        return self._move_vertices("drb_score_finish", (rows, np.int32(1), np.int64(0)), cheb1, score.bias, centers,
-                                   offsets)
+        return self._move_vertices(
+            "drb_score_finish", (rows, np.int32(1), np.int64(0)), cheb1, score.bias, centers, offsets
+        )
 
     def op_drb_last_layer_score(self, layer, score, x, residual, cheb1, cheb0, centers, offsets):
         """A deformation block's last wide layer, x5 = lc5(x4) + x3, and its score layer and vertex update
@@ -122,30 +141,47 @@ class DeformationStage:
         leaves 8 bytes a row), then ``drb_score_finish`` adds the groups' products, mixes them, adds the
         bias, takes the softmax and moves the vertices (``drb_score_update``'s arithmetic, its float32
         products summed in another order). None elsewhere."""
-        if (not self.fuse_drb_score or self.hopper is None or cheb0 is not None or layer.weight0 is not None
-                or not plan.fusable_score(score) or x.ndim != 4 or x.shape[1] != HYPOTHESES
-                or not self._runs_layer_3xf16(layer, x)):
+        if (
+            not self.fuse_drb_score
+            or self.hopper is None
+            or cheb0 is not None
+            or layer.weight0 is not None
+            or not plan.fusable_score(score)
+            or x.ndim != 4
+            or x.shape[1] != HYPOTHESES
+            or not self._runs_layer_3xf16(layer, x)
+        ):
             return None
         rows, halves, mixing = hg.hypothesis_rows(self.cupy, x), self._halves(layer), self._mixing_source(cheb1)
         if not plan.layer_3xf16_takes(rows, halves.k, mixing):
             return None
         parts = self.hopper.drb_layer_3xf16(rows, halves, layer.bias, residual, mixing, score_weight=score.weight)
-        return self._move_vertices("drb_score_finish", (parts, np.int32(parts.shape[0]), np.int64(parts[0].size // 2)),
-                                   cheb1, score.bias, centers, offsets)
+        return self._move_vertices(
+            "drb_score_finish",
+            (parts, np.int32(parts.shape[0]), np.int64(parts[0].size // 2)),
+            cheb1,
+            score.bias,
+            centers,
+            offsets,
+        )
 
     def _runs_layer_3xf16(self, layer, x) -> bool:
         """Whether a deformation layer is ``drb_layer_3xf16``'s to run, its rows' layout aside
         (``plan.layer_3xf16_takes``): the fp32 mode with ``fp32_halves``, float32 X, a [W0 | W1] of
         X's width and 2 x 192 columns."""
-        return (LAYER_OPERANDS[self.precision] == "3xtf32" and self.fp32_halves and x.dtype == self.cupy.float32
-                and layer.weight.shape == (x.shape[-1], 2 * hg.WIDE_COLS))
+        return (
+            LAYER_OPERANDS[self.precision] == "3xtf32"
+            and self.fp32_halves
+            and x.dtype == self.cupy.float32
+            and layer.weight.shape == (x.shape[-1], 2 * hg.WIDE_COLS)
+        )
 
     def _halves(self, layer):
         """A layer's [W0 | W1] prepared for ``drb_layer_3xf16`` (HopperGemm.prepare_halves), once per weight."""
         return self._derived.get((layer.weight,), "halves", lambda: self.hopper.prepare_halves(layer.weight))
 
     def op_local_gconv(self, layer, x, cheb1, cheb0=None, residual=None):
-        if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:   # A_0 the identity
+        if cheb0 is None and layer.weight0 is None and x.shape[1] == HYPOTHESES:  # A_0 the identity
             if self.hopper is not None and layer.cout % hg.DRB_LAYER.cols == 0:
                 return self._local_gconv_hopper(layer, x, cheb1, residual)
             if self.precision != "fp16" or self.hopper is not None:
@@ -154,12 +190,12 @@ class DeformationStage:
 
     def _local_gconv_hopper(self, layer, x, cheb1, residual):
         """The whole layer in one Hopper kernel, its products with the precision mode's operands. The
-16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
-        as the next layer's X and residual), and the narrow last layer reads them through
-        ``_skinny16`` (a block's wide layers run chained, ``op_drb_block_tail``, where the chain takes
-        them). The fp32 mode's layers run ``drb_layer_3xf16`` (three
-        float16 products of 22-bit operand parts, the mixing on the input side, each K slice summed on
-        its own and added in float32) where it takes X; the tf32 mode's, ``drb_layer``."""
+        16-bit modes keep these layers' outputs in 16 bits (half the bytes to write and to read back
+                as the next layer's X and residual), and the narrow last layer reads them through
+                ``_skinny16`` (a block's wide layers run chained, ``op_drb_block_tail``, where the chain takes
+                them). The fp32 mode's layers run ``drb_layer_3xf16`` (three
+                float16 products of 22-bit operand parts, the mixing on the input side, each K slice summed on
+                its own and added in float32) where it takes X; the tf32 mode's, ``drb_layer``."""
         cp = self.cupy
         operands = LAYER_OPERANDS[self.precision]
         out16 = hg.OPERANDS[operands].is_16bit
@@ -171,8 +207,15 @@ class DeformationStage:
             if plan.layer_3xf16_takes(rows, halves.k, mixing):
                 return self.hopper.drb_layer_3xf16(rows, halves, layer.bias, residual, mixing)
         weight = self._hopper_weight(layer.weight, operands, layer.weight, paired=True)
-        return self.hopper.drb_layer(rows, weight, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias,
-                                     residual, mixing=mixing, out16=out16)
+        return self.hopper.drb_layer(
+            rows,
+            weight,
+            cp.ascontiguousarray(cheb1, dtype=cp.float32),
+            layer.bias,
+            residual,
+            mixing=mixing,
+            out16=out16,
+        )
 
     def _skinny16(self, x, weight):
         """y = X W (float32 sums) for 16-bit activations X (..., K) and a narrow float32 W (K, <= 8),
@@ -180,17 +223,33 @@ class DeformationStage:
         kernel does not apply (float32 X, wide W, unaligned rows)."""
         cp = self.cupy
         k, nw = weight.shape
-        if x.dtype not in (cp.float16, cp.uint16) or nw > SKINNY_MAX_COLS or k > SKINNY_MAX_K or weight.dtype != cp.float32:
+        if (
+            x.dtype not in (cp.float16, cp.uint16)
+            or nw > SKINNY_MAX_COLS
+            or k > SKINNY_MAX_K
+            or weight.dtype != cp.float32
+        ):
             return None
-        rows = hg.hypothesis_rows(cp, x)   # unit-stride rows, evenly spaced
+        rows = hg.hypothesis_rows(cp, x)  # unit-stride rows, evenly spaced
         ldx = rows.strides[-2] // 2
         if ldx % 8 or rows.data.ptr % 16:
             return None
         m = int(np.prod(rows.shape[:-1]))
         y = cp.empty((m, nw), dtype=cp.float32)
-        self._deformation_kernel("skinny_gemm16")(_grid(m), (THREADS,),
-                                      (rows, np.int64(ldx), cp.ascontiguousarray(weight), y, np.int64(m), np.int32(k),
-                                       np.int32(nw), np.int32(x.dtype == cp.uint16)))
+        self._deformation_kernel("skinny_gemm16")(
+            _grid(m),
+            (THREADS,),
+            (
+                rows,
+                np.int64(ldx),
+                cp.ascontiguousarray(weight),
+                y,
+                np.int64(m),
+                np.int32(k),
+                np.int32(nw),
+                np.int32(x.dtype == cp.uint16),
+            ),
+        )
         return y
 
     def _activation_f32(self, x):
@@ -211,20 +270,34 @@ class DeformationStage:
         y = self._skinny16(x, layer.weight)
         if y is None:
             x = self._activation_f32(x)
-            y = self.gemm(cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight,
-                          cache_key=layer.weight)
+            y = self.gemm(
+                cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * k * n, cin), layer.weight, cache_key=layer.weight
+            )
         out = cp.empty((b, k, n, cout), dtype=cp.float32)
         res = np.uint64(0) if residual is None else cp.ascontiguousarray(residual, dtype=cp.float32)
         columns = b * n * cout
-        self._deformation_kernel("drb_mix_epilogue")(_grid(columns), (THREADS,),
-                                         (y, cp.ascontiguousarray(cheb1, dtype=cp.float32), layer.bias, res, out,
-                                          np.int32(b), np.int32(n), np.int32(cout)))
+        self._deformation_kernel("drb_mix_epilogue")(
+            _grid(columns),
+            (THREADS,),
+            (
+                y,
+                cp.ascontiguousarray(cheb1, dtype=cp.float32),
+                layer.bias,
+                res,
+                out,
+                np.int32(b),
+                np.int32(n),
+                np.int32(cout),
+            ),
+        )
         return out
 
     def _mixing_source(self, cheb1) -> str:
         """hopper.mixing_source of a support (read to the host once per array: the template's
         supports live as long as the model, so this happens in the first, eager call)."""
-        return self._derived.get((cheb1,), "mixing", lambda: self._prepare_mixing(hg.mixing_source(self.to_numpy(cheb1))))
+        return self._derived.get(
+            (cheb1,), "mixing", lambda: self._prepare_mixing(hg.mixing_source(self.to_numpy(cheb1)))
+        )
 
     def _prepare_mixing(self, mixing: str) -> str:
         """Start building this mode's Hopper deformation kernels for a support's ``mixing`` source, all at
@@ -234,7 +307,7 @@ class DeformationStage:
         try:
             cuda_kernels.prepare(kernel_manifest.planned_mixing_builds(self.precision, mixing), wait=False)
         except KernelCompileError:
-            pass   # tried again, and reported, where a kernel is first used
+            pass  # tried again, and reported, where a kernel is first used
         return mixing
 
     def op_score_update(self, layer, x, cheb1, cheb0, centers, offsets):
@@ -245,16 +318,34 @@ class DeformationStage:
         cp = self.cupy
         b, k, n, cin = x.shape
         row_format = ROW_FORMATS.get(x.dtype.name)
-        if (cheb0 is not None or layer.weight0 is not None or layer.cout != 1 or k != HYPOTHESES or row_format is None
-                or cin > SKINNY_MAX_K or (row_format == ROWS_F32 and self.precision == "fp16" and self.hopper is None)):
+        if (
+            cheb0 is not None
+            or layer.weight0 is not None
+            or layer.cout != 1
+            or k != HYPOTHESES
+            or row_format is None
+            or cin > SKINNY_MAX_K
+            or (row_format == ROWS_F32 and self.precision == "fp16" and self.hopper is None)
+        ):
             return None
-        rows = hg.hypothesis_rows(cp, x)   # unit-stride rows, evenly spaced
-        ldx, vector = rows.strides[-2] // rows.itemsize, 16 // rows.itemsize   # elements per 16-byte load
+        rows = hg.hypothesis_rows(cp, x)  # unit-stride rows, evenly spaced
+        ldx, vector = rows.strides[-2] // rows.itemsize, 16 // rows.itemsize  # elements per 16-byte load
         if cin % vector or ldx % vector or rows.data.ptr % 16:
             return None
-        return self._move_vertices("drb_score_update", (rows, np.int64(ldx), np.int32(cin), np.int32(row_format),
-                                                        cp.ascontiguousarray(layer.weight, dtype=cp.float32)),
-                                   cheb1, layer.bias, centers, offsets)
+        return self._move_vertices(
+            "drb_score_update",
+            (
+                rows,
+                np.int64(ldx),
+                np.int32(cin),
+                np.int32(row_format),
+                cp.ascontiguousarray(layer.weight, dtype=cp.float32),
+            ),
+            cheb1,
+            layer.bias,
+            centers,
+            offsets,
+        )
 
     def _move_vertices(self, kernel: str, inputs: tuple, cheb1, bias, centers, offsets):
         """Launch a block's end kernel on its leading arguments ``inputs`` and A1, the score layer's bias,
@@ -269,8 +360,11 @@ class DeformationStage:
             return cp.ascontiguousarray(a, dtype=cp.float32)
 
         per_block, threads = _SCORE_BLOCKS[kernel]
-        self._deformation_kernel(kernel)((-(-(b * n) // per_block),), (threads,),
-                             (*inputs, f32(cheb1), f32(bias), f32(offsets), f32(centers), out, np.int32(b), np.int32(n)))
+        self._deformation_kernel(kernel)(
+            (-(-(b * n) // per_block),),
+            (threads,),
+            (*inputs, f32(cheb1), f32(bias), f32(offsets), f32(centers), out, np.int32(b), np.int32(n)),
+        )
         return out
 
     def op_hypothesis_update(self, centers, score, offsets):
@@ -279,9 +373,18 @@ class DeformationStage:
         b, k, n = score.shape
         out = cp.empty((b, n, 3), dtype=cp.float32)
         self._deformation_kernel("hypothesis_softmax_update")(
-            _grid(b * n), (THREADS,),
-            (cp.ascontiguousarray(score, dtype=cp.float32), cp.ascontiguousarray(offsets, dtype=cp.float32),
-             cp.ascontiguousarray(centers, dtype=cp.float32), out, np.int32(b), np.int32(k), np.int32(n)))
+            _grid(b * n),
+            (THREADS,),
+            (
+                cp.ascontiguousarray(score, dtype=cp.float32),
+                cp.ascontiguousarray(offsets, dtype=cp.float32),
+                cp.ascontiguousarray(centers, dtype=cp.float32),
+                out,
+                np.int32(b),
+                np.int32(k),
+                np.int32(n),
+            ),
+        )
         return out
 
     def _local_gconv_cublas(self, layer, x, cheb1, cheb0, residual):
@@ -308,6 +411,7 @@ class DeformationStage:
             name = "gconv_epilogue_f16_f32" if out_dtype == cp.float32 else "gconv_epilogue_f16"
         res = np.uint64(0) if residual is None else cp.ascontiguousarray(residual, dtype=dtype)
         total = out.size
-        self._deformation_kernel(name)(_grid(total), (THREADS,),
-                           (y0, mixed, bias, res, out, np.int64(total), np.int32(cout), np.int32(1)))
+        self._deformation_kernel(name)(
+            _grid(total), (THREADS,), (y0, mixed, bias, res, out, np.int64(total), np.int32(cout), np.int32(1))
+        )
         return out

@@ -2,6 +2,7 @@
 stream (:class:`StreamBranch`) and CUDA graph capture (:class:`CapturedGraph`); the stage modules
 beside it add the operations (:class:`~xmesh.backends.cupy_backend.backend.CupyBackend` puts them together).
 """
+
 from __future__ import annotations
 
 import os
@@ -92,7 +93,7 @@ class StreamBranch(Branch):
         self.cupy.cuda.get_current_stream().wait_event(self._done)
 
     def _event(self):
-        return self.cupy.cuda.Event(disable_timing=True)   # order only: no timestamps, allowed under capture
+        return self.cupy.cuda.Event(disable_timing=True)  # order only: no timestamps, allowed under capture
 
 
 class CupyDevice(Backend):
@@ -150,13 +151,18 @@ class CupyDevice(Backend):
             self._prepare_kernels()
             self._stage_kernel(CONVOLUTION_FILE, "im2col_nhwc")  # compile now: a broken toolchain fails at construction
             self.hopper = self._hopper_gemm()
-            self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)   # its handle on this device
+            self._cudnn = None if self.gemm_passes != 1 else CudnnConv.create(cupy)  # its handle on this device
         if precision == "bf16" and self.hopper is None:
             cc = str(self.device.compute_capability)
-            why = "XMESH_HOPPER_GEMM=0 is set" if hg.supported(self.device) else \
-                f"this GPU has compute capability {cc[:-1]}.{cc[-1]}"
-            raise InputError(f"precision='bf16' runs in xmesh's Hopper kernel, which needs a GPU of compute "
-                             f"capability 9.0 (H100, H200), and {why}: use precision='fp16' or 'tf32' here")
+            why = (
+                "XMESH_HOPPER_GEMM=0 is set"
+                if hg.supported(self.device)
+                else f"this GPU has compute capability {cc[:-1]}.{cc[-1]}"
+            )
+            raise InputError(
+                f"precision='bf16' runs in xmesh's Hopper kernel, which needs a GPU of compute "
+                f"capability 9.0 (H100, H200), and {why}: use precision='fp16' or 'tf32' here"
+            )
 
     def _prepare_kernels(self):
         """Start building the kernels this mode's reconstructions run on this GPU, all at once in background
@@ -174,7 +180,7 @@ class CupyDevice(Backend):
         with self.device:
             try:
                 cuda_kernels.load(kernel_manifest.planned_builds(self.precision, hopper))
-            except KernelCompileError:   # raised again where the kernel is used (the Hopper ones fall back)
+            except KernelCompileError:  # raised again where the kernel is used (the Hopper ones fall back)
                 pass
 
     def _hopper_gemm(self):
@@ -183,9 +189,12 @@ class CupyDevice(Backend):
             return None
         try:
             return hg.HopperGemm(self.cupy)
-        except KernelCompileError as exc:   # e.g. an NVRTC too old for sm_90a: the mma.sync kernel still works
-            warnings.warn(f"xmesh: the Hopper GEMM is unavailable, using the mma.sync kernel instead ({exc})",
-                          RuntimeWarning, stacklevel=3)
+        except KernelCompileError as exc:  # e.g. an NVRTC too old for sm_90a: the mma.sync kernel still works
+            warnings.warn(
+                f"xmesh: the Hopper GEMM is unavailable, using the mma.sync kernel instead ({exc})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return None
 
     @property
@@ -221,8 +230,10 @@ class CupyDevice(Backend):
         cp = self.cupy
         batch, num_views = host.shape[:2]
         if dst.dtype != cp.float32 or not dst.flags.c_contiguous or dst.shape != (batch * num_views,) + host.shape[2:]:
-            raise ValueError(f"copy_views_into: dst must be a C-contiguous float32 array of shape "
-                             f"{(batch * num_views,) + tuple(host.shape[2:])}, got {dst.dtype} {dst.shape}")
+            raise ValueError(
+                f"copy_views_into: dst must be a C-contiguous float32 array of shape "
+                f"{(batch * num_views,) + tuple(host.shape[2:])}, got {dst.dtype} {dst.shape}"
+            )
         image = dst[0].nbytes
         stream = cp.cuda.get_current_stream()
         views = sorted(set(views))
@@ -233,7 +244,9 @@ class CupyDevice(Backend):
             else:
                 runs.append([v])
         for run in runs:
-            self.uploader.copy_rows(dst.data.ptr + run[0] * image, num_views * image, host[:, run[0]:run[-1] + 1], stream)
+            self.uploader.copy_rows(
+                dst.data.ptr + run[0] * image, num_views * image, host[:, run[0] : run[-1] + 1], stream
+            )
 
     def copy_into(self, dst, src) -> None:
         """dst[...] = src for a contiguous float32 device array dst: host data in one upload (through
@@ -243,7 +256,9 @@ class CupyDevice(Backend):
             if src.size != dst.size or not dst.flags.c_contiguous or dst.dtype != self.cupy.float32:
                 raise ValueError(f"copy_into: {src.shape} host values do not fit device array {dst.dtype} {dst.shape}")
             rows = src.reshape(dst.shape if dst.ndim > 1 else (1, dst.size))
-            self.uploader.copy_rows(dst.data.ptr, dst.nbytes // rows.shape[0], rows, self.cupy.cuda.get_current_stream())
+            self.uploader.copy_rows(
+                dst.data.ptr, dst.nbytes // rows.shape[0], rows, self.cupy.cuda.get_current_stream()
+            )
         else:
             dst[...] = self.cupy.reshape(src, dst.shape)
 

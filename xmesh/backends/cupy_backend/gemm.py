@@ -2,6 +2,7 @@
 products on compute capability 9.0, the Hopper GEMM (``hopper``); the split-K reduction; cuBLAS's
 compute type for the products that still go through it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,7 @@ class GemmStage:
         entry = self._gemm_kernels.get((name, bk))
         if entry is None:
             kernel = get_function(GEMM_FILE, name, ("-std=c++17",) + defines(GEMM_DEFINES, XG_BK=bk))
-            kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn, bk)   # > 48 KB needs the opt-in
+            kernel.max_dynamic_shared_size_bytes = self._gemm_smem(bn, bk)  # > 48 KB needs the opt-in
             entry = self._gemm_kernels[(name, bk)] = (kernel, bk)
         return entry
 
@@ -55,8 +56,9 @@ class GemmStage:
         is given, so a layer's weights are split once."""
         if cache_key is None:
             return self.hopper.prepare(b, operands, paired)
-        return self._derived.get((cache_key,), ("hopper", operands, paired, tuple(b.shape)),
-                                 lambda: self.hopper.prepare(b, operands, paired))
+        return self._derived.get(
+            (cache_key,), ("hopper", operands, paired, tuple(b.shape)), lambda: self.hopper.prepare(b, operands, paired)
+        )
 
     def gemm(self, a, b, out=None, bias=None, relu: bool = False, passes: int | None = None, cache_key=None):
         """``act(a @ b + bias)`` for float32 a (M,K), b (K,N) on the tensor cores (our kernels).
@@ -80,7 +82,9 @@ class GemmStage:
         if out is None:
             out = cp.empty((m, n), dtype=cp.float32)
         elif out.shape != (m, n) or out.dtype != cp.float32 or out.strides[1] != 4:
-            raise InputError(f"gemm: out must be float32 ({m}, {n}) with unit column stride, got {out.dtype} {out.shape}")
+            raise InputError(
+                f"gemm: out must be float32 ({m}, {n}) with unit column stride, got {out.dtype} {out.shape}"
+            )
         if m == 0 or n == 0:
             return out
         if k == 0:
@@ -88,13 +92,15 @@ class GemmStage:
             return out
         passes = self.gemm_passes if passes is None else passes
         if self.hopper is not None and plan.gemm_on_hopper(m, n):
-            return self.hopper(a, self._hopper_weight(b, "3xtf32" if passes == 3 else "tf32", cache_key), out, bias, relu)
+            return self.hopper(
+                a, self._hopper_weight(b, "3xtf32" if passes == 3 else "tf32", cache_key), out, bias, relu
+            )
         lda, ldb = a.strides[0] // 4, b.strides[0] // 4
         # 16-byte copies: rows 16-byte aligned; K may end inside one (the copy zero-fills past K)
         vec = lda % 4 == 0 and ldb % 4 == 0 and n % 4 == 0 and a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0
         bn = _tile_width(n)
         while bn > GEMM_NARROWEST and n % (bn // 2) == 0 and -(-m // GEMM_BM) * (n // bn) < self.sm_count:
-            bn //= 2   # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
+            bn //= 2  # fewer tiles than multiprocessors (stage 1's graph convolutions): narrower ones
         bk = plan.gemm_k_slice(passes, m, n, bn)
         entry = self._gemm_kernel(f"gemm_{passes}x_n{bn}_{'v' if vec else 's'}", bn, bk)
         return self._launch_tc(entry, (a, np.int64(lda)), b, out, m, k, bn, bias, relu)
@@ -124,20 +130,63 @@ class GemmStage:
         bias_arg = np.uint64(0) if bias is None else bias
         smem = self._gemm_smem(bn, bk)
         if splits == 1:
-            kernel((tiles, 1), (GEMM_THREADS,),
-                   (*a_args, b, np.int64(ldb), out, np.int64(ldc), np.int32(m), np.int32(n), np.int32(k),
-                    bias_arg, np.int32(bool(relu)), np.int32(k), np.int64(0)), shared_mem=smem)
+            kernel(
+                (tiles, 1),
+                (GEMM_THREADS,),
+                (
+                    *a_args,
+                    b,
+                    np.int64(ldb),
+                    out,
+                    np.int64(ldc),
+                    np.int32(m),
+                    np.int32(n),
+                    np.int32(k),
+                    bias_arg,
+                    np.int32(bool(relu)),
+                    np.int32(k),
+                    np.int64(0),
+                ),
+                shared_mem=smem,
+            )
             return out
         chunk = -(-k // (splits * bk)) * bk
         splits = -(-k // chunk)
         parts = cp.empty((splits, m, n), dtype=cp.float32)
-        kernel((tiles, splits), (GEMM_THREADS,),
-               (*a_args, b, np.int64(ldb), parts, np.int64(n), np.int32(m), np.int32(n), np.int32(k),
-                np.uint64(0), np.int32(0), np.int32(chunk), np.int64(m * n)), shared_mem=smem)
+        kernel(
+            (tiles, splits),
+            (GEMM_THREADS,),
+            (
+                *a_args,
+                b,
+                np.int64(ldb),
+                parts,
+                np.int64(n),
+                np.int32(m),
+                np.int32(n),
+                np.int32(k),
+                np.uint64(0),
+                np.int32(0),
+                np.int32(chunk),
+                np.int64(m * n),
+            ),
+            shared_mem=smem,
+        )
         get_function(GEMM_FILE, "gemm_splitk_reduce", ("-std=c++17",) + defines(GEMM_DEFINES, XG_BK=GEMM_BK))(
-            _grid(m * n), (THREADS,),
-            (parts, np.int32(splits), np.int64(m * n), np.int32(m), np.int32(n), out, np.int64(ldc), bias_arg,
-             np.int32(bool(relu))))
+            _grid(m * n),
+            (THREADS,),
+            (
+                parts,
+                np.int32(splits),
+                np.int64(m * n),
+                np.int32(m),
+                np.int32(n),
+                out,
+                np.int64(ldc),
+                bias_arg,
+                np.int32(bool(relu)),
+            ),
+        )
         return out
 
     @contextlib.contextmanager

@@ -2,6 +2,7 @@
 GEMM then one kernel of ``kernels/graph_conv.cu`` (support 1 in CSR, bias, ReLU, residual), with the
 unpooling kernel.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,12 +61,12 @@ class GraphConvStage:
         b, n, cin = x.shape
         cout = layer.cout
         weight = layer.weight
-        x2 = _rows_16byte(cp, x)   # a projection's rows, padded to 16 bytes, read in place
+        x2 = _rows_16byte(cp, x)  # a projection's rows, padded to 16 bytes, read in place
         if x2 is None:
             x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(b * n, cin)
-            if cin % 4:   # the first layers' 2883 / 3075 inputs: rows padded to 16 bytes for the vector loads
+            if cin % 4:  # the first layers' 2883 / 3075 inputs: rows padded to 16 bytes for the vector loads
                 x2, weight = self._pad_k(x2), self._padded_weight(layer.weight)
-        y = self.gemm(x2, weight, cache_key=weight)   # (B*N, 2*cout)
+        y = self.gemm(x2, weight, cache_key=weight)  # (B*N, 2*cout)
         if pool_idx is not None:
             y = self.op_unpool(y.reshape(b, n, 2 * cout), pool_idx)
             if y is None:
@@ -80,14 +81,32 @@ class GraphConvStage:
                 raise InputError(f"graph_conv: residual of shape {residual.shape}, expected {(b, n, cout)}")
         out = cp.empty((b, n, cout), dtype=cp.float32)
         total, kernel = out.size, "csr_gconv"
-        if cout % 4 == 0 and total < 2**31 and all(a.data.ptr % 16 == 0 for a in (y, layer.bias, out)) \
-                and (residual is None or residual.data.ptr % 16 == 0):
-            total, kernel = total // 4, "csr_gconv_x4"   # 4 columns a thread, 32-bit indices
+        if (
+            cout % 4 == 0
+            and total < 2**31
+            and all(a.data.ptr % 16 == 0 for a in (y, layer.bias, out))
+            and (residual is None or residual.data.ptr % 16 == 0)
+        ):
+            total, kernel = total // 4, "csr_gconv_x4"  # 4 columns a thread, 32-bit indices
         self._graph_conv_kernel(kernel)(
-            ((total + THREADS - 1) // THREADS,), (THREADS,),
-            (s1.indptr, s1.indices, s1.data, y, np.int32(2 * cout), np.int32(cout), layer.bias,
-             np.uint64(0) if residual is None else residual, out,
-             np.int32(b), np.int32(n), np.int32(cout), np.int32(bool(layer.relu))))
+            ((total + THREADS - 1) // THREADS,),
+            (THREADS,),
+            (
+                s1.indptr,
+                s1.indices,
+                s1.data,
+                y,
+                np.int32(2 * cout),
+                np.int32(cout),
+                layer.bias,
+                np.uint64(0) if residual is None else residual,
+                out,
+                np.int32(b),
+                np.int32(n),
+                np.int32(cout),
+                np.int32(bool(layer.relu)),
+            ),
+        )
         return out
 
     def _pad_k(self, x2):
@@ -100,6 +119,7 @@ class GraphConvStage:
 
     def _padded_weight(self, weight):
         """``weight`` (K, N) with zero rows up to a multiple of 4, made once per weight array."""
+
         def make():
             k = weight.shape[0]
             padded = self.cupy.zeros((k + (-k % 4), weight.shape[1]), dtype=self.cupy.float32)
@@ -119,6 +139,7 @@ class GraphConvStage:
         e = edges.shape[0]
         out = cp.empty((b, n + e, c), dtype=cp.float32)
         if out.size:
-            self._graph_conv_kernel("unpool_midpoints")((b * (n + e),), (THREADS,),
-                                             (x, edges, out, np.int32(n), np.int32(e), np.int32(c)))
+            self._graph_conv_kernel("unpool_midpoints")(
+                (b * (n + e),), (THREADS,), (x, edges, out, np.int32(n), np.int32(e), np.int32(c))
+            )
         return out

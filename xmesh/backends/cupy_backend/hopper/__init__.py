@@ -16,6 +16,7 @@ store its output (and read its residual and X) in the mode's 16 bits (``activati
 :class:`~xmesh.backends.cupy_backend.CupyBackend` sends large products and the deformation blocks here,
 and the rest (and everything on other GPUs) to ``kernels/tc_gemm.cu`` and the stage files.
 """
+
 from __future__ import annotations
 
 from .activations import activation_dtype, narrow16, widen16
@@ -47,8 +48,33 @@ from .layouts import (
     vertex_tile_map,
 )
 
-__all__ = ["ARCH", "CHAIN", "DRB_LAYER", "GEMM", "LAYER_3XF16", "MAX_DYNAMIC_SHARED_SIZE_BYTES", "OPERANDS", "WIDE_COLS",
-           "ChainKernel", "GemmKernel", "Layer3xf16Kernel", "LayerKernel", "OperandMode", "HopperGemm", "PreparedChain",
-           "PreparedHalves", "PreparedWeight", "smem_bytes", "supported", "activation_dtype", "narrow16", "widen16",
-           "accumulator_columns", "chain_piece_index", "hypothesis_rows", "mixing_source", "piece_index",
-           "vertex_tile_map"]
+__all__ = [
+    "ARCH",
+    "CHAIN",
+    "DRB_LAYER",
+    "GEMM",
+    "LAYER_3XF16",
+    "MAX_DYNAMIC_SHARED_SIZE_BYTES",
+    "OPERANDS",
+    "WIDE_COLS",
+    "ChainKernel",
+    "GemmKernel",
+    "Layer3xf16Kernel",
+    "LayerKernel",
+    "OperandMode",
+    "HopperGemm",
+    "PreparedChain",
+    "PreparedHalves",
+    "PreparedWeight",
+    "smem_bytes",
+    "supported",
+    "activation_dtype",
+    "narrow16",
+    "widen16",
+    "accumulator_columns",
+    "chain_piece_index",
+    "hypothesis_rows",
+    "mixing_source",
+    "piece_index",
+    "vertex_tile_map",
+]

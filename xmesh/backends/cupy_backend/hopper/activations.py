@@ -1,4 +1,5 @@
 """The 16-bit modes' activations: float16, or bfloat16 bits held in uint16 arrays (CuPy has no bfloat16 type)."""
+
 from __future__ import annotations
 
 

@@ -1,6 +1,7 @@
 """The 16-bit chain family (kernels/wgmma_drb16_chain.cu, constants ``families.CHAIN``): a deformation
 block's five wide layers in one kernel, the activations in shared memory.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,21 +42,33 @@ class ChainFamily:
         cp = self.cupy
         weights = tuple(weights)
         modes = {w.operands for w in (first,) + weights}
-        if (len(weights) != CHAIN.hidden_layers or len(modes) != 1 or first.passes
-                or any(w.paired or w.k != WIDE_COLS or w.n != 2 * WIDE_COLS for w in weights)
-                or first.paired or first.n != 2 * WIDE_COLS or not 0 < first.k <= CHAIN.max_cin):
-            raise ValueError(f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {CHAIN.max_cin}, "
-                             f"{2 * WIDE_COLS}) weight and {CHAIN.hidden_layers} unpaired ({WIDE_COLS}, "
-                             f"{2 * WIDE_COLS}) weights, all "
-                             f"of one 16-bit mode, got {[(w.k, w.n, w.operands, w.paired) for w in (first,) + weights]}")
-        first_slices = -(-first.k // 32)   # prepare pads K to a multiple of 32 with zeros
+        if (
+            len(weights) != CHAIN.hidden_layers
+            or len(modes) != 1
+            or first.passes
+            or any(w.paired or w.k != WIDE_COLS or w.n != 2 * WIDE_COLS for w in weights)
+            or first.paired
+            or first.n != 2 * WIDE_COLS
+            or not 0 < first.k <= CHAIN.max_cin
+        ):
+            raise ValueError(
+                f"prepare_chain16: needs a first layer's unpaired 16-bit (cin <= {CHAIN.max_cin}, "
+                f"{2 * WIDE_COLS}) weight and {CHAIN.hidden_layers} unpaired ({WIDE_COLS}, "
+                f"{2 * WIDE_COLS}) weights, all "
+                f"of one 16-bit mode, got {[(w.k, w.n, w.operands, w.paired) for w in (first,) + weights]}"
+            )
+        first_slices = -(-first.k // 32)  # prepare pads K to a multiple of 32 with zeros
         parts = [cp.take(first.big.reshape(-1), cp.asarray(chain_piece_index(first.big.shape[1], first_slices)))]
-        index = cp.asarray(chain_piece_index(WIDE_COLS))   # a 192-wide layer's big is (384, 192): k = 192 is a whole K tile
+        index = cp.asarray(
+            chain_piece_index(WIDE_COLS)
+        )  # a 192-wide layer's big is (384, 192): k = 192 is a whole K tile
         parts += [cp.take(w.big.reshape(-1), index) for w in weights]
         stream = cp.concatenate([part.reshape(-1) for part in parts])
         bias = cp.stack([cp.ascontiguousarray(b, dtype=cp.float32).reshape(-1) for b in biases])
         if bias.shape != (CHAIN.hidden_layers + 1, WIDE_COLS):
-            raise ValueError(f"prepare_chain16: needs {CHAIN.hidden_layers + 1} biases of ({WIDE_COLS},), got {bias.shape}")
+            raise ValueError(
+                f"prepare_chain16: needs {CHAIN.hidden_layers + 1} biases of ({WIDE_COLS},), got {bias.shape}"
+            )
         return PreparedChain(cp.ascontiguousarray(stream), cp.ascontiguousarray(bias), first.k, first.operands)
 
     def drb_chain16(self, x, chain: PreparedChain, mixing: str, score_weight=None):
@@ -73,10 +86,12 @@ class ChainFamily:
         cp = self.cupy
         act = activation_dtype(cp, chain.operands)
         if not mixing or not plan.chain_takes(x, chain.cin) or x.dtype != act:
-            raise ValueError(f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}) with "
-                             f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned (B, {HYPOTHESES}, N, "
-                             f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
-                             f"and mixing_source(A1)")
+            raise ValueError(
+                f"drb_chain16: X {x.shape} {x.dtype} (strides {x.strides}) with "
+                f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned (B, {HYPOTHESES}, N, "
+                f"{chain.cin}) {act} array ({chain.operands}) with rows a multiple of 8 elements apart, "
+                f"and mixing_source(A1)"
+            )
         b, _, n, _ = x.shape
         tiles = b * -(-n // DRB_LAYER.vertices)
         head = (vertex_tile_map(x, 64), x, np.int64(x.strides[2] // 2), np.int32(chain.cin), chain.stream, chain.bias)
@@ -85,10 +100,16 @@ class ChainFamily:
             name, args = f"wg_drb_chain_{OPERANDS[chain.operands].kernel_part}", head + (out,)
         else:
             if score_weight.shape != (WIDE_COLS, 2):
-                raise ValueError(f"drb_chain16: the score layer's weight must be ({WIDE_COLS}, 2), got {score_weight.shape}")
+                raise ValueError(
+                    f"drb_chain16: the score layer's weight must be ({WIDE_COLS}, 2), got {score_weight.shape}"
+                )
             out = cp.empty((b, HYPOTHESES, n, 2), dtype=cp.float32)
             name = f"wg_drb_chain_score_{OPERANDS[chain.operands].kernel_part}"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out)
-        self._kernel(name, CHAIN.smem, mixing, CHAIN.source)((min(tiles, self.sm_count),), (DRB_LAYER.threads,),
-                                                     args + (np.int32(n), np.int32(tiles)), shared_mem=CHAIN.smem)
+        self._kernel(name, CHAIN.smem, mixing, CHAIN.source)(
+            (min(tiles, self.sm_count),),
+            (DRB_LAYER.threads,),
+            args + (np.int32(n), np.int32(tiles)),
+            shared_mem=CHAIN.smem,
+        )
         return out

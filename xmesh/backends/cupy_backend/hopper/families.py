@@ -1,6 +1,7 @@
 """The Hopper kernels' families and their constants, one frozen dataclass each (the values their
 ``kernels/wgmma_*.cu`` files define; tests/test_kernel_sources.py compares them), and the operand modes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,7 +108,11 @@ class OperandMode(NamedTuple):
 
 
 #: Operand modes by name.
-OPERANDS = {"3xtf32": OperandMode(3, "3x", 3), "tf32": OperandMode(1, "1x", 1), "fp16": OperandMode(16, "f16", 0),
-            "bf16": OperandMode(17, "bf16", 0)}
+OPERANDS = {
+    "3xtf32": OperandMode(3, "3x", 3),
+    "tf32": OperandMode(1, "1x", 1),
+    "fp16": OperandMode(16, "f16", 0),
+    "bf16": OperandMode(17, "bf16", 0),
+}
 #: CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8

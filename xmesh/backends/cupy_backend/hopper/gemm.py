@@ -2,6 +2,7 @@
 core (kernel loading, weight preparation, the input-side kernels' grid and epilogue operands) and
 ``C = act(A B + bias)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ def supported(device) -> bool:
     return str(device.compute_capability) == "90"
 
 
-def smem_bytes(operands: str, bn: int = GEMM.bn, rows: int = GEMM.bm, stages: int = GEMM.stages, a16: bool = False) -> int:
+def smem_bytes(
+    operands: str, bn: int = GEMM.bn, rows: int = GEMM.bm, stages: int = GEMM.stages, a16: bool = False
+) -> int:
     """Dynamic shared memory of one block: the ring of (B big [, B small], A) slices plus alignment
     slack (wg_stage_bytes: B slices take rows of 128 bytes; 16-bit modes pad float32 A rows to 40
     floats; A in 16 bits (``a16``) takes rows of 128 bytes as B)."""
@@ -82,12 +85,16 @@ class HopperCore:
             raise ValueError(f"operands={operands!r}: choose one of {', '.join(OPERANDS)}")
         k, n = b.shape
         if paired and n % (2 * DRB_LAYER.cols):
-            raise ValueError(f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_LAYER.cols}, got {n}")
+            raise ValueError(
+                f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_LAYER.cols}, got {n}"
+            )
         passes = OPERANDS[operands].tf32_passes
         kp, np_ = -(-k // GEMM.bk) * GEMM.bk, -(-n // GEMM.bn) * GEMM.bn
         total = np_ * kp
-        grid, head = (min(-(-total // 256), 4096),), (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n),
-                                                     np.int32(kp), np.int32(np_))
+        grid, head = (
+            (min(-(-total // 256), 4096),),
+            (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n), np.int32(kp), np.int32(np_)),
+        )
         pair = np.int32(DRB_LAYER.cols if paired else 0)
         if passes == 0:
             big, small = cp.empty((np_, kp), dtype=cp.uint16), None
@@ -101,17 +108,33 @@ class HopperCore:
     def __call__(self, a, weight: PreparedWeight, out, bias=None, relu: bool = False):
         """out (m, n) = act(a (m, k) @ B + bias); ``a`` and ``out`` row-strided views with unit column stride."""
         if not weight.passes or weight.paired:
-            raise ValueError(f"the Hopper GEMM takes an unpaired TF32 weight, got {weight.operands} (paired={weight.paired})")
+            raise ValueError(
+                f"the Hopper GEMM takes an unpaired TF32 weight, got {weight.operands} (paired={weight.paired})"
+            )
         m, k = a.shape
         lda, ldc = a.strides[0] // 4, out.strides[0] // 4
         vec = lda % 4 == 0 and a.data.ptr % 16 == 0
         tiles = -(-m // GEMM.bm) * (weight.big.shape[0] // GEMM.bn)
         name = f"wg_gemm_{OPERANDS[weight.operands].kernel_part}_{'v' if vec else 's'}"
         self._kernel(name, smem_bytes(weight.operands))(
-            (tiles,), (GEMM.threads,),
-            (a, np.int64(lda), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), out, np.int64(ldc), np.int32(m),
-             np.int32(weight.n), np.int32(k), np.uint64(0) if bias is None else bias, np.int32(bool(relu))),
-            shared_mem=smem_bytes(weight.operands))
+            (tiles,),
+            (GEMM.threads,),
+            (
+                a,
+                np.int64(lda),
+                weight.big,
+                weight.small_arg,
+                np.int64(weight.big.shape[1]),
+                out,
+                np.int64(ldc),
+                np.int32(m),
+                np.int32(weight.n),
+                np.int32(k),
+                np.uint64(0) if bias is None else bias,
+                np.int32(bool(relu)),
+            ),
+            shared_mem=smem_bytes(weight.operands),
+        )
         return out
 
     def column_group_grid(self, b: int, n: int, columns: int) -> tuple:
@@ -132,8 +155,9 @@ class HopperCore:
                 raise ValueError(f"{name}: residual must be {shape} {dtype}, got {residual.shape} {residual.dtype}")
             residual = cp.ascontiguousarray(residual)
             if residual.data.ptr % align:
-                raise ValueError(f"{name}: the residual must start {align}-byte aligned, got address "
-                                 f"{residual.data.ptr:#x}")
+                raise ValueError(
+                    f"{name}: the residual must start {align}-byte aligned, got address {residual.data.ptr:#x}"
+                )
         bias = cp.ascontiguousarray(bias, dtype=cp.float32)
         if bias.shape != (WIDE_COLS,):
             raise ValueError(f"{name}: bias must be ({WIDE_COLS},), got {bias.shape}")

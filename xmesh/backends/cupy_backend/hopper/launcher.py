@@ -1,4 +1,5 @@
 """``HopperGemm``: the Hopper kernels' launchers, one mixin per kernel family."""
+
 from __future__ import annotations
 
 from .chain import ChainFamily

@@ -1,6 +1,7 @@
 """The deformation layer family (``wg_drb_layer_*`` in kernels/wgmma_gemm.cu, constants
 ``families.DRB_LAYER``): a whole local graph convolution in one kernel.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,32 +34,54 @@ class LayerFamily:
             raise ValueError(f"drb_layer: X must have evenly spaced rows (strides {x.strides}, {x.dtype})")
         x16 = x.dtype != cp.float32
         if (x16 or out16) and (weight.passes or (x16 and not out16)):
-            raise ValueError(f"drb_layer: 16-bit X ({x.dtype}) or output (out16={out16}) needs a 16-bit mode "
-                             f"(weight {weight.operands}) and a 16-bit output")
+            raise ValueError(
+                f"drb_layer: 16-bit X ({x.dtype}) or output (out16={out16}) needs a 16-bit mode "
+                f"(weight {weight.operands}) and a 16-bit output"
+            )
         act = activation_dtype(cp, weight.operands) if out16 else cp.dtype(cp.float32)
         if x16 and x.dtype != act:
             raise ValueError(f"drb_layer: X is {x.dtype}, the {weight.operands} activations are {act}")
         ldx = x.strides[2] // x.itemsize
-        if residual is not None:   # the kernel copies its rows in 16-byte pieces
+        if residual is not None:  # the kernel copies its rows in 16-byte pieces
             if out16 and residual.dtype != act:
                 raise ValueError(f"drb_layer: with out16 the residual must be {act}, got {residual.dtype}")
             residual = cp.ascontiguousarray(residual, dtype=act)
             if residual.shape != (b, hyp, n, cout) or residual.data.ptr % 16:
-                raise ValueError(f"drb_layer: residual {residual.shape} must be ({b}, {hyp}, {n}, {cout}), 16-byte aligned")
+                raise ValueError(
+                    f"drb_layer: residual {residual.shape} must be ({b}, {hyp}, {n}, {cout}), 16-byte aligned"
+                )
         out = cp.empty((b, hyp, n, cout), dtype=act)
         vec = ldx % (8 if x16 else 4) == 0 and x.data.ptr % 16 == 0
         if x16 and not vec:
             raise ValueError(f"drb_layer: 16-bit X needs 16-byte aligned rows (a multiple of 8 elements), got {ldx}")
-        smem = smem_bytes(weight.operands, 2 * DRB_LAYER.cols, DRB_LAYER.rows, DRB_LAYER.stages, a16=x16) + DRB_LAYER.staging_bytes
+        smem = (
+            smem_bytes(weight.operands, 2 * DRB_LAYER.cols, DRB_LAYER.rows, DRB_LAYER.stages, a16=x16)
+            + DRB_LAYER.staging_bytes
+        )
         tiles = b * -(-n // DRB_LAYER.vertices) * (cout // DRB_LAYER.cols)
-        blocks = min(tiles, self.sm_count)   # persistent blocks, one per multiprocessor
+        blocks = min(tiles, self.sm_count)  # persistent blocks, one per multiprocessor
         code, part, _ = OPERANDS[weight.operands]
-        if mixing:   # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
+        if mixing:  # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
             mixing += f"#define WG_DRB_OPS {code}\n"
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
         self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
-            (blocks,), (DRB_LAYER.threads,),
-            (x, np.int64(ldx), np.int32(cin), weight.big, weight.small_arg, np.int64(weight.big.shape[1]), a1, bias,
-             np.uint64(0) if residual is None else residual, out, np.int32(n), np.int32(cout), np.int32(tiles)),
-            shared_mem=smem)
+            (blocks,),
+            (DRB_LAYER.threads,),
+            (
+                x,
+                np.int64(ldx),
+                np.int32(cin),
+                weight.big,
+                weight.small_arg,
+                np.int64(weight.big.shape[1]),
+                a1,
+                bias,
+                np.uint64(0) if residual is None else residual,
+                out,
+                np.int32(n),
+                np.int32(cout),
+                np.int32(tiles),
+            ),
+            shared_mem=smem,
+        )
         return out

@@ -1,6 +1,7 @@
 """The three-half-products layer family (kernels/wgmma_drb32h.cu, constants ``families.LAYER_3XF16``):
 the fp32 mode's deformation layer as three float16 products, the mixing on the input side.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,19 +45,21 @@ class Layer3xf16Family:
         # here, instead of a whole-array reduction, whose CUB kernels cost seconds to compile on first use)
         if not np.isfinite(cp.asnumpy(largest)).all():
             raise ValueError("prepare_halves: the weight has non-finite entries")
-        _, exponent = cp.frexp(largest)   # largest = m 2^exponent, m in [0.5, 1)
+        _, exponent = cp.frexp(largest)  # largest = m 2^exponent, m in [0.5, 1)
         shift = cp.where(largest > 0, LAYER_3XF16.w_exponent + 1 - exponent, 0).astype(cp.int32)
         scaled = cp.ldexp(w, cp.concatenate([shift, shift])[None, :])
         big = scaled.astype(cp.float16)
         small = (scaled - big.astype(cp.float32)).astype(cp.float16)
         slices = -(-k // LAYER_3XF16.k_slice)
 
-        def k_major(part):   # (2 x 192, 32 slices): row c holds column c of [W0 | W1], zeros past k
+        def k_major(part):  # (2 x 192, 32 slices): row c holds column c of [W0 | W1], zeros past k
             rows = cp.zeros((2 * WIDE_COLS, LAYER_3XF16.k_slice * slices), dtype=cp.uint16)
             rows[:, :k] = part.view(cp.uint16).T
             return rows.reshape(-1)
 
-        index = cp.asarray(piece_index(LAYER_3XF16.k_slice * slices, slices, LAYER_3XF16.tile_columns))   # (slice, group, W1 / W0, n, 4, 8)
+        index = cp.asarray(
+            piece_index(LAYER_3XF16.k_slice * slices, slices, LAYER_3XF16.tile_columns)
+        )  # (slice, group, W1 / W0, n, 4, 8)
         stream = cp.stack([cp.take(k_major(big), index), cp.take(k_major(small), index)], axis=3)
         scale = cp.ldexp(cp.ones(WIDE_COLS, dtype=cp.float32), -shift).astype(cp.float32)
         return PreparedHalves(cp.ascontiguousarray(stream.reshape(-1)), scale, k)
@@ -77,25 +80,37 @@ class Layer3xf16Family:
         added in order give x W)."""
         cp = self.cupy
         if not plan.layer_3xf16_takes(x, halves.k, mixing):
-            raise ValueError(f"drb_layer_3xf16: X {x.shape} ({x.dtype}, strides {x.strides}) with "
-                             f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned float32 "
-                             f"(B, {HYPOTHESES}, N, {halves.k}) array with rows a multiple of 4 floats apart, "
-                             f"and mixing_source(A1)")
+            raise ValueError(
+                f"drb_layer_3xf16: X {x.shape} ({x.dtype}, strides {x.strides}) with "
+                f"{'a' if mixing else 'no'} mixing source: needs a 16-byte aligned float32 "
+                f"(B, {HYPOTHESES}, N, {halves.k}) array with rows a multiple of 4 floats apart, "
+                f"and mixing_source(A1)"
+            )
         b, _, n, cin = x.shape
-        residual, bias = self.input_side_epilogue_operands("drb_layer_3xf16", residual, bias, (b, HYPOTHESES, n, WIDE_COLS),
-                                                        cp.dtype(cp.float32), 16)
+        residual, bias = self.input_side_epilogue_operands(
+            "drb_layer_3xf16", residual, bias, (b, HYPOTHESES, n, WIDE_COLS), cp.dtype(cp.float32), 16
+        )
         tiles, blocks = self.column_group_grid(b, n, LAYER_3XF16.tile_columns)
-        head = (vertex_tile_map(x, LAYER_3XF16.k_slice), np.int32(cin), halves.stream, halves.scale, bias,
-                np.uint64(0) if residual is None else residual)
+        head = (
+            vertex_tile_map(x, LAYER_3XF16.k_slice),
+            np.int32(cin),
+            halves.stream,
+            halves.scale,
+            bias,
+            np.uint64(0) if residual is None else residual,
+        )
         if score_weight is None:
             out = cp.empty((b, HYPOTHESES, n, WIDE_COLS), dtype=cp.float32)
             name, args = "wg_drb_layer_3xf16", head + (out,)
         else:
             if score_weight.shape != (WIDE_COLS, 2):
-                raise ValueError(f"drb_layer_3xf16: the score layer's weight must be ({WIDE_COLS}, 2), got {score_weight.shape}")
+                raise ValueError(
+                    f"drb_layer_3xf16: the score layer's weight must be ({WIDE_COLS}, 2), got {score_weight.shape}"
+                )
             out = cp.empty((WIDE_COLS // LAYER_3XF16.tile_columns, b, HYPOTHESES, n, 2), dtype=cp.float32)
             name = "wg_drb_layer_3xf16_score"
             args = head + (cp.ascontiguousarray(score_weight, dtype=cp.float32), out, np.int64(b * HYPOTHESES * n))
-        self._kernel(name, LAYER_3XF16.smem, mixing, LAYER_3XF16.source)((blocks,), (DRB_LAYER.threads,), args + (np.int32(n), np.int32(tiles)),
-                                                    shared_mem=LAYER_3XF16.smem)
+        self._kernel(name, LAYER_3XF16.smem, mixing, LAYER_3XF16.source)(
+            (blocks,), (DRB_LAYER.threads,), args + (np.int32(n), np.int32(tiles)), shared_mem=LAYER_3XF16.smem
+        )
         return out

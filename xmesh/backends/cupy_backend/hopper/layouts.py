@@ -1,6 +1,7 @@
 """What the Hopper deformation kernels are built and fed with, made on the host: the support's mixing
 source (A1's nonzeros as immediates), the 16-bit W pieces' layout, X's rows and tensor map.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,23 +21,33 @@ def mixing_source(a1) -> str:
     a1 = np.asarray(a1, dtype=np.float32)
     if a1.shape != (HYPOTHESES, HYPOTHESES):
         raise ValueError(f"A1 must be {HYPOTHESES} x {HYPOTHESES}, got {a1.shape}")
-    lines = ["#define WG_MIX_SPARSE 1",
-             f"__device__ __forceinline__ float wg_mix_sparse(int i, const float (&y)[{HYPOTHESES}]) {{",
-             "    float m = 0.0f;",
-             "    switch (i) {"]
+    lines = [
+        "#define WG_MIX_SPARSE 1",
+        f"__device__ __forceinline__ float wg_mix_sparse(int i, const float (&y)[{HYPOTHESES}]) {{",
+        "    float m = 0.0f;",
+        "    switch (i) {",
+    ]
     for i in range(HYPOTHESES):
-        terms = "".join(f" m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
-                        for j in np.flatnonzero(a1[i]))
+        terms = "".join(
+            f" m = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), y[{j}], m);"
+            for j in np.flatnonzero(a1[i])
+        )
         lines.append(f"    case {i}:{terms} break;")
-    lines += ["    }", "    return m;", "}",
-              "// wg_mix_column(j, x, m): m[i] = fmaf(A1[i, j], x, m[i]) for row i of every nonzero of column j.",
-              "// Run for j = 0..42 from m = 0, each row's sum takes its terms in the order wg_mix_sparse does",
-              "// (so the same result, bit for bit), with the 43 rows' chains independent of each other.",
-              f"__device__ __forceinline__ void wg_mix_column(int j, float x, float (&m)[{HYPOTHESES}]) {{",
-              "    switch (j) {"]
+    lines += [
+        "    }",
+        "    return m;",
+        "}",
+        "// wg_mix_column(j, x, m): m[i] = fmaf(A1[i, j], x, m[i]) for row i of every nonzero of column j.",
+        "// Run for j = 0..42 from m = 0, each row's sum takes its terms in the order wg_mix_sparse does",
+        "// (so the same result, bit for bit), with the 43 rows' chains independent of each other.",
+        f"__device__ __forceinline__ void wg_mix_column(int j, float x, float (&m)[{HYPOTHESES}]) {{",
+        "    switch (j) {",
+    ]
     for j in range(HYPOTHESES):
-        terms = "".join(f" m[{i}] = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), x, m[{i}]);"
-                        for i in np.flatnonzero(a1[:, j]))
+        terms = "".join(
+            f" m[{i}] = fmaf(__uint_as_float(0x{int(a1[i, j].view(np.uint32)):08x}u), x, m[{i}]);"
+            for i in np.flatnonzero(a1[:, j])
+        )
         lines.append(f"    case {j}:{terms} break;")
     lines += ["    }", "}"]
     return "\n".join(lines) + "\n"
@@ -59,12 +70,13 @@ def piece_index(ldb: int, slices: int, columns: int = WIDE_COLS) -> np.ndarray:
     or W0 (h = 1) at column ``columns`` g + accumulator_columns()[n] and K row 32 slice + 8 c + e, where
     c = pos ^ ((n >> 1) & 3) (the 64-byte swizzle); 192 / ``columns`` groups."""
     n = np.arange(columns)
-    chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)                                # (n, pos)
-    col = columns * np.arange(WIDE_COLS // columns)[:, None] + accumulator_columns(columns)[None, :]   # (g, n)
-    w_row = np.array([WIDE_COLS, 0])[None, :, None] + col[:, None, :]                           # (g, h, n): W1 then W0
-    k = (32 * np.arange(slices)[:, None, None, None] + 8 * chunk[None, :, :, None]
-         + np.arange(8)[None, None, None, :])                                                  # (ks, n, pos, e)
-    return w_row[None, :, :, :, None, None] * ldb + k[:, None, None]                          # (ks, g, h, n, pos, e)
+    chunk = np.arange(4)[None, :] ^ ((n[:, None] >> 1) & 3)  # (n, pos)
+    col = columns * np.arange(WIDE_COLS // columns)[:, None] + accumulator_columns(columns)[None, :]  # (g, n)
+    w_row = np.array([WIDE_COLS, 0])[None, :, None] + col[:, None, :]  # (g, h, n): W1 then W0
+    k = (
+        32 * np.arange(slices)[:, None, None, None] + 8 * chunk[None, :, :, None] + np.arange(8)[None, None, None, :]
+    )  # (ks, n, pos, e)
+    return w_row[None, :, :, :, None, None] * ldb + k[:, None, None]  # (ks, g, h, n, pos, e)
 
 
 def chain_piece_index(ldb: int, slices: int = CHAIN.k_slices) -> np.ndarray:
@@ -89,5 +101,10 @@ def vertex_tile_map(x, columns: int):
     :func:`hypothesis_rows`; 16-byte aligned rows): X as (B * 43 hypotheses, N vertices, cin columns),
     a box of ``columns`` x a tile's 4 vertices x 43 hypotheses (its rows 4 i + v) at a time."""
     b, _, n, cin = x.shape
-    return tensor_map.tiled(x.data.ptr, (cin, n, b * HYPOTHESES), (x.strides[2], x.strides[1]),
-                            (columns, DRB_LAYER.vertices, HYPOTHESES), element_bytes=x.itemsize)
+    return tensor_map.tiled(
+        x.data.ptr,
+        (cin, n, b * HYPOTHESES),
+        (x.strides[2], x.strides[1]),
+        (columns, DRB_LAYER.vertices, HYPOTHESES),
+        element_bytes=x.itemsize,
+    )
