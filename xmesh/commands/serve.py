@@ -9,7 +9,9 @@ from ..errors import InputError
 from ..io.weight_sources import SYNTHETIC_PREFIX, describe_weights
 from .common import add_model_options, resolve_weights
 
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # the addresses LitServe's server accepts
+# the addresses LitServe's server accepts; "::" is not last, since a listing that ends in "::" reads as
+# reST's literal-block marker in the manual's command-line reference
+HOSTS = ("127.0.0.1", "::", "0.0.0.0")
 EXTRA_HINT = 'pip install "xmesh-p2mpp[serve]" (or pip install ".[serve]" from a checkout)'
 
 

@@ -47,7 +47,7 @@ class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, Convolution
     """The GPU backend (``get_backend("cupy", precision=..., device=...)``): the device and its stages.
 
     Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products
-    (:mod:`xmesh.model.products`)."""
+    (``xmesh.model.products``)."""
 
     def __init__(self, precision: str = "fp32", device: int | None = None):
         super().__init__(precision, device)
