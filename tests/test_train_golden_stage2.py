@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from adam_golden import check_adam_steps, score_biases
-from test_train_golden import BACKEND, COSINE, GRAD_ALL, GRAD_MOST, GRAD_MOST_FRACTION, TERM_RTOL, gradient_errors, host
+from test_train_golden import BACKEND, TERM_RTOL, assert_gradients_match, host
 from xmesh.backends import get_backend
 from xmesh.io.template import load_template
 from xmesh.io.weights import synthetic_weights
@@ -253,30 +253,7 @@ def with_unreached(train, grads):
 
 def test_stage2_gradients(golden, step):
     train = golden[0]
-    grads = with_unreached(train, step[3])
-    errors, floor = gradient_errors(train, grads, "s2")
-    values = np.array(list(errors.values()))
-    within_all, within_most = float(np.mean(values <= GRAD_ALL)), float(np.mean(values <= GRAD_MOST))
-    worst = max(errors, key=errors.get)
-    print(
-        f"stage 2: {len(values)} variables; error <= {GRAD_ALL}: {within_all:.1%}, <= {GRAD_MOST}: "
-        f"{within_most:.1%}; largest {errors[worst]:.2e} ({worst})"
-    )
-    cosines = {}
-    for key in train:
-        if key.startswith("s2_grad|"):
-            name = key[len("s2_grad|") :]
-            ref, ours = train[key].astype(np.float64), np.asarray(grads[name], np.float64)
-            if np.linalg.norm(ref) > floor:
-                cosines[name] = float(np.sum(ref * ours) / (np.linalg.norm(ref) * np.linalg.norm(ours)))
-    lowest = min(cosines, key=cosines.get)
-    print(
-        f"stage 2: {len(cosines)} whole gradients above the floor; cosine >= {COSINE}: "
-        f"{np.mean(np.array(list(cosines.values())) >= COSINE):.1%}; lowest {cosines[lowest]:.8f} ({lowest})"
-    )
-    assert within_all == 1.0
-    assert within_most >= GRAD_MOST_FRACTION
-    assert min(cosines.values()) >= COSINE
+    assert_gradients_match(train, with_unreached(train, step[3]), "s2")
 
 
 def test_stage2_two_adam_steps(golden, sample, pixels, step):
