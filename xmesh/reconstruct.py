@@ -121,7 +121,8 @@ class ModelSpec:
         )
 
 
-def _template(template) -> Template:
+def resolve_template(template) -> Template:
+    """A Template, the path of an official-layout .dat, or None for the built-in ellipsoid."""
     if template is None:
         return generate_template()
     if isinstance(template, Template):
@@ -136,7 +137,7 @@ def _template(template) -> Template:
 def _host_inputs(template, weights) -> tuple[Template, dict, str]:
     """The template, the weights' arrays and their fingerprint (what a run's results depend on:
     :mod:`xmesh.results.run_identity`)."""
-    mesh = _template(template)  # first: a bad template is named before the weights are read
+    mesh = resolve_template(template)  # first: a bad template is named before the weights are read
     arrays = load_weights(resolve_weights(weights))
     return mesh, arrays, weights_fingerprint(arrays)
 

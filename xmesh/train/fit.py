@@ -23,12 +23,12 @@ from ..errors import InputError, WeightsError
 from ..io.weight_sources import describe_weights, resolve_weights
 from ..io.weights import STAGE_PREFIXES, expected_variables, load_weights, weights_fingerprint
 from ..io.writable import check_writable_folder
+from ..reconstruct import resolve_template
 from ..results.run_identity import RUN_JSON, RunIdentity, check_identity, model_identity, record_identity
 from . import checkpoints, logs
 from .data import TrainingSet
 from .run import TF_NAMES, VAL_FOLDER, WEIGHTS_FILE, Validation, train
 from .starts import StartMeshes, compute_starts
-from .step import resolve_template
 from .trainer import Trainer
 
 DEFAULT_EPOCHS = {1: 50, 2: 10}

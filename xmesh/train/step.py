@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..backends import get_backend
 from ..errors import InputError
-from ..io.template import Template, load_template
+from ..io.template import Template
 from ..io.weights import STAGE_PREFIXES
-from ..template_gen import generate_template
+from ..reconstruct import resolve_template
 from . import mesh_losses as ml
 from . import stage1, stage2
 
@@ -33,17 +32,6 @@ def _check_stage(stage) -> int:
     if stage not in STAGES:
         raise InputError(f"stage={stage!r}: the training step covers stage 1 (MVP2M) or stage 2 (the DRBs)")
     return int(stage)
-
-
-def resolve_template(template) -> Template:
-    """A Template, the path of an official-layout .dat, or None for the built-in ellipsoid."""
-    if template is None:
-        return generate_template()
-    if isinstance(template, Template):
-        return template
-    if isinstance(template, (str, os.PathLike)):
-        return load_template(template)
-    raise InputError(f"template={template!r}: expected None (the built-in ellipsoid), a Template, or a .dat path")
 
 
 _prepared: dict = {}

@@ -22,9 +22,10 @@ import numpy as np
 from ..backends import get_backend
 from ..errors import XmeshError
 from ..io.weights import expected_variables
+from ..reconstruct import resolve_template
 from .adam import AdamConfig, AdamState, adam_step
 from .data import Sample
-from .step import batch_loss_and_gradients, resolve_template
+from .step import batch_loss_and_gradients
 
 
 class NonFiniteLossError(XmeshError, ArithmeticError):
