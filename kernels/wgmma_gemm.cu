@@ -395,6 +395,9 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 // wg_mix_sparse before this file): the sums skip A1's zeros (the template's A1 has 367 of 1849
 // entries) and its values are immediates. Skipping the zero terms of an fmaf chain leaves every
 // result bit for bit as the dense sum gives it.
+//
+// A module built with WG_DRB_LINEAR defined leaves the ReLU out: X W0 + A1 (X W1) + b, which with
+// X = dZ, [W0^T | W1^T] and A1^T is the layer's input gradient in the training's backward pass.
 #define WG_DRB_VERTS 4
 #define WG_DRB_ROWS 192
 #define WG_DRB_MMA_THREADS (2 * WG_DRB_ROWS)             // 3 MMA warpgroups
@@ -545,7 +548,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                     }
 #endif
                     float val = __fadd_rn(__fadd_rn(y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c], mix), bc);
+#ifndef WG_DRB_LINEAR
                     val = fmaxf(val, 0.0f);
+#endif
                     if constexpr (IO == WG_IO_F32) {
                         if (res != nullptr) val = __fadd_rn(val, r_s[(i * WG_DRB_VERTS + v) * 32 + c]);
                         dst[i * plane_out] = val;

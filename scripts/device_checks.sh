@@ -50,7 +50,8 @@ serve)
 train)
   XMESH_TEST_BACKEND=cupy timeout 170 python3 -m pytest -q -s -p no:cacheprovider tests/test_train_layers.py \
     tests/test_train_losses.py tests/test_train_drb.py tests/test_train_adam.py tests/test_train_products.py \
-    tests/test_train_golden*.py -k "cupy or golden" --durations=8 > "$OUT/gpu_train_tests.log" 2>&1
+    tests/test_train_layer_kernels.py tests/test_train_golden*.py -k "cupy or golden or layer_kernels" \
+    --durations=8 > "$OUT/gpu_train_tests.log" 2>&1
   grep -iE "^stage|^s[12] |products.matmul|passed|failed|error" "$OUT/gpu_train_tests.log" | tail -30
   timeout 100 python3 scripts/train_profile.py --backend cupy --batch-sizes 1 32 --steps 3 --compare 2>&1 | tee "$OUT/train_profile.txt"
   timeout 200 python3 scripts/train_bench.py --backend cupy --batch-sizes 1 32 --steps 10 ${TRAIN_BENCH_ARGS:---no-command} \

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from xmesh.model import cnn, deformation_train, local_projection_train, products
+from xmesh.model import bilinear_cupy, cnn, deformation_train, local_projection_train, products
 from xmesh.train import mesh_losses, stage1, trainer
 from xmesh.train.bench import StepWorkload
 
@@ -144,8 +144,11 @@ def main() -> None:
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="also time the step with every product in cuBLAS (none lent, xmesh.model.products) and "
-        "with the local projection's array-API taps (local_projection_train.FUSED_ON_CUPY)",
+        help="also time the step with every product in cuBLAS (no GEMM and no layer kernel lent, "
+        "xmesh.model.products), with the local projection's array-API taps "
+        "(local_projection_train.FUSED_ON_CUPY), with no "
+        "deformation layer kernel lent (products.lend_layer) and with the warp-per-row projection "
+        "backward (bilinear_cupy.FLOAT4_BACKWARD)",
     )
     args = parser.parse_args()
     sync = device_sync(args.backend)
@@ -172,9 +175,10 @@ def main() -> None:
                 launch, total, calls = table[label]
                 print(f"  {'  ' * depth + label:<34} {launch * 1e3:>10.2f} {total * 1e3:>10.2f} {calls:>6}")
         if args.compare:
-            lent = products.lend(None)
+            lent, layer = products.lend(None), products.lend_layer(None)
             median, _, _ = profile(work, args.steps, sync)
             products.lend(lent)
+            products.lend_layer(layer)
             print(
                 f"  with cuBLAS's float32 products instead: step {median * 1e3:.2f} ms ({batch / median:.1f} samples/s)"
             )
@@ -183,6 +187,20 @@ def main() -> None:
             local_projection_train.FUSED_ON_CUPY = True
             print(
                 f"  with the local projection's array-API taps instead: step {median * 1e3:.2f} ms "
+                f"({batch / median:.1f} samples/s)"
+            )
+            layer = products.lend_layer(None)
+            median, _, _ = profile(work, args.steps, sync)
+            products.lend_layer(layer)
+            print(
+                f"  with no layer kernel lent (the deformation layers as products): step {median * 1e3:.2f} ms "
+                f"({batch / median:.1f} samples/s)"
+            )
+            bilinear_cupy.FLOAT4_BACKWARD = False
+            median, _, _ = profile(work, args.steps, sync)
+            bilinear_cupy.FLOAT4_BACKWARD = True
+            print(
+                f"  with the warp-per-row projection backward: step {median * 1e3:.2f} ms "
                 f"({batch / median:.1f} samples/s)"
             )
         del work

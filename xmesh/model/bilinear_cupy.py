@@ -7,7 +7,8 @@ row and channel, rounded as that code rounds it (no fused multiply-add), so its 
 array-API code's bit for bit. ``bilinear_backward`` (a warp per row, its lanes over the channels) adds
 each corner's share of the features' gradient into the map's gradient (atomic adds, as
 ``cupyx.scatter_add``) and the gradient's pull along the map's two axes, times ``s / 224``, into the
-row's pixel gradients. Both run in float32 and float64 (the gradient checks).
+row's pixel gradients; for float32 maps of 16, 32 or 64 channels a thread takes 4 channels of a row
+and adds them with one 16-byte atomic. Both run in float32 and float64 (the gradient checks).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 from .camera import IMAGE_SIZE
 
 THREADS = 256
+#: float32 gradients with 16, 32 or 64 channels take the float4 kernel (False: the warp-per-row one, for comparisons)
+FLOAT4_BACKWARD = True
 
 SOURCE = r"""
 struct Taps {
@@ -47,7 +50,7 @@ __device__ __forceinline__ Taps taps(const TYPE* h, const TYPE* w, long long r, 
 extern "C" __global__ void bilinear_forward_TYPE(const TYPE* __restrict__ fmap, const TYPE* __restrict__ h,
                                                  const TYPE* __restrict__ w, long long count, long long n, int views,
                                                  int view, int padded, TYPE step, int channels,
-                                                 TYPE* __restrict__ out) {
+                                                 TYPE* __restrict__ out, long long out_stride) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= count * channels) return;
     const long long r = i / channels;
@@ -57,7 +60,7 @@ extern "C" __global__ void bilinear_forward_TYPE(const TYPE* __restrict__ fmap, 
     acc = ADD(acc, MUL(fmap[t.r21 * channels + c], MUL(t.wx2, t.wy1)));
     acc = ADD(acc, MUL(fmap[t.r12 * channels + c], MUL(t.wx1, t.wy2)));
     acc = ADD(acc, MUL(fmap[t.r22 * channels + c], MUL(t.wx2, t.wy2)));
-    out[i] = acc;
+    out[r * out_stride + c] = acc;
 }
 
 extern "C" __global__ void bilinear_backward_TYPE(const TYPE* __restrict__ df, long long df_stride,
@@ -93,6 +96,64 @@ extern "C" __global__ void bilinear_backward_TYPE(const TYPE* __restrict__ df, l
 }
 """
 
+# float32 maps whose channels come in 4, 8 or 16 float4 groups (the stage-2 maps' 16, 32 and 64): a
+# thread per (row, group of 4 channels), the row's threads adjacent lanes of one warp, each corner's
+# share added with one 16-byte atomic (compute capability 9.0; four single ones elsewhere).
+SOURCE4 = r"""
+__device__ __forceinline__ void add4(float* at, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4*>(at), v);
+#else
+    atomicAdd(at, v.x);
+    atomicAdd(at + 1, v.y);
+    atomicAdd(at + 2, v.z);
+    atomicAdd(at + 3, v.w);
+#endif
+}
+
+extern "C" __global__ void bilinear_backward4_float(const float* __restrict__ df, long long df_stride,
+                                                    const float* __restrict__ fmap, const float* __restrict__ h,
+                                                    const float* __restrict__ w, long long count, long long n,
+                                                    int views, int view, int padded, float step, float scale,
+                                                    int channels, float* dmap, float* __restrict__ dh,
+                                                    float* __restrict__ dw) {
+    const int group = channels >> 2;   // 4, 8 or 16 lanes a row
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long r = i / group;
+    const int c = 4 * (int)(i - r * group);
+    float sx = 0.0f, sy = 0.0f;
+    if (r < count) {   // no early return: every lane takes part in the shuffles
+        const Taps t = taps(h, w, r, n, views, view, padded, step);
+        const float w11 = MUL(t.wx1, t.wy1), w21 = MUL(t.wx2, t.wy1), w12 = MUL(t.wx1, t.wy2), w22 = MUL(t.wx2, t.wy2);
+        const float4 d = *reinterpret_cast<const float4*>(df + r * df_stride + c);
+        const float4 q11 = *reinterpret_cast<const float4*>(fmap + t.r11 * channels + c);
+        const float4 q21 = *reinterpret_cast<const float4*>(fmap + t.r21 * channels + c);
+        const float4 q12 = *reinterpret_cast<const float4*>(fmap + t.r12 * channels + c);
+        const float4 q22 = *reinterpret_cast<const float4*>(fmap + t.r22 * channels + c);
+        sx = d.x * ((q21.x - q11.x) * t.wy1 + (q22.x - q12.x) * t.wy2);
+        sx += d.y * ((q21.y - q11.y) * t.wy1 + (q22.y - q12.y) * t.wy2);
+        sx += d.z * ((q21.z - q11.z) * t.wy1 + (q22.z - q12.z) * t.wy2);
+        sx += d.w * ((q21.w - q11.w) * t.wy1 + (q22.w - q12.w) * t.wy2);
+        sy = d.x * ((q12.x - q11.x) * t.wx1 + (q22.x - q21.x) * t.wx2);
+        sy += d.y * ((q12.y - q11.y) * t.wx1 + (q22.y - q21.y) * t.wx2);
+        sy += d.z * ((q12.z - q11.z) * t.wx1 + (q22.z - q21.z) * t.wx2);
+        sy += d.w * ((q12.w - q11.w) * t.wx1 + (q22.w - q21.w) * t.wx2);
+        add4(dmap + t.r11 * channels + c, make_float4(d.x * w11, d.y * w11, d.z * w11, d.w * w11));
+        add4(dmap + t.r21 * channels + c, make_float4(d.x * w21, d.y * w21, d.z * w21, d.w * w21));
+        add4(dmap + t.r12 * channels + c, make_float4(d.x * w12, d.y * w12, d.z * w12, d.w * w12));
+        add4(dmap + t.r22 * channels + c, make_float4(d.x * w22, d.y * w22, d.z * w22, d.w * w22));
+    }
+    for (int offset = group >> 1; offset > 0; offset >>= 1) {
+        sx += __shfl_down_sync(0xffffffffu, sx, offset, group);
+        sy += __shfl_down_sync(0xffffffffu, sy, offset, group);
+    }
+    if (r < count && c == 0) {
+        dh[r] = ADD(dh[r], MUL(sx, scale));
+        dw[r] = ADD(dw[r], MUL(sy, scale));
+    }
+}
+"""
+
 _ROUNDED = {
     "float": ("__fmul_rn", "__fadd_rn", "__fsub_rn", "__fdiv_rn"),
     "double": ("__dmul_rn", "__dadd_rn", "__dsub_rn", "__ddiv_rn"),
@@ -106,8 +167,21 @@ def _kernels(type_name: str):
     defines = "".join(
         f"#define {op} {name}\n" for op, name in zip(("MUL", "ADD", "SUB", "DIV"), _ROUNDED[type_name], strict=True)
     )
-    module = cupy.RawModule(code=defines + SOURCE.replace("TYPE", type_name), options=("--std=c++11",))
-    return module.get_function(f"bilinear_forward_{type_name}"), module.get_function(f"bilinear_backward_{type_name}")
+    code = defines + SOURCE.replace("TYPE", type_name) + (SOURCE4 if type_name == "float" else "")
+    module = cupy.RawModule(code=code, options=("--std=c++11",))
+    names = ("forward", "backward") + (("backward4",) if type_name == "float" else ())
+    return tuple(module.get_function(f"bilinear_{name}_{type_name}") for name in names)
+
+
+def _backward4_takes(df, channels: int) -> bool:
+    """Whether bilinear_backward4_float reads this float32 gradient: 4, 8 or 16 groups of 4 channels,
+    16-byte aligned rows."""
+    return (
+        df.dtype == np.float32
+        and channels in (16, 32, 64)
+        and df.data.ptr % 16 == 0
+        and (df.strides[0] // df.itemsize) % 4 == 0
+    )
 
 
 def _type_name(dtype) -> str:
@@ -132,22 +206,34 @@ def _geometry(fmap, h, view: int, views: int, dtype) -> tuple:
     )
 
 
-def bilinear_forward(fmap, h, w, views: int, view: int):
+def bilinear_forward(fmap, h, w, views: int, view: int, out=None):
     """The (B*n, C) bilinear samples of ``view``'s zero-padded maps ``fmap`` (B*V, s+1, s+1, C) at the
-    clamped pixel rows ``h`` and columns ``w`` (B, n) of the samples' points."""
+    clamped pixel rows ``h`` and columns ``w`` (B, n) of the samples' points; written into ``out`` where
+    given (a (B*n, C) array of the map's dtype with unit column stride, e.g. columns of a wider array)."""
     import cupy
 
     fmap = cupy.ascontiguousarray(fmap)
     h, w = cupy.ascontiguousarray(h, dtype=fmap.dtype), cupy.ascontiguousarray(w, dtype=fmap.dtype)
     channels = int(fmap.shape[3])
-    out = cupy.empty((h.size, channels), dtype=fmap.dtype)
+    if out is None:
+        out = cupy.empty((h.size, channels), dtype=fmap.dtype)
+    elif out.shape != (h.size, channels) or out.dtype != fmap.dtype or out.strides[1] != out.itemsize:
+        raise ValueError(f"bilinear_forward: out must be ({h.size}, {channels}) {fmap.dtype} with unit column stride")
     total = h.size * channels
     if total:
-        forward, _ = _kernels(_type_name(fmap.dtype))
+        forward = _kernels(_type_name(fmap.dtype))[0]
         forward(
             ((total + THREADS - 1) // THREADS,),
             (THREADS,),
-            (fmap, h, w, *_geometry(fmap, h, view, views, fmap.dtype), np.int32(channels), out),
+            (
+                fmap,
+                h,
+                w,
+                *_geometry(fmap, h, view, views, fmap.dtype),
+                np.int32(channels),
+                out,
+                np.int64(out.strides[0] // out.itemsize),
+            ),
         )
     return out
 
@@ -166,10 +252,15 @@ def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw) -> No
         if not array.flags.c_contiguous or array.dtype != fmap.dtype:
             raise ValueError(f"bilinear_backward: {name} must be a contiguous {fmap.dtype} array")
     if h.size:
-        _, backward = _kernels(_type_name(fmap.dtype))
+        kernels = _kernels(_type_name(fmap.dtype))
         scale = np.dtype(fmap.dtype).type((fmap.shape[1] - 1) / IMAGE_SIZE)
+        channels = int(fmap.shape[3])
+        lanes = 32
+        backward = kernels[1]
+        if FLOAT4_BACKWARD and _backward4_takes(df, channels):
+            backward, lanes = kernels[2], channels // 4
         backward(
-            ((h.size * 32 + THREADS - 1) // THREADS,),
+            ((h.size * lanes + THREADS - 1) // THREADS,),
             (THREADS,),
             (
                 df,

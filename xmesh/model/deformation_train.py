@@ -5,6 +5,11 @@ Activations are hypothesis-major (B, K, N, C), as in :mod:`xmesh.model.deformati
 convolution's parameters are a ``(W0, W1, b)`` triple of ``xp`` arrays and its gradient the triple
 of their gradients; ``supports`` is ``(A0, A1)`` with A0 None when it is the identity (the
 official template's), so that both products share one GEMM of [W0 | W1].
+
+Where a backend lends a whole-layer kernel (:func:`xmesh.model.products.deformation_layer`), a layer
+with A0 the identity runs in it forward, and its input gradient, dZ W0^T + A1^T (dZ W1^T), runs in it
+backward without the ReLU; on CuPy the backward's mask, mixing and bias sums take one pass
+(:func:`epilogues_cupy.relu_gradient_mixed`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from array_api_compat import is_cupy_namespace
 
 from . import epilogues_cupy
 from .local_projection_train import LocalProjectionCache, local_projection_backward, local_projection_forward
-from .products import column_sums, matmul
+from .products import column_sums, deformation_layer, matmul
 
 
 def _over_hypotheses(xp, support, y):
@@ -28,7 +33,7 @@ def _over_hypotheses(xp, support, y):
 @dataclass
 class LocalGConvCache:
     x: Any  # (B,K,N,cin) the layer's input
-    active: Any  # (B,K,N,cout) bool: the ReLU passed (pre-activation > 0)
+    active: Any  # (B,K,N,cout) where the ReLU passed: bool, or the ReLU's output (positive exactly there)
     layer: tuple  # (W0, W1, b)
     supports: tuple
 
@@ -40,6 +45,11 @@ def local_gconv_forward(xp, layer, x, supports, residual=None):
     a0, a1 = supports
     b, k, n, cin = x.shape
     cout = w0.shape[1]
+    if a0 is None:
+        relu_out = deformation_layer(x, w0, w1, bias, a1)
+        if relu_out is not None:
+            out = relu_out if residual is None else relu_out + residual
+            return out, LocalGConvCache(x, relu_out, layer, supports)
     flat = xp.reshape(x, (b * k * n, cin))
     if a0 is None:
         y = matmul(flat, xp.concat([w0, w1], axis=1))
@@ -64,6 +74,8 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True)
     a0, a1 = cache.supports
     b, k, n, cin = cache.x.shape
     cout = w0.shape[1]
+    if a0 is None and is_cupy_namespace(xp) and str(dout.dtype) == "float32":
+        return _local_gconv_backward_cupy(xp, dout, cache, need_dx)
     if is_cupy_namespace(xp):
         dz = epilogues_cupy.relu_gradient(dout, cache.active)
     else:
@@ -77,6 +89,29 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True)
     dx = None
     if need_dx:
         dx = xp.reshape(matmul(dy, xp.matrix_transpose(xp.concat([w0, w1], axis=1))), (b, k, n, cin))
+    return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
+
+
+def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool):
+    """:func:`local_gconv_backward` for float32 on CuPy with A0 the identity: dy = [dZ | A1^T dZ] and the
+    bias's sums in one pass, the weights' gradient one product over all rows, the input's gradient in
+    the lent layer kernel (or dy [W0 | W1]^T)."""
+    w0, w1, _ = cache.layer
+    a1 = cache.supports[1]
+    b, k, n, cin = cache.x.shape
+    cout = w0.shape[1]
+    dy, sums = epilogues_cupy.relu_gradient_mixed(dout, cache.active, a1)
+    dbias = column_sums(xp, xp.reshape(sums, (-1, cout)))
+    rows = xp.reshape(dy, (-1, 2 * cout))
+    dweight = matmul(xp.matrix_transpose(xp.reshape(cache.x, (b * k * n, cin))), rows)
+    dx = None
+    if need_dx:
+        dz = dy[..., :cout]
+        dx = deformation_layer(
+            dz, xp.matrix_transpose(w0), xp.matrix_transpose(w1), None, a1, relu=False, support_transposed=True
+        )
+        if dx is None:
+            dx = xp.reshape(matmul(rows, xp.matrix_transpose(xp.concat([w0, w1], axis=1))), (b, k, n, cin))
     return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
 
 

@@ -3,13 +3,17 @@
 ``bias_relu`` is the training forward's ``z = y0 + mixed + bias``, ``active = z > 0``, ``out = where(active,
 z, 0)`` and the residual added after it, in the array-API code's order of operations (so bit for bit
 that code's values), without its intermediate arrays; ``relu_gradient`` is the backward's
-``where(active, dout, 0)``. At batch 32 each of those arrays is 2.6 GB, so every pass saved is about a
-millisecond of memory traffic per layer.
+``where(active, dout, 0)``; ``relu_gradient_mixed`` is that with the support's transpose applied over
+the hypotheses (the two halves of the weights' gradient product) and the bias's sums, in one pass. At
+batch 32 each of those arrays is 2.6 GB, so every pass saved is about a millisecond of memory traffic
+per layer.
 """
 
 from __future__ import annotations
 
 import functools
+
+import numpy as np
 
 
 @functools.cache
@@ -43,3 +47,86 @@ def bias_relu(y0, mixed, bias, residual=None):
 def relu_gradient(dout, active):
     """``dout`` where ``active``, else 0."""
     return _kernels()[2](dout, active)
+
+
+_MIXED_SOURCE = r"""
+// One thread per (sample b, vertex n, column c) of dout (B, K, N, C): dz_i = dout_i where the ReLU
+// passed (mask_i > 0, the mask a bool or the ReLU's output), written to dy[b, i, n, c]; the mixing's
+// transpose sum_j A1[j, i] dz_j (an fmaf chain over j) to dy[b, i, n, C + c]; and sum_i dz_i to
+// sums[b, n, c], from which the bias's gradient is summed.
+extern "C" __global__ void relu_gradient_mixed_MASK(const float* __restrict__ dout, const MASK* __restrict__ mask,
+                                                    const float* __restrict__ a1, long long columns, int channels,
+                                                    long long total, float* __restrict__ dy,
+                                                    float* __restrict__ sums) {
+    __shared__ float a[HYP * HYP];
+    for (int i = threadIdx.x; i < HYP * HYP; i += blockDim.x) a[i] = a1[i];
+    __syncthreads();
+    const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    const long long b = t / columns, nc = t - b * columns;
+    const long long n = nc / channels, c = nc - n * channels;
+    const float* src = dout + b * HYP * columns + nc;
+    const MASK* passed = mask + b * HYP * columns + nc;
+    float* dst = dy + b * HYP * 2 * columns + n * 2 * channels + c;
+    float dz[HYP];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HYP; ++i) {
+        dz[i] = passed[i * columns] > (MASK)0 ? src[i * columns] : 0.0f;
+        dst[i * 2 * columns] = dz[i];
+        sum += dz[i];
+    }
+#pragma unroll 1
+    for (int i = 0; i < HYP; ++i) {   // rolled: dz stays in registers, A1's column i comes from shared memory
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HYP; ++j) m = fmaf(a[j * HYP + i], dz[j], m);
+        dst[i * 2 * columns + channels] = m;
+    }
+    sums[t] = sum;
+}
+"""
+
+MIXED_THREADS = 128
+
+
+@functools.cache
+def _mixed_kernel(mask_type: str, hypotheses: int):
+    import cupy
+
+    code = f"#define HYP {hypotheses}\n" + _MIXED_SOURCE.replace("MASK", mask_type)
+    return cupy.RawModule(code=code, options=("--std=c++11",)).get_function(f"relu_gradient_mixed_{mask_type}")
+
+
+def relu_gradient_mixed(dout, mask, a1):
+    """The local graph convolution's backward up to its products, for float32 dout (B, K, N, C), the
+    forward's ``mask`` (bool, or the ReLU's output: positive where it passed) and the (K, K) support A1:
+    (dy (B, K, N, 2C) = [dZ | A1^T dZ] over the K axis, dZ summed over K (B, N, C)), dZ = dout where the
+    ReLU passed. One pass over dout and the mask instead of the mask's, the mixing's and the concat's."""
+    import cupy
+
+    b, k, n, c = dout.shape
+    dout = cupy.ascontiguousarray(dout, dtype=cupy.float32)
+    mask = cupy.ascontiguousarray(mask)
+    mask_type = "bool" if mask.dtype == cupy.bool_ else "float"
+    if mask_type == "float" and mask.dtype != cupy.float32:
+        raise TypeError(f"relu_gradient_mixed: the mask is bool or float32, got {mask.dtype}")
+    dy = cupy.empty((b, k, n, 2 * c), dtype=cupy.float32)
+    sums = cupy.empty((b, n, c), dtype=cupy.float32)
+    total = b * n * c
+    if total:
+        _mixed_kernel(mask_type, int(k))(
+            (-(-total // MIXED_THREADS),),
+            (MIXED_THREADS,),
+            (
+                dout,
+                mask,
+                cupy.ascontiguousarray(a1, dtype=cupy.float32),
+                np.int64(n * c),
+                np.int32(c),
+                np.int64(total),
+                dy,
+                sums,
+            ),
+        )
+    return dy, sums

@@ -93,6 +93,8 @@ def local_projection_forward(xp, points, maps, tf):
 
     ``maps`` are the (B*V,s+1,s+1,C) zero-padded stage-2 maps; ``tf`` the DeviceTransforms.
     """
+    if _fused(xp):
+        return _local_projection_forward_cupy(xp, points, maps, tf)
     batch, n, _ = points.shape
     views = tf.num_views
     per_view, projections = [], []
@@ -102,10 +104,6 @@ def local_projection_forward(xp, points, maps, tf):
         feats = []
         for fmap in maps:
             padded, channels = fmap.shape[1], fmap.shape[3]
-            if _fused(xp):
-                sample = bilinear_cupy.bilinear_forward(fmap, proj.h, proj.w, views, view)
-                feats.append(xp.reshape(sample, (batch, n, channels)))
-                continue
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
             flat = xp.reshape(fmap, (-1, channels))
             rows = _corner_rows(xp, x1, x2, y1, y2, _base(xp, batch, views, view, padded), padded)
@@ -116,6 +114,33 @@ def local_projection_forward(xp, points, maps, tf):
         per_view.append(xp.concat(feats, axis=-1))
     pooled, pool_cache = pool_views_forward(xp, xp.stack(per_view))
     return xp.concat([points, *pooled], axis=-1), LocalProjectionCache(tf, list(maps), projections, pool_cache)
+
+
+def _local_projection_forward_cupy(xp, points, maps, tf):
+    """:func:`local_projection_forward` on CuPy with no copies between its kernels: the taps write
+    each view's features into their columns of one (V, B*n, sum(C)) stack, and the pooling writes max,
+    mean and std into theirs of the output, whose rows are padded with zeros to a multiple of 4 floats
+    (339 -> 340, returned as a view of the first 339) for the layer kernels' 16-byte copies."""
+    batch, n, _ = points.shape
+    views = tf.num_views
+    width = sum(int(m.shape[3]) for m in maps)
+    stacked = xp.empty((views, batch * n, width), dtype=points.dtype)
+    projections = []
+    for view in range(views):
+        proj = view_projection(xp, points, tf, view)
+        projections.append(proj)
+        start = 0
+        for fmap in maps:
+            channels = int(fmap.shape[3])
+            columns = stacked[view, :, start : start + channels]
+            bilinear_cupy.bilinear_forward(fmap, proj.h, proj.w, views, view, out=columns)
+            start += channels
+    features = 3 + 3 * width
+    out = xp.zeros((batch, n, -(-features // 4) * 4), dtype=points.dtype)
+    out[..., :3] = points
+    pooled = tuple(out[..., 3 + i * width : 3 + (i + 1) * width] for i in range(3))
+    _, pool_cache = pool_views_forward(xp, xp.reshape(stacked, (views, batch, n, width)), outs=pooled)
+    return out[..., :features], LocalProjectionCache(tf, list(maps), projections, pool_cache)
 
 
 def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):

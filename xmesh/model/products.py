@@ -7,6 +7,12 @@ both of whose output sides are at least ``LENT_MIN`` long: the deformation block
 convolutions' wide layers, where cuBLAS's float32 SGEMM bounds a training step. The rest (the score
 layers, the CNN's narrow layers), every float64 product and NumPy take ``a @ b``.
 
+``deformation_layer`` is a deformation block's local graph convolution, ``relu(X W0 + A1 (X W1) + b)``
+over the hypothesis axis (or without the ReLU: with ``dZ``, the transposed weights and ``A1^T`` it is the
+layer's input gradient), where a backend lends a kernel that does the whole layer
+(:func:`lend_layer`): on Hopper, the inference's 3xTF32 layer kernel. None where none is lent or the
+lent one does not take these shapes; the caller then takes the products above.
+
 ``column_sums`` is a bias's gradient, the sum over the rows of a (rows, C) array: on CuPy a product
 with a row of ones (cuBLAS reads the array once), as CuPy's reduction over 10^5 to 10^7 rows into a
 few columns runs a block per column and takes up to a hundred times longer.
@@ -19,6 +25,7 @@ from array_api_compat import is_cupy_namespace
 LENT_MIN = 128  # a lent product's output is at least this many rows and columns
 
 _lent = None
+_lent_layer = None
 
 
 def lend(product):
@@ -47,6 +54,24 @@ def matmul(a, b):
             if out is not None:
                 return out.reshape(tuple(a.shape[:-1]) + (b.shape[1],))
     return a @ b
+
+
+def lend_layer(layer):
+    """Route :func:`deformation_layer` through ``layer(x, w0, w1, bias, a1, relu, support_transposed)``
+    (None: no layer kernel); returns the one lent before."""
+    global _lent_layer
+    before, _lent_layer = _lent_layer, layer
+    return before
+
+
+def deformation_layer(x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False):
+    """``act(X W0 + A1 (X W1) + bias)`` for X (B, K, N, cin) over its hypothesis axis K, (cin, cout)
+    weights and (K, K) A1 (``A1^T`` when ``support_transposed``: a long-lived A1 is named, so that the
+    lent kernel keeps what it builds for it); act is the ReLU or, with ``relu=False``, none. None where
+    no layer kernel is lent or it does not take these operands."""
+    if _lent_layer is None or str(x.dtype) != "float32" or x.ndim != 4:
+        return None
+    return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed)
 
 
 def column_sums(xp, a):

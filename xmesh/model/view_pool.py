@@ -27,11 +27,12 @@ class ViewPoolCache:
     std: Any
 
 
-def pool_views_forward(xp, stacked):
+def pool_views_forward(xp, stacked, outs=None):
     """(max, mean, std) over the leading view axis of ``stacked`` (V, ..., C); returns them and the cache.
-    On CuPy one kernel pass (:mod:`.view_pool_cupy`)."""
+    On CuPy one kernel pass (:mod:`.view_pool_cupy`), which writes them into ``outs`` where given
+    (three arrays of their shape, e.g. column ranges of the features' array)."""
     if is_cupy_namespace(xp):
-        stacked, (maximum, mean, std) = view_pool_cupy.pool_views_forward(stacked, STD_EPS)
+        stacked, (maximum, mean, std) = view_pool_cupy.pool_views_forward(stacked, STD_EPS, outs)
         return (maximum, mean, std), ViewPoolCache(stacked, maximum, mean, std)
     mean = xp.mean(stacked, axis=0)
     var = xp.mean((stacked - mean) ** 2, axis=0)

@@ -58,14 +58,18 @@ def _kernels():
     return forward, backward
 
 
-def pool_views_forward(stacked, eps: float):
+def pool_views_forward(stacked, eps: float, outs=None):
     """``stacked`` (V, ..., C) as a contiguous array, and its (max, mean, std = sqrt(variance + eps)) over
-    the leading view axis."""
+    the leading view axis, written into ``outs`` where given (three arrays of that shape; views of a
+    wider array may be strided)."""
     import cupy
 
     stacked = cupy.ascontiguousarray(stacked)
     shape = stacked.shape[1:]
-    outs = [cupy.empty(shape, dtype=stacked.dtype) for _ in range(3)]
+    if outs is None:
+        outs = [cupy.empty(shape, dtype=stacked.dtype) for _ in range(3)]
+    elif any(o.shape != shape or o.dtype != stacked.dtype for o in outs):
+        raise ValueError(f"pool_views_forward: outs must be three {stacked.dtype} arrays of shape {shape}")
     _kernels()[0](stacked, np.int32(stacked.shape[0]), np.int64(outs[0].size), stacked.dtype.type(eps), *outs)
     return stacked, tuple(outs)
 

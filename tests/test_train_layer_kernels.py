@@ -1,0 +1,142 @@
+"""The float32 training layers on CuPy's own kernels against float64 NumPy: the deformation layer in
+the lent Hopper kernel (forward, and backward without the ReLU through A1^T), the backward's one-pass
+mask, mixing and bias sums, and the local projection's float4 atomics. Each within float32's accuracy,
+a bound one TF32 product (about 1e-4) would miss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import requires_cuda
+from gradcheck import namespace
+from test_train_drb import CAMERAS, hypothesis_points, padded_maps, transforms
+from xmesh.model import bilinear_cupy, deformation_train, local_projection_train, products
+
+pytestmark = [requires_cuda, pytest.mark.gpu]
+
+K = 43  # the template's hypotheses: the Hopper layer kernel's tile holds whole groups of them
+
+
+def relative_error(ours, exact) -> float:
+    ours = ours.get() if hasattr(ours, "get") else np.asarray(ours)
+    return float(np.linalg.norm(ours.astype(np.float64) - exact) / np.linalg.norm(exact))
+
+
+def sparse_support(rng) -> np.ndarray:
+    """A (43, 43) support with about the template's share of nonzeros (367 of 1849)."""
+    a1 = rng.standard_normal((K, K)) * 0.3
+    a1[rng.random((K, K)) > 0.2] = 0.0
+    return a1
+
+
+@pytest.fixture
+def lent_layers():
+    """The CuPy backend's lent layer kernel, each call's output recorded (None: not taken)."""
+    from xmesh.backends import get_backend
+
+    get_backend("cupy")  # lends its kernels
+    lent = products.lend_layer(None)
+    calls = []
+
+    def recording(*args):
+        out = lent(*args)
+        calls.append(out is not None)
+        return out
+
+    products.lend_layer(recording)
+    yield calls
+    products.lend_layer(lent)
+
+
+@pytest.mark.parametrize("cin, cout", [(339, 192), (192, 192), (192, 339)])
+@pytest.mark.parametrize("relu", [True, False])
+def test_the_lent_deformation_layer_keeps_float32_accuracy(lent_layers, cin, cout, relu):
+    """The forward's form (the ReLU, A1) and the input gradient's (no ReLU, A1^T); X's rows padded to a
+    multiple of 4 floats as the projection's."""
+    import cupy
+
+    rng = np.random.default_rng(cin + cout + relu)
+    b, n = 2, 37
+    x = rng.standard_normal((b, K, n, cin))
+    w0, w1 = (rng.standard_normal((cin, cout)) / np.sqrt(cin) for _ in range(2))
+    bias = rng.standard_normal(cout) * 0.3
+    a1 = sparse_support(rng)
+    z = x @ w0 + np.einsum("ij,bjnc->binc", a1.T if not relu else a1, x @ w1) + bias
+    exact = np.maximum(z, 0.0) if relu else z
+    rows = cupy.zeros((b, K, n, -(-cin // 4) * 4), dtype=cupy.float32)
+    rows[..., :cin] = cupy.asarray(x.astype(np.float32))
+    f32 = [rows[..., :cin]] + [cupy.asarray(v.astype(np.float32)) for v in (w0, w1, bias)]
+    support = cupy.asarray(a1.astype(np.float32))
+    ours = products.deformation_layer(*f32, support, relu=relu, support_transposed=not relu)
+    assert lent_layers == [True] and ours.shape == (b, K, n, cout)
+    error = relative_error(ours, exact)
+    print(f"cin {cin} cout {cout} relu {relu}: relative error {error:.2e}")
+    assert error < 1e-5
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("cin, cout", [(339, 192), (192, 192), (192, 1)])
+def test_the_local_gconv_pair_on_cupy_float32_is_the_float64_one(lent_layers, residual, cin, cout):
+    """Forward and backward of one layer: float32 on CuPy (the lent kernel for the wide layers, the
+    one-pass mask and mixing) against the array-API code in float64 on NumPy."""
+    rng = np.random.default_rng(7 * cin + cout + residual)
+    b, n = 2, 29
+    values = {
+        "x": np.maximum(rng.standard_normal((b, K, n, cin)), 0.0),
+        "w0": rng.standard_normal((cin, cout)) / np.sqrt(cin),
+        "w1": rng.standard_normal((cin, cout)) / np.sqrt(cin),
+        "bias": rng.standard_normal(cout) * 0.1,
+        "dout": rng.standard_normal((b, K, n, cout)),
+    }
+    if residual:
+        values["res"] = rng.standard_normal((b, K, n, cout))
+    a1 = sparse_support(rng)
+    # where the pre-activation is within float32's rounding of 0 the two precisions' masks may differ:
+    # no gradient comes from there (one flipped element moves dx by ~1e-3 of its norm)
+    z = values["x"] @ values["w0"] + np.einsum("ij,bjnc->binc", a1, values["x"] @ values["w1"]) + values["bias"]
+    values["dout"][np.abs(z) < 1e-4] = 0.0
+
+    def run(xp, dtype):
+        v = {key: xp.asarray(value.astype(dtype)) for key, value in values.items()}
+        supports = (None, xp.asarray(a1.astype(dtype)))
+        layer = (v["w0"], v["w1"], v["bias"])
+        out, cache = deformation_train.local_gconv_forward(xp, layer, v["x"], supports, v.get("res"))
+        dx, grads = deformation_train.local_gconv_backward(xp, v["dout"], cache)
+        return {"out": out, "dx": dx, "dw0": grads[0], "dw1": grads[1], "db": grads[2]}
+
+    exact = run(namespace("numpy"), np.float64)
+    ours = run(namespace("cupy"), np.float32)
+    wide = cout % 32 == 0
+    assert lent_layers == [wide, wide]  # the forward, then the input's gradient
+    for key, value in exact.items():
+        error = relative_error(ours[key], value)
+        print(f"{key}: {error:.2e}")
+        assert error < 1e-5, key
+
+
+def test_the_float4_backward_is_the_warp_per_row_one(monkeypatch):
+    """The local projection's backward on CuPy in float32 with 16-byte atomics over the 16-, 32- and
+    64-channel maps against the warp-per-row kernel (float64-checked in test_train_drb.py) on the same
+    float32 taps: only the order of the sums differs."""
+    import array_api_compat.cupy as xp
+
+    rng = np.random.default_rng(5)
+    b, n = 2, 600
+    sizes = [(224, 16), (112, 32), (56, 64)]
+    points = xp.asarray(hypothesis_points(rng, b, n, outside=3).astype(np.float32))
+    maps = [xp.asarray(np.abs(m).astype(np.float32)) for m in padded_maps(rng, b, len(CAMERAS), sizes)]
+    width = 3 + 3 * sum(c for _, c in sizes)
+    dfeats = xp.asarray(rng.standard_normal((b, n, width)).astype(np.float32))
+    tf = transforms(b, xp, np.float32)
+
+    def run(float4: bool):
+        monkeypatch.setattr(bilinear_cupy, "FLOAT4_BACKWARD", float4)
+        _, cache = local_projection_train.local_projection_forward(xp, points, maps, tf)
+        dpoints, dmaps = local_projection_train.local_projection_backward(xp, dfeats, cache)
+        return [dpoints.astype(np.float64).get()] + [m.astype(np.float64).get() for m in dmaps]
+
+    for i, (ours, theirs) in enumerate(zip(run(True), run(False), strict=True)):
+        error = relative_error(ours, theirs)
+        print(f"{'points' if i == 0 else f'map {i - 1}'}: {error:.2e}")
+        assert error < 1e-6
