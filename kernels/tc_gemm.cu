@@ -93,6 +93,7 @@ __device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict
 // XgDenseA: a row-major matrix (row stride lda).
 template <bool VEC>
 struct XgDenseA {
+    static constexpr bool TRANSPOSED = false;
     const float* __restrict__ A;
     long lda;
     int M, K, m0;
@@ -102,12 +103,29 @@ struct XgDenseA {
     }
 };
 
+// XgTransposedA: A given as its transpose At (K x M, row stride lda): the weights' gradient X^T dY of
+// a training pass, whose K runs over the rows of a row-major X. Its slices are copied as they lie,
+// K rows of M columns ([k][m], row stride XG_AT_STRIDE), and the fragments read across them.
+#define XG_AT_STRIDE (XG_BM + 8)   // fragment loads (row t, column g) hit 32 distinct banks
+template <bool VEC>
+struct XgTransposedA {
+    static constexpr bool TRANSPOSED = true;
+    const float* __restrict__ At;
+    long lda;
+    int M, K, m0;
+
+    __device__ __forceinline__ void load(float* dst, int k0, int tid) const {
+        xg_copy_tile<XG_BK, XG_BM, XG_AT_STRIDE, VEC>(dst, At + (long)k0 * lda + m0, lda, K - k0, M - m0, tid);
+    }
+};
+
 // XgConvA: the im2col matrix of a 'SAME' convolution, read straight from the NHWC input x (implicit
 // GEMM): row m = (image n, output pixel oy, ox), column k = (tap ky, kx, channel c) in the weight's
 // (kh, kw, C) order. With C a multiple of XG_BK, a K slice lies within one tap, so each of a
 // thread's rows is one 16-byte copy of C-contiguous input, zero-filled where the tap falls in the
 // padding. k_begin offsets k (split K).
 struct XgConvA {
+    static constexpr bool TRANSPOSED = false;
     static constexpr int ROWS_PER_THREAD = (XG_BM * XG_BK / 4) / XG_THREADS;
     const float* __restrict__ x;
     int H, W, C, kw, k_begin;
@@ -174,7 +192,9 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
     constexpr int WM = XG_BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MT = WM / 16, NT = WN / 8;
     constexpr int B_STRIDE = BN + 8;   // fragment loads hit 32 distinct banks
-    constexpr int A_STAGE = XG_BM * XG_A_STRIDE, B_STAGE = XG_BK * B_STRIDE;
+    constexpr int A_STAGE = XG_BM * XG_A_STRIDE, B_STAGE = XG_BK * B_STRIDE;   // >= XG_BK * XG_AT_STRIDE
+    // A's element (row m, column k) of a stage: rows of XG_A_STRIDE, or [k][m] for a transposed source
+    constexpr int AM = ASrc::TRANSPOSED ? 1 : XG_A_STRIDE, AK = ASrc::TRANSPOSED ? XG_AT_STRIDE : 1;
     extern __shared__ float4 xg_shared[];
     float* As = reinterpret_cast<float*>(xg_shared);
     float* Bs = As + XG_STAGES * A_STAGE;
@@ -203,7 +223,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
             xg_load_stage<BN, VEC>(As + s * A_STAGE, Bs + s * B_STAGE, a_src, B, ldb, N, K, n0, next * XG_BK, tid);
         }
         xg_commit();
-        const float* as = As + (kt % XG_STAGES) * A_STAGE + (wm * WM) * XG_A_STRIDE;
+        const float* as = As + (kt % XG_STAGES) * A_STAGE + (wm * WM) * AM;
         const float* bs = Bs + (kt % XG_STAGES) * B_STAGE + wn * WN;
         // The tensor cores add into their float32 accumulator with truncation, which biases a long
         // sum; each XG_BK-wide slice is summed on its own and added to acc with a rounded FADD.
@@ -214,11 +234,11 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
             unsigned a_big[MT][4], a_small[MT][4], b_big[NT][2], b_small[NT][2];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const float* p = as + (i * 16 + g) * XG_A_STRIDE + kk + t;
+                const float* p = as + (i * 16 + g) * AM + (kk + t) * AK;
                 xg_split<PASSES>(p[0], a_big[i][0], a_small[i][0]);
-                xg_split<PASSES>(p[8 * XG_A_STRIDE], a_big[i][1], a_small[i][1]);
-                xg_split<PASSES>(p[4], a_big[i][2], a_small[i][2]);
-                xg_split<PASSES>(p[8 * XG_A_STRIDE + 4], a_big[i][3], a_small[i][3]);
+                xg_split<PASSES>(p[8 * AM], a_big[i][1], a_small[i][1]);
+                xg_split<PASSES>(p[4 * AK], a_big[i][2], a_small[i][2]);
+                xg_split<PASSES>(p[8 * AM + 4 * AK], a_big[i][3], a_small[i][3]);
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
@@ -285,6 +305,17 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
                                           ldc, M, N, k_len, m0, n0, bias, relu);                          \
     }
 
+// C = act(At^T B + bias) for At (K x M, row stride lda): the same tiles, split K and names with "t".
+#define XG_KERNEL_T(NAME, BN, WARPS_M, PASSES, VEC)                                                       \
+    XM_KERNEL(NAME) void __launch_bounds__(XG_THREADS) NAME(                                               \
+        const float* At, long lda, const float* B, long ldb, float* C, long ldc, int M, int N, int K,    \
+        const float* bias, int relu, int k_chunk, long split_stride) {                                   \
+        XG_TILE_ORIGIN(BN)                                                                                \
+        const XgTransposedA<VEC> a_src{At + (long)k_begin * lda, lda, M, k_len, m0};                      \
+        xg_gemm<BN, WARPS_M, PASSES, VEC>(a_src, B + (long)k_begin * ldb, ldb, C + blockIdx.y * split_stride, \
+                                          ldc, M, N, k_len, m0, n0, bias, relu);                          \
+    }
+
 // Implicit-GEMM 'SAME' convolution: out (M = images * Ho * Wo rows, N = Cout) = act(im2col(x) W + bias)
 // with W the (kh * kw * C, Cout) weight; C must be a multiple of XG_BK, W's rows 16-byte aligned.
 #define XG_CONV_KERNEL(NAME, BN, WARPS_M, PASSES)                                                         \
@@ -314,7 +345,8 @@ XM_KERNEL(gemm_splitk_reduce) void gemm_splitk_reduce(const float* __restrict__ 
     }
 }
 
-// Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>, conv_<passes>x_n<BN>
+// Names: gemm_<passes>x_n<BN>_<v: 16-byte copies | s: single floats>, conv_<passes>x_n<BN>; gemm_t3x_n128_*
+// take A transposed (the training's weight gradients, 3xTF32, N a multiple of 128)
 XG_KERNEL(gemm_3x_n128_v, 128, 2, 3, true)
 XG_KERNEL(gemm_3x_n128_s, 128, 2, 3, false)
 XG_KERNEL(gemm_3x_n64_v, 64, 4, 3, true)
@@ -327,6 +359,8 @@ XG_CONV_KERNEL(conv_3x_n128, 128, 2, 3)
 XG_CONV_KERNEL(conv_3x_n64, 64, 4, 3)
 XG_CONV_KERNEL(conv_3x_n32, 32, 8, 3)
 XG_CONV_KERNEL(conv_3x_n16, 16, 8, 3)
+XG_KERNEL_T(gemm_t3x_n128_v, 128, 2, 3, true)
+XG_KERNEL_T(gemm_t3x_n128_s, 128, 2, 3, false)
 XG_KERNEL(gemm_1x_n128_v, 128, 2, 1, true)
 XG_KERNEL(gemm_1x_n128_s, 128, 2, 1, false)
 XG_KERNEL(gemm_1x_n64_v, 64, 4, 1, true)

@@ -108,12 +108,36 @@ class GemmStage:
     def training_product(self, a, b):
         """``a @ b`` in 3xTF32 (float32 accuracy) for the training passes' large float32 products, lent to
         :func:`xmesh.model.products.matmul` whatever this backend's precision: those of a row-major ``a``
-        with enough output tiles for the Hopper GEMM. None for the rest (a transposed ``a``, the weight
-        gradients' long sums over rows): cuBLAS takes them."""
+        with enough output tiles for the Hopper GEMM, and those of a transposed ``a`` (the weights'
+        gradients X^T dY, long sums over rows) with N a multiple of 128 in :meth:`gemm_transposed_a`.
+        None for the rest: cuBLAS takes them."""
         m, n = a.shape[0], b.shape[1]
+        if a.strides[0] == a.itemsize and a.strides[1] != a.itemsize and n % GEMM_BM == 0:
+            return self.gemm_transposed_a(a.T, b)
         if self.hopper is None or a.strides[1] != a.itemsize or not plan.gemm_on_hopper(m, n):
             return None
         return self.gemm(a, b, passes=3)
+
+    def gemm_transposed_a(self, at, b):
+        """``at.T @ b`` in 3xTF32 for float32 ``at`` (K, M) and ``b`` (K, N), N a multiple of 128, both with
+        unit column stride (rows may be strided): tc_gemm.cu's gemm_t3x_n128 reads At's slices as they
+        lie and K is split over the multiprocessors (the weights' gradient of a deformation layer sums
+        3.4 million rows at batch 32 into a few 128 x 128 tiles)."""
+        cp = self.cupy
+        if at.dtype != cp.float32 or b.dtype != cp.float32 or at.shape[0] != b.shape[0] or b.shape[1] % GEMM_BM:
+            raise InputError(f"gemm_transposed_a: float32 (K, M) and (K, N), N a multiple of {GEMM_BM}")
+        if at.strides[1] != 4 or at.strides[0] % 4:
+            at = cp.ascontiguousarray(at)
+        if b.strides[1] != 4 or b.strides[0] % 4:
+            b = cp.ascontiguousarray(b)
+        k, m = at.shape
+        n = b.shape[1]
+        out = cp.empty((m, n), dtype=cp.float32)
+        lda, ldb = at.strides[0] // 4, b.strides[0] // 4
+        vec = lda % 4 == 0 and ldb % 4 == 0 and at.data.ptr % 16 == 0 and b.data.ptr % 16 == 0
+        bk = plan.gemm_k_slice(3, m, n, GEMM_BM)
+        entry = self._gemm_kernel(f"gemm_t3x_n128_{'v' if vec else 's'}", GEMM_BM, bk)
+        return self._launch_tc(entry, (at, np.int64(lda)), b, out, m, k, GEMM_BM, None, False)
 
     def _launch_tc(self, entry: tuple, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
         """Launch a kernel of tc_gemm.cu (``entry``: ``_gemm_kernel``'s (kernel, K slice width); A given
