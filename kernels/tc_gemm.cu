@@ -90,32 +90,23 @@ __device__ __forceinline__ void xg_copy_tile(float* dst, const float* __restrict
 // Where the A operand's tiles come from. Each source copies the K slice [k0, k0 + XG_BK) of the
 // block's 128 rows into shared memory (row stride XG_A_STRIDE).
 //
-// XgDenseA: a row-major matrix (row stride lda).
-template <bool VEC>
+// XgDenseA: a row-major matrix (row stride lda); with TRANSPOSED, A given as its transpose At (K x M,
+// row stride lda): the weights' gradient X^T dY of a training pass, whose K runs over the rows of a
+// row-major X. Its slices are then copied as they lie, K rows of M columns ([k][m], row stride
+// XG_AT_STRIDE), and the fragments read across them.
+#define XG_AT_STRIDE (XG_BM + 8)   // fragment loads (row t, column g) hit 32 distinct banks
+template <bool VEC, bool T = false>
 struct XgDenseA {
-    static constexpr bool TRANSPOSED = false;
+    static constexpr bool TRANSPOSED = T;
     const float* __restrict__ A;
     long lda;
     int M, K, m0;
 
     __device__ __forceinline__ void load(float* dst, int k0, int tid) const {
-        xg_copy_tile<XG_BM, XG_BK, XG_A_STRIDE, VEC>(dst, A + (long)m0 * lda + k0, lda, M - m0, K - k0, tid);
-    }
-};
-
-// XgTransposedA: A given as its transpose At (K x M, row stride lda): the weights' gradient X^T dY of
-// a training pass, whose K runs over the rows of a row-major X. Its slices are copied as they lie,
-// K rows of M columns ([k][m], row stride XG_AT_STRIDE), and the fragments read across them.
-#define XG_AT_STRIDE (XG_BM + 8)   // fragment loads (row t, column g) hit 32 distinct banks
-template <bool VEC>
-struct XgTransposedA {
-    static constexpr bool TRANSPOSED = true;
-    const float* __restrict__ At;
-    long lda;
-    int M, K, m0;
-
-    __device__ __forceinline__ void load(float* dst, int k0, int tid) const {
-        xg_copy_tile<XG_BK, XG_BM, XG_AT_STRIDE, VEC>(dst, At + (long)k0 * lda + m0, lda, K - k0, M - m0, tid);
+        if constexpr (T)
+            xg_copy_tile<XG_BK, XG_BM, XG_AT_STRIDE, VEC>(dst, A + (long)k0 * lda + m0, lda, K - k0, M - m0, tid);
+        else
+            xg_copy_tile<XG_BM, XG_BK, XG_A_STRIDE, VEC>(dst, A + (long)m0 * lda + k0, lda, M - m0, K - k0, tid);
     }
 };
 
@@ -311,7 +302,7 @@ __device__ __forceinline__ void xg_gemm(const ASrc& a_src, const float* __restri
         const float* At, long lda, const float* B, long ldb, float* C, long ldc, int M, int N, int K,    \
         const float* bias, int relu, int k_chunk, long split_stride) {                                   \
         XG_TILE_ORIGIN(BN)                                                                                \
-        const XgTransposedA<VEC> a_src{At + (long)k_begin * lda, lda, M, k_len, m0};                      \
+        const XgDenseA<VEC, true> a_src{At + (long)k_begin * lda, lda, M, k_len, m0};                     \
         xg_gemm<BN, WARPS_M, PASSES, VEC>(a_src, B + (long)k_begin * ldb, ldb, C + blockIdx.y * split_stride, \
                                           ldc, M, N, k_len, m0, n0, bias, relu);                          \
     }

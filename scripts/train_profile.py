@@ -135,6 +135,33 @@ def profile(work: StepWorkload, steps: int, sync) -> tuple:
     return float(np.median(times)), synced, table
 
 
+def comparisons() -> list:
+    """(label, switch) of ``--compare``'s variants: each switch turns one of the step's fast paths off and
+    returns the function that turns it back on."""
+
+    def products_off():
+        lent, layer = products.lend(None), products.lend_layer(None)
+        return lambda: (products.lend(lent), products.lend_layer(layer))
+
+    def layer_off():
+        layer = products.lend_layer(None)
+        return lambda: products.lend_layer(layer)
+
+    def flag_off(module, name):
+        def off():
+            setattr(module, name, False)
+            return lambda: setattr(module, name, True)
+
+        return off
+
+    return [
+        ("cuBLAS's float32 products instead", products_off),
+        ("the local projection's array-API taps instead", flag_off(local_projection_train, "FUSED_ON_CUPY")),
+        ("no layer kernel lent (the deformation layers as products)", layer_off),
+        ("the warp-per-row projection backward", flag_off(bilinear_cupy, "FLOAT4_BACKWARD")),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="cupy", choices=("numpy", "cupy"))
@@ -175,34 +202,13 @@ def main() -> None:
                 launch, total, calls = table[label]
                 print(f"  {'  ' * depth + label:<34} {launch * 1e3:>10.2f} {total * 1e3:>10.2f} {calls:>6}")
         if args.compare:
-            lent, layer = products.lend(None), products.lend_layer(None)
-            median, _, _ = profile(work, args.steps, sync)
-            products.lend(lent)
-            products.lend_layer(layer)
-            print(
-                f"  with cuBLAS's float32 products instead: step {median * 1e3:.2f} ms ({batch / median:.1f} samples/s)"
-            )
-            local_projection_train.FUSED_ON_CUPY = False
-            median, _, _ = profile(work, args.steps, sync)
-            local_projection_train.FUSED_ON_CUPY = True
-            print(
-                f"  with the local projection's array-API taps instead: step {median * 1e3:.2f} ms "
-                f"({batch / median:.1f} samples/s)"
-            )
-            layer = products.lend_layer(None)
-            median, _, _ = profile(work, args.steps, sync)
-            products.lend_layer(layer)
-            print(
-                f"  with no layer kernel lent (the deformation layers as products): step {median * 1e3:.2f} ms "
-                f"({batch / median:.1f} samples/s)"
-            )
-            bilinear_cupy.FLOAT4_BACKWARD = False
-            median, _, _ = profile(work, args.steps, sync)
-            bilinear_cupy.FLOAT4_BACKWARD = True
-            print(
-                f"  with the warp-per-row projection backward: step {median * 1e3:.2f} ms "
-                f"({batch / median:.1f} samples/s)"
-            )
+            for label, off in comparisons():
+                restore = off()
+                try:
+                    median, _, _ = profile(work, args.steps, sync)
+                finally:
+                    restore()
+                print(f"  with {label}: step {median * 1e3:.2f} ms ({batch / median:.1f} samples/s)")
         del work
         if args.backend == "cupy":
             import cupy

@@ -73,10 +73,7 @@ class GemmStage:
             raise InputError(f"gemm takes float32 operands, got {a.dtype} and {b.dtype}")
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
             raise InputError(f"gemm: shapes {a.shape} and {b.shape} do not multiply")
-        if a.strides[1] != 4 or a.strides[0] % 4:
-            a = cp.ascontiguousarray(a)
-        if b.strides[1] != 4 or b.strides[0] % 4:
-            b = cp.ascontiguousarray(b)
+        a, b = self._float32_rows(a), self._float32_rows(b)
         m, k = a.shape
         n = b.shape[1]
         if out is None:
@@ -126,10 +123,7 @@ class GemmStage:
         cp = self.cupy
         if at.dtype != cp.float32 or b.dtype != cp.float32 or at.shape[0] != b.shape[0] or b.shape[1] % GEMM_BM:
             raise InputError(f"gemm_transposed_a: float32 (K, M) and (K, N), N a multiple of {GEMM_BM}")
-        if at.strides[1] != 4 or at.strides[0] % 4:
-            at = cp.ascontiguousarray(at)
-        if b.strides[1] != 4 or b.strides[0] % 4:
-            b = cp.ascontiguousarray(b)
+        at, b = self._float32_rows(at), self._float32_rows(b)
         k, m = at.shape
         n = b.shape[1]
         out = cp.empty((m, n), dtype=cp.float32)
@@ -138,6 +132,11 @@ class GemmStage:
         bk = plan.gemm_k_slice(3, m, n, GEMM_BM)
         entry = self._gemm_kernel(f"gemm_t3x_n128_{'v' if vec else 's'}", GEMM_BM, bk)
         return self._launch_tc(entry, (at, np.int64(lda)), b, out, m, k, GEMM_BM, None, False)
+
+    def _float32_rows(self, a):
+        """A float32 matrix as the kernels read it: unit column stride and whole-float row stride (a
+        view as it is, else a contiguous copy)."""
+        return a if a.strides[1] == 4 and a.strides[0] % 4 == 0 else self.cupy.ascontiguousarray(a)
 
     def _launch_tc(self, entry: tuple, a_args: tuple, b, out, m: int, k: int, bn: int, bias, relu: bool):
         """Launch a kernel of tc_gemm.cu (``entry``: ``_gemm_kernel``'s (kernel, K slice width); A given
