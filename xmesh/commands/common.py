@@ -233,3 +233,15 @@ def run_dataset_command(args, chosen, path_options: tuple, body, listing: tuple 
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def add_views_option(parser) -> None:
+    """``--views I I I``: the renderings of the official layout used as the three input views."""
+    parser.add_argument(
+        "--views",
+        type=int,
+        nargs=3,
+        default=[0, 6, 7],
+        metavar="I",
+        help="renderings used as the 3 input views (default: 0 6 7, the original's)",
+    )

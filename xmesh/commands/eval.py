@@ -9,6 +9,7 @@ from .common import (
     add_cluster_option,
     add_model_options,
     add_overwrite_option,
+    add_views_option,
     check_batch_size,
     check_folder,
     describe_processes,
@@ -63,14 +64,7 @@ def add_parser(sub) -> None:
         choices=("auto", "scipy", "faiss", "cupy"),
         help="nearest-neighbour backend of the metrics (default: auto = cupy on the GPU, else scipy)",
     )
-    p.add_argument(
-        "--views",
-        type=int,
-        nargs=3,
-        default=[0, 6, 7],
-        metavar="I",
-        help="renderings used as the 3 input views (default: 0 6 7)",
-    )
+    add_views_option(p)
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     p.add_argument(
         "--report",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import add_model_options
+from .common import add_model_options, add_views_option
 
 
 def add_parser(sub) -> None:
@@ -83,14 +83,7 @@ def add_parser(sub) -> None:
         default=123,
         help="seed of the data order and the loss's surface samples (default 123, the original's)",
     )
-    p.add_argument(
-        "--views",
-        type=int,
-        nargs=3,
-        default=[0, 6, 7],
-        metavar="I",
-        help="renderings used as the 3 input views (default: 0 6 7, the original's)",
-    )
+    add_views_option(p)
     p.add_argument("--overwrite", action="store_true", help="start afresh in --out, removing its checkpoints and logs")
     p.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     add_model_options(p)
