@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_bench import make_dataset  # noqa: E402
+from pipeline_bench import eval_arguments, make_dataset  # noqa: E402
 
 from xmesh.evaluate import read_csv  # noqa: E402
 
@@ -93,20 +93,7 @@ def main() -> None:
     lst = make_dataset(work, args.samples, distinct_per_category=min(32, -(-args.samples // 4)))
     print(f"dataset: {args.samples} samples in {time.perf_counter() - start:.1f} s", flush=True)
     py = sys.executable
-    common = [
-        "--images",
-        str(work),
-        "--gt",
-        str(work / "gt"),
-        "--list",
-        str(lst),
-        "--weights",
-        "synthetic:1",
-        "--backend",
-        args.backend,
-        "--no-progress",
-        *(["--save-meshes"] if args.save_meshes else []),
-    ]
+    common = eval_arguments(work, lst, args.backend) + (["--save-meshes"] if args.save_meshes else [])
     for precision in args.precisions:
         run(
             [

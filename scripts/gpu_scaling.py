@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dask_bench import agreement, figures, rows, run  # noqa: E402
-from pipeline_bench import make_dataset  # noqa: E402
+from pipeline_bench import eval_arguments, make_dataset  # noqa: E402
 
 STARTUP = "startup_"
 FINISH = "finish"
@@ -197,19 +197,7 @@ def main() -> None:
         flush=True,
     )
     py = sys.executable
-    common = [
-        "--images",
-        str(work),
-        "--gt",
-        str(work / "gt"),
-        "--list",
-        str(lst),
-        "--weights",
-        "synthetic:1",
-        "--backend",
-        "cupy",
-        "--no-progress",
-    ]
+    common = eval_arguments(work, lst, "cupy")
     for precision in args.precisions:
         run(
             [

@@ -69,6 +69,24 @@ def make_dataset(root: Path, samples: int, distinct_per_category: int = 32) -> P
     return lst
 
 
+def eval_arguments(work: Path, lst: Path, backend: str) -> list[str]:
+    """`xmesh eval`'s arguments for the synthetic dataset in ``work`` (its list ``lst``), the benchmarks'
+    weights and ``backend``, without a progress bar."""
+    return [
+        "--images",
+        str(work),
+        "--gt",
+        str(work / "gt"),
+        "--list",
+        str(lst),
+        "--weights",
+        "synthetic:1",
+        "--backend",
+        backend,
+        "--no-progress",
+    ]
+
+
 def run(cmd: list[str], log: Path, cwd: str | None = None, env: dict | None = None, timeout: int = 900) -> str:
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
@@ -122,19 +140,7 @@ def main() -> None:
     lst = make_dataset(work, args.samples)
     print(f"dataset: {args.samples} samples in {time.perf_counter() - start:.1f} s", flush=True)
     py = sys.executable
-    common = [
-        "--images",
-        str(work),
-        "--gt",
-        str(work / "gt"),
-        "--list",
-        str(lst),
-        "--weights",
-        "synthetic:1",
-        "--backend",
-        args.backend,
-        "--no-progress",
-    ]
+    common = eval_arguments(work, lst, args.backend)
     table = []
     for precision in args.precisions:  # first use compiles (GPU kernels, numba): keep that out of the figures
         run(
