@@ -41,6 +41,27 @@ def cuda_available() -> bool:
 requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs CUDA and CuPy")
 
 
+def eval_argv(data, out, *extra) -> list:
+    """`xmesh eval`'s arguments (the subcommand first) for a synthetic dataset ``data`` (its ``root`` and
+    ``test_list``), the synthetic weights and ``out``, without a progress bar; ``extra`` after them."""
+    root = data["root"]
+    return [
+        "eval",
+        "--images",
+        str(root),
+        "--gt",
+        str(root / "gt"),
+        "--list",
+        str(data["test_list"]),
+        "--weights",
+        "synthetic:1",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+
+
 # GPU fixtures (requested only by tests marked requires_cuda)
 @pytest.fixture(scope="module")
 def cp():

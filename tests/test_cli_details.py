@@ -18,6 +18,7 @@ import cv2
 import numpy as np
 import pytest
 
+from conftest import eval_argv
 from xmesh import cli
 from xmesh.io.images import load_images
 from xmesh.mesh import Mesh
@@ -194,26 +195,7 @@ def small_set(tmp_path_factory):
 
 
 def _eval_process(data, out: Path):
-    root = data["root"]
-    command = [
-        sys.executable,
-        "-m",
-        "xmesh",
-        "eval",
-        "--images",
-        str(root),
-        "--gt",
-        str(root / "gt"),
-        "--list",
-        str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
-        "--out",
-        str(out),
-        "--workers",
-        "2",
-        "--no-progress",
-    ]
+    command = [sys.executable, "-m", "xmesh", *eval_argv(data, out, "--workers", "2")]
     return subprocess.Popen(
         command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

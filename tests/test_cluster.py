@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import requires_cuda
+from conftest import eval_argv, requires_cuda
 from pipeline_toy import ToyReconstructor, ToySpec
 from xmesh import cli
 from xmesh.cluster import ModelSpec, open_client, parse_cluster_spec
@@ -73,8 +73,7 @@ def test_eval_on_two_workers_writes_the_rows_and_meshes_of_the_single_process_ru
         )
     spread = tmp_path / "spread"
     assert (
-        cli.main(_eval_args(data, spread, "--cluster", "local:2", "--limit", "2", "--save-meshes", "--save-ground"))
-        == 0
+        cli.main(eval_argv(data, spread, "--cluster", "local:2", "--limit", "2", "--save-meshes", "--save-ground")) == 0
     )
     assert "cluster local:2: 2 worker(s)" in capsys.readouterr().err
     assert {p.name for p in spread.iterdir()} == {
@@ -338,25 +337,6 @@ def test_cluster_specs_parse():
     assert parse_cluster_spec("sched.json") == ("file", "sched.json")
 
 
-def _eval_args(data, out, *extra):
-    root = data["root"]
-    return [
-        "eval",
-        "--images",
-        str(root),
-        "--gt",
-        str(root / "gt"),
-        "--list",
-        str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *extra,
-    ]
-
-
 @pytest.mark.parametrize(
     "cluster, backend, missing, extra",
     [
@@ -372,7 +352,7 @@ def test_cluster_without_dask_fails_at_once_naming_the_extra(
         with open_client(cluster):
             pass
     start = time.monotonic()
-    assert cli.main(_eval_args(data, tmp_path / "out", "--cluster", cluster, "--backend", backend)) == 2
+    assert cli.main(eval_argv(data, tmp_path / "out", "--cluster", cluster, "--backend", backend)) == 2
     assert time.monotonic() - start < 10
     err = capsys.readouterr().err
     assert f'pip install "xmesh-p2mpp[{extra}]"' in err and f"--cluster {cluster}" in err
@@ -397,7 +377,7 @@ def test_cluster_without_dask_fails_at_once_naming_the_extra(
 
 
 def test_local_cuda_with_the_numpy_backend_is_refused(data, tmp_path, capsys):
-    assert cli.main(_eval_args(data, tmp_path / "out", "--cluster", "local-cuda")) == 2
+    assert cli.main(eval_argv(data, tmp_path / "out", "--cluster", "local-cuda")) == 2
     assert "--backend cupy" in capsys.readouterr().err
 
 

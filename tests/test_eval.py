@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import requires_cuda
+from conftest import eval_argv, requires_cuda
 from xmesh import cli
 from xmesh.dataset import SampleId, check_sample, load_ground_truth, read_list, sample_paths
 from xmesh.errors import FileFormatError, MissingFileError, UnsafePickleError
@@ -42,36 +42,17 @@ def model():
     return Reconstructor(synthetic_weights(1))
 
 
-def _eval_args(data, out, *extra):
-    root = data["root"]
-    return [
-        "eval",
-        "--images",
-        str(root),
-        "--gt",
-        str(root / "gt"),
-        "--list",
-        str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
-        "--out",
-        str(out),
-        "--no-progress",
-        *extra,
-    ]
-
-
 @pytest.fixture(scope="module")
 def evaluated(data, tmp_path_factory):
     """Run 1: --limit 2 in one batch of 2; then a half-written row is appended (an interrupted
     write); run 2 (no limit, batch 1) resumes. 3 samples reconstructed in all."""
     out = tmp_path_factory.mktemp("eval") / "out"
-    assert cli.main(_eval_args(data, out, "--limit", "2", "--batch-size", "2", "--workers", "2")) == 0
+    assert cli.main(eval_argv(data, out, "--limit", "2", "--batch-size", "2", "--workers", "2")) == 0
     first = (out / "samples.csv").read_text()
     first_summary = json.loads((out / "summary.json").read_text())
     with open(out / "samples.csv", "a") as handle:
         handle.write(data["ids"][2] + ",04379243,12.5,0.01")  # no newline: cut mid-row
-    assert cli.main(_eval_args(data, out, "--workers", "1")) == 0
+    assert cli.main(eval_argv(data, out, "--workers", "1")) == 0
     return {
         "out": out,
         "first": first,
@@ -327,7 +308,7 @@ def test_eval_summary_covers_all_rows_of_both_runs(evaluated, data):
 
 def test_eval_again_evaluates_nothing_and_prints_the_table(evaluated, data, capsys):
     before = (evaluated["out"] / "samples.csv").read_text()
-    assert cli.main(_eval_args(data, evaluated["out"])) == 0
+    assert cli.main(eval_argv(data, evaluated["out"])) == 0
     captured = capsys.readouterr()
     assert (evaluated["out"] / "samples.csv").read_text() == before
     assert "airplane" in captured.out and "weights: synthetic weights (recipe seed 1" in captured.out
@@ -337,7 +318,7 @@ def test_eval_again_evaluates_nothing_and_prints_the_table(evaluated, data, caps
 def test_eval_malformed_list_line_is_a_clear_error(data, tmp_path, capsys):
     bad = tmp_path / "list.txt"
     bad.write_text(f"{data['ids'][0]}\n02691156-broken\n")
-    args = _eval_args(data, tmp_path / "out")
+    args = eval_argv(data, tmp_path / "out")
     args[args.index("--list") + 1] = str(bad)
     assert cli.main(args) == 2
     err = capsys.readouterr().err
@@ -347,7 +328,7 @@ def test_eval_malformed_list_line_is_a_clear_error(data, tmp_path, capsys):
 
 def test_eval_missing_ground_truth_names_the_sample_before_computing(data, tmp_path, capsys, model):
     (tmp_path / "gt").mkdir()
-    args = _eval_args(data, tmp_path / "out")
+    args = eval_argv(data, tmp_path / "out")
     args[args.index("--gt") + 1] = str(tmp_path / "gt")
     assert cli.main(args) == 2
     err = capsys.readouterr().err

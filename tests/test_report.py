@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import browser
+from conftest import eval_argv
 from drawings import assert_same_drawing, edge_band
 from pipeline_toy import ToyReconstructor
 from xmesh import cli
@@ -194,24 +195,7 @@ def test_report_without_matplotlib_fails_at_once_naming_the_extra(data, tmp_path
     with pytest.raises(MissingExtraError, match=r'pip install "xmesh-p2mpp\[report\]"'):
         write_report(tmp_path)
     out = tmp_path / "never"
-    root = data["root"]
-    rc = cli.main(
-        [
-            "eval",
-            "--images",
-            str(root),
-            "--gt",
-            str(root / "gt"),
-            "--list",
-            str(data["test_list"]),
-            "--weights",
-            "synthetic:1",
-            "--out",
-            str(out),
-            "--no-progress",
-            "--report",
-        ]
-    )
+    rc = cli.main(eval_argv(data, out, "--report"))
     err = capsys.readouterr().err
     assert rc == 2 and "xmesh-p2mpp[report]" in err and "matplotlib" in err and "Traceback" not in err
     assert not out.exists()  # refused before anything ran
@@ -221,26 +205,7 @@ def test_xmesh_eval_report_reconstructs_the_gallery_again_and_says_the_weights_a
     small = write_dataset(tmp_path / "ds", n_per_category=1, categories=CATS[:2], seed=11)
     out = tmp_path / "out"
     root = small["root"]
-    assert (
-        cli.main(
-            [
-                "eval",
-                "--images",
-                str(root),
-                "--gt",
-                str(root / "gt"),
-                "--list",
-                str(small["test_list"]),
-                "--weights",
-                "synthetic:1",
-                "--out",
-                str(out),
-                "--no-progress",
-                "--report",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(eval_argv(small, out, "--report")) == 0
     html = (out / "report.html").read_text()
     assert "id='synthetic-warning'" in html and "recipe seed 1" in html
     assert html.count("reconstructed again for this report") == 2

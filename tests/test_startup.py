@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import eval_argv
 from pipeline_toy import ToyReconstructor, ToySpec
 from xmesh import cli
 from xmesh.errors import MissingFileError
@@ -69,24 +70,7 @@ def test_a_command_accounts_for_every_second_before_its_first_batch_and_a_slow_b
     few instructions between the two readings), and the model phase is the largest, >= the 3 s slept."""
     seen = tmp_path / "seen.json"
     out = tmp_path / "out"
-    argv = [
-        "eval",
-        "--images",
-        str(data["root"]),
-        "--gt",
-        str(data["root"] / "gt"),
-        "--list",
-        str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
-        "--out",
-        str(out),
-        "--workers",
-        "0",
-        "--batch-size",
-        "2",
-        "--no-progress",
-    ]
+    argv = eval_argv(data, out, "--workers", "0", "--batch-size", "2")
     code = COMMAND.format(tests=str(TESTS), delay=SLOW_BUILD_S, seen=str(seen), run=f"sys.exit(cli.main({argv!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -106,23 +90,7 @@ def test_the_xmesh_command_ends_with_the_runs_status_and_every_output_written(da
     interpreter's clean-up): its printed summary, samples.csv and summary.json are all there, and a
     refused run still ends with status 2 and its one-line error."""
     out = tmp_path / "out"
-    argv = [
-        "xmesh",
-        "eval",
-        "--images",
-        str(data["root"]),
-        "--gt",
-        str(data["root"] / "gt"),
-        "--list",
-        str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
+    argv = ["xmesh", *eval_argv(data, out, "--workers", "1")]
     run = f"sys.argv[:] = {argv!r}\ncli.command()"
     code = COMMAND.format(tests=str(TESTS), delay=0.0, seen=str(tmp_path / "seen.json"), run=run)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -213,21 +181,7 @@ def test_a_gpu_command_starts_cudas_driver_before_its_listing_and_a_clusters_cli
         raise _Stop
 
     monkeypatch.setattr(startup, "prefetch", listing)
-    argv = [
-        "eval",
-        "--images",
-        str(data["root"]),
-        "--gt",
-        str(data["root"] / "gt"),
-        "--list",
-        str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
-        "--out",
-        str(tmp_path / "out"),
-        "--no-progress",
-        *extra,
-    ]
+    argv = eval_argv(data, tmp_path / "out", *extra)
     with pytest.raises(_Stop):
         cli.main(argv)
     assert calls == (["driver", "listing"] if starts_driver else ["listing"])

@@ -11,6 +11,7 @@ import errno
 
 import pytest
 
+from conftest import eval_argv
 from xmesh import cli
 from xmesh.errors import UnwritableOutputError
 from xmesh.io import writable
@@ -79,21 +80,7 @@ def _commands(place: str, dataset, demo_dir, golden_dir):
     images = [str(demo_dir / f"plane{i}.png") for i in (1, 2, 3)]
     root = str(dataset["root"])
     return {
-        "eval": [
-            "eval",
-            "--images",
-            root,
-            "--gt",
-            root + "/gt",
-            "--list",
-            str(dataset["test_list"]),
-            "--weights",
-            "synthetic:1",
-            "--out",
-            place,
-            "--no-progress",
-            "--report",
-        ],
+        "eval": eval_argv(dataset, place, "--report"),
         "reconstruct --list": [
             "reconstruct",
             "--list",
