@@ -74,11 +74,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per batch size (after one warm-up)")
     parser.add_argument("--samples", type=int, default=64, help="objects in the synthetic list of xmesh train")
     parser.add_argument("--no-command", action="store_true", help="time the step alone, not xmesh train")
+    parser.add_argument(
+        "--no-graphs", action="store_true", help="run every step eagerly (no CUDA Graph of the small batches' step)"
+    )
     args = parser.parse_args()
 
     rows = []
     for batch in args.batch_sizes:
-        work = StepWorkload(args.stage, args.backend, batch)
+        work = StepWorkload(args.stage, args.backend, batch, graphs=not args.no_graphs)
         rows.append(work.time_steps(args.steps))
         print(f"step b={batch}: {rows[-1]['median_s'] * 1e3:.1f} ms", file=sys.stderr)
     sources = (work.sample_source, work.template_source)

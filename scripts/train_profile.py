@@ -21,7 +21,7 @@ from collections import defaultdict
 import numpy as np
 
 from xmesh.model import bilinear_cupy, cnn, deformation_train, local_projection_train, products
-from xmesh.train import mesh_losses, stage1, trainer
+from xmesh.train import graph_step, mesh_losses, stage1, trainer
 from xmesh.train.bench import StepWorkload
 
 try:
@@ -180,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     sync = device_sync(args.backend)
     for batch in args.batch_sizes:
-        work = StepWorkload(args.stage, args.backend, batch)
+        work = StepWorkload(args.stage, args.backend, batch, graphs=False)  # phases are eager calls
         median, synced, table = profile(work, args.steps, sync)
         peak = ""
         if args.backend == "cupy":
@@ -189,8 +189,11 @@ def main() -> None:
             peak = f"; device memory pool {cupy.get_default_memory_pool().total_bytes() / 2**30:.1f} GiB"
         print(
             f"stage {args.stage} on {args.backend}, batch {batch}: step {median * 1e3:.2f} ms "
-            f"({batch / median:.1f} samples/s); with a sync around each phase {synced * 1e3:.2f} ms{peak}"
+            f"({batch / median:.1f} samples/s) eager; with a sync around each phase {synced * 1e3:.2f} ms{peak}"
         )
+        if args.stage == 2 and hasattr(work.trainer.device, "capture") and batch <= graph_step.MAX_BATCH:
+            graphed = StepWorkload(args.stage, args.backend, batch).time_steps(args.steps)["median_s"]
+            print(f"  replayed as a CUDA Graph (the trainer's default at this batch): step {graphed * 1e3:.2f} ms")
         sync()
         start = time.perf_counter()
         work.trainer.trained_weights()

@@ -44,11 +44,14 @@ def _kernel():
     return get_function(KERNEL_FILE, KERNEL_NAME)
 
 
-def _lengths(lengths, batch: int, size: int, name: str):
-    """Validated (batch,) int64 lengths in [1, size] on the device; all ``size`` when None."""
+def _lengths(lengths, batch: int, size: int, name: str, validate: bool = True):
+    """Validated (batch,) int64 lengths in [1, size] on the device; all ``size`` when None. Without
+    ``validate`` a (batch,) int64 CuPy array is taken as it is."""
     cupy = require_cupy()
     if lengths is None:
         return cupy.full(batch, size, dtype=cupy.int64)
+    if not validate and is_cupy(lengths) and lengths.shape == (batch,) and lengths.dtype == cupy.int64:
+        return lengths
     host = cupy.asnumpy(lengths)
     if host.shape != (batch,) or host.dtype.kind not in "iu":
         raise InputError(
@@ -68,7 +71,7 @@ def _cloud(x, name: str):
     return arr
 
 
-def nearest(a, b, lengths_a=None, lengths_b=None):
+def nearest(a, b, lengths_a=None, lengths_b=None, validate: bool = True):
     """Nearest point of ``b`` for each point of ``a`` on the GPU (fp32 brute force).
 
     ``a`` is (N,3) or padded (B,N,3), ``b`` (M,3) or (B,M,3) with the same number of axes (NumPy or
@@ -77,7 +80,8 @@ def nearest(a, b, lengths_a=None, lengths_b=None):
 
     Returns CuPy arrays ``(sqdist, index)`` of shape (N,) or (B,N): fp32 squared distances (difference
     form, within a few float32 ulps of exact) and int64 indices into the sample's ``b``. Padded query
-    slots hold distance 0 and index -1.
+    slots hold distance 0 and index -1. ``validate=False`` takes lengths that are (B,) int64 CuPy
+    arrays as they are, unchecked: no copy to the host, so that a CUDA Graph can hold the call.
     """
     cupy = require_cupy()
     a32, b32 = _cloud(a, "a"), _cloud(b, "b")
@@ -93,8 +97,8 @@ def nearest(a, b, lengths_a=None, lengths_b=None):
     batch, n_max, m_max = a32.shape[0], a32.shape[1], b32.shape[1]
     if batch > _MAX_GRID_Y:
         raise InputError(f"a and b hold {batch} samples; at most {_MAX_GRID_Y} per call are supported")
-    len_a = _lengths(lengths_a, batch, n_max, "lengths_a")
-    len_b = _lengths(lengths_b, batch, m_max, "lengths_b")
+    len_a = _lengths(lengths_a, batch, n_max, "lengths_a", validate)
+    len_b = _lengths(lengths_b, batch, m_max, "lengths_b", validate)
 
     sqdist = cupy.empty((batch, n_max), dtype=cupy.float32)
     index = cupy.empty((batch, n_max), dtype=cupy.int32)

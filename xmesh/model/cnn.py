@@ -45,12 +45,15 @@ def im2col(xp, x, kh: int, kw: int, stride: int):
     """(N,H,W,C) -> (N*Ho*Wo, kh*kw*C) 'SAME' patches, rows in NHW order, columns in (kh, kw, C) order."""
     n, _, _, c = x.shape
     padded, (ho, wo, _, _) = _padded(xp, x, kh, kw, stride)
-    taps = [
-        padded[:, i : i + stride * (ho - 1) + 1 : stride, j : j + stride * (wo - 1) + 1 : stride, :]
-        for i in range(kh)
-        for j in range(kw)
-    ]
-    return xp.reshape(xp.stack(taps, axis=3), (n * ho * wo, kh * kw * c)), (ho, wo)
+    # tap by tap into one array: CuPy's stack of more than 8 arrays uploads their addresses from the
+    # host, a copy that a CUDA Graph cannot hold
+    cols = xp.empty((n, ho, wo, kh * kw, c), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i, i + stride * (ho - 1) + 1, stride)
+            columns = slice(j, j + stride * (wo - 1) + 1, stride)
+            cols[:, :, :, i * kw + j, :] = padded[:, rows, columns, :]
+    return xp.reshape(cols, (n * ho * wo, kh * kw * c)), (ho, wo)
 
 
 def col2im(xp, cols, shape, kh: int, kw: int, stride: int):

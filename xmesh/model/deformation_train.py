@@ -27,7 +27,7 @@ from .products import column_sums, deformation_layer, matmul
 def _over_hypotheses(xp, support, y):
     """support (K,K) applied over the K axis of y (B,K,N,C)."""
     b, k, n, c = y.shape
-    return xp.reshape(support @ xp.reshape(y, (b, k, n * c)), (b, k, n, c))
+    return xp.reshape(matmul(support, xp.reshape(y, (b, k, n * c))), (b, k, n, c))
 
 
 @dataclass
@@ -125,12 +125,12 @@ def hypothesis_update_forward(xp, centers, score, offsets):
     """centers (B,N,3) + sum_k softmax_k(score (B,K,N)) offsets[k]; returns (new centers, cache)."""
     e = xp.exp(score - xp.max(score, axis=1, keepdims=True))
     weight = e / xp.sum(e, axis=1, keepdims=True)
-    return centers + xp.matmul(xp.permute_dims(weight, (0, 2, 1)), offsets), HypothesisUpdateCache(weight, offsets)
+    return centers + matmul(xp.permute_dims(weight, (0, 2, 1)), offsets), HypothesisUpdateCache(weight, offsets)
 
 
 def hypothesis_update_backward(xp, dnew, cache: HypothesisUpdateCache):
     """(dcenters (B,N,3), dscore (B,K,N)) from the new centers' gradient."""
-    dweight = xp.permute_dims(xp.matmul(dnew, xp.matrix_transpose(cache.offsets)), (0, 2, 1))  # (B,K,N)
+    dweight = xp.permute_dims(matmul(dnew, xp.matrix_transpose(cache.offsets)), (0, 2, 1))  # (B,K,N)
     w = cache.weight
     dscore = w * (dweight - xp.sum(w * dweight, axis=1, keepdims=True))
     return dnew, dscore

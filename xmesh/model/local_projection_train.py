@@ -18,6 +18,7 @@ from array_api_compat import is_cupy_namespace
 
 from . import bilinear_cupy
 from .camera import CENTER, FOCAL, IMAGE_SIZE, MAX_PIXEL, mat3
+from .products import matmul
 from .sparse import scatter_add
 from .view_pool import ViewPoolCache, pool_views_backward, pool_views_forward
 
@@ -199,5 +200,5 @@ def _projection_backward(xp, dh, dw, proj: ViewProjection, tf, view: int):
     x, y, z = proj.q[..., 0], proj.q[..., 1], proj.q[..., 2]
     focal_z = FOCAL / z
     dq = xp.stack([-dw * focal_z, dh * focal_z, (dw * x - dh * y) * focal_z / z], axis=-1)
-    dworld = dq @ xp.matrix_transpose(tf.rot[:, view])
-    return dworld @ xp.matrix_transpose(tf.from0)
+    dworld = matmul(dq, xp.matrix_transpose(tf.rot[:, view]))
+    return matmul(dworld, xp.matrix_transpose(tf.from0))

@@ -4,14 +4,18 @@ product of float32 accuracy where a backend lends one (:func:`lend`).
 The CuPy backend lends its tensor-core GEMM in 3xTF32 (each operand split into two TF32 parts, three
 products accumulated in float32: float32's accuracy, the inference's fp32 products) for the products
 both of whose output sides are at least ``LENT_MIN`` long: the deformation blocks' and graph
-convolutions' wide layers, where cuBLAS's float32 SGEMM bounds a training step. The rest (the score
-layers, the CNN's narrow layers), every float64 product and NumPy take ``a @ b``.
+convolutions' wide layers, where cuBLAS's float32 SGEMM bounds a training step.
 
 ``deformation_layer`` is a deformation block's local graph convolution, ``relu(X W0 + A1 (X W1) + b)``
 over the hypothesis axis (or without the ReLU: with ``dZ``, the transposed weights and ``A1^T`` it is the
 layer's input gradient), where a backend lends a kernel that does the whole layer
 (:func:`lend_layer`): on Hopper, the inference's 3xTF32 layer kernel. None where none is lent or the
 lent one does not take these shapes; the caller then takes the products above.
+
+Every other product goes to the one a backend lends for any float product (:func:`lend_general`): on
+CuPy, cuBLAS called directly (:mod:`xmesh.backends.cublas_gemm`), which a CUDA Graph can capture
+(CuPy's own ``matmul`` refuses stream capture), so the training step on CuPy can be replayed as a
+graph; ``a @ b`` where none is lent or it declines (NumPy).
 
 ``column_sums`` is a bias's gradient, the sum over the rows of a (rows, C) array: on CuPy a product
 with a row of ones (cuBLAS reads the array once), as CuPy's reduction over 10^5 to 10^7 rows into a
@@ -26,6 +30,7 @@ LENT_MIN = 128  # a lent product's output is at least this many rows and columns
 
 _lent = None
 _lent_layer = None
+_lent_general = None
 
 
 def lend(product):
@@ -36,8 +41,16 @@ def lend(product):
     return before
 
 
+def lend_general(product):
+    """Route the products :func:`lend`'s does not take through ``product(a, b)`` (``a @ b`` with
+    broadcast leading axes, or None to decline); returns the one lent before."""
+    global _lent_general
+    before, _lent_general = _lent_general, product
+    return before
+
+
 def matmul(a, b):
-    """``a @ b`` for a (..., K) and a 2-D b (K, N), the leading axes of a as rows."""
+    """``a @ b`` for a (..., M, K) and b (..., K, N) (a 2-D b: the leading axes of a as rows)."""
     if (
         _lent is not None
         and b.ndim == 2
@@ -53,6 +66,10 @@ def matmul(a, b):
             out = _lent(a.reshape(rows, a.shape[-1]), b)
             if out is not None:
                 return out.reshape(tuple(a.shape[:-1]) + (b.shape[1],))
+    if _lent_general is not None:
+        out = _lent_general(a, b)
+        if out is not None:
+            return out
     return a @ b
 
 
@@ -77,5 +94,5 @@ def deformation_layer(x, w0, w1, bias, a1, relu: bool = True, support_transposed
 def column_sums(xp, a):
     """The sum over the rows of a 2-D ``a`` (rows, C) -> (C,)."""
     if is_cupy_namespace(xp):
-        return xp.reshape(xp.ones((1, a.shape[0]), dtype=a.dtype) @ a, (a.shape[1],))
+        return xp.reshape(matmul(xp.ones((1, a.shape[0]), dtype=a.dtype), a), (a.shape[1],))
     return xp.sum(a, axis=0)

@@ -52,17 +52,19 @@ def default_sample(template) -> tuple[Sample, str]:
 
 @dataclass
 class StepWorkload:
-    """A Trainer of ``stage`` on ``backend`` (synthetic weights) and a batch of ``batch`` samples."""
+    """A Trainer of ``stage`` on ``backend`` (synthetic weights) and a batch of ``batch`` samples;
+    ``graphs``: the trainer's CUDA Graphs (its default) or every step eager."""
 
     stage: int
     backend: str
     batch: int
+    graphs: bool = True
 
     def __post_init__(self) -> None:
         template, self.template_source = default_template()
         sample, self.sample_source = default_sample(template)
         self.samples = [sample] * self.batch
-        self.trainer = Trainer(self.stage, synthetic_weights(WEIGHTS_SEED), template, self.backend)
+        self.trainer = Trainer(self.stage, synthetic_weights(WEIGHTS_SEED), template, self.backend, graphs=self.graphs)
 
     def step(self) -> float:
         """One Adam step on the batch; its loss."""

@@ -50,25 +50,33 @@ STAGE1_LAPLACE, STAGE2_LAPLACE = LaplaceWeights(), LaplaceWeights(move=100.0)
 
 @dataclass(frozen=True)
 class GroundTruth:
-    """A batch's ground truth, padded to the longest sample: points and normals (B,P,3), ``valid``
-    (B,P) 1 for real points and 0 for padding, ``counts`` (B,) the real points per sample (host), and
-    ``count_values`` the same on ``xp`` in the points' dtype (uploaded once, with the rest)."""
+    """A batch's ground truth, padded to the longest sample (or to a given size): points and normals
+    (B,P,3), ``valid`` (B,P) 1 for real points and 0 for padding, ``counts`` (B,) the real points per
+    sample (host), ``count_values`` the same on ``xp`` in the points' dtype, and ``device_lengths``,
+    where given, the counts as (B,) int64 on the device, which the nearest neighbours then read as
+    they are (a CUDA Graph's inputs: no copy from the host)."""
 
     points: Any
     normals: Any
     valid: Any
     counts: np.ndarray
     count_values: Any
+    device_lengths: Any = None
 
     def lengths(self):
         """The counts where some sample is padded, else None (every point is real)."""
+        if self.device_lengths is not None:
+            return self.device_lengths
         return self.counts if int(self.counts.min()) < self.points.shape[1] else None
 
-    @classmethod
-    def from_labels(cls, xp, labels, dtype) -> GroundTruth:
-        """From a list of B (P_i, 6) arrays of points and unit normals."""
+    @staticmethod
+    def host_arrays(labels, dtype, size: int | None = None) -> dict:
+        """B (P_i, 6) arrays of points and unit normals padded to ``size`` points (default the longest):
+        the host arrays of the fields, by name (``lengths``: the counts as int64)."""
         counts = np.array([len(lab) for lab in labels], dtype=np.int64)
-        size = int(counts.max())
+        size = int(counts.max()) if size is None else size
+        if int(counts.max()) > size:
+            raise ValueError(f"ground truth of {int(counts.max())} points does not fit {size}")
         # padding far from any mesh: never a nearest point of a predicted point
         padded = np.full((len(labels), size, 6), 1e4, dtype=np.float64)
         valid = np.zeros((len(labels), size))
@@ -76,12 +84,25 @@ class GroundTruth:
             padded[b, : counts[b]] = np.asarray(lab, dtype=np.float64)[:, :6]
             valid[b, : counts[b]] = 1.0
         padded = padded.astype(np.dtype(dtype))
+        return {
+            "points": np.ascontiguousarray(padded[..., :3]),
+            "normals": np.ascontiguousarray(padded[..., 3:]),
+            "valid": valid.astype(padded.dtype),
+            "counts": counts,
+            "count_values": counts.astype(padded.dtype),
+            "lengths": counts,
+        }
+
+    @classmethod
+    def from_labels(cls, xp, labels, dtype) -> GroundTruth:
+        """From a list of B (P_i, 6) arrays of points and unit normals."""
+        host = cls.host_arrays(labels, dtype)
         return cls(
-            xp.asarray(padded[..., :3]),
-            xp.asarray(padded[..., 3:]),
-            xp.asarray(valid.astype(padded.dtype)),
-            counts,
-            xp.asarray(counts.astype(padded.dtype)),
+            xp.asarray(host["points"]),
+            xp.asarray(host["normals"]),
+            xp.asarray(host["valid"]),
+            host["counts"],
+            xp.asarray(host["count_values"]),
         )
 
 
@@ -147,18 +168,26 @@ class Uniforms:
     r1: Any
     r2: Any
 
-    @classmethod
-    def draw(cls, xp, rng: np.random.Generator, batch: int, calls: int, dtype, count: int = SAMPLES) -> list:
-        """``calls`` calls' uniforms from ``rng`` on the host (each call's pick, r1 and r2 in turn, so a
-        run's draws resume with its generator), all uploaded at once before a step's forward: an upload
-        from the host waits for the device's queue, which is empty then."""
+    @staticmethod
+    def host(rng: np.random.Generator, batch: int, calls: int, dtype, count: int = SAMPLES) -> list:
+        """``calls`` calls' uniforms from ``rng`` as host (pick, r1, r2) triples, each call's pick, r1 and
+        r2 in turn (so a run's draws resume with its generator)."""
         host = []
         for _ in range(calls):
             pick = rng.random((batch, count))
             r1 = rng.random((batch, count, 1), dtype=np.float32)
             r2 = rng.random((batch, count, 1), dtype=np.float32)
             host.append((pick, r1.astype(dtype), r2.astype(dtype)))
-        return [cls(xp.asarray(pick), xp.asarray(r1), xp.asarray(r2)) for pick, r1, r2 in host]
+        return host
+
+    @classmethod
+    def draw(cls, xp, rng: np.random.Generator, batch: int, calls: int, dtype, count: int = SAMPLES) -> list:
+        """:meth:`host`'s uniforms, all uploaded at once before a step's forward: an upload from the host
+        waits for the device's queue, which is empty then."""
+        return [
+            cls(xp.asarray(pick), xp.asarray(r1), xp.asarray(r2))
+            for pick, r1, r2 in cls.host(rng, batch, calls, dtype, count)
+        ]
 
 
 def draw_samples(
@@ -178,7 +207,9 @@ def draw_samples(
     offsets = xp.arange(batch, dtype=xp.float64)[:, None]
     choice = xp.searchsorted(xp.reshape(cdf + offsets, (-1,)), xp.reshape(pick + offsets, (-1,)), side="right")
     choice = xp.reshape(choice, (batch, count)) - xp.arange(batch, dtype=choice.dtype)[:, None] * faces.shape[0]
-    choice = xp.clip(xp.astype(choice, xp.int64), 0, faces.shape[0] - 1)
+    # min(max(.)) is clip's arithmetic with no scalar uploaded (array-api-compat's clip makes arrays of
+    # its bounds, copies a CUDA Graph cannot hold)
+    choice = xp.minimum(xp.maximum(xp.astype(choice, xp.int64), 0), faces.shape[0] - 1)
     return Draws(choice, r1, r2)
 
 
@@ -189,7 +220,8 @@ def nearest(xp, a, b, lengths_b=None):
     if is_cupy_namespace(xp):
         from ..metrics import nn_cupy
 
-        return nn_cupy.nearest(a, b, None, lengths_b)[1]
+        # lengths already on the device are a CUDA Graph's input, read unchecked (no copy to the host)
+        return nn_cupy.nearest(a, b, None, lengths_b, validate=not nn_cupy.is_cupy(lengths_b))[1]
     from ..metrics import nn_cpu
 
     out = np.empty(a.shape[:2], dtype=np.int64)
@@ -270,7 +302,10 @@ def mesh_loss_backward(xp, dloss, cache: MeshLossCache):
     num_edges = cache.edges.shape[0]
     # edge length and normal cosine, through tf.nn.l2_normalize of the edges
     dedge = g * (2 * w.edge / num_edges) * cache.edge
-    dunit = (g * (w.normal / num_edges)) * xp.sign(cache.cosine)[..., None] * cache.unit_normal
+    # sign(cosine) as two comparisons: array-api-compat's sign on CuPy writes NaNs through a boolean mask,
+    # which reads a count back from the device (a NaN cosine stops the step anyway)
+    sign = xp.astype(cache.cosine > 0, g.dtype) - xp.astype(cache.cosine < 0, g.dtype)
+    dunit = (g * (w.normal / num_edges)) * sign[..., None] * cache.unit_normal
     inv = cache.edge_inv
     along = xp.sum(cache.edge * dunit, axis=-1, keepdims=True)
     dedge = dedge + inv * dunit - xp.where(cache.edge_free, inv * inv * inv * along, xp.zeros_like(along)) * cache.edge

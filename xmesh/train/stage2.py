@@ -191,11 +191,14 @@ def loss_and_gradients(
     starts,
     draws: list | None,
     rng: np.random.Generator | None = None,
+    uniforms: list | None = None,
 ):
     """Stage 2's loss averaged over the batch and its terms (each averaged over the batch), as ``xp``
     scalars, and the gradient of every variable the loss reaches, by official name (``xp`` arrays).
-    Without ``draws``, the uniforms of the own draws are drawn from ``rng`` before the forward."""
-    uniforms = None if draws is not None else ml.Uniforms.draw(xp, rng, starts.shape[0], MESH_LOSS_CALLS, starts.dtype)
+    Without ``draws``, the own draws take ``uniforms`` (:class:`~xmesh.train.mesh_losses.Uniforms` per
+    mesh_loss call, already on the device), or uniforms drawn from ``rng`` before the forward."""
+    if draws is None and uniforms is None:
+        uniforms = ml.Uniforms.draw(xp, rng, starts.shape[0], MESH_LOSS_CALLS, starts.dtype)
     fwd = forward(xp, weights, tmpl, images, tf, starts)
     calls = losses(xp, fwd, tmpl, gt, starts, draws, rng, uniforms)
     batch = starts.shape[0]

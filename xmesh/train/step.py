@@ -37,7 +37,7 @@ def _check_stage(stage) -> int:
 _prepared: dict = {}
 
 
-def _stage1_template(xp, template: Template, dtype) -> stage1.Stage1Template:
+def stage1_template(xp, template: Template, dtype) -> stage1.Stage1Template:
     """The template's training arrays, built once per (template, array library, dtype)."""
     key = (template, xp.__name__, np.dtype(dtype).str)
     if key not in _prepared:
@@ -45,7 +45,7 @@ def _stage1_template(xp, template: Template, dtype) -> stage1.Stage1Template:
     return _prepared[key]
 
 
-def _stage2_template(xp, template: Template, dtype) -> stage2.Stage2Template:
+def stage2_template(xp, template: Template, dtype) -> stage2.Stage2Template:
     """Stage 2's training arrays of the template, built once per (template, array library, dtype)."""
     key = (template, xp.__name__, np.dtype(dtype).str, 2)
     if key not in _prepared:
@@ -107,7 +107,7 @@ def batch_loss_and_gradients(
     if rng is None:
         rng = np.random.default_rng(0)
     if stage == 1:
-        tmpl = _stage1_template(xp, template, dtype)
+        tmpl = stage1_template(xp, template, dtype)
         tf = stage1.transforms(xp, cameras)
         loss, terms, grads = stage1.loss_and_gradients(
             xp, weights, tmpl, images, tf, gt, _draws(xp, draws, stage1.MESH_LOSS_CALLS, dtype), rng, view_quirk
@@ -118,7 +118,7 @@ def batch_loss_and_gradients(
                 "stage 2 deforms a start mesh per sample (stage 1's prediction): pass starts, "
                 f"one (N,3) array for each of the {images.shape[0]} sample(s)"
             )
-        tmpl = _stage2_template(xp, template, dtype)
+        tmpl = stage2_template(xp, template, dtype)
         tf = stage1.transforms(xp, cameras)
         start = xp.stack([xp.asarray(s, dtype=dtype) for s in starts])
         loss, terms, grads = stage2.loss_and_gradients(

@@ -10,10 +10,16 @@ The loss's own random draws (the 4000 surface samples of each ``mesh_loss`` call
 ``draw_rng``, a seeded generator whose state the checkpoints keep, so a resumed run draws what an
 uninterrupted one draws. A loss or gradient that is not finite stops before any update
 (:class:`NonFiniteLossError`, naming the samples and the step): the weights stay the last good ones.
+
+On CuPy, stage 2's steps of up to ``graph_step.MAX_BATCH`` samples replay a CUDA Graph of the loss and
+backward (:mod:`xmesh.train.graph_step`), captured on a shape's first step; the draws, the arithmetic
+and Adam are the eager step's. ``graphs=False`` runs every step eagerly.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +29,7 @@ from ..backends import get_backend
 from ..errors import XmeshError
 from ..io.weights import expected_variables
 from ..reconstruct import resolve_template
+from . import graph_step
 from .adam import AdamConfig, AdamState, adam_step
 from .data import Sample
 from .step import batch_loss_and_gradients
@@ -35,7 +42,8 @@ class NonFiniteLossError(XmeshError, ArithmeticError):
 class Trainer:
     """The variables of ``stage`` (1 or 2) from ``weights`` (a dict by official name; the other stage's,
     if given, are kept as they are) and their Adam moments, resident on ``backend`` ("numpy" or
-    "cupy"). ``lr``: Adam's learning rate (the original's 1e-5); ``seed``: the loss's own draws."""
+    "cupy"). ``lr``: Adam's learning rate (the original's 1e-5); ``seed``: the loss's own draws;
+    ``graphs``: replay small batches' steps as CUDA Graphs where the backend can (see the module)."""
 
     def __init__(
         self,
@@ -45,6 +53,7 @@ class Trainer:
         backend: str = "numpy",
         lr: float = 1e-5,
         seed: int = 123,
+        graphs: bool = True,
     ):
         self.stage = int(stage)
         self.template = resolve_template(template)
@@ -55,6 +64,9 @@ class Trainer:
         self.trained = list(expected_variables(self.stage))
         self.adam = AdamState(AdamConfig(learning_rate=lr))
         self.draw_rng = np.random.default_rng(seed)
+        self.graphs = bool(graphs) and self.stage == 2 and hasattr(self.device, "capture")
+        self._graphs: OrderedDict = OrderedDict()  # (batch, views, points) -> StepGraph, oldest first
+        self._graph_failed: set = set()
 
     def host_weights(self, names=None) -> dict[str, np.ndarray]:
         """Host copies of the weights (all, or ``names``)."""
@@ -71,37 +83,83 @@ class Trainer:
         xp = self.device.xp
         self.weights.update({name: xp.asarray(np.array(weights[name], dtype=np.float32)) for name in self.trained})
         self.adam = AdamState.from_arrays(adam, asarray=xp.asarray)
+        self.drop_graphs()  # they read the arrays replaced
         self.draw_rng = np.random.Generator(getattr(np.random, draw_state["bit_generator"])())
         self.draw_rng.bit_generator.state = draw_state
 
+    @property
+    def captured_shapes(self) -> list:
+        """The (batch, views, padded ground-truth points) shapes whose step is held as a CUDA Graph."""
+        return list(self._graphs)
+
+    def drop_graphs(self) -> None:
+        """Release the captured step graphs (the next steps capture again)."""
+        while self._graphs:
+            self._graphs.popitem()[1].release()
+
+    def _graph(self, samples: Sequence[Sample]):
+        """The captured step for these samples' shape, loaded with them and this step's draws; None where
+        the step runs eagerly (no graphs here, a large batch, or a shape whose capture failed)."""
+        if not self.graphs or len(samples) > graph_step.MAX_BATCH:
+            return None
+        key = (len(samples), samples[0].images.shape[0], graph_step.padded_size(max(len(s.labels) for s in samples)))
+        if key in self._graph_failed:
+            return None
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+            graph.load(samples, self.draw_rng)
+            return graph
+        while len(self._graphs) >= graph_step.MAX_GRAPHS:
+            self._graphs.popitem(last=False)[1].release()
+        draws_before = self.draw_rng.bit_generator.state
+        try:
+            graph = graph_step.StepGraph(self.device, self.weights, self.template, *key)
+            graph.load(samples, self.draw_rng)
+            graph.capture()
+        except Exception as exc:  # noqa: BLE001  (the eager step runs instead, and raises what is wrong)
+            self._graph_failed.add(key)
+            self.draw_rng.bit_generator.state = draws_before
+            if graph is not None:
+                graph.release()
+            self.device.release_memory()
+            warnings.warn(
+                f"the training step of {key[0]} sample(s) could not be captured as a CUDA Graph "
+                f"({type(exc).__name__}: {exc}); it runs eagerly",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        self._graphs[key] = graph
+        return graph
+
     def step(self, samples: Sequence[Sample], step_number: int | None = None):
         """One Adam step on the mean loss of ``samples``; returns the step's LossAndGradients, its gradients
-        on the trainer's device."""
-        images = np.stack([s.images for s in samples])
-        cameras = np.stack([s.cameras for s in samples])
-        labels = [s.labels for s in samples]
-        starts = [s.start for s in samples] if self.stage == 2 else None
+        on the trainer's device (a replayed graph's arrays, which the next step overwrites)."""
         xp = self.device.xp
-        with np.errstate(all="ignore"):  # an overflow is reported below, as the step's one error
-            result = batch_loss_and_gradients(
-                self.stage,
-                self.weights,
-                self.template,
-                images,
-                cameras,
-                labels,
-                starts,
-                None,
-                self.backend,
-                self.draw_rng,
-                to_host=False,
-            )
-        # the gradients stay on the device: a NaN or an infinity anywhere makes its gradient's sum one, so
-        # the sums are read back at once, and only where one is not finite each gradient is looked at
-        sums = xp.stack([xp.sum(g) for g in result.gradients.values()])
+        graph = self._graph(samples)
+        if graph is not None:
+            result, sums = graph.run()
+        else:
+            with np.errstate(all="ignore"):  # an overflow is reported below, as the step's one error
+                result = batch_loss_and_gradients(
+                    self.stage,
+                    self.weights,
+                    self.template,
+                    np.stack([s.images for s in samples]),
+                    np.stack([s.cameras for s in samples]),
+                    [s.labels for s in samples],
+                    [s.start for s in samples] if self.stage == 2 else None,
+                    None,
+                    self.backend,
+                    self.draw_rng,
+                    to_host=False,
+                )
+            # a NaN or an infinity anywhere makes its gradient's sum one: the sums come back at once
+            sums = self.device.to_numpy(xp.stack([xp.sum(g) for g in result.gradients.values()]))
         bad = (
             []
-            if bool(xp.all(xp.isfinite(sums)))
+            if bool(np.isfinite(sums).all())
             else [name for name, g in result.gradients.items() if not bool(xp.all(xp.isfinite(g)))]
         )
         if not np.isfinite(result.loss) or bad:

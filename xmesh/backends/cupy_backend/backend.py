@@ -46,10 +46,12 @@ from .projection import ProjectionStage
 class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, ConvolutionStage, GemmStage, CupyDevice):
     """The GPU backend (``get_backend("cupy", precision=..., device=...)``): the device and its stages.
 
-    Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products and
-    its deformation layer kernel (``xmesh.model.products``)."""
+    Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products, its
+    deformation layer kernel, and cuBLAS called directly for their other products
+    (``xmesh.model.products``)."""
 
     def __init__(self, precision: str = "fp32", device: int | None = None):
         super().__init__(precision, device)
         products.lend(self.training_product)
         products.lend_layer(self.training_layer)
+        products.lend_general(self.general_product)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import InputError
 from .. import plan
+from ..cublas_gemm import CublasGemm, load_library
 from ..cuda_kernels import get_function
 from ..kernel_constants import GEMM_BK, GEMM_BM, GEMM_DEFINES, GEMM_FILE, GEMM_STAGES, GEMM_THREADS, defines
 from .device import THREADS, _grid
@@ -114,6 +115,16 @@ class GemmStage:
         if self.hopper is None or a.strides[1] != a.itemsize or not plan.gemm_on_hopper(m, n):
             return None
         return self.gemm(a, b, passes=3)
+
+    def general_product(self, a, b):
+        """``a @ b`` through cuBLAS called directly (:mod:`xmesh.backends.cublas_gemm`: a CUDA Graph can
+        capture it), lent to :func:`xmesh.model.products.matmul` for the training passes' other float
+        products; None where cuBLAS cannot be loaded or the operands are not its (CuPy's matmul then)."""
+        blas = getattr(self, "_cublas", None)
+        if blas is None:
+            library = load_library()
+            blas = self._cublas = CublasGemm(library) if library is not None else False
+        return blas.matmul(a, b) if blas else None
 
     def gemm_transposed_a(self, at, b):
         """``at.T @ b`` in 3xTF32 for float32 ``at`` (K, M) and ``b`` (K, N), N a multiple of 128, both with

@@ -1,0 +1,95 @@
+"""Stage 2's training step replayed as a CUDA Graph (xmesh/train/graph_step.py) against the eager step,
+and the ground-truth sizes' ladder that decides how many graphs a dataset needs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import requires_cuda
+from xmesh.train import graph_step
+
+
+def test_the_ladder_holds_every_size_with_bounded_padding():
+    sizes = sorted({graph_step.padded_size(p) for p in range(1, 20001)})
+    for points in (1, 1023, 1024, 1025, 2500, 3000, 4097, 9999, 20000):
+        size = graph_step.padded_size(points)
+        assert size >= points and size % 256 == 0
+        assert size <= max(graph_step.SMALLEST_SIZE, 1.42 * points + 256)
+    assert len(sizes) <= 12  # 1 to 20,000 points: a dozen graphs at most
+    assert sizes == sorted(sizes) and sizes[0] == graph_step.SMALLEST_SIZE
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    """A stage-2 trainer on the GPU with graphs, and three samples: the benchmark's, one with fewer
+    ground-truth points (the same graph), and one of more points than its ladder step holds (another)."""
+    from xmesh.benchmarking import default_template
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.train.bench import default_sample
+    from xmesh.train.trainer import Trainer
+
+    template, _ = default_template()
+    sample, _ = default_sample(template)
+    fewer = dataclasses.replace(sample, labels=sample.labels[: len(sample.labels) - 37])
+    size = graph_step.padded_size(len(sample.labels))
+    more = dataclasses.replace(sample, labels=np.resize(sample.labels, (size + 1, 6)))  # repeated points
+    return Trainer(2, synthetic_weights(1), template, "cupy", graphs=True), [sample, fewer, more]
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_graph_steps_match_the_eager_step_on_the_same_weights(trainer):
+    """Each replayed step (after Adam moved the weights in place) against the eager step on the weights
+    and draws it had. The projection's and losses' backward add atomically in any order, so a
+    gradient is held to 1e-4 of its norm plus 1e-6 of the largest gradient element (the score layers'
+    biases are zero but for rounding: a softmax ignores a shift)."""
+    from xmesh.train.step import batch_loss_and_gradients
+
+    trainer, samples = trainer
+    for step, sample in enumerate([samples[0], samples[1], samples[2], samples[0]], start=1):
+        rng = np.random.default_rng()
+        rng.bit_generator.state = trainer.draw_rng.bit_generator.state
+        reference = batch_loss_and_gradients(
+            2,
+            trainer.weights,
+            trainer.template,
+            sample.images[None],
+            sample.cameras[None],
+            [sample.labels],
+            [sample.start],
+            backend="cupy",
+            rng=rng,
+        )
+        ours = trainer.step([sample], step)
+        assert trainer.draw_rng.bit_generator.state == rng.bit_generator.state  # the same draws
+        assert abs(ours.loss - reference.loss) <= 1e-5 * abs(reference.loss)
+        for name, value in reference.terms.items():
+            assert abs(ours.terms[name] - value) <= 1e-5 * abs(value) + 1e-7, name
+        largest = max(np.abs(g).max() for g in reference.gradients.values())
+        ratios = {}
+        for name, want in reference.gradients.items():
+            got = trainer.device.to_numpy(ours.gradients[name]).astype(np.float64)
+            allowed = 1e-4 * np.linalg.norm(want) + 1e-6 * largest * np.sqrt(want.size)
+            ratios[name] = np.linalg.norm(got - want) / allowed
+        worst = max(ratios, key=ratios.get)
+        print(
+            f"step {step}: loss {ours.loss:.6f} / {reference.loss:.6f}; "
+            f"worst gradient at {ratios[worst]:.2f} of its bound ({worst})"
+        )
+        assert ratios[worst] <= 1.0
+    assert len(trainer.captured_shapes) == 2  # the first two samples share a ladder step
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_restore_drops_the_graphs(trainer):
+    trainer, samples = trainer
+    trainer.step([samples[0]])
+    assert trainer.captured_shapes
+    trainer.restore(trainer.trained_weights(), trainer.adam_arrays(), trainer.draw_rng.bit_generator.state)
+    assert trainer.captured_shapes == []
+    result = trainer.step([samples[0]])  # captured again on the restored arrays
+    assert np.isfinite(result.loss) and trainer.captured_shapes
