@@ -53,6 +53,9 @@ train)
     tests/test_train_layer_kernels.py tests/test_train_golden*.py -k "cupy or golden or layer_kernels" \
     --durations=8 > "$OUT/gpu_train_tests.log" 2>&1
   grep -iE "^stage|^s[12] |products.matmul|passed|failed|error" "$OUT/gpu_train_tests.log" | tail -30
+  XMESH_TEST_BACKEND=cupy timeout 120 python3 -m pytest -q -s -p no:cacheprovider tests/test_train_graph_step.py \
+    tests/test_cublas_gemm.py > "$OUT/gpu_graph_tests.log" 2>&1
+  grep -E "^.?step [0-9]|passed|failed|error" "$OUT/gpu_graph_tests.log" | tail -8
   timeout 60 python3 scripts/weight_gradient_bench.py --batch 32 --repeat 5 2>&1 | tee "$OUT/weight_gradient_bench.txt"
   timeout 100 python3 scripts/train_profile.py --backend cupy --batch-sizes 1 32 --steps 3 --compare 2>&1 | tee "$OUT/train_profile.txt"
   timeout 200 python3 scripts/train_bench.py --backend cupy --batch-sizes 1 32 --steps 10 ${TRAIN_BENCH_ARGS:---no-command} \

@@ -92,13 +92,20 @@ def _cupy_update():
     )
 
 
-def adam_step(xp, variables: dict, gradients: Mapping, state: AdamState) -> None:
-    """One Adam step: every variable of ``variables`` (name -> ``xp`` array) that has a gradient is
-    updated in place, and ``state`` advances."""
+def step_factor(state: AdamState) -> np.float32:
+    """The coming step's ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)``, in float32 as TF computes it."""
     c = state.config
     one = np.float32(1)
-    lr, beta1, beta2, eps = (np.float32(x) for x in (c.learning_rate, c.beta1, c.beta2, c.epsilon))
-    alpha = lr * np.sqrt(one - state.beta2_power) / (one - state.beta1_power)
+    return np.float32(np.float32(c.learning_rate) * np.sqrt(one - state.beta2_power) / (one - state.beta1_power))
+
+
+def apply_updates(xp, variables: dict, gradients: Mapping, state: AdamState, alpha) -> None:
+    """The moments and every variable of ``variables`` (name -> ``xp`` array) that has a gradient,
+    updated in place with the factor ``alpha`` (:func:`step_factor`'s float32, or a 0-d float32 CuPy
+    array holding it, which a captured CUDA Graph reads at each replay); the state does not advance."""
+    c = state.config
+    one = np.float32(1)
+    beta1, beta2, eps = (np.float32(x) for x in (c.beta1, c.beta2, c.epsilon))
     for name, grad in gradients.items():
         var = variables[name]
         grad = xp.asarray(grad, dtype=var.dtype)
@@ -112,6 +119,18 @@ def adam_step(xp, variables: dict, gradients: Mapping, state: AdamState) -> None
         m += (grad - m) * (one - beta1)
         v += (grad * grad - v) * (one - beta2)
         var -= (m * alpha) / (xp.sqrt(v) + eps)
-    state.beta1_power = np.float32(state.beta1_power * beta1)
-    state.beta2_power = np.float32(state.beta2_power * beta2)
+
+
+def advance(state: AdamState) -> None:
+    """The beta powers and the step count after a step."""
+    c = state.config
+    state.beta1_power = np.float32(state.beta1_power * np.float32(c.beta1))
+    state.beta2_power = np.float32(state.beta2_power * np.float32(c.beta2))
     state.step += 1
+
+
+def adam_step(xp, variables: dict, gradients: Mapping, state: AdamState) -> None:
+    """One Adam step: every variable of ``variables`` (name -> ``xp`` array) that has a gradient is
+    updated in place, and ``state`` advances."""
+    apply_updates(xp, variables, gradients, state, step_factor(state))
+    advance(state)

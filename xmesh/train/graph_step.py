@@ -2,11 +2,12 @@
 launches bound (one sample a step, the original's, makes about 1,500 launches from Python).
 
 A :class:`StepGraph` belongs to one (batch size, views, padded ground-truth size). It holds the step's
-inputs as device arrays (images, camera transforms, starting meshes, ground truth, the own draws'
-uniforms), the loss and backward captured once as a graph (:meth:`CupyDevice.capture`), and the graph's
-outputs: the gradients and one report array (the loss, the terms, each gradient's sum). A step copies
-the samples into the inputs, replays the graph, reads the report back in one copy, and leaves Adam to
-the trainer (its factor changes every step; it updates the weights in place, which the graph reads).
+inputs (images, camera transforms, starting meshes, ground truth, the own draws' uniforms) as views of
+one pinned host buffer and one device buffer, so that a step's inputs go over in one copy; the loss
+and backward captured once as a graph (:meth:`CupyDevice.capture`) with its outputs, the gradients and
+one report array (the loss, the terms, each gradient's sum), read back in one copy; and Adam's
+updates captured as a second graph once every moment exists, its factor (which changes every step)
+read from the device. The weights and moments are updated in place, where the graphs read them.
 
 The arithmetic is the eager step's, kernel for kernel. Only the ground truth differs: it is padded to
 a size from a short ladder (:func:`padded_size`), so that a few graphs serve a dataset whose samples
@@ -25,8 +26,8 @@ import numpy as np
 from ..io.weights import STAGE_PREFIXES
 from ..model.camera import packed_transforms
 from ..model.projection import DeviceTransforms
+from . import adam, stage2
 from . import mesh_losses as ml
-from . import stage2
 from .data import Sample
 from .step import LossAndGradients, stage2_template
 
@@ -58,28 +59,33 @@ class StepGraph:
         self.weights = {name: w for name, w in weights.items() if name.startswith(STAGE_PREFIXES[2])}
         self.template = stage2_template(xp, template, np.float32)
         vertices = int(self.template.reciprocal.shape[0])
-        f32 = xp.float32
-        self.images = xp.empty((batch, views, 224, 224, 3), dtype=f32)
-        self.packed = xp.empty((batch, 12 + 12 * views), dtype=f32)
+        f32, samples = np.float32, ml.SAMPLES
+        fields = {
+            "images": ((batch, views, 224, 224, 3), f32),
+            "packed": ((batch, 12 + 12 * views), f32),
+            "starts": ((batch, vertices, 3), f32),
+            "points": ((batch, points, 3), f32),
+            "normals": ((batch, points, 3), f32),
+            "valid": ((batch, points), f32),
+            "count_values": ((batch,), f32),
+            "lengths": ((batch,), np.int64),
+        }
+        for call in range(stage2.MESH_LOSS_CALLS):
+            fields[f"pick{call}"] = ((batch, samples), np.float64)
+            fields[f"r1{call}"] = ((batch, samples, 1), f32)
+            fields[f"r2{call}"] = ((batch, samples, 1), f32)
+        self.staging = _Staging(xp, fields)
+        d = self.staging.device
+        self.images, self.packed, self.starts = d["images"], d["packed"], d["starts"]
         self.transforms = DeviceTransforms.from_packed(self.packed, views)
-        self.starts = xp.empty((batch, vertices, 3), dtype=f32)
         self.gt = ml.GroundTruth(
-            xp.empty((batch, points, 3), dtype=f32),
-            xp.empty((batch, points, 3), dtype=f32),
-            xp.empty((batch, points), dtype=f32),
-            np.full(batch, points, dtype=np.int64),
-            xp.empty((batch,), dtype=f32),
-            xp.empty((batch,), dtype=xp.int64),
+            d["points"], d["normals"], d["valid"], np.full(batch, points, np.int64), d["count_values"], d["lengths"]
         )
         self.uniforms = [
-            ml.Uniforms(
-                xp.empty((batch, ml.SAMPLES), dtype=xp.float64),
-                xp.empty((batch, ml.SAMPLES, 1), dtype=f32),
-                xp.empty((batch, ml.SAMPLES, 1), dtype=f32),
-            )
-            for _ in range(stage2.MESH_LOSS_CALLS)
+            ml.Uniforms(d[f"pick{call}"], d[f"r1{call}"], d[f"r2{call}"]) for call in range(stage2.MESH_LOSS_CALLS)
         ]
-        self.graph = None
+        self.graph = self.adam_graph = None
+        self.alpha = xp.zeros((), dtype=xp.float32)  # Adam's factor, set before each replay
         self.term_names: list[str] = []
         self.gradient_names: list[str] = []
 
@@ -108,21 +114,20 @@ class StepGraph:
 
     def load(self, samples: Sequence[Sample], rng: np.random.Generator) -> None:
         """Copy ``samples`` and this step's uniforms (drawn from ``rng`` as the eager step draws them)
-        into the graph's inputs."""
-        batch, views, points = self.key
-        self.device.copy_into(self.images, np.stack([s.images for s in samples]).astype(np.float32, copy=False))
-        self.packed.set(packed_transforms(np.stack([s.cameras for s in samples])))
-        self.starts.set(np.ascontiguousarray(np.stack([s.start for s in samples]), dtype=np.float32))
-        host = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points)
-        for field in ("points", "normals", "valid", "count_values"):
-            getattr(self.gt, field).set(host[field])
-        self.gt.device_lengths.set(host["lengths"])
-        for uniforms, (pick, r1, r2) in zip(
-            self.uniforms, ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32), strict=True
-        ):
-            uniforms.pick.set(pick)
-            uniforms.r1.set(r1)
-            uniforms.r2.set(r2)
+        into the graph's inputs: the host buffer filled, then one copy."""
+        batch, _, points = self.key
+        h = self.staging.host
+        for i, sample in enumerate(samples):
+            h["images"][i] = sample.images
+            h["starts"][i] = sample.start
+        h["packed"][...] = packed_transforms(np.stack([s.cameras for s in samples]))
+        truth = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points)
+        for name in ("points", "normals", "valid", "count_values", "lengths"):
+            h[name][...] = truth[name]
+        for call, uniforms in enumerate(ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32)):
+            for name, value in zip(("pick", "r1", "r2"), uniforms, strict=True):
+                h[f"{name}{call}"][...] = value
+        self.staging.upload()
 
     def capture(self) -> None:
         """Capture the step on the inputs loaded (after two eager runs that compile and fill its pool)."""
@@ -142,7 +147,49 @@ class StepGraph:
         )
         return result, host[1 + terms :]
 
+    def update(self, variables: dict, state: adam.AdamState) -> None:
+        """Adam's step on the replayed gradients: eager while a moment is missing (the first step makes
+        them), then a graph of the updates captured once, its factor copied in before each replay."""
+        xp = self.xp
+        grads = self.graph.outputs[1]
+        if self.adam_graph is None and all(name in state.m for name in grads):
+            # the kernel built for a factor on the device, on throwaway arrays, before the capture
+            spare = {"x": xp.zeros(4, dtype=xp.float32)}
+            adam.apply_updates(xp, spare, spare, adam.AdamState(state.config), self.alpha)
+            self.device.synchronize()
+            self.adam_graph = self.device.capture(
+                lambda: adam.apply_updates(xp, variables, grads, state, self.alpha), warmup=0
+            )
+        if self.adam_graph is None:
+            adam.adam_step(xp, variables, grads, state)
+            return
+        self.alpha.set(np.asarray(adam.step_factor(state), dtype=np.float32))
+        self.adam_graph.replay()
+        adam.advance(state)
+
     def release(self) -> None:
-        if self.graph is not None:
-            self.graph.release()
-            self.graph = None
+        for graph in (self.graph, self.adam_graph):
+            if graph is not None:
+                graph.release()
+        self.graph = self.adam_graph = None
+
+
+class _Staging:
+    """Named arrays laid out in one pinned host buffer and one device buffer of the same bytes, so that
+    all of them go to the device in one copy (each starts on a 256-byte boundary)."""
+
+    def __init__(self, xp, fields: dict):
+        import cupyx
+
+        layout, size = {}, 0
+        for name, (shape, dtype) in fields.items():
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            layout[name] = (size, nbytes, shape, dtype)
+            size += -(-nbytes // 256) * 256
+        self.host_bytes = cupyx.empty_pinned((size,), dtype=np.uint8)
+        self.device_bytes = xp.empty((size,), dtype=xp.uint8)
+        self.host = {n: self.host_bytes[o : o + b].view(t).reshape(s) for n, (o, b, s, t) in layout.items()}
+        self.device = {n: self.device_bytes[o : o + b].view(t).reshape(s) for n, (o, b, s, t) in layout.items()}
+
+    def upload(self) -> None:
+        self.device_bytes.set(self.host_bytes)

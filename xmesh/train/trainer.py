@@ -12,8 +12,8 @@ uninterrupted one draws. A loss or gradient that is not finite stops before any 
 (:class:`NonFiniteLossError`, naming the samples and the step): the weights stay the last good ones.
 
 On CuPy, stage 2's steps of up to ``graph_step.MAX_BATCH`` samples replay a CUDA Graph of the loss and
-backward (:mod:`xmesh.train.graph_step`), captured on a shape's first step; the draws, the arithmetic
-and Adam are the eager step's. ``graphs=False`` runs every step eagerly.
+backward, and of Adam's updates (:mod:`xmesh.train.graph_step`), captured on a shape's first steps;
+the draws and the arithmetic are the eager step's. ``graphs=False`` runs every step eagerly.
 """
 
 from __future__ import annotations
@@ -173,5 +173,8 @@ class Trainer:
                 f"{where}, sample(s) {', '.join(str(s.id) for s in samples)}: {what}; the run stopped before "
                 "updating the weights, and the last good checkpoint is kept"
             )
-        adam_step(xp, self.weights, result.gradients, self.adam)
+        if graph is not None:
+            graph.update(self.weights, self.adam)
+        else:
+            adam_step(xp, self.weights, result.gradients, self.adam)
         return result
