@@ -140,3 +140,37 @@ def test_the_float4_backward_is_the_warp_per_row_one(monkeypatch):
         error = relative_error(ours, theirs)
         print(f"{'points' if i == 0 else f'map {i - 1}'}: {error:.2e}")
         assert error < 1e-6
+
+
+@pytest.mark.parametrize("window", [1024, 8192])
+def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
+    """The grouped kernel (each vertex's 43 hypotheses' shares summed in shared memory before the maps)
+    against the float4 kernel on the same float32 taps, over all three maps; a window of 1024 floats
+    sends most groups to the global atomics, one of 8192 keeps the 56-cell map's in shared memory."""
+    import array_api_compat.cupy as xp
+
+    from xmesh.benchmarking import default_template
+
+    rng = np.random.default_rng(7)
+    b, vertices = 2, 300
+    offsets = np.asarray(default_template()[0].sample_coord, dtype=np.float64)  # (43, 3), radius 0.05
+    centers = hypothesis_points(rng, b, vertices, outside=2)
+    points = (centers[:, None] + offsets[None, :, None]).reshape(b, -1, 3)  # hypothesis-major rows
+    sizes = [(224, 16), (112, 32), (56, 64)]
+    maps = [xp.asarray(m.astype(np.float32)) for m in padded_maps(rng, b, len(CAMERAS), sizes)]
+    width = 3 + 3 * sum(c for _, c in sizes)
+    dfeats = xp.asarray(rng.standard_normal((b, points.shape[1], width)).astype(np.float32))
+    tf = transforms(b, xp, np.float32)
+    monkeypatch.setattr(bilinear_cupy, "GROUP_WINDOW_FLOATS", window)
+    monkeypatch.setattr(bilinear_cupy, "GROUP_MIN_CHANNELS", 16)
+
+    def run(grouped: bool):
+        monkeypatch.setattr(bilinear_cupy, "GROUPED_BACKWARD", grouped)
+        _, cache = local_projection_train.local_projection_forward(xp, xp.asarray(points.astype(np.float32)), maps, tf)
+        dpoints, dmaps = local_projection_train.local_projection_backward(xp, dfeats, cache, groups=vertices)
+        return [dpoints.astype(np.float64).get()] + [m.astype(np.float64).get() for m in dmaps]
+
+    for i, (ours, theirs) in enumerate(zip(run(True), run(False), strict=True)):
+        error = relative_error(ours, theirs)
+        print(f"window {window}, {'points' if i == 0 else f'map {i - 1}'}: {error:.2e}")
+        assert error < 1e-6

@@ -22,6 +22,16 @@ from .camera import IMAGE_SIZE
 THREADS = 256
 #: float32 gradients with 16, 32 or 64 channels take the float4 kernel (False: the warp-per-row one, for comparisons)
 FLOAT4_BACKWARD = True
+#: rows given in groups (the hypotheses of a vertex) take the grouped kernel, which sums each group's shares in
+#: shared memory first (False: the float4 kernel's global atomics, for comparisons)
+GROUPED_BACKWARD = True
+#: the grouped kernel's window of map cells x channels in shared memory (floats); a group touching more
+#: takes global atomics
+GROUP_WINDOW_FLOATS = 8192
+#: maps of fewer channels (finer maps, whose groups spread over more cells) keep the float4 kernel
+GROUP_MIN_CHANNELS = 64
+GROUP_THREADS = 128
+_opted_in: dict = {}  # the grouped kernel's dynamic shared memory opt-in, by kernel
 
 SOURCE = r"""
 struct Taps {
@@ -154,6 +164,106 @@ extern "C" __global__ void bilinear_backward4_float(const float* __restrict__ df
 }
 """
 
+# float32 maps of 16, 32 or 64 channels, the rows of a sample grouped as (hyps, groups): a block per
+# (sample, group) of `hyps` rows r = b n + k groups + v. The group's corner shares are summed in shared
+# memory over the window of cells its rows touch, then added to the map once per touched cell: fewer
+# global atomics, and none from one block to one address. A window over `window_floats` floats takes
+# the global atomics of bilinear_backward4_float instead. dh and dw as there.
+SOURCE_GROUPED = r"""
+extern "C" __global__ void bilinear_backward_grouped_float(
+        const float* __restrict__ df, long long df_stride, const float* __restrict__ fmap, const float* __restrict__ h,
+        const float* __restrict__ w, long long n, int groups, int hyps, int views, int view, int padded, float step,
+        float scale, int channels, int window_floats, float* dmap, float* __restrict__ dh, float* __restrict__ dw) {
+    extern __shared__ float acc[];
+    __shared__ int bounds[4];   // lowest and highest corner row and column of the group
+    const long long g = blockIdx.x;
+    const long long sample = g / groups, first = sample * n + (g - sample * groups);
+    const int lanes = channels >> 2;   // 4, 8 or 16 threads a row, adjacent lanes of one warp
+    if (threadIdx.x == 0) {
+        bounds[0] = bounds[2] = 0x7fffffff;
+        bounds[1] = bounds[3] = -1;
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < hyps; k += blockDim.x) {
+        const long long r = first + (long long)k * groups;
+        const float x = DIV(h[r], step), y = DIV(w[r], step);
+        atomicMin(&bounds[0], (int)floorf(x));
+        atomicMax(&bounds[1], (int)ceilf(x));
+        atomicMin(&bounds[2], (int)floorf(y));
+        atomicMax(&bounds[3], (int)ceilf(y));
+    }
+    __syncthreads();
+    const int x0 = bounds[0], y0 = bounds[2], wy = bounds[3] - y0 + 1;
+    const int cells = (bounds[1] - x0 + 1) * wy;
+    const bool local = cells * channels <= window_floats;
+    const long long base = (sample * views + view) * (long long)padded * padded;
+    if (local) {
+        for (int i = threadIdx.x; i < cells * channels; i += blockDim.x) acc[i] = 0.0f;
+        __syncthreads();
+    }
+    const int items = hyps * lanes;
+    for (int start = 0; start < items; start += blockDim.x) {   // every lane of a warp in each round
+        const int i = start + threadIdx.x;
+        const int k = i / lanes;
+        const int c = 4 * (i - k * lanes);
+        const long long r = first + (long long)k * groups;
+        float sx = 0.0f, sy = 0.0f;
+        if (i < items) {
+            const Taps t = taps(h, w, r, n, views, view, padded, step);
+            const float w11 = MUL(t.wx1, t.wy1), w21 = MUL(t.wx2, t.wy1);
+            const float w12 = MUL(t.wx1, t.wy2), w22 = MUL(t.wx2, t.wy2);
+            const float4 d = *reinterpret_cast<const float4*>(df + r * df_stride + c);
+            const float4 q11 = *reinterpret_cast<const float4*>(fmap + t.r11 * channels + c);
+            const float4 q21 = *reinterpret_cast<const float4*>(fmap + t.r21 * channels + c);
+            const float4 q12 = *reinterpret_cast<const float4*>(fmap + t.r12 * channels + c);
+            const float4 q22 = *reinterpret_cast<const float4*>(fmap + t.r22 * channels + c);
+            sx = d.x * ((q21.x - q11.x) * t.wy1 + (q22.x - q12.x) * t.wy2);
+            sx += d.y * ((q21.y - q11.y) * t.wy1 + (q22.y - q12.y) * t.wy2);
+            sx += d.z * ((q21.z - q11.z) * t.wy1 + (q22.z - q12.z) * t.wy2);
+            sx += d.w * ((q21.w - q11.w) * t.wy1 + (q22.w - q12.w) * t.wy2);
+            sy = d.x * ((q12.x - q11.x) * t.wx1 + (q22.x - q21.x) * t.wx2);
+            sy += d.y * ((q12.y - q11.y) * t.wx1 + (q22.y - q21.y) * t.wx2);
+            sy += d.z * ((q12.z - q11.z) * t.wx1 + (q22.z - q21.z) * t.wx2);
+            sy += d.w * ((q12.w - q11.w) * t.wx1 + (q22.w - q21.w) * t.wx2);
+            const long long rows[4] = {t.r11, t.r21, t.r12, t.r22};
+            const float shares[4] = {w11, w21, w12, w22};
+            for (int corner = 0; corner < 4; ++corner) {
+                const float4 v = make_float4(d.x * shares[corner], d.y * shares[corner], d.z * shares[corner],
+                                             d.w * shares[corner]);
+                if (local) {
+                    const long long cell = rows[corner] - base;
+                    const int at = ((int)(cell / padded - x0) * wy + (int)(cell % padded - y0)) * channels + c;
+                    atomicAdd(acc + at, v.x);
+                    atomicAdd(acc + at + 1, v.y);
+                    atomicAdd(acc + at + 2, v.z);
+                    atomicAdd(acc + at + 3, v.w);
+                } else {
+                    add4(dmap + rows[corner] * channels + c, v);
+                }
+            }
+        }
+        for (int offset = lanes >> 1; offset > 0; offset >>= 1) {
+            sx += __shfl_down_sync(0xffffffffu, sx, offset, lanes);
+            sy += __shfl_down_sync(0xffffffffu, sy, offset, lanes);
+        }
+        if (i < items && c == 0) {
+            dh[r] = ADD(dh[r], MUL(sx, scale));
+            dw[r] = ADD(dw[r], MUL(sy, scale));
+        }
+    }
+    if (!local) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < cells * lanes; i += blockDim.x) {
+        const int cell = i / lanes, c = 4 * (i - cell * lanes);
+        const float4 v = *reinterpret_cast<const float4*>(acc + cell * channels + c);
+        if (v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f) {
+            const long long row = base + (long long)(x0 + cell / wy) * padded + (y0 + cell % wy);
+            add4(dmap + row * channels + c, v);
+        }
+    }
+}
+"""
+
 _ROUNDED = {
     "float": ("__fmul_rn", "__fadd_rn", "__fsub_rn", "__fdiv_rn"),
     "double": ("__dmul_rn", "__dadd_rn", "__dsub_rn", "__ddiv_rn"),
@@ -167,9 +277,9 @@ def _kernels(type_name: str):
     defines = "".join(
         f"#define {op} {name}\n" for op, name in zip(("MUL", "ADD", "SUB", "DIV"), _ROUNDED[type_name], strict=True)
     )
-    code = defines + SOURCE.replace("TYPE", type_name) + (SOURCE4 if type_name == "float" else "")
+    code = defines + SOURCE.replace("TYPE", type_name) + (SOURCE4 + SOURCE_GROUPED if type_name == "float" else "")
     module = cupy.RawModule(code=code, options=("--std=c++11",))
-    names = ("forward", "backward") + (("backward4",) if type_name == "float" else ())
+    names = ("forward", "backward") + (("backward4", "backward_grouped") if type_name == "float" else ())
     return tuple(module.get_function(f"bilinear_{name}_{type_name}") for name in names)
 
 
@@ -238,10 +348,12 @@ def bilinear_forward(fmap, h, w, views: int, view: int, out=None):
     return out
 
 
-def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw) -> None:
+def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw, groups: int = 1) -> None:
     """From the samples' gradient ``df`` (B*n, C; a row-strided view is read in place): add each corner's
     share into ``dmap`` (B*V*(s+1)^2, C) and the pulls along the map's axes times s/224 into ``dh``, ``dw``
-    (B, n), all contiguous arrays of the map's dtype."""
+    (B, n), all contiguous arrays of the map's dtype. ``groups`` > 1: each sample's n rows are
+    (n / groups, groups), the rows k * groups + v of one v near one another (a vertex's hypotheses),
+    whose shares the grouped kernel sums before adding them to the map."""
     import cupy
 
     fmap = cupy.ascontiguousarray(fmap)
@@ -257,6 +369,43 @@ def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw) -> No
         channels = int(fmap.shape[3])
         lanes = 32
         backward = kernels[1]
+        if (
+            GROUPED_BACKWARD
+            and groups > 1
+            and channels >= GROUP_MIN_CHANNELS
+            and h.shape[-1] % groups == 0
+            and _backward4_takes(df, channels)
+        ):
+            grouped, smem = kernels[3], GROUP_WINDOW_FLOATS * 4
+            if _opted_in.get(id(grouped), 0) < smem:  # over 48 KB needs the kernel's opt-in, set once
+                grouped.max_dynamic_shared_size_bytes = smem
+                _opted_in[id(grouped)] = smem
+            grouped(
+                (h.shape[0] * groups,),
+                (GROUP_THREADS,),
+                (
+                    df,
+                    np.int64(df.strides[0] // df.itemsize),
+                    fmap,
+                    h,
+                    w,
+                    np.int64(h.shape[-1]),
+                    np.int32(groups),
+                    np.int32(h.shape[-1] // groups),
+                    np.int32(views),
+                    np.int32(view),
+                    np.int32(fmap.shape[1]),
+                    np.float32(IMAGE_SIZE / (fmap.shape[1] - 1)),
+                    scale,
+                    np.int32(channels),
+                    np.int32(GROUP_WINDOW_FLOATS),
+                    dmap,
+                    dh,
+                    dw,
+                ),
+                shared_mem=smem,
+            )
+            return
         if FLOAT4_BACKWARD and _backward4_takes(df, channels):
             backward, lanes = kernels[2], channels // 4
         backward(

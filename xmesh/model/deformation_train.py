@@ -186,6 +186,6 @@ def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
     dx1 = dx3 + back(1, back(2, dx3))  # x3 = lc3(x2) + x1, x2 = lc2(x1)
     dx = back(0, dx1)
     b, k, n, width = dx.shape
-    dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection)
+    dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection, groups=n)
     dcenters = dcenters + xp.sum(xp.reshape(dpoints, (b, k, n, 3)), axis=1)
     return dcenters, dmaps, grads

@@ -144,8 +144,10 @@ def _local_projection_forward_cupy(xp, points, maps, tf):
     return out[..., :features], LocalProjectionCache(tf, list(maps), projections, pool_cache)
 
 
-def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
-    """(dpoints (B,n,3), [d padded map (B*V,s+1,s+1,C)]) from the features' gradient (B,n,3+3*sum(C))."""
+def local_projection_backward(xp, dfeats, cache: LocalProjectionCache, groups: int = 1):
+    """(dpoints (B,n,3), [d padded map (B*V,s+1,s+1,C)]) from the features' gradient (B,n,3+3*sum(C)).
+    ``groups``: the points are (n / groups, groups), the rows k * groups + v of one v near one another
+    (a deformation block's hypotheses of vertex v), which the CuPy kernel sums before the maps."""
     tf, maps = cache.tf, cache.maps
     batch, n, _ = dfeats.shape
     views = tf.num_views
@@ -166,7 +168,7 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache):
             start += channels
             if _fused(xp):
                 bilinear_cupy.bilinear_backward(
-                    xp.reshape(df, (-1, channels)), fmap, proj.h, proj.w, views, view, dflat[m], dh, dw
+                    xp.reshape(df, (-1, channels)), fmap, proj.h, proj.w, views, view, dflat[m], dh, dw, groups
                 )
                 continue
             x, y, x1, x2, y1, y2 = _corners(xp, proj, padded - 1)
