@@ -4,6 +4,7 @@ and the ground-truth sizes' ladder that decides how many graphs a dataset needs.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -93,3 +94,46 @@ def test_restore_drops_the_graphs(trainer):
     assert trainer.captured_shapes == []
     result = trainer.step([samples[0]])  # captured again on the restored arrays
     assert np.isfinite(result.loss) and trainer.captured_shapes
+
+
+def test_a_shape_whose_capture_fails_runs_eagerly_with_the_eager_draws(monkeypatch):
+    """A capture that fails (a stand-in graph that runs out of memory) warns once, releases what it made,
+    puts the draws back and runs the step eagerly; the shape stays eager after (CPU: NumPy's step)."""
+    from xmesh.benchmarking import default_template
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.train import mesh_losses
+    from xmesh.train.bench import default_sample
+    from xmesh.train.trainer import Trainer
+
+    made, released = [], []
+
+    class OutOfMemory:
+        def __init__(self, device, weights, template, *key):
+            made.append(key)
+
+        def load(self, samples, rng):
+            rng.random(5)  # draws taken, as the real load takes them
+
+        def capture(self):
+            raise MemoryError("out of memory while capturing")
+
+        def release(self):
+            released.append(True)
+
+    monkeypatch.setattr(graph_step, "StepGraph", OutOfMemory)
+    template, _ = default_template()
+    sample, _ = default_sample(template)
+    trainer = Trainer(2, synthetic_weights(1), template, "numpy")
+    trainer.graphs = True  # as on a GPU
+    expected = np.random.default_rng()
+    for step in (1, 2):
+        expected.bit_generator.state = trainer.draw_rng.bit_generator.state
+        mesh_losses.Uniforms.host(expected, 1, 2, np.float32)  # the eager step's own draws
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = trainer.step([sample], step)
+        said = [str(w.message) for w in caught if "could not be captured" in str(w.message)]
+        assert len(said) == (1 if step == 1 else 0) and (step > 1 or "MemoryError" in said[0])
+        assert np.isfinite(result.loss)
+        assert trainer.draw_rng.bit_generator.state == expected.bit_generator.state
+    assert len(made) == 1 and released == [True] and trainer.captured_shapes == []

@@ -8,17 +8,18 @@ with leading axes broadcast as NumPy's matmul does; it makes the same cuBLAS pro
 ``matmul`` (``*gemmStridedBatched``, float32 or float64 arithmetic, no TF32).
 
 The library is the one already loaded in this process (CuPy's), else CUDA's Python wheel
-(``nvidia.cublas``), else the loader's search; ``XMESH_CUBLAS`` names a file.
+(``nvidia.cublas``), else the loader's search; ``XMESH_CUBLAS`` names a file, or ``0`` none (CuPy's
+matmul then, and no training step captured) (:mod:`xmesh.backends.shared_library`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 import threading
 
 import numpy as np
+
+from .shared_library import candidate_paths, load_first
 
 WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommended workspace on Hopper
 _OP_N, _OP_T = 0, 1
@@ -28,42 +29,14 @@ class CublasError(RuntimeError):
     pass
 
 
-def _loaded_paths() -> list[str]:
-    """libcublas files mapped into this process (CuPy's, once it has used cuBLAS)."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            return sorted({line.split()[-1] for line in maps if "/libcublas.so" in line})
-    except OSError:
-        return []
-
-
-def _library_paths() -> list[str]:
-    named = os.environ.get("XMESH_CUBLAS", "")
-    if named:
-        return [named]
-    paths = _loaded_paths()
-    try:
-        import nvidia.cublas as wheel
-
-        for root in wheel.__path__:
-            paths += sorted(glob.glob(os.path.join(root, "lib", "libcublas.so.*")))
-    except ImportError:
-        pass
-    return paths + ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
-
-
 def load_library():
     """The cuBLAS library (a ctypes handle), or None where none can be loaded."""
     import cupy_backends.cuda.libs.cublas  # noqa: F401  (maps CuPy's libcublas into the process)
 
-    for path in _library_paths():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        if hasattr(lib, "cublasSgemmStridedBatched"):
-            return lib
-    return None
+    paths = candidate_paths(
+        "XMESH_CUBLAS", "libcublas.so", "nvidia.cublas", ["libcublas.so.13", "libcublas.so.12"], mapped=True
+    )
+    return load_first(paths, lambda lib: hasattr(lib, "cublasSgemmStridedBatched"))
 
 
 def _layout(strides, rows: int, cols: int):

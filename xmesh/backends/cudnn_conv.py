@@ -14,10 +14,9 @@ backend runs every convolution in its own kernels.
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 
 from .derived_cache import DerivedCache
+from .shared_library import candidate_paths, load_first
 
 # cudnn.h's enumerations (cuDNN 8 and 9)
 _NHWC, _FLOAT = 1, 0
@@ -32,32 +31,18 @@ class CudnnError(RuntimeError):
 
 
 def _library_paths() -> list[str]:
-    named = os.environ.get("XMESH_CUDNN", "")
-    if named:
-        return [] if named == "0" else [named]
-    paths = []
-    try:
-        import nvidia.cudnn as wheel  # the nvidia-cudnn-cu12 / -cu13 wheels
+    return candidate_paths("XMESH_CUDNN", "libcudnn.so", "nvidia.cudnn", ["libcudnn.so.9", "libcudnn.so.8"])
 
-        for root in wheel.__path__:
-            paths += sorted(glob.glob(os.path.join(root, "lib", "libcudnn.so.*")))
-    except ImportError:
-        pass
-    return paths + ["libcudnn.so.9", "libcudnn.so.8"]
+
+def _usable(lib) -> bool:
+    lib.cudnnGetVersion.restype = ctypes.c_size_t
+    lib.cudnnGetErrorString.restype = ctypes.c_char_p
+    return lib.cudnnGetVersion() >= 8000
 
 
 def load_library():
     """The cuDNN library (a ctypes handle), or None where none can be loaded."""
-    for path in _library_paths():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        lib.cudnnGetVersion.restype = ctypes.c_size_t
-        lib.cudnnGetErrorString.restype = ctypes.c_char_p
-        if lib.cudnnGetVersion() >= 8000:
-            return lib
-    return None
+    return load_first(_library_paths(), _usable)
 
 
 class _Descriptors:

@@ -121,6 +121,26 @@ __device__ __forceinline__ void add4(float* at, float4 v) {
 #endif
 }
 
+// a row's gradient of 4 channels (from `drow`) and its pulls along the map's axes over them (the sums sx, sy);
+// `map` is the map from those channels on
+__device__ __forceinline__ float4 pull4(const float* drow, const float* map, int channels, const Taps& t, float& sx,
+                                        float& sy) {
+    const float4 d = *reinterpret_cast<const float4*>(drow);
+    const float4 q11 = *reinterpret_cast<const float4*>(map + t.r11 * channels);
+    const float4 q21 = *reinterpret_cast<const float4*>(map + t.r21 * channels);
+    const float4 q12 = *reinterpret_cast<const float4*>(map + t.r12 * channels);
+    const float4 q22 = *reinterpret_cast<const float4*>(map + t.r22 * channels);
+    sx = d.x * ((q21.x - q11.x) * t.wy1 + (q22.x - q12.x) * t.wy2);
+    sx += d.y * ((q21.y - q11.y) * t.wy1 + (q22.y - q12.y) * t.wy2);
+    sx += d.z * ((q21.z - q11.z) * t.wy1 + (q22.z - q12.z) * t.wy2);
+    sx += d.w * ((q21.w - q11.w) * t.wy1 + (q22.w - q12.w) * t.wy2);
+    sy = d.x * ((q12.x - q11.x) * t.wx1 + (q22.x - q21.x) * t.wx2);
+    sy += d.y * ((q12.y - q11.y) * t.wx1 + (q22.y - q21.y) * t.wx2);
+    sy += d.z * ((q12.z - q11.z) * t.wx1 + (q22.z - q21.z) * t.wx2);
+    sy += d.w * ((q12.w - q11.w) * t.wx1 + (q22.w - q21.w) * t.wx2);
+    return d;
+}
+
 extern "C" __global__ void bilinear_backward4_float(const float* __restrict__ df, long long df_stride,
                                                     const float* __restrict__ fmap, const float* __restrict__ h,
                                                     const float* __restrict__ w, long long count, long long n,
@@ -135,19 +155,7 @@ extern "C" __global__ void bilinear_backward4_float(const float* __restrict__ df
     if (r < count) {   // no early return: every lane takes part in the shuffles
         const Taps t = taps(h, w, r, n, views, view, padded, step);
         const float w11 = MUL(t.wx1, t.wy1), w21 = MUL(t.wx2, t.wy1), w12 = MUL(t.wx1, t.wy2), w22 = MUL(t.wx2, t.wy2);
-        const float4 d = *reinterpret_cast<const float4*>(df + r * df_stride + c);
-        const float4 q11 = *reinterpret_cast<const float4*>(fmap + t.r11 * channels + c);
-        const float4 q21 = *reinterpret_cast<const float4*>(fmap + t.r21 * channels + c);
-        const float4 q12 = *reinterpret_cast<const float4*>(fmap + t.r12 * channels + c);
-        const float4 q22 = *reinterpret_cast<const float4*>(fmap + t.r22 * channels + c);
-        sx = d.x * ((q21.x - q11.x) * t.wy1 + (q22.x - q12.x) * t.wy2);
-        sx += d.y * ((q21.y - q11.y) * t.wy1 + (q22.y - q12.y) * t.wy2);
-        sx += d.z * ((q21.z - q11.z) * t.wy1 + (q22.z - q12.z) * t.wy2);
-        sx += d.w * ((q21.w - q11.w) * t.wy1 + (q22.w - q12.w) * t.wy2);
-        sy = d.x * ((q12.x - q11.x) * t.wx1 + (q22.x - q21.x) * t.wx2);
-        sy += d.y * ((q12.y - q11.y) * t.wx1 + (q22.y - q21.y) * t.wx2);
-        sy += d.z * ((q12.z - q11.z) * t.wx1 + (q22.z - q21.z) * t.wx2);
-        sy += d.w * ((q12.w - q11.w) * t.wx1 + (q22.w - q21.w) * t.wx2);
+        const float4 d = pull4(df + r * df_stride + c, fmap + c, channels, t, sx, sy);
         add4(dmap + t.r11 * channels + c, make_float4(d.x * w11, d.y * w11, d.z * w11, d.w * w11));
         add4(dmap + t.r21 * channels + c, make_float4(d.x * w21, d.y * w21, d.z * w21, d.w * w21));
         add4(dmap + t.r12 * channels + c, make_float4(d.x * w12, d.y * w12, d.z * w12, d.w * w12));
@@ -212,19 +220,7 @@ extern "C" __global__ void bilinear_backward_grouped_float(
             const Taps t = taps(h, w, r, n, views, view, padded, step);
             const float w11 = MUL(t.wx1, t.wy1), w21 = MUL(t.wx2, t.wy1);
             const float w12 = MUL(t.wx1, t.wy2), w22 = MUL(t.wx2, t.wy2);
-            const float4 d = *reinterpret_cast<const float4*>(df + r * df_stride + c);
-            const float4 q11 = *reinterpret_cast<const float4*>(fmap + t.r11 * channels + c);
-            const float4 q21 = *reinterpret_cast<const float4*>(fmap + t.r21 * channels + c);
-            const float4 q12 = *reinterpret_cast<const float4*>(fmap + t.r12 * channels + c);
-            const float4 q22 = *reinterpret_cast<const float4*>(fmap + t.r22 * channels + c);
-            sx = d.x * ((q21.x - q11.x) * t.wy1 + (q22.x - q12.x) * t.wy2);
-            sx += d.y * ((q21.y - q11.y) * t.wy1 + (q22.y - q12.y) * t.wy2);
-            sx += d.z * ((q21.z - q11.z) * t.wy1 + (q22.z - q12.z) * t.wy2);
-            sx += d.w * ((q21.w - q11.w) * t.wy1 + (q22.w - q12.w) * t.wy2);
-            sy = d.x * ((q12.x - q11.x) * t.wx1 + (q22.x - q21.x) * t.wx2);
-            sy += d.y * ((q12.y - q11.y) * t.wx1 + (q22.y - q21.y) * t.wx2);
-            sy += d.z * ((q12.z - q11.z) * t.wx1 + (q22.z - q21.z) * t.wx2);
-            sy += d.w * ((q12.w - q11.w) * t.wx1 + (q22.w - q21.w) * t.wx2);
+            const float4 d = pull4(df + r * df_stride + c, fmap + c, channels, t, sx, sy);
             const long long rows[4] = {t.r11, t.r21, t.r12, t.r22};
             const float shares[4] = {w11, w21, w12, w22};
             for (int corner = 0; corner < 4; ++corner) {

@@ -122,6 +122,8 @@ class Trainer:
             self.draw_rng.bit_generator.state = draws_before
             if graph is not None:
                 graph.release()
+            if self.device.is_out_of_memory(exc):
+                self.drop_graphs()  # the eager step needs the memory the other shapes' graphs hold
             self.device.release_memory()
             warnings.warn(
                 f"the training step of {key[0]} sample(s) could not be captured as a CUDA Graph "
