@@ -376,6 +376,7 @@ def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw, group
             if _opted_in.get(id(grouped), 0) < smem:  # over 48 KB needs the kernel's opt-in, set once
                 grouped.max_dynamic_shared_size_bytes = smem
                 _opted_in[id(grouped)] = smem
+            _, n, *view_geometry = _geometry(fmap, h, view, views, fmap.dtype)  # views, view, padded, step
             grouped(
                 (h.shape[0] * groups,),
                 (GROUP_THREADS,),
@@ -385,13 +386,10 @@ def bilinear_backward(df, fmap, h, w, views: int, view: int, dmap, dh, dw, group
                     fmap,
                     h,
                     w,
-                    np.int64(h.shape[-1]),
+                    n,
                     np.int32(groups),
                     np.int32(h.shape[-1] // groups),
-                    np.int32(views),
-                    np.int32(view),
-                    np.int32(fmap.shape[1]),
-                    np.float32(IMAGE_SIZE / (fmap.shape[1] - 1)),
+                    *view_geometry,
                     scale,
                     np.int32(channels),
                     np.int32(GROUP_WINDOW_FLOATS),

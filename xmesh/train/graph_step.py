@@ -122,8 +122,9 @@ class StepGraph:
             h["starts"][i] = sample.start
         h["packed"][...] = packed_transforms(np.stack([s.cameras for s in samples]))
         truth = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points)
-        for name in ("points", "normals", "valid", "count_values", "lengths"):
+        for name in ("points", "normals", "valid", "count_values"):
             h[name][...] = truth[name]
+        h["lengths"][...] = truth["counts"]
         for call, uniforms in enumerate(ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32)):
             for name, value in zip(("pick", "r1", "r2"), uniforms, strict=True):
                 h[f"{name}{call}"][...] = value

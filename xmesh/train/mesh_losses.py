@@ -72,7 +72,7 @@ class GroundTruth:
     @staticmethod
     def host_arrays(labels, dtype, size: int | None = None) -> dict:
         """B (P_i, 6) arrays of points and unit normals padded to ``size`` points (default the longest):
-        the host arrays of the fields, by name (``lengths``: the counts as int64)."""
+        the host arrays of the fields, by name (``counts``: int64)."""
         counts = np.array([len(lab) for lab in labels], dtype=np.int64)
         size = int(counts.max()) if size is None else size
         if int(counts.max()) > size:
@@ -90,7 +90,6 @@ class GroundTruth:
             "valid": valid.astype(padded.dtype),
             "counts": counts,
             "count_values": counts.astype(padded.dtype),
-            "lengths": counts,
         }
 
     @classmethod
