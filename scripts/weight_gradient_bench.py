@@ -1,8 +1,8 @@
 """The local graph convolution's training passes on the GPU, part by part, at a batch's shapes: the
 forward and the input gradient in the lent layer kernel, the backward's one-pass mask and mixing, and
 the weights' gradient X^T [dZ | A1^T dZ] (K = every hypothesis row) in the lent 3xTF32 GEMM
-(``xmesh.model.products.matmul``: tc_gemm.cu's gemm_t3x_n128, A transposed, K split) against cuBLAS's
-float32 SGEMM, both against float64.
+(``xmesh.model.products.matmul``: on Hopper wgmma_wgrad.cu's kernel, timed beside its other build and
+tc_gemm.cu's gemm_t3x_n128; K split) against cuBLAS's float32 SGEMM, all against float64.
 
     python3 scripts/weight_gradient_bench.py --batch 32 --repeat 5
 
@@ -16,6 +16,7 @@ import argparse
 import numpy as np
 
 from xmesh.backends import get_backend
+from xmesh.backends.cupy_backend import hopper
 from xmesh.model import epilogues_cupy, products
 
 HYPOTHESES, VERTICES, COUT = 43, 2466, 192
@@ -45,12 +46,13 @@ def main() -> None:
     a1 = cp.asarray(np.where(np.random.default_rng(1).random((HYPOTHESES,) * 2) < 0.2, 0.3, 0.0).astype(np.float32))
     print(f"batch {args.batch}: {args.batch * HYPOTHESES * VERTICES} hypothesis rows")
     for cin in (339, 192):
-        layer(cp, rng, a1, args, cin)
+        layer(backend, rng, a1, args, cin)
         cp.get_default_memory_pool().free_all_blocks()
 
 
-def layer(cp, rng, a1, args, cin: int) -> None:
+def layer(backend, rng, a1, args, cin: int) -> None:
     """Time one layer's parts at ``cin`` inputs."""
+    cp = backend.cupy
     shape = (args.batch, HYPOTHESES, VERTICES)
     rows_of = cp.zeros(shape + (-(-cin // 4) * 4,), dtype=cp.float32)  # padded as the projection's
     x = rows_of[..., :cin]
@@ -78,7 +80,13 @@ def layer(cp, rng, a1, args, cin: int) -> None:
     ms, ours = timed(cp, lambda: flat.T @ rows, args.repeat)
     print(f"cin {cin}: weight gradient, cuBLAS SGEMM {ms:.2f} ms, error {error(ours):.2e}")
     ms, ours = timed(cp, lambda: products.matmul(flat.T, rows), args.repeat)
-    print(f"cin {cin}: weight gradient, the lent 3xTF32 GEMM (A transposed) {ms:.2f} ms, error {error(ours):.2e}")
+    print(f"cin {cin}: weight gradient, the lent 3xTF32 product (A transposed) {ms:.2f} ms, error {error(ours):.2e}")
+    ms, ours = timed(cp, lambda: backend.gemm_transposed_a(flat, rows, wgmma=False), args.repeat)
+    print(f"cin {cin}: weight gradient, tc_gemm.cu's gemm_t3x_n128 {ms:.2f} ms, error {error(ours):.2e}")
+    if backend.hopper is not None:
+        for bn in hopper.WEIGHT_GRADIENT.widths:
+            ms, ours = timed(cp, lambda bn=bn: backend.hopper.transposed_product(flat, rows, bn), args.repeat)
+            print(f"cin {cin}: weight gradient, wg_wgrad_n{bn} {ms:.2f} ms, error {error(ours):.2e}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ SOURCES = [
     "wgmma_drb16.cu",
     "wgmma_drb16_chain.cu",
     "wgmma_drb32h.cu",
+    "wgmma_wgrad.cu",
 ]
 
 

@@ -25,6 +25,7 @@ def definitions(source: str, name: str) -> int:
         ("wgmma_drb16.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
         ("wgmma_drb16_chain.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
         ("wgmma_drb32h.cu", ["drb16_tile.cuh", "wgmma_common.cuh", "bits16.cuh"]),
+        ("wgmma_wgrad.cu", ["wgmma_common.cuh", "bits16.cuh"]),
         ("projection.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
         ("deformation.cu", ["stage_common.cuh", "kernel_select.cuh", "bits16.cuh"]),
     ],
@@ -122,3 +123,28 @@ def test_three_half_products_layer_fits_shared_memory_as_the_host_reckons():
     )
     assert "wg_drb_layer_3xf16(" in source
     assert 3 * macro(source, "H_MMA_REGS") + macro(source, "H_PRODUCER_REGS") == 4 * 128
+
+
+def test_weight_gradient_kernel_fits_shared_memory_as_the_host_reckons():
+    """wgmma_wgrad.cu: its U tile, K slice, threads and ring depth are the hopper package's
+    (WEIGHT_GRADIENT), and so are a ring stage's and a transposed slice's bytes for each build's tile
+    width (wgt_stage_bytes, wgt_split_bytes); each build's block fits an H100/H200 block's 227 KB, its
+    transposed slices whole swizzle groups; every build exists, and the host picks the width that pads
+    the columns least."""
+    from xmesh.backends.cupy_backend import hopper as hg
+
+    w = hg.WEIGHT_GRADIENT
+    source = kernel_source(w.source)
+    assert (macro(source, "WGT_ROWS"), macro(source, "WG_BK"), macro(source, "WGT_THREADS")) == (
+        w.rows,
+        w.bk,
+        w.threads,
+    )
+    assert macro(source, "WGT_STAGES") == w.stages
+    assert "return WG_BK * (WGT_U_STRIDE + bn) * 4;" in source and macro(source, "WGT_U_STRIDE") == w.rows + 8
+    assert "return 2 * bn * 128;" in source
+    for bn in w.widths:
+        assert f"WGT_KERNEL({w.name(bn)}, {bn}, WGT_STAGES)" in source
+        assert w.smem(bn) <= 227 * 1024 and w.split_bytes(bn) % 1024 == 0 and (bn * 128) % 1024 == 0
+    # the deformation layers' weights' gradients: 192 inputs in two 96-wide tiles, 339 in three of 128
+    assert (w.width_for(192), w.width_for(339), w.width_for(64), w.width_for(20)) == (96, 128, 64, 64)

@@ -174,3 +174,53 @@ def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
         error = relative_error(ours, theirs)
         print(f"window {window}, {'points' if i == 0 else f'map {i - 1}'}: {error:.2e}")
         assert error < 1e-6
+
+
+@pytest.mark.parametrize("bn", [128, 96, 64])
+@pytest.mark.parametrize(
+    "k, m, n, row",
+    [
+        (43 * 29 * 2, 339, 384, 340),  # a block's first layer: X's rows padded to 340 floats, 2 splits
+        (43 * 2466, 192, 384, 192),  # a 192-wide layer at batch 1: many splits, K not a multiple of 32
+        (77, 20, 128, 24),  # one split, tails in every direction
+    ],
+)
+def test_the_hopper_weight_gradient_keeps_float32_accuracy(bn, k, m, n, row):
+    """wgmma_wgrad.cu's at^T b, both operands K-outermost, against float64 and tc_gemm.cu's kernel."""
+    import cupy
+
+    from xmesh.backends import get_backend
+
+    backend = get_backend("cupy")
+    if backend.hopper is None:
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    rng = np.random.default_rng(k + m)
+    x = np.maximum(rng.standard_normal((k, m)), 0.0)
+    g = rng.standard_normal((k, n)) * 1e-3
+    rows = cupy.zeros((k, row), dtype=cupy.float32)
+    rows[:, :m] = cupy.asarray(x.astype(np.float32))
+    at, b = rows[:, :m], cupy.asarray(g.astype(np.float32))
+    assert backend.hopper.takes_transposed(at, b)
+    exact = x.astype(np.float32).astype(np.float64).T @ g.astype(np.float32).astype(np.float64)
+    ours = backend.hopper.transposed_product(at, b, bn)
+    error = relative_error(ours, exact)
+    mma_sync = relative_error(backend.gemm_transposed_a(at, b, wgmma=False), exact)
+    print(f"K {k}, {m} x {n}, tiles {bn} wide: relative error {error:.2e} (tc_gemm {mma_sync:.2e})")
+    assert ours.shape == (m, n) and error < 2e-6 and error < 3 * mma_sync + 1e-7
+
+
+def test_the_lent_kernels_leave_numpy_arrays_to_numpy():
+    """Once the CuPy backend lends its kernels, a NumPy training step in the same process still runs on
+    NumPy: every lent product and the layer kernel decline arrays that are not CuPy's."""
+    from xmesh.backends import get_backend
+
+    get_backend("cupy")
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((256, 192)).astype(np.float32), rng.standard_normal((192, 384)).astype(np.float32)
+    product = products.matmul(a, b)
+    assert isinstance(product, np.ndarray) and np.allclose(product, a @ b, rtol=1e-5, atol=1e-5)
+    transposed = products.matmul(a.T, rng.standard_normal((256, 128)).astype(np.float32))
+    assert isinstance(transposed, np.ndarray)
+    x = rng.standard_normal((1, K, 5, 192)).astype(np.float32)
+    w = rng.standard_normal((192, 192)).astype(np.float32)
+    assert products.deformation_layer(x, w, w, np.zeros(192, np.float32), np.eye(K, dtype=np.float32)) is None

@@ -290,6 +290,10 @@ PLAN = (
 REFERENCE_SOURCES = {
     "wgmma_drb16.cu": "the 16-bit chain's bit-exact one-layer reference (tests/drb16_reference.py)",
 }
+#: Kernel files only the training runs (no reconstruction reaches them), and what for.
+TRAINING_SOURCES = {
+    "wgmma_wgrad.cu": "the weights' gradients X^T dY on Hopper (cupy_backend.hopper.transposed_product)",
+}
 
 
 # ----------------------------------------------------------------------------- the conditions

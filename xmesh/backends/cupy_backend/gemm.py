@@ -108,7 +108,9 @@ class GemmStage:
         :func:`xmesh.model.products.matmul` whatever this backend's precision: those of a row-major ``a``
         with enough output tiles for the Hopper GEMM, and those of a transposed ``a`` (the weights'
         gradients X^T dY, long sums over rows) with N a multiple of 128 in :meth:`gemm_transposed_a`.
-        None for the rest: cuBLAS takes them."""
+        None for the rest (and for arrays not CuPy's): cuBLAS takes them."""
+        if not isinstance(a, self.cupy.ndarray):
+            return None
         m, n = a.shape[0], b.shape[1]
         if a.strides[0] == a.itemsize and a.strides[1] != a.itemsize and n % GEMM_BM == 0:
             return self.gemm_transposed_a(a.T, b)
@@ -119,22 +121,28 @@ class GemmStage:
     def general_product(self, a, b):
         """``a @ b`` through cuBLAS called directly (:mod:`xmesh.backends.cublas_gemm`: a CUDA Graph can
         capture it), lent to :func:`xmesh.model.products.matmul` for the training passes' other float
-        products; None where cuBLAS cannot be loaded or the operands are not its (CuPy's matmul then)."""
+        products; None where cuBLAS cannot be loaded or the operands are not its (CuPy's matmul then),
+        and for arrays not CuPy's (a NumPy step in the same process)."""
+        if not isinstance(a, self.cupy.ndarray):
+            return None
         blas = getattr(self, "_cublas", None)
         if blas is None:
             library = load_library()
             blas = self._cublas = CublasGemm(library) if library is not None else False
         return blas.matmul(a, b) if blas else None
 
-    def gemm_transposed_a(self, at, b):
+    def gemm_transposed_a(self, at, b, wgmma: bool = True):
         """``at.T @ b`` in 3xTF32 for float32 ``at`` (K, M) and ``b`` (K, N), N a multiple of 128, both with
-        unit column stride (rows may be strided): tc_gemm.cu's gemm_t3x_n128 reads At's slices as they
-        lie and K is split over the multiprocessors (the weights' gradient of a deformation layer sums
-        3.4 million rows at batch 32 into a few 128 x 128 tiles)."""
+        unit column stride (rows may be strided), K split over the multiprocessors (the weights' gradient
+        of a deformation layer sums 3.4 million rows at batch 32 into a few tiles): on Hopper, with rows
+        16-byte aligned, the wgmma kernel (``hopper.transposed_product``); else tc_gemm.cu's
+        gemm_t3x_n128, which reads At's slices as they lie (``wgmma=False`` takes it on Hopper too)."""
         cp = self.cupy
         if at.dtype != cp.float32 or b.dtype != cp.float32 or at.shape[0] != b.shape[0] or b.shape[1] % GEMM_BM:
             raise InputError(f"gemm_transposed_a: float32 (K, M) and (K, N), N a multiple of {GEMM_BM}")
         at, b = self._float32_rows(at), self._float32_rows(b)
+        if wgmma and self.hopper is not None and self.hopper.takes_transposed(at, b):
+            return self.hopper.transposed_product(at, b)
         k, m = at.shape
         n = b.shape[1]
         out = cp.empty((m, n), dtype=cp.float32)

@@ -6,7 +6,8 @@ through NVRTC (wgmma exists only in that target).
 deformation blocks' layers: :meth:`HopperGemm.drb_layer` a whole local graph convolution (product,
 43 x 43 mixing, bias, ReLU, residual), :meth:`HopperGemm.drb_chain16` a block's five wide layers in the
 16-bit modes (``wgmma_drb16_chain.cu``), :meth:`HopperGemm.drb_layer_3xf16` the fp32 mode's layer as
-three float16 products (``wgmma_drb32h.cu``). B is prepared once per weight by
+three float16 products (``wgmma_drb32h.cu``), :meth:`HopperGemm.transposed_product` the training's
+weights' gradients X^T dY (``wgmma_wgrad.cu``). B is prepared once per weight by
 :meth:`HopperGemm.prepare`: transposed to K-major rows, split into TF32 big and small parts
 (``"3xtf32"``), rounded to TF32 (``"tf32"``, one pass) or to float16 / bfloat16 (``"fp16"``, ``"bf16"``:
 deformation layers only), zero-padded to whole tiles. In the 16-bit modes a deformation layer can also
@@ -29,12 +30,14 @@ from .families import (
     LAYER_3XF16,
     MAX_DYNAMIC_SHARED_SIZE_BYTES,
     OPERANDS,
+    WEIGHT_GRADIENT,
     WIDE_COLS,
     ChainKernel,
     GemmKernel,
     Layer3xf16Kernel,
     LayerKernel,
     OperandMode,
+    WeightGradientKernel,
 )
 from .gemm import PreparedWeight, smem_bytes, supported
 from .launcher import HopperGemm
@@ -56,12 +59,14 @@ __all__ = [
     "LAYER_3XF16",
     "MAX_DYNAMIC_SHARED_SIZE_BYTES",
     "OPERANDS",
+    "WEIGHT_GRADIENT",
     "WIDE_COLS",
     "ChainKernel",
     "GemmKernel",
     "Layer3xf16Kernel",
     "LayerKernel",
     "OperandMode",
+    "WeightGradientKernel",
     "HopperGemm",
     "PreparedChain",
     "PreparedHalves",

@@ -92,6 +92,42 @@ CHAIN = ChainKernel()
 LAYER_3XF16 = Layer3xf16Kernel()
 
 
+@dataclass(frozen=True)
+class WeightGradientKernel:
+    """The training's weights' gradients P = U^T V (kernels/wgmma_wgrad.cu, ``wg_wgrad_n<bn>``): a
+    block's U columns (two warpgroups), K slice, threads, ring depth, and the widths of V's columns a
+    block takes in each build (m64n<bn>k8). A ring stage holds the raw U and V slices (U's K rows
+    padded by 8 floats); two transposed V slices (big and small parts, rows of 128 bytes) sit before
+    the ring."""
+
+    source: str = "wgmma_wgrad.cu"
+    rows: int = 128
+    bk: int = 32
+    threads: int = 256
+    stages: int = 4
+    widths: tuple = (128, 96, 64)
+
+    def width_for(self, columns: int) -> int:
+        """The build for V's ``columns``: the width that pads them least, the widest of those (wider
+        wgmmas run nearer the tensor cores' rate: 192 columns take 96, 339 take 128)."""
+        return min(self.widths, key=lambda bn: (-(-columns // bn) * bn, -bn))
+
+    def stage_bytes(self, bn: int) -> int:
+        return self.bk * (self.rows + 8 + bn) * 4
+
+    def split_bytes(self, bn: int) -> int:
+        return 2 * bn * 128
+
+    def name(self, bn: int) -> str:
+        return f"wg_wgrad_n{bn}"
+
+    def smem(self, bn: int) -> int:
+        return self.stages * self.stage_bytes(bn) + 2 * self.split_bytes(bn) + 1024
+
+
+WEIGHT_GRADIENT = WeightGradientKernel()
+
+
 class OperandMode(NamedTuple):
     """How a Hopper kernel's products take their operands: ``code`` the WG_* value in
     kernels/wgmma_common.cuh, ``kernel_part`` the kernel-name part, ``tf32_passes`` 3 (3xTF32), 1
