@@ -224,3 +224,25 @@ def test_the_lent_kernels_leave_numpy_arrays_to_numpy():
     x = rng.standard_normal((1, K, 5, 192)).astype(np.float32)
     w = rng.standard_normal((192, 192)).astype(np.float32)
     assert products.deformation_layer(x, w, w, np.zeros(192, np.float32), np.eye(K, dtype=np.float32)) is None
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_the_one_pass_backward_is_the_float64_one(mask_kind):
+    """epilogues_cupy.relu_gradient_mixed: dZ (dout where the ReLU passed) as it is, A1^T dZ over the
+    hypotheses and the sums over them, against float64 from the same float32 inputs."""
+    import cupy
+
+    from xmesh.model import epilogues_cupy
+
+    rng = np.random.default_rng(11)
+    b, n, c = 2, 13, 24
+    dout = rng.standard_normal((b, K, n, c)).astype(np.float32)
+    out = np.maximum(rng.standard_normal((b, K, n, c)), 0.0).astype(np.float32)
+    a1 = sparse_support(rng).astype(np.float32)
+    mask = out > 0 if mask_kind == "bool" else out
+    dy, sums = epilogues_cupy.relu_gradient_mixed(cupy.asarray(dout), cupy.asarray(mask), cupy.asarray(a1))
+    dz = np.where(out > 0, dout, 0.0).astype(np.float64)
+    mixed = np.einsum("ji,bjnc->binc", a1.astype(np.float64), dz)
+    assert np.array_equal(dy[..., :c].get(), dz.astype(np.float32))
+    assert relative_error(dy[..., c:], mixed) < 1e-6
+    assert relative_error(sums, dz.sum(axis=1)) < 1e-6

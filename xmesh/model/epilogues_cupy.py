@@ -53,13 +53,18 @@ _MIXED_SOURCE = r"""
 // One thread per (sample b, vertex n, column c) of dout (B, K, N, C): dz_i = dout_i where the ReLU
 // passed (mask_i > 0, the mask a bool or the ReLU's output), written to dy[b, i, n, c]; the mixing's
 // transpose sum_j A1[j, i] dz_j (an fmaf chain over j) to dy[b, i, n, C + c]; and sum_i dz_i to
-// sums[b, n, c], from which the bias's gradient is summed.
+// sums[b, n, c], from which the bias's gradient is summed. A1's columns sit in shared memory as rows
+// of A1_STRIDE floats, read four at a time: a warp's loads of them are broadcasts, one per four FMAs.
+#define A1_STRIDE 44
 extern "C" __global__ void relu_gradient_mixed_MASK(const float* __restrict__ dout, const MASK* __restrict__ mask,
                                                     const float* __restrict__ a1, long long columns, int channels,
                                                     long long total, float* __restrict__ dy,
                                                     float* __restrict__ sums) {
-    __shared__ float a[HYP * HYP];
-    for (int i = threadIdx.x; i < HYP * HYP; i += blockDim.x) a[i] = a1[i];
+    __shared__ __align__(16) float at[HYP * A1_STRIDE];   // at[i * A1_STRIDE + j] = A1[j, i]
+    for (int q = threadIdx.x; q < HYP * A1_STRIDE; q += blockDim.x) {
+        const int i = q / A1_STRIDE, j = q % A1_STRIDE;
+        at[q] = j < HYP ? a1[j * HYP + i] : 0.0f;
+    }
     __syncthreads();
     const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (t >= total) return;
@@ -78,9 +83,16 @@ extern "C" __global__ void relu_gradient_mixed_MASK(const float* __restrict__ do
     }
 #pragma unroll 1
     for (int i = 0; i < HYP; ++i) {   // rolled: dz stays in registers, A1's column i comes from shared memory
+        const float* column = at + i * A1_STRIDE;
         float m = 0.0f;
 #pragma unroll
-        for (int j = 0; j < HYP; ++j) m = fmaf(a[j * HYP + i], dz[j], m);
+        for (int j = 0; j < HYP; j += 4) {
+            const float4 a = *reinterpret_cast<const float4*>(column + j);
+            m = fmaf(a.x, dz[j], m);
+            if (j + 1 < HYP) m = fmaf(a.y, dz[j + 1], m);
+            if (j + 2 < HYP) m = fmaf(a.z, dz[j + 2], m);
+            if (j + 3 < HYP) m = fmaf(a.w, dz[j + 3], m);
+        }
         dst[i * 2 * columns + channels] = m;
     }
     sums[t] = sum;
