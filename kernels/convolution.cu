@@ -142,3 +142,33 @@ XM_KERNEL(im2col_nhwc) void im2col_nhwc(const float* __restrict__ x, float* __re
         cols[i] = v;
     }
 }
+
+// The backward of im2col_nhwc: dx (N, H, W, C) = for each input element, the sum of the cols entries
+// of the taps (ky, kx) that read it, in increasing (ky, kx) from zero (the order and values of the
+// training's array-API col2im, which adds the taps one after another into a zeroed padded array).
+XM_KERNEL(col2im_nhwc) void col2im_nhwc(const float* __restrict__ cols, float* __restrict__ dx,
+                                       int N, int H, int W, int C, int kh, int kw, int stride,
+                                       int Ho, int Wo, int pad_top, int pad_left) {
+    const long long K = (long long)kh * kw * C;
+    const long long total = (long long)N * H * W * C;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(i % C);
+        long long t = i / C;
+        const int ix = (int)(t % W);
+        t /= W;
+        const int iy = (int)(t % H);
+        const long long n = t / H;
+        float v = 0.0f;
+        for (int ky = 0; ky < kh; ++ky) {
+            const int y = iy + pad_top - ky;   // oy * stride for the output row that reads it
+            if (y < 0 || y % stride != 0 || y / stride >= Ho) continue;
+            for (int kx = 0; kx < kw; ++kx) {
+                const int x = ix + pad_left - kx;
+                if (x < 0 || x % stride != 0 || x / stride >= Wo) continue;
+                v += cols[((n * Ho + y / stride) * Wo + x / stride) * K + (ky * kw + kx) * C + c];
+            }
+        }
+        dx[i] = v;
+    }
+}

@@ -246,3 +246,27 @@ def test_the_one_pass_backward_is_the_float64_one(mask_kind):
     assert np.array_equal(dy[..., :c].get(), dz.astype(np.float32))
     assert relative_error(dy[..., c:], mixed) < 1e-6
     assert relative_error(sums, dz.sum(axis=1)) < 1e-6
+
+
+@pytest.mark.parametrize("shape, kh, stride", [((2, 9, 11, 5), 3, 1), ((2, 9, 11, 5), 3, 2), ((1, 8, 8, 4), 5, 2)])
+def test_the_lent_patches_are_the_array_api_ones(shape, kh, stride):
+    """The CuPy backend's im2col (one launch: the patches, a copy) and col2im (each input element's taps
+    summed in the array-API code's order) against xmesh.model.cnn's own on NumPy."""
+    import cupy
+
+    from xmesh.backends import get_backend
+    from xmesh.model import cnn
+
+    get_backend("cupy")
+    rng = np.random.default_rng(sum(shape) + kh + stride)
+    x = rng.standard_normal(shape).astype(np.float32)
+    xp_np = namespace("numpy")
+    cols, size = cnn.im2col(xp_np, x, kh, kh, stride)
+    lent_cols, lent_size = cnn.im2col(namespace("cupy"), cupy.asarray(x), kh, kh, stride)
+    assert isinstance(lent_cols, cupy.ndarray) and lent_size == size
+    assert np.array_equal(lent_cols.get(), cols)  # a copy: the same floats
+    dcols = rng.standard_normal(cols.shape).astype(np.float32)
+    dx = cnn.col2im(xp_np, dcols, shape, kh, kh, stride)
+    lent_dx = cnn.col2im(namespace("cupy"), cupy.asarray(dcols), shape, kh, kh, stride)
+    assert isinstance(lent_dx, cupy.ndarray) and lent_dx.shape == shape
+    np.testing.assert_allclose(lent_dx.get(), dx, rtol=1e-6, atol=1e-6)

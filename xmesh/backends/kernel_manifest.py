@@ -33,7 +33,7 @@ OPS_OPTIONS = STD + defines(STAGE_DEFINES)
 #: The kernels of each stage file (kernel_constants.STAGE_FILES), each launched by the backend module
 #: of that stage; tests/test_kernel_manifest.py checks them against the files.
 STAGE_KERNELS = {
-    CONVOLUTION_FILE: ("conv_direct_x4", "conv_direct_c3_k3_n16", "im2col_nhwc"),
+    CONVOLUTION_FILE: ("conv_direct_x4", "conv_direct_c3_k3_n16", "im2col_nhwc", "col2im_nhwc"),
     PROJECTION_FILE: (
         "graph_projection",
         "graph_projection_tiled",

@@ -34,7 +34,7 @@ has no bfloat16 arrays). The camera arithmetic is always exact float32.
 
 from __future__ import annotations
 
-from ...model import products
+from ...model import cnn, products
 from .convolution import ConvolutionStage
 from .deformation import DeformationStage
 from .device import CupyDevice
@@ -48,10 +48,11 @@ class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, Convolution
 
     Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products, its
     deformation layer kernel, and cuBLAS called directly for their other products
-    (``xmesh.model.products``)."""
+    (``xmesh.model.products``), and the training CNN its im2col and col2im (``xmesh.model.cnn``)."""
 
     def __init__(self, precision: str = "fp32", device: int | None = None):
         super().__init__(precision, device)
         products.lend(self.training_product)
         products.lend_layer(self.training_layer)
         products.lend_general(self.general_product)
+        cnn.lend_patches(self.training_im2col, self.training_col2im)

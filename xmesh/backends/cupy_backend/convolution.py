@@ -1,5 +1,6 @@
 """'SAME' convolutions: cuDNN in the speed modes where it is installed, the implicit GEMM of
-``kernels/tc_gemm.cu``, and ``kernels/convolution.cu`` (direct sums for few input channels, im2col).
+``kernels/tc_gemm.cu``, and ``kernels/convolution.cu`` (direct sums for few input channels, im2col);
+and the training CNN's patches, im2col and its backward col2im, each one launch.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ IM2COL_LIMIT = 1 << 28
 
 
 class ConvolutionStage:
-    """``conv2d_same`` (a mixin of CupyBackend)."""
+    """``conv2d_same`` and the training's patches (a mixin of CupyBackend)."""
 
     def _convolution_kernel(self, name: str):
         return self._stage_kernel(SOURCE, name)
@@ -151,3 +152,53 @@ class ConvolutionStage:
             y = out[start : start + m].reshape(m * ho * wo, cout)
             self.gemm(cols, flat_w, out=y, bias=bias, relu=relu, cache_key=weight)
         return out
+
+    def _patch_geometry(self, shape, kh: int, kw: int, stride: int) -> tuple:
+        n, h, w, c = shape
+        ho, top, _ = same_padding(h, kh, stride)
+        wo, left, _ = same_padding(w, kw, stride)
+        return (
+            ho,
+            wo,
+            (
+                np.int32(n),
+                np.int32(h),
+                np.int32(w),
+                np.int32(c),
+                np.int32(kh),
+                np.int32(kw),
+                np.int32(stride),
+                np.int32(ho),
+                np.int32(wo),
+                np.int32(top),
+                np.int32(left),
+            ),
+        )
+
+    def training_im2col(self, x, kh: int, kw: int, stride: int):
+        """The training CNN's 'SAME' patches of float32 NHWC ``x`` in one launch (lent to
+        ``xmesh.model.cnn.im2col``): ((N*Ho*Wo, kh*kw*C) in (kh, kw, C) column order, (Ho, Wo)); None for
+        arrays that are not CuPy's float32."""
+        cp = self.cupy
+        if not isinstance(x, cp.ndarray) or x.dtype != cp.float32 or x.ndim != 4:
+            return None
+        x = cp.ascontiguousarray(x)
+        ho, wo, geometry = self._patch_geometry(x.shape, kh, kw, stride)
+        cols = cp.empty((x.shape[0] * ho * wo, kh * kw * x.shape[3]), dtype=cp.float32)
+        if cols.size:
+            self._convolution_kernel("im2col_nhwc")(_grid(cols.size), (THREADS,), (x, cols, *geometry))
+        return cols, (ho, wo)
+
+    def training_col2im(self, cols, shape, kh: int, kw: int, stride: int):
+        """The backward of :meth:`training_im2col` (lent to ``xmesh.model.cnn.col2im``): each patch column
+        summed back into an NHWC array of ``shape``, in one launch; None for arrays that are not CuPy's
+        float32."""
+        cp = self.cupy
+        if not isinstance(cols, cp.ndarray) or cols.dtype != cp.float32:
+            return None
+        cols = cp.ascontiguousarray(cols)
+        _, _, geometry = self._patch_geometry(shape, kh, kw, stride)
+        dx = cp.empty(tuple(shape), dtype=cp.float32)
+        if dx.size:
+            self._convolution_kernel("col2im_nhwc")(_grid(dx.size), (THREADS,), (cols, dx, *geometry))
+        return dx
