@@ -100,7 +100,8 @@ __device__ __forceinline__ unsigned long long wg_desc64(unsigned addr) {
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),       \
         "+f"(d[i + 6]), "+f"(d[i + 7])
 
-// d (64 x BN over the warpgroup) = A (64 x 8, registers) B (8 x BN, descriptor) + (accumulate ? d : 0)
+// d (64 x BN over the warpgroup) = A (64 x 8, registers) B (8 x BN, descriptor) + (accumulate ? d : 0),
+// BN = 128, 64 or 96 (the training's weights' gradients)
 __device__ __forceinline__ void wg_mma(float (&d)[64], const unsigned (&a)[4], unsigned long long desc,
                                        int accumulate) {
     asm volatile(
@@ -122,6 +123,18 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], u
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
         "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1;\n}\n"
         : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
+}
+
+__device__ __forceinline__ void wg_mma(float (&d)[48], const unsigned (&a)[4], unsigned long long desc,
+                                       int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %53, p, 1, 1;\n}\n"
+        : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 

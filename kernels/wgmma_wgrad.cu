@@ -76,20 +76,6 @@ __device__ __forceinline__ void wgt_transpose_split(float* __restrict__ dst, con
     }
 }
 
-// d (64 x 96 over the warpgroup) = A (64 x 8, registers) B (8 x 96, descriptor) + (accumulate ? d : 0);
-// wgmma_common.cuh has the 64- and 128-wide forms.
-__device__ __forceinline__ void wg_mma(float (&d)[48], const unsigned (&a)[4], unsigned long long desc,
-                                       int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-        "%40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %53, p, 1, 1;\n}\n"
-        : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
-}
-
 // A warp's U fragments of one slice, split: rows g / g + 8 of its slab are U's columns (us points at
 // column row0 + g of the slice's first K row), the slice's rows 8s + t / 8s + t + 4 its K.
 __device__ __forceinline__ void wgt_fragments(const float* us, int t, unsigned (&big)[4][4], unsigned (&small)[4][4]) {

@@ -122,7 +122,6 @@ class ConvolutionStage:
             )
             return out
         chunk = max(1, IM2COL_LIMIT // (ho * wo * k))
-        im2col = self._convolution_kernel("im2col_nhwc")
         for start in range(0, n, chunk):
             part = x[start : start + chunk]
             m = part.shape[0]
@@ -130,50 +129,19 @@ class ConvolutionStage:
                 cols = part.reshape(m * h * w, cin)
             else:
                 cols = cp.empty((m * ho * wo, k), dtype=cp.float32)
-                im2col(
-                    _grid(cols.size),
-                    (THREADS,),
-                    (
-                        part,
-                        cols,
-                        np.int32(m),
-                        np.int32(h),
-                        np.int32(w),
-                        np.int32(cin),
-                        np.int32(kh),
-                        np.int32(kw),
-                        np.int32(stride),
-                        np.int32(ho),
-                        np.int32(wo),
-                        np.int32(top),
-                        np.int32(left),
-                    ),
-                )
+                self._launch_patches("im2col_nhwc", part, cols, part.shape, kh, kw, stride)
             y = out[start : start + m].reshape(m * ho * wo, cout)
             self.gemm(cols, flat_w, out=y, bias=bias, relu=relu, cache_key=weight)
         return out
 
-    def _patch_geometry(self, shape, kh: int, kw: int, stride: int) -> tuple:
+    def _launch_patches(self, name: str, src, dst, shape, kh: int, kw: int, stride: int) -> None:
+        """Launch im2col_nhwc or col2im_nhwc from ``src`` into ``dst`` for the NHWC image ``shape``, a
+        thread per element of ``dst``."""
         n, h, w, c = shape
         ho, top, _ = same_padding(h, kh, stride)
         wo, left, _ = same_padding(w, kw, stride)
-        return (
-            ho,
-            wo,
-            (
-                np.int32(n),
-                np.int32(h),
-                np.int32(w),
-                np.int32(c),
-                np.int32(kh),
-                np.int32(kw),
-                np.int32(stride),
-                np.int32(ho),
-                np.int32(wo),
-                np.int32(top),
-                np.int32(left),
-            ),
-        )
+        geometry = (n, h, w, c, kh, kw, stride, ho, wo, top, left)
+        self._convolution_kernel(name)(_grid(dst.size), (THREADS,), (src, dst, *map(np.int32, geometry)))
 
     def training_im2col(self, x, kh: int, kw: int, stride: int):
         """The training CNN's 'SAME' patches of float32 NHWC ``x`` in one launch (lent to
@@ -183,10 +151,10 @@ class ConvolutionStage:
         if not isinstance(x, cp.ndarray) or x.dtype != cp.float32 or x.ndim != 4:
             return None
         x = cp.ascontiguousarray(x)
-        ho, wo, geometry = self._patch_geometry(x.shape, kh, kw, stride)
+        ho, wo = same_padding(x.shape[1], kh, stride)[0], same_padding(x.shape[2], kw, stride)[0]
         cols = cp.empty((x.shape[0] * ho * wo, kh * kw * x.shape[3]), dtype=cp.float32)
         if cols.size:
-            self._convolution_kernel("im2col_nhwc")(_grid(cols.size), (THREADS,), (x, cols, *geometry))
+            self._launch_patches("im2col_nhwc", x, cols, x.shape, kh, kw, stride)
         return cols, (ho, wo)
 
     def training_col2im(self, cols, shape, kh: int, kw: int, stride: int):
@@ -197,8 +165,7 @@ class ConvolutionStage:
         if not isinstance(cols, cp.ndarray) or cols.dtype != cp.float32:
             return None
         cols = cp.ascontiguousarray(cols)
-        _, _, geometry = self._patch_geometry(shape, kh, kw, stride)
         dx = cp.empty(tuple(shape), dtype=cp.float32)
         if dx.size:
-            self._convolution_kernel("col2im_nhwc")(_grid(dx.size), (THREADS,), (cols, dx, *geometry))
+            self._launch_patches("col2im_nhwc", cols, dx, shape, kh, kw, stride)
         return dx
