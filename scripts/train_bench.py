@@ -8,7 +8,8 @@
 2. unless ``--no-command``, ``xmesh train`` over a synthetic list (``--samples`` objects in the official
    layout, stage 2's starts computed first and not timed) for one epoch at each batch size: the run's
    samples/s by the wall clock over its steps after the first (train_log.csv's ``wall_s``), data loading,
-   logging and the epoch's checkpoint included.
+   logging and the epoch's checkpoint included, and the mean ms of those steps' compute alone (its
+   ``seconds``: the rest of the wall clock is loading, logging and waiting).
 Prints one table.
 """
 
@@ -27,8 +28,10 @@ import numpy as np
 from xmesh.train.bench import StepWorkload
 
 
-def command_rate(root: Path, args, batch: int) -> float:
-    """``xmesh train``'s samples/s by the wall clock from the first step's end to the last's (train_log.csv)."""
+def command_rate(root: Path, args, batch: int) -> tuple[float, float]:
+    """``xmesh train``'s samples/s by the wall clock from the first step's end to the last's, and the mean
+    seconds of those steps' compute alone (``Trainer.step``; the rest of the wall clock is loading,
+    logging and waiting), from its train_log.csv."""
     from xmesh.cli import main
     from xmesh.train.logs import read_rows
 
@@ -63,7 +66,8 @@ def command_rate(root: Path, args, batch: int) -> float:
     if status != 0:
         raise SystemExit(f"xmesh train failed at batch size {batch}")
     rows = read_rows(out / "train_log.csv")[1:]
-    return sum(len(r["samples"].split(";")) for r in rows) / sum(float(r["wall_s"]) for r in rows)
+    rate = sum(len(r["samples"].split(";")) for r in rows) / sum(float(r["wall_s"]) for r in rows)
+    return rate, sum(float(r["seconds"]) for r in rows) / len(rows)
 
 
 def main() -> None:
@@ -105,19 +109,22 @@ def main() -> None:
                     progress=False,
                 )
             for row in rows:
-                row["command_samples_per_s"] = command_rate(root, args, row["batch"])
+                row["command_samples_per_s"], row["command_step_s"] = command_rate(root, args, row["batch"])
     print(f"stage {args.stage} training on {args.backend}; sample: {sources[0]}; template: {sources[1]}")
-    print(f"{'batch':>5} {'ms/step':>9} {'min ms':>8} {'samples/s':>10} {'xmesh train samples/s':>22}")
+    print(
+        f"{'batch':>5} {'ms/step':>9} {'min ms':>8} {'samples/s':>10} {'xmesh train samples/s':>22} {'its step ms':>12}"
+    )
     for row in rows:
-        command = row.get("command_samples_per_s")
+        command, step = row.get("command_samples_per_s"), row.get("command_step_s")
         print(
             f"{row['batch']:>5} {row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>8.2f} "
-            f"{row['samples_per_s']:>10.2f} {'' if command is None else f'{command:.2f}':>22}"
+            f"{row['samples_per_s']:>10.2f} {'' if command is None else f'{command:.2f}':>22} "
+            f"{'' if step is None else f'{step * 1e3:.2f}':>12}"
         )
     if np.isfinite([r["samples_per_s"] for r in rows]).all():
         print(
             "(step: median of the timed steps; xmesh train: the wall clock over its steps after the first, "
-            "loading, logging and checkpoints included)"
+            "loading, logging and checkpoints included, and the mean of those steps' compute alone)"
         )
 
 
