@@ -41,9 +41,10 @@ def cuda_available() -> bool:
 requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs CUDA and CuPy")
 
 
-def eval_argv(data, out, *extra) -> list:
+def eval_argv(data, out, *extra, weights: str | None = "synthetic:1") -> list:
     """`xmesh eval`'s arguments (the subcommand first) for a synthetic dataset ``data`` (its ``root`` and
-    ``test_list``), the synthetic weights and ``out``, without a progress bar; ``extra`` after them."""
+    ``test_list``), ``weights`` (None: left to ``extra``) and ``out``, without a progress bar; ``extra``
+    after them."""
     root = data["root"]
     return [
         "eval",
@@ -53,8 +54,7 @@ def eval_argv(data, out, *extra) -> list:
         str(root / "gt"),
         "--list",
         str(data["test_list"]),
-        "--weights",
-        "synthetic:1",
+        *(["--weights", weights] if weights is not None else []),
         "--out",
         str(out),
         "--no-progress",

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from conftest import eval_argv
 from xmesh import cli
 from xmesh.errors import FileFormatError, InputError
 from xmesh.evaluate import read_csv
@@ -80,24 +81,7 @@ def data(tmp_path_factory):
 
 
 def _eval(data, out, *extra):
-    root = data["root"]
-    return cli.main(
-        [
-            "eval",
-            "--images",
-            str(root),
-            "--gt",
-            str(root / "gt"),
-            "--list",
-            str(data["test_list"]),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--limit",
-            "1",
-            *extra,
-        ]
-    )
+    return cli.main(eval_argv(data, out, "--limit", "1", *extra, weights=None))
 
 
 def test_eval_refuses_to_resume_with_other_weights_template_or_precision_and_overwrite_starts_afresh(
