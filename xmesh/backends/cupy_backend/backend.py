@@ -48,11 +48,23 @@ class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, Convolution
 
     Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products, its
     deformation layer kernel, and cuBLAS called directly for their other products
-    (``xmesh.model.products``), and the training CNN its im2col and col2im (``xmesh.model.cnn``)."""
+    (``xmesh.model.products``), and the training CNN its im2col and col2im (``xmesh.model.cnn``), each
+    for CuPy arrays only."""
 
     def __init__(self, precision: str = "fp32", device: int | None = None):
         super().__init__(precision, device)
-        products.lend(self.training_product)
-        products.lend_layer(self.training_layer)
-        products.lend_general(self.general_product)
-        cnn.lend_patches(self.training_im2col, self.training_col2im)
+        own = self._on_cupy_arrays
+        products.lend(own(self.training_product))
+        products.lend_layer(own(self.training_layer))
+        products.lend_general(own(self.general_product))
+        cnn.lend_patches(own(self.training_im2col), own(self.training_col2im))
+
+    def _on_cupy_arrays(self, method):
+        """``method`` as lent to the training code: it declines (None) a first operand that is not a CuPy
+        array, so a NumPy step in the same process runs on NumPy."""
+        ndarray = self.cupy.ndarray
+
+        def lent(first, *rest):
+            return method(first, *rest) if isinstance(first, ndarray) else None
+
+        return lent

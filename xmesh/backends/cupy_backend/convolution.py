@@ -146,9 +146,9 @@ class ConvolutionStage:
     def training_im2col(self, x, kh: int, kw: int, stride: int):
         """The training CNN's 'SAME' patches of float32 NHWC ``x`` in one launch (lent to
         ``xmesh.model.cnn.im2col``): ((N*Ho*Wo, kh*kw*C) in (kh, kw, C) column order, (Ho, Wo)); None for
-        arrays that are not CuPy's float32."""
+        arrays that are not float32 NHWC."""
         cp = self.cupy
-        if not isinstance(x, cp.ndarray) or x.dtype != cp.float32 or x.ndim != 4:
+        if x.dtype != cp.float32 or x.ndim != 4:
             return None
         x = cp.ascontiguousarray(x)
         ho, wo = same_padding(x.shape[1], kh, stride)[0], same_padding(x.shape[2], kw, stride)[0]
@@ -159,10 +159,9 @@ class ConvolutionStage:
 
     def training_col2im(self, cols, shape, kh: int, kw: int, stride: int):
         """The backward of :meth:`training_im2col` (lent to ``xmesh.model.cnn.col2im``): each patch column
-        summed back into an NHWC array of ``shape``, in one launch; None for arrays that are not CuPy's
-        float32."""
+        summed back into an NHWC array of ``shape``, in one launch; None for arrays that are not float32."""
         cp = self.cupy
-        if not isinstance(cols, cp.ndarray) or cols.dtype != cp.float32:
+        if cols.dtype != cp.float32:
             return None
         cols = cp.ascontiguousarray(cols)
         dx = cp.empty(tuple(shape), dtype=cp.float32)

@@ -232,9 +232,7 @@ class DeformationStage:
         cp = self.cupy
         cin, cout = w0.shape
         cols = hg.DRB_LAYER.cols
-        if not isinstance(x, cp.ndarray) or self.hopper is None:
-            return None
-        if x.shape[1] != HYPOTHESES or x.shape[3] != cin or min(cin, cout) < cols:
+        if self.hopper is None or x.shape[1] != HYPOTHESES or x.shape[3] != cin or min(cin, cout) < cols:
             return None
         support, mixing = self._training_support(a1, support_transposed)
         width = -(-cout // cols) * cols

@@ -108,9 +108,7 @@ class GemmStage:
         :func:`xmesh.model.products.matmul` whatever this backend's precision: those of a row-major ``a``
         with enough output tiles for the Hopper GEMM, and those of a transposed ``a`` (the weights'
         gradients X^T dY, long sums over rows) with N a multiple of 128 in :meth:`gemm_transposed_a`.
-        None for the rest (and for arrays not CuPy's): cuBLAS takes them."""
-        if not isinstance(a, self.cupy.ndarray):
-            return None
+        None for the rest: cuBLAS takes them."""
         m, n = a.shape[0], b.shape[1]
         if a.strides[0] == a.itemsize and a.strides[1] != a.itemsize and n % GEMM_BM == 0:
             return self.gemm_transposed_a(a.T, b)
@@ -121,10 +119,7 @@ class GemmStage:
     def general_product(self, a, b):
         """``a @ b`` through cuBLAS called directly (:mod:`xmesh.backends.cublas_gemm`: a CUDA Graph can
         capture it), lent to :func:`xmesh.model.products.matmul` for the training passes' other float
-        products; None where cuBLAS cannot be loaded or the operands are not its (CuPy's matmul then),
-        and for arrays not CuPy's (a NumPy step in the same process)."""
-        if not isinstance(a, self.cupy.ndarray):
-            return None
+        products; None where cuBLAS cannot be loaded or the operands are not its (CuPy's matmul then)."""
         blas = getattr(self, "_cublas", None)
         if blas is None:
             library = load_library()
