@@ -51,27 +51,34 @@ def lent_layers():
 
 @pytest.mark.parametrize("cin, cout", [(339, 192), (192, 192), (192, 339)])
 @pytest.mark.parametrize("relu", [True, False])
-def test_the_lent_deformation_layer_keeps_float32_accuracy(lent_layers, cin, cout, relu):
-    """The forward's form (the ReLU, A1) and the input gradient's (no ReLU, A1^T); X's rows padded to a
-    multiple of 4 floats as the projection's."""
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_lent_deformation_layer_keeps_float32_accuracy(lent_layers, cin, cout, relu, residual):
+    """The forward's form (the ReLU, A1) and the input gradient's (no ReLU, A1^T), with a residual added
+    last where given (a skip connection's gradient, in the backward); X's rows padded to a multiple of 4
+    floats as the projection's. A residual of a width that is not a multiple of 32 is declined."""
     import cupy
 
-    rng = np.random.default_rng(cin + cout + relu)
+    rng = np.random.default_rng(cin + cout + relu + 2 * residual)
     b, n = 2, 37
     x = rng.standard_normal((b, K, n, cin))
     w0, w1 = (rng.standard_normal((cin, cout)) / np.sqrt(cin) for _ in range(2))
     bias = rng.standard_normal(cout) * 0.3
     a1 = sparse_support(rng)
+    res = rng.standard_normal((b, K, n, cout)) if residual else None
     z = x @ w0 + np.einsum("ij,bjnc->binc", a1.T if not relu else a1, x @ w1) + bias
-    exact = np.maximum(z, 0.0) if relu else z
+    exact = (np.maximum(z, 0.0) if relu else z) + (0.0 if res is None else res)
     rows = cupy.zeros((b, K, n, -(-cin // 4) * 4), dtype=cupy.float32)
     rows[..., :cin] = cupy.asarray(x.astype(np.float32))
     f32 = [rows[..., :cin]] + [cupy.asarray(v.astype(np.float32)) for v in (w0, w1, bias)]
     support = cupy.asarray(a1.astype(np.float32))
-    ours = products.deformation_layer(*f32, support, relu=relu, support_transposed=not relu)
+    plus = None if res is None else cupy.asarray(res.astype(np.float32))
+    ours = products.deformation_layer(*f32, support, relu=relu, support_transposed=not relu, residual=plus)
+    if residual and cout % 32:
+        assert lent_layers == [False] and ours is None
+        return
     assert lent_layers == [True] and ours.shape == (b, K, n, cout)
     error = relative_error(ours, exact)
-    print(f"cin {cin} cout {cout} relu {relu}: relative error {error:.2e}")
+    print(f"cin {cin} cout {cout} relu {relu} residual {residual}: relative error {error:.2e}")
     assert error < 1e-5
 
 
@@ -89,8 +96,9 @@ def test_the_local_gconv_pair_on_cupy_float32_is_the_float64_one(lent_layers, re
         "bias": rng.standard_normal(cout) * 0.1,
         "dout": rng.standard_normal((b, K, n, cout)),
     }
-    if residual:
+    if residual:  # a skip connection: its output's residual forward, its input's gradient's ``plus`` backward
         values["res"] = rng.standard_normal((b, K, n, cout))
+        values["plus"] = rng.standard_normal((b, K, n, cin))
     a1 = sparse_support(rng)
     # where the pre-activation is within float32's rounding of 0 the two precisions' masks may differ:
     # no gradient comes from there (one flipped element moves dx by ~1e-3 of its norm)
@@ -102,13 +110,14 @@ def test_the_local_gconv_pair_on_cupy_float32_is_the_float64_one(lent_layers, re
         supports = (None, xp.asarray(a1.astype(dtype)))
         layer = (v["w0"], v["w1"], v["bias"])
         out, cache = deformation_train.local_gconv_forward(xp, layer, v["x"], supports, v.get("res"))
-        dx, grads = deformation_train.local_gconv_backward(xp, v["dout"], cache)
+        dx, grads = deformation_train.local_gconv_backward(xp, v["dout"], cache, plus=v.get("plus"))
         return {"out": out, "dx": dx, "dw0": grads[0], "dw1": grads[1], "db": grads[2]}
 
     exact = run(namespace("numpy"), np.float64)
     ours = run(namespace("cupy"), np.float32)
     wide = cout % 32 == 0
-    assert lent_layers == [wide, wide]  # the forward, then the input's gradient
+    # the forward, then the input's gradient (a plus of a width not a multiple of 32 declined)
+    assert lent_layers == [wide, wide and not (residual and cin % 32)]
     for key, value in exact.items():
         error = relative_error(ours[key], value)
         print(f"{key}: {error:.2e}")

@@ -68,14 +68,16 @@ def local_gconv_forward(xp, layer, x, supports, residual=None):
     return (out if residual is None else out + residual), LocalGConvCache(x, active, layer, supports)
 
 
-def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True):
-    """(dx or None, (dW0, dW1, db)) from the output's gradient; a residual's gradient is ``dout`` itself."""
+def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True, plus=None):
+    """(dx or None, (dW0, dW1, db)) from the output's gradient; a residual's gradient is ``dout`` itself.
+    ``plus``: a gradient that reaches the layer's input by another path (a skip connection's), added
+    to dx (on CuPy in the layer kernel's pass)."""
     w0, w1, _ = cache.layer
     a0, a1 = cache.supports
     b, k, n, cin = cache.x.shape
     cout = w0.shape[1]
     if a0 is None and is_cupy_namespace(xp) and str(dout.dtype) == "float32":
-        return _local_gconv_backward_cupy(xp, dout, cache, need_dx)
+        return _local_gconv_backward_cupy(xp, dout, cache, need_dx, plus)
     if is_cupy_namespace(xp):
         dz = epilogues_cupy.relu_gradient(dout, cache.active)
     else:
@@ -89,13 +91,15 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True)
     dx = None
     if need_dx:
         dx = xp.reshape(matmul(dy, xp.matrix_transpose(xp.concat([w0, w1], axis=1))), (b, k, n, cin))
+        if plus is not None:
+            dx = plus + dx
     return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
 
 
-def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool):
+def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool, plus=None):
     """:func:`local_gconv_backward` for float32 on CuPy with A0 the identity: dy = [dZ | A1^T dZ] and the
-    bias's sums in one pass, the weights' gradient one product over all rows, the input's gradient in
-    the lent layer kernel (or dy [W0 | W1]^T)."""
+    bias's sums in one pass, the weights' gradient one product over all rows, the input's gradient (and
+    ``plus``) in the lent layer kernel (or dy [W0 | W1]^T)."""
     w0, w1, _ = cache.layer
     a1 = cache.supports[1]
     b, k, n, cin = cache.x.shape
@@ -107,11 +111,12 @@ def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool):
     dx = None
     if need_dx:
         dz = dy[..., :cout]
-        dx = deformation_layer(
-            dz, xp.matrix_transpose(w0), xp.matrix_transpose(w1), None, a1, relu=False, support_transposed=True
-        )
+        transposed = (xp.matrix_transpose(w0), xp.matrix_transpose(w1))
+        dx = deformation_layer(dz, *transposed, None, a1, relu=False, support_transposed=True, residual=plus)
         if dx is None:
             dx = xp.reshape(matmul(rows, xp.matrix_transpose(xp.concat([w0, w1], axis=1))), (b, k, n, cin))
+            if plus is not None:
+                dx = plus + dx
     return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
 
 
@@ -177,13 +182,13 @@ def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
     dcenters, dscore = hypothesis_update_backward(xp, dnew, cache.update)
     grads = [None] * 6
 
-    def back(i, dout):
-        dx, grads[i] = local_gconv_backward(xp, dout, cache.layers[i])
+    def back(i, dout, plus=None):
+        dx, grads[i] = local_gconv_backward(xp, dout, cache.layers[i], plus=plus)
         return dx
 
     dx5 = back(5, dscore[..., None])
-    dx3 = dx5 + back(3, back(4, dx5))  # x5 = lc5(x4) + x3, x4 = lc4(x3)
-    dx1 = dx3 + back(1, back(2, dx3))  # x3 = lc3(x2) + x1, x2 = lc2(x1)
+    dx3 = back(3, back(4, dx5), plus=dx5)  # x5 = lc5(x4) + x3, x4 = lc4(x3)
+    dx1 = back(1, back(2, dx3), plus=dx3)  # x3 = lc3(x2) + x1, x2 = lc2(x1)
     dx = back(0, dx1)
     b, k, n, width = dx.shape
     dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection, groups=n)

@@ -74,21 +74,22 @@ def matmul(a, b):
 
 
 def lend_layer(layer):
-    """Route :func:`deformation_layer` through ``layer(x, w0, w1, bias, a1, relu, support_transposed)``
-    (None: no layer kernel); returns the one lent before."""
+    """Route :func:`deformation_layer` through ``layer(x, w0, w1, bias, a1, relu, support_transposed,
+    residual)`` (None: no layer kernel); returns the one lent before."""
     global _lent_layer
     before, _lent_layer = _lent_layer, layer
     return before
 
 
-def deformation_layer(x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False):
-    """``act(X W0 + A1 (X W1) + bias)`` for X (B, K, N, cin) over its hypothesis axis K, (cin, cout)
-    weights and (K, K) A1 (``A1^T`` when ``support_transposed``: a long-lived A1 is named, so that the
-    lent kernel keeps what it builds for it); act is the ReLU or, with ``relu=False``, none. None where
-    no layer kernel is lent or it does not take these operands."""
+def deformation_layer(x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False, residual=None):
+    """``act(X W0 + A1 (X W1) + bias) (+ residual)`` for X (B, K, N, cin) over its hypothesis axis K,
+    (cin, cout) weights and (K, K) A1 (``A1^T`` when ``support_transposed``: a long-lived A1 is named, so
+    that the lent kernel keeps what it builds for it); act is the ReLU or, with ``relu=False``, none;
+    ``residual`` (B, K, N, cout) is added last, in the same pass. None where no layer kernel is lent or
+    it does not take these operands."""
     if _lent_layer is None or str(x.dtype) != "float32" or x.ndim != 4:
         return None
-    return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed)
+    return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual)
 
 
 def column_sums(xp, a):

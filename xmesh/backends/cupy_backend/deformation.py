@@ -217,14 +217,15 @@ class DeformationStage:
             out16=out16,
         )
 
-    def training_layer(self, x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False):
+    def training_layer(self, x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False, residual=None):
         """The training passes' deformation layer (lent to ``xmesh.model.products.deformation_layer``):
-        act(X W0 + A1 (X W1) + bias) for float32 X (B, 43, N, cin) in the Hopper layer kernel with 3xTF32
-        products whatever this backend's mode (float32's accuracy), act the ReLU or none (``relu=False``,
-        a module built with WG_DRB_LINEAR); bias None is zero. The weights change every step, so they
-        are prepared at each call (one launch). An output width that is not a multiple of 32 takes zero
-        weight columns up to one and comes back as a view of the first ``cout`` columns. None off
-        Hopper and for layers narrower than 32 columns either way (the score layer).
+        act(X W0 + A1 (X W1) + bias) (+ residual, added after act) for float32 X (B, 43, N, cin) in the
+        Hopper layer kernel with 3xTF32 products whatever this backend's mode (float32's accuracy), act
+        the ReLU or none (``relu=False``, a module built with WG_DRB_LINEAR); bias None is zero. The
+        weights change every step, so they are prepared at each call (one launch). An output width that
+        is not a multiple of 32 takes zero weight columns up to one and comes back as a view of the first
+        ``cout`` columns; such a width declines a residual. None off Hopper and for layers narrower than
+        32 columns either way (the score layer).
 
         Not the fp32 inference's ``drb_layer_3xf16``: preparing its float16 halves of W at every step
         takes some fifteen launches a layer, and its forward moved the golden stage-2 gradients further
@@ -234,6 +235,8 @@ class DeformationStage:
         cols = hg.DRB_LAYER.cols
         if self.hopper is None or x.shape[1] != HYPOTHESES or x.shape[3] != cin or min(cin, cout) < cols:
             return None
+        if residual is not None and (cout % cols or residual.dtype != cp.float32):
+            return None  # the kernel adds a residual of the output's whole width, in float32
         support, mixing = self._training_support(a1, support_transposed)
         width = -(-cout // cols) * cols
         weight = cp.zeros((cin, 2 * width), dtype=cp.float32)
@@ -247,6 +250,7 @@ class DeformationStage:
             self.hopper.prepare(weight, "3xtf32", paired=True),
             support,
             full_bias,
+            residual,
             mixing=mixing if relu else "#define WG_DRB_LINEAR 1\n" + mixing,
         )
         return out if width == cout else out[..., :cout]
