@@ -104,18 +104,19 @@ def decoded(batch: list, futures: list[Future] | None, views: tuple, with_gt: bo
     return [x for f in futures for x in f.result()]
 
 
-def _init_worker() -> None:
+def init_loader_process() -> None:
+    """A loading process's start: the batch heap, and OpenCV on one thread."""
     import cv2
 
     keep_batch_memory()
     cv2.setNumThreads(1)  # the pool is the parallelism; OpenCV's own threads would oversubscribe
 
 
-def make_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> Executor:
+def make_pool(workers: int, initializer=init_loader_process, initargs: tuple = ()) -> Executor:
     """``workers`` processes (forkserver: children of a clean process, not of one holding a CUDA
     context), or threads inside a daemon process, where children are not allowed."""
     if multiprocessing.current_process().daemon:
-        if initializer is not _init_worker:
+        if initializer is not init_loader_process:
             initializer(*initargs)  # the threads share this process's state
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xmesh-pool")
     if "forkserver" in multiprocessing.get_all_start_methods():
@@ -214,7 +215,7 @@ def _ready() -> int:
     return os.getpid()
 
 
-def start_pool(workers: int, initializer=_init_worker, initargs: tuple = ()) -> Executor | None:
+def start_pool(workers: int, initializer=init_loader_process, initargs: tuple = ()) -> Executor | None:
     """A pool whose processes are starting (one trivial task each is queued from a thread, so all of
     them start now), or None for ``workers`` 0: start it before building the model, so that its start-up overlaps the
     model's."""

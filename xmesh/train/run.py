@@ -2,23 +2,24 @@
 
 The data order is the original's: the list shuffled by a legacy ``RandomState(seed)`` (the original
 seeds NumPy with 123) before the first epoch and again at the end of each, in place. A step takes the
-next ``batch_size`` samples of the order (loaded in threads while the step before computes). After the
-step at the end of every epoch, and after every ``checkpoint_every``-th step, the whole state is saved
-(:mod:`xmesh.train.checkpoints`); then, at an epoch's end, the weights are scored on the validation
-list through the evaluation pipeline and the curves redrawn. A run started again on the same folder
-continues from its newest checkpoint (the caller has checked that it is the same run:
-:mod:`xmesh.results.run_identity`); on NumPy its weights then equal an uninterrupted run's bit for bit.
-At the end the folder holds ``weights.npz`` (every variable by official name: the trained stage's and
-the other stage's as given) and the trained stage's TensorFlow checkpoint, named as the original saves
-it (``meshnetmvp2m.ckpt-EPOCHS`` or ``meshnet.ckpt-EPOCHS``).
+next ``batch_size`` samples of the order, loaded in processes while the step before computes (loading
+threads would hold the interpreter's lock that the step's kernel launches need, and lengthen the step:
+docs/training.md). After the step at the end of every epoch, and after every ``checkpoint_every``-th
+step, the whole state is saved (:mod:`xmesh.train.checkpoints`); then, at an epoch's end, the weights
+are scored on the validation list through the evaluation pipeline and the curves redrawn. A run started
+again on the same folder continues from its newest checkpoint (the caller has checked that it is the
+same run: :mod:`xmesh.results.run_identity`); on NumPy its weights then equal an uninterrupted run's
+bit for bit. At the end the folder holds ``weights.npz`` (every variable by official name: the trained
+stage's and the other stage's as given) and the trained stage's TensorFlow checkpoint, named as the
+original saves it (``meshnetmvp2m.ckpt-EPOCHS`` or ``meshnet.ckpt-EPOCHS``).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ..errors import InputError
 from ..evaluate import evaluate_dataset
 from ..io.atomic import atomic_output
 from ..io.tf_checkpoint_writer import write_checkpoint
+from ..pipeline.loading import default_workers, init_loader_process, start_pool
 from . import checkpoints, logs
 from .checkpoints import TrainState
 from .data import Sample, TrainingSet
@@ -38,7 +40,7 @@ from .trainer import NonFiniteLossError, Trainer
 WEIGHTS_FILE = "weights.npz"
 VAL_FOLDER = "val"
 TF_NAMES = {1: "meshnetmvp2m", 2: "meshnet"}
-LOADER_THREADS = 4
+LOADERS_MOST = 4  # loading processes at most: enough to load a step's samples while the step before computes
 
 
 @dataclass
@@ -121,24 +123,38 @@ def write_outputs(out_dir: Path, trainer: Trainer, epochs_done: int) -> dict:
     return {"weights": weights_path, "tf_checkpoint": prefix}
 
 
+_loading: tuple = ()  # in a loading process: its (TrainingSet, StartMeshes or None)
+
+
+def _start_loading(data: TrainingSet, starts: StartMeshes | None) -> None:
+    """A loading process's start (or, where the pool is threads, this process's)."""
+    global _loading
+    if multiprocessing.parent_process() is not None:
+        init_loader_process()
+    _loading = (data, starts)
+
+
+def _load(index: int) -> Sample:
+    """Sample ``index`` of the run's list, with its starting mesh for stage 2 (in a loading process)."""
+    data, starts = _loading
+    sample = data.load(index)
+    if starts is not None:
+        sample.start = starts.load(sample.id)
+    return sample
+
+
 class _Loader:
-    """The samples of the coming steps, loaded in threads one step ahead of the compute."""
+    """The samples of the coming steps, loaded in processes one step ahead of the compute."""
 
-    def __init__(self, data: TrainingSet, starts: StartMeshes | None):
-        self.data, self.starts = data, starts
-        self.pool = ThreadPoolExecutor(LOADER_THREADS, thread_name_prefix="xmesh-train-load")
+    def __init__(self, data: TrainingSet, starts: StartMeshes | None, gpu: bool):
+        workers = min(LOADERS_MOST, default_workers(gpu)[0])
+        self.pool = start_pool(workers, initializer=_start_loading, initargs=(data, starts))
         self.pending: dict[tuple, list] = {}
-
-    def _load(self, index: int) -> Sample:
-        sample = self.data.load(index)
-        if self.starts is not None:
-            sample.start = self.starts.load(sample.id)
-        return sample
 
     def ahead(self, indices: Sequence[int]) -> None:
         key = tuple(indices)
         if key and key not in self.pending:
-            self.pending[key] = [self.pool.submit(self._load, i) for i in key]
+            self.pending[key] = [self.pool.submit(_load, i) for i in key]
 
     def take(self, indices: Sequence[int]) -> list[Sample]:
         self.ahead(indices)
@@ -214,7 +230,7 @@ def train(
 
     if validation is not None and state.epoch_end and state.epoch not in logs.validated_epochs(out_dir):
         validate(state.epoch)  # killed between the epoch's checkpoint and its validation
-    loader = _Loader(data, starts)
+    loader = _Loader(data, starts, gpu=trainer.backend != "numpy")
     bar = _progress(epochs * count, min(state.epoch * count + state.position, epochs * count), progress)
     started = last_end = time.perf_counter()
     try:
