@@ -279,3 +279,44 @@ def test_the_lent_patches_are_the_array_api_ones(shape, kh, stride):
     lent_dx = cnn.col2im(namespace("cupy"), cupy.asarray(dcols), shape, kh, kh, stride)
     assert isinstance(lent_dx, cupy.ndarray) and lent_dx.shape == shape
     np.testing.assert_allclose(lent_dx.get(), dx, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "shape, kh, cout, stride, taken",
+    [
+        ((12, 28, 28, 16), 3, 16, 1, True),
+        ((12, 14, 14, 32), 3, 64, 1, True),
+        ((12, 14, 14, 16), 3, 32, 2, False),
+        ((3, 28, 28, 16), 3, 16, 1, False),
+    ],
+)
+def test_the_lent_convolution_is_the_float64_one(shape, kh, cout, stride, taken):
+    """A training convolution's pair on CuPy in float32, where the backend lends cuDNN's (stride 1 over
+    12 images or more: the forward, the input's and the weights' gradients in float32 multiply-adds, the
+    input kept instead of its patches), against the array-API pair in float64 on NumPy; stride 2 and
+    batch 1's three images keep the patches."""
+    import cupy
+
+    from xmesh.backends import get_backend
+    from xmesh.backends.cudnn_conv import load_library
+    from xmesh.model import cnn
+
+    if load_library() is None:
+        pytest.skip("cuDNN is not installed")
+    get_backend("cupy")  # lends its convolution
+    rng = np.random.default_rng(sum(shape) + cout + stride)
+    x = np.maximum(rng.standard_normal(shape), 0.0)
+    weight = rng.standard_normal((kh, kh, shape[3], cout)) / np.sqrt(kh * kh * shape[3])
+    bias = rng.standard_normal(cout) * 0.1
+    xp_np, xp_cp = namespace("numpy"), namespace("cupy")
+    y, cache = cnn.conv_forward(xp_np, x, weight, bias, stride)
+    dy = rng.standard_normal(y.shape)
+    exact = (y, *cnn.conv_backward(xp_np, dy, cache))
+    f32 = [cupy.asarray(v.astype(np.float32)) for v in (x, weight, bias, dy)]
+    y32, cache32 = cnn.conv_forward(xp_cp, f32[0], f32[1], f32[2], stride)
+    assert (cache32.cols is None) == taken
+    ours = (y32, *cnn.conv_backward(xp_cp, f32[3], cache32))
+    for name, a, b in zip(("y", "dx", "dW", "db"), ours, exact, strict=True):
+        error = relative_error(a, b)
+        print(f"{shape} k{kh} -> {cout}, stride {stride}, {name}: {error:.2e}")
+        assert a.shape == b.shape and error < 1e-5, name

@@ -26,6 +26,7 @@ MODES_16BIT = ("fp16", "bf16")
 GEMM_TARGET_BLOCKS = 264
 #: A convolution goes to cuDNN from this many floating-point operations up (2 * outputs * taps * cin).
 CUDNN_MIN_FLOP = 6.0e9
+TRAINING_CUDNN_MIN_IMAGES = 12
 
 
 @dataclass(frozen=True)
@@ -370,6 +371,14 @@ def conv_on_cudnn(x_shape, weight_shape, stride: int) -> bool:
     n, h, w, cin = x_shape
     kh, kw, _, cout = weight_shape
     return stride == 1 and kh == kw and kh % 2 == 1 and 2.0 * n * h * w * cout * kh * kw * cin >= CUDNN_MIN_FLOP
+
+
+def training_conv_on_cudnn(x_shape, weight_shape, stride: int) -> bool:
+    """Whether a training convolution goes to cuDNN (its float32 multiply-adds, where it is installed):
+    stride 1, an odd square kernel, and at least TRAINING_CUDNN_MIN_IMAGES images (batch 4's views):
+    over fewer the im2col route is as fast (``scripts/training_cnn_bench.py``, docs/training.md)."""
+    kh, kw = weight_shape[:2]
+    return stride == 1 and kh == kw and kh % 2 == 1 and x_shape[0] >= TRAINING_CUDNN_MIN_IMAGES
 
 
 # ----------------------------------------------------------------------------- the printed plan

@@ -5,7 +5,9 @@
 written with the array API: the convolution is an im2col product whose columns are ordered as
 the kernel's (kh, kw, cin) rows, the same product the NumPy backend computes. A backend may lend
 its own im2col and col2im (:func:`lend_patches`: on CuPy one launch each instead of a copy or an add
-per tap), with the same values.
+per tap), with the same values, and its own convolution with its two gradients
+(:func:`lend_convolution`: on CuPy cuDNN's, in float32 multiply-adds, for stride 1), which then
+keeps the input instead of its patches.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def _padded(xp, x, kh: int, kw: int, stride: int):
 
 _lent_im2col = None
 _lent_col2im = None
+_lent_convolution = None  # (forward, data gradient, filter gradient)
 
 
 def lend_patches(im2col_fn, col2im_fn) -> tuple:
@@ -54,6 +57,16 @@ def lend_patches(im2col_fn, col2im_fn) -> tuple:
     global _lent_im2col, _lent_col2im
     before = (_lent_im2col, _lent_col2im)
     _lent_im2col, _lent_col2im = im2col_fn, col2im_fn
+    return before
+
+
+def lend_convolution(forward, data_gradient, filter_gradient):
+    """Route :func:`conv_forward`'s product through ``forward(x, W, stride)`` (conv(x, W), no bias; None
+    to decline) and a convolution it took through ``data_gradient(dz, W, x_shape, stride)`` and
+    ``filter_gradient(x, dz, W_shape, stride)`` backward; returns the triple lent before (None: none)."""
+    global _lent_convolution
+    before = _lent_convolution
+    _lent_convolution = None if forward is None else (forward, data_gradient, filter_gradient)
     return before
 
 
@@ -98,19 +111,24 @@ def col2im(xp, cols, shape, kh: int, kw: int, stride: int):
 @dataclass
 class ConvCache:
     """What a convolution's backward reads: its input's patches (kept rather than made again: the
-    backward's dW product needs them, at the cost of kh*kw times the input's memory), the input's
-    shape and the (post-ReLU) output."""
+    backward's dW product needs them, at the cost of kh*kw times the input's memory), or where a lent
+    convolution took it the input itself (``cols`` None), the input's shape and the (post-ReLU) output."""
 
     cols: Any
     x_shape: tuple
     y: Any
     weight: Any
     stride: int
+    x: Any = None
 
 
 def conv_forward(xp, x, weight, bias, stride: int):
     """relu(conv_same(x, W) + b) for NHWC ``x``; returns (y, cache)."""
     kh, kw, cin, cout = weight.shape
+    lent = None if _lent_convolution is None else _lent_convolution[0](x, weight, stride)
+    if lent is not None:
+        y = xp.maximum(lent + bias, 0.0)
+        return y, ConvCache(None, tuple(x.shape), y, weight, stride, x)
     cols, (ho, wo) = im2col(xp, x, kh, kw, stride)
     y = matmul(cols, xp.reshape(weight, (kh * kw * cin, cout)))
     y = xp.maximum(y + bias, 0.0)
@@ -121,9 +139,15 @@ def conv_forward(xp, x, weight, bias, stride: int):
 def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True):
     """(dx or None, dW, db) for the output gradient ``dy``; ReLU passes where the output is > 0."""
     kh, kw, cin, cout = cache.weight.shape
-    dz = xp.reshape(xp.where(cache.y > 0, dy, xp.zeros_like(dy)), (-1, cout))
+    dz = xp.where(cache.y > 0, dy, xp.zeros_like(dy))
+    dbias = column_sums(xp, xp.reshape(dz, (-1, cout)))
+    if cache.cols is None:  # a lent convolution's forward: its gradients too
+        _, data_gradient, filter_gradient = _lent_convolution
+        dweight = filter_gradient(cache.x, dz, cache.weight.shape, cache.stride)
+        dx = data_gradient(dz, cache.weight, cache.x_shape, cache.stride) if need_dx else None
+        return dx, dweight, dbias
+    dz = xp.reshape(dz, (-1, cout))
     dweight = xp.reshape(matmul(xp.matrix_transpose(cache.cols), dz), cache.weight.shape)
-    dbias = column_sums(xp, dz)
     dx = None
     if need_dx:
         dcols = matmul(dz, xp.matrix_transpose(xp.reshape(cache.weight, (kh * kw * cin, cout))))

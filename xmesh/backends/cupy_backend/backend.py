@@ -48,8 +48,8 @@ class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, Convolution
 
     Once made, it lends the training passes its 3xTF32 GEMM for their large float32 products, its
     deformation layer kernel, and cuBLAS called directly for their other products
-    (``xmesh.model.products``), and the training CNN its im2col and col2im (``xmesh.model.cnn``), each
-    for CuPy arrays only."""
+    (``xmesh.model.products``), and the training CNN its im2col and col2im and cuDNN's convolutions
+    (``xmesh.model.cnn``), each for CuPy arrays only."""
 
     def __init__(self, precision: str = "fp32", device: int | None = None):
         super().__init__(precision, device)
@@ -58,6 +58,9 @@ class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, Convolution
         products.lend_layer(own(self.training_layer))
         products.lend_general(own(self.general_product))
         cnn.lend_patches(own(self.training_im2col), own(self.training_col2im))
+        cnn.lend_convolution(
+            own(self.training_convolution), own(self.training_data_gradient), own(self.training_filter_gradient)
+        )
 
     def _on_cupy_arrays(self, method):
         """``method`` as lent to the training code: it declines (None) a first operand that is not a CuPy

@@ -1,6 +1,7 @@
 """'SAME' convolutions: cuDNN in the speed modes where it is installed, the implicit GEMM of
 ``kernels/tc_gemm.cu``, and ``kernels/convolution.cu`` (direct sums for few input channels, im2col);
-and the training CNN's patches, im2col and its backward col2im, each one launch.
+for the training CNN, cuDNN's stride-1 convolutions and their gradients in float32 multiply-adds where
+cuDNN is installed and takes the shape, else the patches, im2col and its backward col2im, each one launch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import numpy as np
 
 from .. import plan
 from ..cudnn_conv import CudnnError
+from ..cudnn_training import CudnnTrainingConv
 from ..kernel_constants import CONVOLUTION_FILE, GEMM_BK
 from ..numpy_backend import same_padding
 from .device import THREADS, _grid
@@ -142,6 +144,39 @@ class ConvolutionStage:
         wo, left, _ = same_padding(w, kw, stride)
         geometry = (n, h, w, c, kh, kw, stride, ho, wo, top, left)
         self._convolution_kernel(name)(_grid(dst.size), (THREADS,), (src, dst, *map(np.int32, geometry)))
+
+    def training_cudnn(self):
+        """The training's cuDNN convolutions on this device (:class:`CudnnTrainingConv`), made at first
+        use; None without cuDNN."""
+        if not hasattr(self, "_cudnn_training"):
+            self._cudnn_training = CudnnTrainingConv.create(self.cupy)
+        return self._cudnn_training
+
+    def training_convolution(self, x, weight, stride: int):
+        """conv(x, W) of float32 NHWC ``x`` in cuDNN (lent to ``xmesh.model.cnn.conv_forward``, with the
+        two gradients below) where ``plan.training_conv_on_cudnn``; None for other convolutions and
+        dtypes, without cuDNN, or for a shape it refuses (the im2col route takes those)."""
+        cp = self.cupy
+        if x.dtype != cp.float32 or weight.dtype != cp.float32 or x.ndim != 4:
+            return None
+        if not plan.training_conv_on_cudnn(x.shape, weight.shape, stride):
+            return None
+        cudnn = self.training_cudnn()
+        if cudnn is None:
+            return None
+        try:
+            return cudnn.forward(cp.ascontiguousarray(x), weight)
+        except CudnnError:
+            return None
+
+    def training_data_gradient(self, dz, weight, x_shape, stride: int):
+        """The input's gradient of a convolution :meth:`training_convolution` took."""
+        return self.training_cudnn().data_gradient(self.cupy.ascontiguousarray(dz), weight, x_shape)
+
+    def training_filter_gradient(self, x, dz, weight_shape, stride: int):
+        """The weights' gradient of a convolution :meth:`training_convolution` took."""
+        cp = self.cupy
+        return self.training_cudnn().filter_gradient(cp.ascontiguousarray(x), cp.ascontiguousarray(dz), weight_shape)
 
     def training_im2col(self, x, kh: int, kw: int, stride: int):
         """The training CNN's 'SAME' patches of float32 NHWC ``x`` in one launch (lent to
