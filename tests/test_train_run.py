@@ -203,9 +203,9 @@ def test_bad_input_one_line_exit_2_before_compute(dataset, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_a_ground_truth_found_bad_while_loading_stops_the_run_naming_it(dataset, tmp_path, capsys):
-    """A ground truth that is there but holds no normals is found when a loading process reads it: the
-    run stops with one line naming the sample and the file, exit 2, and keeps the checkpoints before."""
+def _run_with_one_ground_truth_changed(dataset, tmp_path, step: int, change) -> tuple[str, Path, int]:
+    """``xmesh train`` (a checkpoint every step) over a copy of the ground truth whose file for the
+    sample of the order's ``step`` holds ``change(points)``: (that sample, the run's folder, exit code)."""
     import pickle
     import shutil
 
@@ -213,15 +213,22 @@ def test_a_ground_truth_found_bad_while_loading_stops_the_run_naming_it(dataset,
     shutil.copytree(dataset["gt"], gt)
     order = list(dataset["ids"])
     np.random.RandomState(123).shuffle(order)
-    bad = order[1]
+    bad = order[step - 1]
     with open(gt / bad, "rb") as handle:
         image, points = pickle.load(handle)
     with open(gt / bad, "wb") as handle:
-        pickle.dump((image, points[:, :3]), handle, protocol=2)
+        pickle.dump((image, change(points.copy())), handle, protocol=2)
     out = tmp_path / "run"
     args = _args(dataset, out, "--checkpoint-every", "1")
     args[args.index("--gt") + 1] = str(gt)
-    assert main(args) == 2
+    return bad, out, main(args)
+
+
+def test_a_ground_truth_found_bad_while_loading_stops_the_run_naming_it(dataset, tmp_path, capsys):
+    """A ground truth that is there but holds no normals is found when a loading process reads it: the
+    run stops with one line naming the sample and the file, exit 2, and keeps the checkpoints before."""
+    bad, out, status = _run_with_one_ground_truth_changed(dataset, tmp_path, 2, lambda points: points[:, :3])
+    assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"sample {bad}" in err[0] and "3 columns" in err[0], err
     assert [step for _, step in checkpoints.listed(out)] == [1]
@@ -231,24 +238,13 @@ def test_a_ground_truth_found_bad_while_loading_stops_the_run_naming_it(dataset,
 def test_non_finite_loss_stops_naming_sample_and_step(dataset, tmp_path, capsys):
     """A ground truth 1e20 away overflows the Chamfer term to infinity: the run stops at that sample's step
     with one line, before updating the weights, keeping its checkpoints (of every step before)."""
-    import pickle
-    import shutil
 
-    gt = tmp_path / "gt"
-    shutil.copytree(dataset["gt"], gt)
-    order = list(dataset["ids"])
-    np.random.RandomState(123).shuffle(order)
-    bad = order[2]
-    with open(gt / bad, "rb") as handle:
-        image, points = pickle.load(handle)
-    points = points.copy()
-    points[:, :3] *= np.float32(1e20)
-    with open(gt / bad, "wb") as handle:
-        pickle.dump((image, points), handle, protocol=2)
-    out = tmp_path / "run"
-    args = _args(dataset, out, "--checkpoint-every", "1")
-    args[args.index("--gt") + 1] = str(gt)
-    assert main(args) == 2
+    def far(points):
+        points[:, :3] *= np.float32(1e20)
+        return points
+
+    bad, out, status = _run_with_one_ground_truth_changed(dataset, tmp_path, 3, far)
+    assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"step 3, sample(s) {bad}" in err[0] and "last good checkpoint" in err[0], err
     assert [step for _, step in checkpoints.listed(out)] == [2]

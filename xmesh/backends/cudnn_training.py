@@ -92,16 +92,26 @@ class CudnnTrainingConv(CudnnConv):
             shape = self._shapes[key] = _Shape(self, n, h, w, cin, cout, k)
         return shape
 
-    def _run(self, name: str, workspace_bytes: int, *args) -> None:
+    def _run(self, name: str, shape: _Shape, algo: int, workspace_bytes: int, first, second, out) -> None:
+        """cuDNN's ``name``, out = op(first, second) (alpha 1, beta 0), in ``algo`` with a workspace of
+        ``workspace_bytes`` on the current stream; each operand a (descriptor, array) pair."""
         cp = self.cupy
         workspace = cp.empty(max(workspace_bytes, 1), dtype=cp.uint8)
         self._call("cudnnSetStream", self.handle, ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
-        # the arguments up to the algorithm, the workspace, then its size, beta and the output
-        self._call(name, self.handle, *args[:-4], ctypes.c_void_p(workspace.data.ptr), *args[-4:])
-
-    @staticmethod
-    def _ptr(a):
-        return ctypes.c_void_p(a.data.ptr)
+        operands = [part for desc, array in (first, second) for part in (desc, ctypes.c_void_p(array.data.ptr))]
+        self._call(
+            name,
+            self.handle,
+            ctypes.byref(self._one),
+            *operands,
+            shape.conv,
+            algo,
+            ctypes.c_void_p(workspace.data.ptr),
+            ctypes.c_size_t(workspace_bytes),
+            ctypes.byref(self._zero),
+            out[0],
+            ctypes.c_void_p(out[1].data.ptr),
+        )
 
     def _geometry(self, x_shape, weight_shape):
         n, h, w, cin = x_shape
@@ -116,21 +126,14 @@ class CudnnTrainingConv(CudnnConv):
         shape, cout = self._geometry(x.shape, weight.shape)
         filt = cp.ascontiguousarray(cp.transpose(weight, (3, 0, 1, 2)), dtype=cp.float32)
         out = cp.empty(tuple(x.shape[:3]) + (cout,), dtype=cp.float32)
-        p = self._ptr
         self._run(
             "cudnnConvolutionForward",
-            shape.forward_bytes,
-            ctypes.byref(self._one),
-            shape.x,
-            p(x),
-            shape.w,
-            p(filt),
-            shape.conv,
+            shape,
             shape.forward_algo,
-            ctypes.c_size_t(shape.forward_bytes),
-            ctypes.byref(self._zero),
-            shape.y,
-            p(out),
+            shape.forward_bytes,
+            (shape.x, x),
+            (shape.w, filt),
+            (shape.y, out),
         )
         return out
 
@@ -140,21 +143,14 @@ class CudnnTrainingConv(CudnnConv):
         shape, _ = self._geometry(x_shape, weight.shape)
         filt = cp.ascontiguousarray(cp.transpose(weight, (3, 0, 1, 2)), dtype=cp.float32)
         dx = cp.empty(tuple(x_shape), dtype=cp.float32)
-        p = self._ptr
         self._run(
             "cudnnConvolutionBackwardData",
-            shape.data_bytes,
-            ctypes.byref(self._one),
-            shape.w,
-            p(filt),
-            shape.y,
-            p(dy),
-            shape.conv,
+            shape,
             shape.data_algo,
-            ctypes.c_size_t(shape.data_bytes),
-            ctypes.byref(self._zero),
-            shape.x,
-            p(dx),
+            shape.data_bytes,
+            (shape.w, filt),
+            (shape.y, dy),
+            (shape.x, dx),
         )
         return dx
 
@@ -164,20 +160,13 @@ class CudnnTrainingConv(CudnnConv):
         shape, cout = self._geometry(x.shape, weight_shape)
         k, _, cin, _ = weight_shape
         dfilt = cp.empty((cout, k, k, cin), dtype=cp.float32)
-        p = self._ptr
         self._run(
             "cudnnConvolutionBackwardFilter",
-            shape.filter_bytes,
-            ctypes.byref(self._one),
-            shape.x,
-            p(x),
-            shape.y,
-            p(dy),
-            shape.conv,
+            shape,
             shape.filter_algo,
-            ctypes.c_size_t(shape.filter_bytes),
-            ctypes.byref(self._zero),
-            shape.w,
-            p(dfilt),
+            shape.filter_bytes,
+            (shape.x, x),
+            (shape.y, dy),
+            (shape.w, dfilt),
         )
         return cp.ascontiguousarray(cp.transpose(dfilt, (1, 2, 3, 0)))
