@@ -26,6 +26,7 @@ MODES_16BIT = ("fp16", "bf16")
 GEMM_TARGET_BLOCKS = 264
 #: A convolution goes to cuDNN from this many floating-point operations up (2 * outputs * taps * cin).
 CUDNN_MIN_FLOP = 6.0e9
+#: A training convolution goes to cuDNN from this many images up (batch 4's views; batch 1's three keep im2col).
 TRAINING_CUDNN_MIN_IMAGES = 12
 
 
