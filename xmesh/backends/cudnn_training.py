@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import ctypes
 
-from .cudnn_conv import CudnnConv, CudnnError
+from .cudnn_conv import FMA_MATH, ConvolutionDescriptors, CudnnConv, CudnnError
 
-# cudnn.h's enumerations (cuDNN 8 and 9)
-_NHWC, _FLOAT = 1, 0
-_CROSS_CORRELATION = 1
-_FMA_MATH = 3
 # the algorithms taken: forward implicit GEMM, implicit precomputed GEMM, GEMM, direct; the data
 # gradient's ALGO_0 and ALGO_1; the filter gradient's ALGO_0, ALGO_1 and ALGO_3
 _SUMS = {"Forward": (0, 1, 2, 3), "BackwardData": (0, 1), "BackwardFilter": (0, 1, 3)}
@@ -38,19 +34,12 @@ class _AlgoPerf(ctypes.Structure):
     ]
 
 
-class _Shape:
-    """The descriptors and workspace sizes of one (images, channels, kernel) shape."""
+class _Shape(ConvolutionDescriptors):
+    """The descriptors (float32 multiply-adds), algorithms and workspace sizes of one shape."""
 
     def __init__(self, conv: CudnnTrainingConv, n: int, h: int, w: int, cin: int, cout: int, k: int):
-        call = conv._call
-        self.x, self.y = (conv._new("TensorDescriptor") for _ in range(2))
-        call("cudnnSetTensor4dDescriptor", self.x, _NHWC, _FLOAT, n, cin, h, w)
-        call("cudnnSetTensor4dDescriptor", self.y, _NHWC, _FLOAT, n, cout, h, w)
-        self.w = conv._new("FilterDescriptor")
-        call("cudnnSetFilter4dDescriptor", self.w, _FLOAT, _NHWC, cout, cin, k, k)
-        self.conv = conv._new("ConvolutionDescriptor")
-        call("cudnnSetConvolution2dDescriptor", self.conv, k // 2, k // 2, 1, 1, 1, 1, _CROSS_CORRELATION, _FLOAT)
-        call("cudnnSetConvolutionMathType", self.conv, _FMA_MATH)
+        super().__init__(conv, n, h, w, cin, cout, k, FMA_MATH)
+        call = conv.call
         chosen = []
         for name, descriptors in (
             ("Forward", (self.x, self.w, self.conv, self.y)),
@@ -65,7 +54,7 @@ class _Shape:
                 (
                     p.algo
                     for p in ranked[: returned.value]
-                    if p.status == 0 and p.math_type == _FMA_MATH and p.algo in _SUMS[name]
+                    if p.status == 0 and p.math_type == FMA_MATH and p.algo in _SUMS[name]
                 ),
                 None,
             )
@@ -81,25 +70,16 @@ class _Shape:
 class CudnnTrainingConv(CudnnConv):
     """Stride-1 'SAME' convolutions (odd square kernels) and their gradients, float32 multiply-adds."""
 
-    def shapes(self) -> dict:
-        """The shapes met so far, (images, h, w, cin, cout, k) -> their descriptors and algorithms."""
-        return dict(self._shapes)
-
-    def _shape(self, n: int, h: int, w: int, cin: int, cout: int, k: int) -> _Shape:
-        key = (n, h, w, cin, cout, k)
-        shape = self._shapes.get(key)
-        if shape is None:
-            shape = self._shapes[key] = _Shape(self, n, h, w, cin, cout, k)
-        return shape
+    descriptors = _Shape
 
     def _run(self, name: str, shape: _Shape, algo: int, workspace_bytes: int, first, second, out) -> None:
         """cuDNN's ``name``, out = op(first, second) (alpha 1, beta 0), in ``algo`` with a workspace of
         ``workspace_bytes`` on the current stream; each operand a (descriptor, array) pair."""
         cp = self.cupy
         workspace = cp.empty(max(workspace_bytes, 1), dtype=cp.uint8)
-        self._call("cudnnSetStream", self.handle, ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
+        self.call("cudnnSetStream", self.handle, ctypes.c_void_p(cp.cuda.get_current_stream().ptr))
         operands = [part for desc, array in (first, second) for part in (desc, ctypes.c_void_p(array.data.ptr))]
-        self._call(
+        self.call(
             name,
             self.handle,
             ctypes.byref(self._one),
@@ -118,7 +98,7 @@ class CudnnTrainingConv(CudnnConv):
         k, k2, wcin, cout = weight_shape
         if k != k2 or k % 2 == 0 or wcin != cin:
             raise CudnnError(f"cuDNN's training convolutions take odd square kernels, got {tuple(weight_shape)}")
-        return self._shape(n, h, w, cin, cout, k), cout
+        return self.shape(n, h, w, cin, cout, k), cout
 
     def forward(self, x, weight):
         """conv(x, W) (N,H,W,cout) for contiguous NHWC float32 x and W (k, k, cin, cout), no bias."""
