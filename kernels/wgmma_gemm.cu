@@ -398,6 +398,11 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 //
 // A module built with WG_DRB_LINEAR defined leaves the ReLU out: X W0 + A1 (X W1) + b, which with
 // X = dZ, [W0^T | W1^T] and A1^T is the layer's input gradient in the training's backward pass.
+// WG_DRB_GRADIENT (with WG_DRB_LINEAR and WG_MIX_SPARSE) builds wg_drb_layer_3x_v_grad, which carries
+// that gradient on through the layer before: dz = out where its ReLU output (mask) is positive, written
+// to dy[.., :cout], A1^T dz to dy[.., cout:] and dz summed over the hypotheses to sums (B, N, cout),
+// the sums of epilogues_cupy.relu_gradient_mixed in its order; out itself only where asked (not null).
+// Its staging drops A1 and the tiles' padding rows and holds the mask's tile beside the residual's.
 #define WG_DRB_VERTS 4
 #define WG_DRB_ROWS 192
 #define WG_DRB_MMA_THREADS (2 * WG_DRB_ROWS)             // 3 MMA warpgroups
@@ -408,9 +413,19 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #define WG_A1_STRIDE 44
 
 // Shared memory after the ring: the y0 and y1 tiles (WG_DRB_ROWS rows of WG_Y_STRIDE floats each),
-// the residual tile (WG_DRB_TILE_ROWS rows of 32 floats) and A1 (43 rows of WG_A1_STRIDE floats).
+// the residual tile (WG_DRB_TILE_ROWS rows of 32 floats) and A1 (43 rows of WG_A1_STRIDE floats);
+// WG_DRB_GRADIENT's: the y tiles' WG_DRB_TILE_ROWS rows, the residual's and the mask's tiles.
 #define WG_DRB_TILE_ROWS (WG_HYP * WG_DRB_VERTS)   // the tile's rows that hold hypotheses (172 of 192)
 #define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4)
+#define WG_DRB_GRADIENT_STAGING_BYTES ((2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE + 2 * WG_DRB_TILE_ROWS * 32) * 4)
+#ifdef WG_DRB_GRADIENT
+#if !defined(WG_DRB_LINEAR) || !defined(WG_MIX_SPARSE)
+#error "WG_DRB_GRADIENT carries the input gradient: it needs WG_DRB_LINEAR and one A1's WG_MIX_SPARSE"
+#endif
+#define WG_Y_ROWS WG_DRB_TILE_ROWS
+#else
+#define WG_Y_ROWS WG_DRB_ROWS
+#endif
 
 // Activations in and out (the kernels' template parameter IO): WG_IO_F32 X, out and residual float32;
 // the 16-bit modes also store their layers' outputs (and so read the residual) in 16 bits, from a
@@ -430,7 +445,8 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                                              const float* __restrict__ Bsmall, long ldbt,
                                              const float* __restrict__ a1, const float* __restrict__ bias,
                                              const float* __restrict__ res_f, float* __restrict__ out_f, int N,
-                                             int cout, int tiles) {
+                                             int cout, int tiles, const float* __restrict__ mask = nullptr,
+                                             float* __restrict__ dy = nullptr, float* __restrict__ sums = nullptr) {
     static_assert(IO == WG_IO_F32 || wg_half(OPS), "16-bit activations belong to the 16-bit modes");
     using XT = typename WgActivation<IO == WG_IO_16>::type;   // X's elements
     using OT = typename WgActivation<IO != WG_IO_F32>::type;  // out's and the residual's
@@ -441,8 +457,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
     float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS, IO == WG_IO_16) / 4;
-    float* y1s = y0s + WG_DRB_ROWS * WG_Y_STRIDE;
-    float* r_s = y1s + WG_DRB_ROWS * WG_Y_STRIDE;
+    float* y1s = y0s + WG_Y_ROWS * WG_Y_STRIDE;
+    float* r_s = y1s + WG_Y_ROWS * WG_Y_STRIDE;
+    float* m_s = r_s + WG_DRB_TILE_ROWS * 32;   // WG_DRB_GRADIENT's mask tile
 #ifndef WG_MIX_SPARSE
     float* a1s = r_s + WG_DRB_TILE_ROWS * 32;
     for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)
@@ -492,6 +509,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             for (int j = 0; j < 8; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
+                    if (WG_Y_ROWS < WG_DRB_ROWS && row0 + g + 8 * h >= WG_Y_ROWS) continue;   // padding rows
                     float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
                     *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
                 }
@@ -510,20 +528,29 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             int n0, c0;
             origin(tile, b, n0, c0);
             const long o0 = b * WG_HYP * plane_out + (long)n0 * cout + c0;   // (hypothesis 0, vertex n0, column c0)
-            if (res != nullptr) {   // the tile's residuals into r_s (row i * 4 + v, 32 floats), while the MMA runs
+            // The tile's residuals into r_s (row i * 4 + v, 32 floats) and WG_DRB_GRADIENT's mask into
+            // m_s, while the MMA runs.
+            constexpr bool GRADIENT = WG_Y_ROWS < WG_DRB_ROWS;
+            const bool staged = res != nullptr || GRADIENT;
+            if (staged) {
                 wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();   // every epilogue thread is done with the previous tile's
                 constexpr int CHUNKS = 32 * (int)sizeof(OT) / 16;   // of a residual row's 32 columns
                 for (int q = et; q < WG_DRB_TILE_ROWS * CHUNKS; q += 128) {
                     const int r = q / CHUNKS, chunk = q % CHUNKS, i = r / WG_DRB_VERTS, rv = r % WG_DRB_VERTS;
                     const bool in = n0 + rv < N;
-                    const OT* src = in ? res + o0 + i * plane_out + (long)rv * cout + (16 / sizeof(OT)) * chunk : res;
-                    wg_copy(rs + r * 32 * sizeof(OT) + chunk * 16, reinterpret_cast<const float*>(src), 16, in ? 16 : 0);
+                    const long at = o0 + i * plane_out + (long)rv * cout + (16 / sizeof(OT)) * chunk;
+                    if (res != nullptr)
+                        wg_copy(rs + r * 32 * sizeof(OT) + chunk * 16,
+                                reinterpret_cast<const float*>(in ? res + at : res), 16, in ? 16 : 0);
+                    if (GRADIENT)
+                        wg_copy(rs + (WG_DRB_TILE_ROWS * 32 + r * 32) * 4 + chunk * 16, in ? mask + at : mask, 16,
+                                in ? 16 : 0);
                 }
                 asm volatile("cp.async.commit_group;\n" ::);
             }
             const float bc = bias[c0 + c];
             wg_bar_sync<WG_STAGING_FULL, WG_DRB_THREADS>();
-            if (res != nullptr) {
+            if (staged) {
                 asm volatile("cp.async.wait_all;\n" ::);
                 wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();
             }
@@ -532,6 +559,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 #pragma unroll
                 for (int j = 0; j < WG_HYP; ++j) y1[j] = y1s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
                 OT* dst = out + o0 + (long)v * cout + c;
+                // WG_DRB_GRADIENT's dy row (b, hypothesis 0, vertex n0 + v) of 2 cout floats, column c0 + c
+                float* dyv = GRADIENT ? dy + 2 * (o0 - c0 + (long)v * cout) + c0 + c : nullptr;
+                float dz_sum = 0.0f;
 #pragma unroll
                 for (int i = 0; i < WG_HYP; ++i) {
 #ifdef WG_MIX_SPARSE
@@ -553,13 +583,26 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 #endif
                     if constexpr (IO == WG_IO_F32) {
                         if (res != nullptr) val = __fadd_rn(val, r_s[(i * WG_DRB_VERTS + v) * 32 + c]);
-                        dst[i * plane_out] = val;
+                        if (!GRADIENT || out != nullptr) dst[i * plane_out] = val;
+                        if constexpr (GRADIENT) {   // dz for the layer before, kept in y0's place for its mixing
+                            const float dz = m_s[(i * WG_DRB_VERTS + v) * 32 + c] > 0.0f ? val : 0.0f;
+                            dyv[i * 2 * plane_out] = dz;
+                            y0s[(i * WG_DRB_VERTS + v) * WG_Y_STRIDE + c] = dz;
+                            dz_sum += dz;
+                        }
                     } else {   // residual and output in the mode's 16 bits, the sum in float32
                         if (res != nullptr)
                             val = __fadd_rn(val, wg_widen16<OPS>(reinterpret_cast<const OT*>(r_s)[(i * WG_DRB_VERTS + v) * 32 + c]));
                         dst[i * plane_out] = (OT)(wg_pack<OPS>(val, 0.0f) & 0xffffu);
                     }
                 }
+#ifdef WG_DRB_GRADIENT
+#pragma unroll
+                for (int j = 0; j < WG_HYP; ++j) y1[j] = y0s[(j * WG_DRB_VERTS + v) * WG_Y_STRIDE + c];
+#pragma unroll
+                for (int i = 0; i < WG_HYP; ++i) dyv[i * 2 * plane_out + cout] = wg_mix_sparse(i, y1);
+                sums[(b * N + n0 + v) * (long)cout + c0 + c] = dz_sum;
+#endif
             }
             if (tile + (int)gridDim.x < tiles) wg_bar_arrive<WG_STAGING_FREE, WG_DRB_THREADS>();
         }
@@ -576,7 +619,16 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 
 // Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>, and in the
 // 16-bit modes ..._<v | s>_o16 (WG_IO_TO16) and ..._h16 (WG_IO_16: ldx % 8 == 0, X 16-byte aligned).
-// A module built with WG_DRB_OPS defined (the hopper package puts it in the prelude) holds that mode's alone.
+// A module built with WG_DRB_OPS defined (the hopper package puts it in the prelude) holds that mode's
+// alone; one built with WG_DRB_GRADIENT, wg_drb_layer_3x_v_grad alone.
+#ifdef WG_DRB_GRADIENT
+XM_KERNEL(wg_drb_layer_3x_v_grad) void __launch_bounds__(WG_DRB_THREADS, 1) wg_drb_layer_3x_v_grad(
+    const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt, const float* bias,
+    const float* res, const float* mask, float* out, float* dy, float* sums, int N, int cout, int tiles) {
+    wg_drb_layer<WG_3XTF32, true, WG_IO_F32>(X, ldx, cin, Bbig, Bsmall, ldbt, nullptr, bias, res, out, N, cout, tiles,
+                                             mask, dy, sums);
+}
+#else
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
 WG_DRB_KERNEL(wg_drb_layer_3x_v, WG_3XTF32, true, WG_IO_F32)
 WG_DRB_KERNEL(wg_drb_layer_3x_s, WG_3XTF32, false, WG_IO_F32)
@@ -599,6 +651,7 @@ WG_DRB_KERNEL(wg_drb_layer_bf16_v_o16, WG_BF16, true, WG_IO_TO16)
 WG_DRB_KERNEL(wg_drb_layer_bf16_s_o16, WG_BF16, false, WG_IO_TO16)
 WG_DRB_KERNEL(wg_drb_layer_bf16_h16, WG_BF16, true, WG_IO_16)
 #endif
+#endif   // WG_DRB_GRADIENT
 
 // Prepared B's row j holds column wg_weight_column(j) of B (K x N): j itself, or with pair > 0
 // (B = [W0 | W1], N = 2 * cout) row j of tile j / (2 pair) holds W0's (first half of the tile) or

@@ -148,3 +148,26 @@ def test_weight_gradient_kernel_fits_shared_memory_as_the_host_reckons():
         assert w.smem(bn) <= 227 * 1024 and w.split_bytes(bn) % 1024 == 0 and (bn * 128) % 1024 == 0
     # the deformation layers' weights' gradients: 192 inputs in two 96-wide tiles, 339 in three of 128
     assert (w.width_for(192), w.width_for(339), w.width_for(64), w.width_for(20)) == (96, 128, 64, 64)
+
+
+def test_the_layer_kernel_fits_shared_memory_as_the_host_reckons():
+    """wgmma_gemm.cu's deformation layer: its tile, ring depth and threads are the hopper package's
+    (DRB_LAYER), and so are both stagings after the ring (the forward's, and the carried gradient's:
+    the y tiles' hypothesis rows, the residual's and the mask's tiles); ring and staging fit an
+    H100/H200 block's 227 KB either way."""
+    from xmesh.backends.cupy_backend import hopper as hg
+    from xmesh.backends.cupy_backend.hopper.gemm import smem_bytes
+
+    layer = hg.DRB_LAYER
+    source = kernel_source(layer.source)
+    assert (macro(source, "WG_DRB_ROWS"), macro(source, "WG_DRB_VERTS"), macro(source, "WG_DRB_STAGES")) == (
+        layer.rows,
+        layer.vertices,
+        layer.stages,
+    )
+    assert macro(source, "WG_DRB_THREADS") == layer.threads
+    assert macro(source, "WG_DRB_STAGING_BYTES") == layer.staging_bytes
+    assert macro(source, "WG_DRB_GRADIENT_STAGING_BYTES") == layer.gradient_staging_bytes
+    ring = smem_bytes("3xtf32", 2 * layer.cols, layer.rows, layer.stages)
+    assert ring + max(layer.staging_bytes, layer.gradient_staging_bytes) <= 227 * 1024
+    assert 3 * macro(source, "WG_DRB_MMA_REGS") + macro(source, "WG_DRB_EPILOGUE_REGS") == 4 * 128

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import requires_cuda
 from gradcheck import namespace
-from test_train_drb import CAMERAS, hypothesis_points, padded_maps, transforms
+from test_train_drb import CAMERAS, block_inputs, hypothesis_points, layers_of, padded_maps, transforms
 from xmesh.model import bilinear_cupy, deformation_train, local_projection_train, products
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
@@ -39,8 +39,8 @@ def lent_layers():
     lent = products.lend_layer(None)
     calls = []
 
-    def recording(*args):
-        out = lent(*args)
+    def recording(*args, **options):
+        out = lent(*args, **options)
         calls.append(out is not None)
         return out
 
@@ -233,6 +233,81 @@ def test_the_lent_kernels_leave_numpy_arrays_to_numpy():
     x = rng.standard_normal((1, K, 5, 192)).astype(np.float32)
     w = rng.standard_normal((192, 192)).astype(np.float32)
     assert products.deformation_layer(x, w, w, np.zeros(192, np.float32), np.eye(K, dtype=np.float32)) is None
+
+
+@pytest.mark.parametrize("cin", [192, 339])
+@pytest.mark.parametrize("residual, keep", [(False, False), (True, False), (True, True)])
+def test_the_input_gradient_carried_through_the_relu_before_is_the_float64_one(lent_layers, cin, residual, keep):
+    """products.layer_input_gradient: dX = dZ W0^T + A1^T (dZ W1^T) (+ a skip connection's gradient), then
+    dX' = dX where the layer before's ReLU output is positive, [dX' | A1^T dX'] and dX''s sums over the
+    hypotheses, in the layer kernel's pass; dX itself only when kept. An input width that is not a
+    multiple of 32 is declined."""
+    import cupy
+
+    rng = np.random.default_rng(cin + 2 * residual + keep)
+    b, n, cout = 2, 23, 192
+    dz = rng.standard_normal((b, K, n, cout))
+    w0, w1 = (rng.standard_normal((cin, cout)) / np.sqrt(cout) for _ in range(2))
+    a1 = sparse_support(rng)
+    mask = np.maximum(rng.standard_normal((b, K, n, cin)), 0.0).astype(np.float32)
+    res = rng.standard_normal((b, K, n, cin)) if residual else None
+    dx = dz @ w0.T + np.einsum("ji,bjnc->binc", a1, dz @ w1.T) + (0.0 if res is None else res)
+    masked = np.where(mask > 0, dx, 0.0)
+    exact = {"dz": masked, "mixed": np.einsum("ji,bjnc->binc", a1, masked), "sums": masked.sum(axis=1), "dx": dx}
+    rows = cupy.zeros((b, K, n, 2 * cout), dtype=cupy.float32)  # dZ as the backward holds it: dy's first half
+    rows[..., :cout] = cupy.asarray(dz.astype(np.float32))
+    f32 = [cupy.asarray(v.astype(np.float32)) for v in (w0, w1, a1, mask)]
+    plus = None if res is None else cupy.asarray(res.astype(np.float32))
+    got = products.layer_input_gradient(rows[..., :cout], *f32, residual=plus, keep=keep)
+    if cin % 32:
+        assert lent_layers == [False] and got is None
+        return
+    assert lent_layers == [True]
+    dy, sums, kept = got
+    ours = {"dz": dy[..., :cin], "mixed": dy[..., cin:], "sums": sums, "dx": kept}
+    if not keep:
+        assert kept is None
+        del ours["dx"], exact["dx"]
+    for key, value in exact.items():
+        error = relative_error(ours[key], value)
+        print(f"{key}: {error:.2e}")
+        assert error < 1e-5, key
+
+
+def test_a_block_backward_with_the_carried_gradients_is_the_one_without(monkeypatch):
+    """deformation_block_backward on CuPy in float32 with K = 43 and 64-wide layers: the four input
+    gradients that follow a ReLU are carried through it in the layer kernel (two keep dX for the skip
+    connections), and every gradient is the one the separate one-pass backward gives, same forward."""
+    import cupy
+
+    rng = np.random.default_rng(12)
+    inputs = block_inputs(rng, 2, 6, K, [(8, 6), (4, 6)], hidden=64)  # 39 inputs: the first layer in the kernel
+    values = {key: cupy.asarray(value.astype(np.float32)) for key, value in inputs.items()}
+    offsets = cupy.asarray((rng.standard_normal((K, 3)) * 0.02).astype(np.float32))
+    supports = (None, cupy.asarray(sparse_support(rng).astype(np.float32)))
+    xp = namespace("cupy")
+    maps = [values["map0"], values["map1"]]
+    _, cache = deformation_train.deformation_block_forward(
+        xp, layers_of(values), supports, offsets, values["centers"], maps, transforms(2, xp, np.float32)
+    )
+    dnew = cupy.asarray(rng.standard_normal((2, 6, 3)).astype(np.float32))
+    carried = []
+    lent = deformation_train.layer_input_gradient
+
+    def recording(*args, **options):
+        out = lent(*args, **options)
+        carried.append(None if out is None else out[2] is not None)
+        return out
+
+    monkeypatch.setattr(deformation_train, "layer_input_gradient", recording)
+    with_carried = deformation_train.deformation_block_backward(xp, dnew, cache)
+    assert carried == [None, False, True, False, False]  # the score layer's is declined
+    monkeypatch.setattr(deformation_train, "layer_input_gradient", lambda *args, **options: None)
+    without = deformation_train.deformation_block_backward(xp, dnew, cache)
+    pairs = [(with_carried[0], without[0])] + list(zip(with_carried[1], without[1], strict=True))
+    pairs += [(ours, theirs) for a, b in zip(with_carried[2], without[2], strict=True) for ours, theirs in zip(a, b)]
+    for ours, theirs in pairs:
+        assert relative_error(ours, theirs.get().astype(np.float64)) < 1e-6
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])

@@ -9,7 +9,9 @@ official template's), so that both products share one GEMM of [W0 | W1].
 Where a backend lends a whole-layer kernel (:func:`xmesh.model.products.deformation_layer`), a layer
 with A0 the identity runs in it forward, and its input gradient, dZ W0^T + A1^T (dZ W1^T), runs in it
 backward without the ReLU; on CuPy the backward's mask, mixing and bias sums take one pass
-(:func:`epilogues_cupy.relu_gradient_mixed`).
+(:func:`epilogues_cupy.relu_gradient_mixed`), or, for a layer whose input is the ReLU output of the
+layer before, happen in that input gradient's kernel pass (:func:`products.layer_input_gradient`),
+which hands the layer before a :class:`ThroughRelu` instead of its output's gradient.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from array_api_compat import is_cupy_namespace
 
 from . import epilogues_cupy
 from .local_projection_train import LocalProjectionCache, local_projection_backward, local_projection_forward
-from .products import column_sums, deformation_layer, matmul
+from .products import column_sums, deformation_layer, layer_input_gradient, matmul
 
 
 def _over_hypotheses(xp, support, y):
@@ -68,16 +70,37 @@ def local_gconv_forward(xp, layer, x, supports, residual=None):
     return (out if residual is None else out + residual), LocalGConvCache(x, active, layer, supports)
 
 
-def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True, plus=None):
-    """(dx or None, (dW0, dW1, db)) from the output's gradient; a residual's gradient is ``dout`` itself.
-    ``plus``: a gradient that reaches the layer's input by another path (a skip connection's), added
-    to dx (on CuPy in the layer kernel's pass)."""
+@dataclass
+class ThroughRelu:
+    """A layer's output gradient already carried through its ReLU (by the next layer's input gradient
+    pass): dy = [dZ | A1^T dZ] (B,K,N,2C), dZ's sums over K (B,N,C), and the gradient before the ReLU
+    (``dout``) where a skip connection also needs it, else None."""
+
+    dy: Any
+    sums: Any
+    dout: Any = None
+
+
+def before_relu(gradient):
+    """The output's gradient itself from a :class:`ThroughRelu` (its ``dout``) or a plain array."""
+    return gradient.dout if isinstance(gradient, ThroughRelu) else gradient
+
+
+def local_gconv_backward(
+    xp, dout, cache: LocalGConvCache, need_dx: bool = True, plus=None, before=None, keep: bool = False
+):
+    """(dx or None, (dW0, dW1, db)) from the output's gradient ``dout`` (an array, or a
+    :class:`ThroughRelu` for this layer); a residual's gradient is ``dout`` itself. ``plus``: a gradient
+    that reaches the layer's input by another path (a skip connection's), added to dx (on CuPy in the
+    layer kernel's pass). ``before``: the cache of the layer whose ReLU output is this layer's input;
+    where the layer kernel takes it, dx comes back as a :class:`ThroughRelu` for that layer (with dx
+    itself in it where ``keep``)."""
     w0, w1, _ = cache.layer
     a0, a1 = cache.supports
     b, k, n, cin = cache.x.shape
     cout = w0.shape[1]
-    if a0 is None and is_cupy_namespace(xp) and str(dout.dtype) == "float32":
-        return _local_gconv_backward_cupy(xp, dout, cache, need_dx, plus)
+    if isinstance(dout, ThroughRelu) or (a0 is None and is_cupy_namespace(xp) and str(dout.dtype) == "float32"):
+        return _local_gconv_backward_cupy(xp, dout, cache, need_dx, plus, before, keep)
     if is_cupy_namespace(xp):
         dz = epilogues_cupy.relu_gradient(dout, cache.active)
     else:
@@ -96,19 +119,27 @@ def local_gconv_backward(xp, dout, cache: LocalGConvCache, need_dx: bool = True,
     return dx, (dweight[:, :cout], dweight[:, cout:], dbias)
 
 
-def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool, plus=None):
+def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool, plus, before, keep: bool):
     """:func:`local_gconv_backward` for float32 on CuPy with A0 the identity: dy = [dZ | A1^T dZ] and the
-    bias's sums in one pass, the weights' gradient one product over all rows, the input's gradient (and
-    ``plus``) in the lent layer kernel (or dy [W0 | W1]^T)."""
+    bias's sums in one pass (or given), the weights' gradient one product over all rows, the input's
+    gradient (and ``plus``) in the lent layer kernel (or dy [W0 | W1]^T), carried through the ReLU
+    before where ``before`` is given and the kernel takes it."""
     w0, w1, _ = cache.layer
     a1 = cache.supports[1]
     b, k, n, cin = cache.x.shape
     cout = w0.shape[1]
-    dy, sums = epilogues_cupy.relu_gradient_mixed(dout, cache.active, a1)
+    if isinstance(dout, ThroughRelu):
+        dy, sums = dout.dy, dout.sums
+    else:
+        dy, sums = epilogues_cupy.relu_gradient_mixed(dout, cache.active, a1)
     dbias = column_sums(xp, xp.reshape(sums, (-1, cout)))
     rows = xp.reshape(dy, (-1, 2 * cout))
     dweight = matmul(xp.matrix_transpose(xp.reshape(cache.x, (b * k * n, cin))), rows)
     dx = None
+    if need_dx and before is not None and before.supports[1] is a1:
+        carried = layer_input_gradient(dy[..., :cout], w0, w1, a1, before.active, plus, keep)
+        if carried is not None:
+            return ThroughRelu(*carried), (dweight[:, :cout], dweight[:, cout:], dbias)
     if need_dx:
         dz = dy[..., :cout]
         transposed = (xp.matrix_transpose(w0), xp.matrix_transpose(w1))
@@ -182,13 +213,14 @@ def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
     dcenters, dscore = hypothesis_update_backward(xp, dnew, cache.update)
     grads = [None] * 6
 
-    def back(i, dout, plus=None):
-        dx, grads[i] = local_gconv_backward(xp, dout, cache.layers[i], plus=plus)
+    def back(i, dout, plus=None, keep=False):
+        before = cache.layers[i - 1] if i else None  # x_i = relu(...) of layer i - 1 (+ a residual)
+        dx, grads[i] = local_gconv_backward(xp, dout, cache.layers[i], plus=plus, before=before, keep=keep)
         return dx
 
     dx5 = back(5, dscore[..., None])
-    dx3 = back(3, back(4, dx5), plus=dx5)  # x5 = lc5(x4) + x3, x4 = lc4(x3)
-    dx1 = back(1, back(2, dx3), plus=dx3)  # x3 = lc3(x2) + x1, x2 = lc2(x1)
+    dx3 = back(3, back(4, dx5), plus=before_relu(dx5), keep=True)  # x5 = lc5(x4) + x3, x4 = lc4(x3)
+    dx1 = back(1, back(2, dx3), plus=before_relu(dx3))  # x3 = lc3(x2) + x1, x2 = lc2(x1)
     dx = back(0, dx1)
     b, k, n, width = dx.shape
     dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection, groups=n)

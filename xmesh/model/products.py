@@ -92,6 +92,18 @@ def deformation_layer(x, w0, w1, bias, a1, relu: bool = True, support_transposed
     return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual)
 
 
+def layer_input_gradient(dz, w0, w1, a1, mask, residual=None, keep: bool = False):
+    """A layer's input gradient dX = dZ W0^T + A1^T (dZ W1^T) (+ ``residual``), for dZ (B, K, N, cout), the
+    forward's (cin, cout) weights and (K, K) A1, carried on through the ReLU whose output ``mask`` (B, K,
+    N, cin) is the layer's input: (dy, sums, dX or None), dy = [dX' | A1^T dX'] over K and sums dX''s sums
+    over K (B, N, cin), with dX' = dX where the mask is positive; dX itself with ``keep``. The layer
+    before's backward then starts from them. None where no layer kernel is lent or it does not take
+    these operands."""
+    if _lent_layer is None or str(dz.dtype) != "float32" or dz.ndim != 4:
+        return None
+    return _lent_layer(dz, w0.T, w1.T, None, a1, False, True, residual, mask=mask, keep=keep)
+
+
 def column_sums(xp, a):
     """The sum over the rows of a 2-D ``a`` (rows, C) -> (C,)."""
     if is_cupy_namespace(xp):

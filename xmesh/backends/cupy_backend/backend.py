@@ -67,7 +67,7 @@ class CupyBackend(DeformationStage, GraphConvStage, ProjectionStage, Convolution
         array, so a NumPy step in the same process runs on NumPy."""
         ndarray = self.cupy.ndarray
 
-        def lent(first, *rest):
-            return method(first, *rest) if isinstance(first, ndarray) else None
+        def lent(first, *rest, **options):
+            return method(first, *rest, **options) if isinstance(first, ndarray) else None
 
         return lent

@@ -217,7 +217,19 @@ class DeformationStage:
             out16=out16,
         )
 
-    def training_layer(self, x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False, residual=None):
+    def training_layer(
+        self,
+        x,
+        w0,
+        w1,
+        bias,
+        a1,
+        relu: bool = True,
+        support_transposed: bool = False,
+        residual=None,
+        mask=None,
+        keep=False,
+    ):
         """The training passes' deformation layer (lent to ``xmesh.model.products.deformation_layer``):
         act(X W0 + A1 (X W1) + bias) (+ residual, added after act) for float32 X (B, 43, N, cin) in the
         Hopper layer kernel with 3xTF32 products whatever this backend's mode (float32's accuracy), act
@@ -226,6 +238,11 @@ class DeformationStage:
         is not a multiple of 32 takes zero weight columns up to one and comes back as a view of the first
         ``cout`` columns; such a width declines a residual. None off Hopper and for layers narrower than
         32 columns either way (the score layer).
+
+        With ``mask`` (the ReLU output of the layer before, the output's shape; ``relu=False``) the output
+        is carried on through that ReLU in the same pass (``drb_layer_gradient``): (dy, sums, output or
+        None, kept with ``keep``); None unless ``cout`` is a multiple of 32, the mask float32 and X's rows
+        16-byte aligned.
 
         Not the fp32 inference's ``drb_layer_3xf16``: preparing its float16 halves of W at every step
         takes some fifteen launches a layer, and its forward moved the golden stage-2 gradients further
@@ -238,6 +255,8 @@ class DeformationStage:
         if residual is not None and (cout % cols or residual.dtype != cp.float32):
             return None  # the kernel adds a residual of the output's whole width, in float32
         support, mixing = self._training_support(a1, support_transposed)
+        if mask is not None:
+            return self._training_gradient(x, w0, w1, mixing, mask, residual, keep)
         width = -(-cout // cols) * cols
         weight = cp.zeros((cin, 2 * width), dtype=cp.float32)
         weight[:, :cout] = w0
@@ -254,6 +273,24 @@ class DeformationStage:
             mixing=mixing if relu else "#define WG_DRB_LINEAR 1\n" + mixing,
         )
         return out if width == cout else out[..., :cout]
+
+    def _training_gradient(self, x, w0, w1, mixing, mask, residual, keep):
+        """:meth:`training_layer` with a mask: the input gradient through the ReLU before, or None."""
+        cp = self.cupy
+        cout = w0.shape[1]
+        rows = hg.hypothesis_rows(cp, x)
+        if (
+            cout % hg.DRB_LAYER.cols
+            or mask.dtype != cp.float32
+            or mask.shape != x.shape[:3] + (cout,)
+            or (rows.strides[2] // 4) % 4
+            or rows.data.ptr % 16
+        ):
+            return None
+        weight = cp.concatenate([w0, w1], axis=1)
+        return self.hopper.drb_layer_gradient(
+            rows, self.hopper.prepare(weight, "3xtf32", paired=True), mask, residual, mixing, keep
+        )
 
     def _training_support(self, a1, transposed: bool):
         """(A1 or A1^T as a contiguous float32 device array, its mixing source), made once per support."""

@@ -52,6 +52,13 @@ class LayerKernel:
         of 32 floats) and A1 (43 rows of 44 floats) (WG_DRB_STAGING_BYTES)."""
         return (2 * self.rows * 40 + HYPOTHESES * self.vertices * 32 + HYPOTHESES * 44) * 4
 
+    @property
+    def gradient_staging_bytes(self) -> int:
+        """The same for ``wg_drb_layer_3x_v_grad``: the y0/y1 tiles' 172 hypothesis rows, the residual
+        and mask tiles (WG_DRB_GRADIENT_STAGING_BYTES)."""
+        rows = HYPOTHESES * self.vertices
+        return (2 * rows * 40 + 2 * rows * 32) * 4
+
 
 GEMM = GemmKernel()
 DRB_LAYER = LayerKernel()

@@ -85,3 +85,63 @@ class LayerFamily:
             shared_mem=smem,
         )
         return out
+
+    def drb_layer_gradient(self, x, weight: PreparedWeight, mask, residual, mixing: str, keep: bool = False):
+        """A layer's input gradient carried on through the ReLU of the layer before, in one kernel
+        (``wg_drb_layer_3x_v_grad``): dx = X W0 + A1 (X W1) (+ residual) for X = dZ (B, 43, N, cin) with
+        16-byte aligned rows, ``weight`` the paired 3xTF32 [W0^T | W1^T], ``mixing`` the
+        :func:`mixing_source` of A1 (here the support's transpose); then dz = dx where ``mask`` (the
+        layer before's ReLU output, (B, 43, N, cout) float32) is positive. Returns (dy, sums, dx): dy
+        (B, 43, N, 2 cout) = [dz | A1 dz] over the hypotheses, sums (B, N, cout) dz's sums over them
+        (as ``epilogues_cupy.relu_gradient_mixed``), dx only with ``keep`` (else None)."""
+        cp = self.cupy
+        b, hyp, n, cin = x.shape
+        cout = weight.n // 2
+        if not weight.paired or weight.operands != "3xtf32" or hyp != HYPOTHESES or weight.k != cin:
+            raise ValueError(f"drb_layer_gradient: X {x.shape} does not fit a paired 3xTF32 ({weight.k}, {weight.n})")
+        x = hypothesis_rows(cp, x)
+        ldx = x.strides[2] // 4
+        if x.dtype != cp.float32 or ldx % 4 or x.data.ptr % 16:
+            raise ValueError(
+                f"drb_layer_gradient: X must be float32 with 16-byte aligned rows, got {x.dtype} {x.strides}"
+            )
+        shape = (b, hyp, n, cout)
+        for name, value in (("mask", mask), ("residual", residual)):
+            if value is not None and (value.shape != shape or value.dtype != cp.float32):
+                raise ValueError(f"drb_layer_gradient: {name} must be {shape} float32, got {value.shape} {value.dtype}")
+        mask = cp.ascontiguousarray(mask)
+        if residual is not None:
+            residual = cp.ascontiguousarray(residual)
+        dy = cp.empty((b, hyp, n, 2 * cout), dtype=cp.float32)
+        sums = cp.empty((b, n, cout), dtype=cp.float32)
+        out = cp.empty(shape, dtype=cp.float32) if keep else None
+        smem = (
+            smem_bytes("3xtf32", 2 * DRB_LAYER.cols, DRB_LAYER.rows, DRB_LAYER.stages)
+            + DRB_LAYER.gradient_staging_bytes
+        )
+        tiles = b * -(-n // DRB_LAYER.vertices) * (cout // DRB_LAYER.cols)
+        prelude = "#define WG_DRB_GRADIENT 1\n#define WG_DRB_LINEAR 1\n" + mixing
+        null = np.uint64(0)
+        self._kernel("wg_drb_layer_3x_v_grad", smem, prelude, DRB_LAYER.source)(
+            (min(tiles, self.sm_count),),
+            (DRB_LAYER.threads,),
+            (
+                x,
+                np.int64(ldx),
+                np.int32(cin),
+                weight.big,
+                weight.small_arg,
+                np.int64(weight.big.shape[1]),
+                cp.zeros(cout, dtype=cp.float32),
+                null if residual is None else residual,
+                mask,
+                null if out is None else out,
+                dy,
+                sums,
+                np.int32(n),
+                np.int32(cout),
+                np.int32(tiles),
+            ),
+            shared_mem=smem,
+        )
+        return dy, sums, out
