@@ -188,6 +188,37 @@ __device__ __forceinline__ void wg_load_a32(unsigned as, const Rows& rows, const
     }
 }
 
+// The ring's hand-offs through transaction barriers instead of a block barrier at each K slice (the
+// deformation layer's MMA warpgroups, WG_DRB_RING_BARRIERS): full[s] completes once every MMA thread's
+// copies into stage s have landed (cp.async.mbarrier.arrive.noinc: each thread's arrival comes with its
+// copies, not when it gets there), empty[s] once every MMA warp is past its wgmmas on it. A warpgroup
+// then waits only for its slice's copies and, before it copies into a stage, for that stage to be
+// free, so the warpgroups drift apart instead of meeting at every slice. A bit per stage says which
+// phase each barrier is in for this thread (a stage's first fill waits for nothing).
+struct WgRingBarriers {
+    unsigned full, empty;   // shared addresses of full[0] and empty[0] (8 bytes a stage)
+    unsigned full_phase, empty_phase, filled;
+    __device__ void before_fill(int s) {
+        if (filled >> s & 1u) {
+            wg_mbar_wait(empty + 8 * s, empty_phase >> s & 1u);
+            empty_phase ^= 1u << s;
+        } else {
+            filled |= 1u << s;
+        }
+    }
+    __device__ void after_fill(int s) {
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * s) : "memory");
+    }
+    __device__ void before_use(int s) {
+        wg_mbar_wait(full + 8 * s, full_phase >> s & 1u);
+        full_phase ^= 1u << s;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the copies visible to wgmma
+    }
+    __device__ void after_use(int s) {   // after the warpgroup's wgmma.wait_group 0 on the stage
+        if ((threadIdx.x & 31) == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * s) : "memory");
+    }
+};
+
 // The first STAGES - 1 slices' copies of a block's K loop (wg_mainloop with PROLOGUE = false expects
 // them issued: a persistent deformation-layer block starts the next tile's copies as soon as it has
 // staged the current tile).
@@ -195,14 +226,17 @@ template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows>
 __device__ __forceinline__ void wg_prologue(unsigned ring, const Rows& rows,
                                             const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
                                             const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
-                                            long ldbt, int K) {
+                                            long ldbt, int K, WgRingBarriers* bars = nullptr) {
     constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS, sizeof(typename Rows::Elem) == 2);
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ktiles)
+        if (s < ktiles) {
+            if (bars != nullptr) bars->before_fill(s);
             wg_load_stage<OPS, VEC, BN, ROWS>(ring + s * STAGE, rows, plan, Bbig, Bsmall, ldbt, K, s * WG_BK,
                                               threadIdx.x);
+            if (bars != nullptr) bars->after_fill(s);
+        }
         asm volatile("cp.async.commit_group;\n" ::);
     }
 }
@@ -216,7 +250,7 @@ template <int OPS, bool VEC, int BN, int ROWS, int STAGES, class Rows, bool PROL
 __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring, const float* ring_ptr,
                                             const Rows& rows, const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
                                             const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
-                                            long ldbt, int K) {
+                                            long ldbt, int K, WgRingBarriers* bars = nullptr) {
     constexpr bool A16 = sizeof(typename Rows::Elem) == 2;   // A in 16 bits: wgmma reads it from shared memory
     static_assert(!A16 || wg_half(OPS), "16-bit A needs a 16-bit mode");
     constexpr int STAGE = wg_stage_bytes(OPS, BN, ROWS, A16);
@@ -226,16 +260,20 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
     const int row0 = (warp >> 2) * 64 + (warp & 3) * 16;   // this warp's first row in the tile
     const int ktiles = (K + WG_BK - 1) / WG_BK;
 
-    if (PROLOGUE) wg_prologue<OPS, VEC, BN, ROWS, STAGES>(ring, rows, plan, Bbig, Bsmall, ldbt, K);
+    if (PROLOGUE) wg_prologue<OPS, VEC, BN, ROWS, STAGES>(ring, rows, plan, Bbig, Bsmall, ldbt, K, bars);
 
     float part[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = part[i] = 0.0f;
 
     for (int kt = 0; kt < ktiles; ++kt) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // copies visible to wgmma
-        wg_bar_sync<WG_MMA_BARRIER, ROWS * 2>();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
+        if (bars != nullptr) {
+            bars->before_use(kt % STAGES);
+        } else {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // copies visible to wgmma
+            wg_bar_sync<WG_MMA_BARRIER, ROWS * 2>();   // slice kt is in; every warpgroup is done with slice kt - 1's stage
+        }
 
         // The slice's wgmmas in two halves (K 0-15, 16-31), each issued as soon as its fragments are
         // split or converted; then the copies of slice kt + STAGES - 1 (into slice kt - 1's stage)
@@ -284,11 +322,15 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         const int next = kt + STAGES - 1;
-        if (next < ktiles)
+        if (next < ktiles) {
+            if (bars != nullptr) bars->before_fill(next % STAGES);
             wg_load_stage<OPS, VEC, BN, ROWS>(ring + (next % STAGES) * STAGE, rows, plan, Bbig, Bsmall, ldbt, K,
                                                  next * WG_BK, tid);
+            if (bars != nullptr) bars->after_fill(next % STAGES);
+        }
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (bars != nullptr) bars->after_use(kt % STAGES);
 #pragma unroll
         for (int s = 0; s < 4; ++s)
 #pragma unroll
@@ -416,15 +458,19 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 // the residual tile (WG_DRB_TILE_ROWS rows of 32 floats) and A1 (43 rows of WG_A1_STRIDE floats);
 // WG_DRB_GRADIENT's: the y tiles' WG_DRB_TILE_ROWS rows, the residual's and the mask's tiles.
 #define WG_DRB_TILE_ROWS (WG_HYP * WG_DRB_VERTS)   // the tile's rows that hold hypotheses (172 of 192)
-#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4)
-#define WG_DRB_GRADIENT_STAGING_BYTES ((2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE + 2 * WG_DRB_TILE_ROWS * 32) * 4)
+// Either ends with the ring's barriers (WgRingBarriers: full and empty, 8 bytes each a stage).
+#define WG_DRB_BARRIER_BYTES 64
+#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4 + WG_DRB_BARRIER_BYTES)
+#define WG_DRB_GRADIENT_STAGING_BYTES ((2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE + 2 * WG_DRB_TILE_ROWS * 32) * 4 + WG_DRB_BARRIER_BYTES)
 #ifdef WG_DRB_GRADIENT
 #if !defined(WG_DRB_LINEAR) || !defined(WG_MIX_SPARSE)
 #error "WG_DRB_GRADIENT carries the input gradient: it needs WG_DRB_LINEAR and one A1's WG_MIX_SPARSE"
 #endif
 #define WG_Y_ROWS WG_DRB_TILE_ROWS
+#define WG_DRB_THIS_STAGING_BYTES WG_DRB_GRADIENT_STAGING_BYTES
 #else
 #define WG_Y_ROWS WG_DRB_ROWS
+#define WG_DRB_THIS_STAGING_BYTES WG_DRB_STAGING_BYTES
 #endif
 
 // Activations in and out (the kernels' template parameter IO): WG_IO_F32 X, out and residual float32;
@@ -464,8 +510,17 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
     float* a1s = r_s + WG_DRB_TILE_ROWS * 32;
     for (int i = threadIdx.x; i < WG_HYP * WG_HYP; i += WG_DRB_THREADS)
         a1s[(i / WG_HYP) * WG_A1_STRIDE + i % WG_HYP] = a1[i];
-    __syncthreads();
 #endif
+    const unsigned full = wg_smem(y0s) + WG_DRB_THIS_STAGING_BYTES - WG_DRB_BARRIER_BYTES;
+    const unsigned empty = full + 8 * WG_DRB_STAGES;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WG_DRB_STAGES; ++s) {
+            wg_mbar_init(full + 8 * s, WG_DRB_MMA_THREADS);   // every MMA thread's copies
+            wg_mbar_init(empty + 8 * s, WG_DRB_MMA_THREADS / 32);   // every MMA warp done with the stage
+        }
+        wg_mbar_init_fence();
+    }
+    __syncthreads();
     // tile -> sample b, first vertex n0, first output column c0
     auto origin = [&](int tile, long& b, int& n0, int& c0) {
         c0 = (tile % col_tiles) * 32;
@@ -483,6 +538,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             return Rows{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
         };
         WgRowPlan<WG_DRB_ROWS, wg_row_chunks<Rows>()> plan;   // of the tile whose copies are under way
+        WgRingBarriers bars{full, empty, 0u, 0u, 0u};
         auto start_copies = [&](int tile) {
             long b;
             int n0, c0;
@@ -490,7 +546,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             plan = wg_plan<WG_DRB_ROWS>(tile_rows(b, n0), threadIdx.x);
             wg_prologue<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES>(ring, tile_rows(b, n0), plan,
                                                                   wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
-                                                                  wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
+                                                                  wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin, &bars);
         };
         start_copies(blockIdx.x);
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -500,7 +556,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             float acc[32];
             wg_mainloop<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, Rows, false>(
                 acc, ring, ring_ptr, tile_rows(b, n0), plan, wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
-                wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin);
+                wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin, &bars);
             // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
             // is done with the previous tile: stage y0 (tile columns 0..31) and y1 (32..63), hand the
             // tile over, start the next tile's copies.

@@ -49,15 +49,15 @@ class LayerKernel:
     @property
     def staging_bytes(self) -> int:
         """Shared memory after the ring: the y0/y1 tiles (rows of 40 floats), the residual tile (172 rows
-        of 32 floats) and A1 (43 rows of 44 floats) (WG_DRB_STAGING_BYTES)."""
-        return (2 * self.rows * 40 + HYPOTHESES * self.vertices * 32 + HYPOTHESES * 44) * 4
+        of 32 floats), A1 (43 rows of 44 floats) and the ring's barriers (WG_DRB_STAGING_BYTES)."""
+        return (2 * self.rows * 40 + HYPOTHESES * self.vertices * 32 + HYPOTHESES * 44) * 4 + 64
 
     @property
     def gradient_staging_bytes(self) -> int:
         """The same for ``wg_drb_layer_3x_v_grad``: the y0/y1 tiles' 172 hypothesis rows, the residual
-        and mask tiles (WG_DRB_GRADIENT_STAGING_BYTES)."""
+        and mask tiles, the barriers (WG_DRB_GRADIENT_STAGING_BYTES)."""
         rows = HYPOTHESES * self.vertices
-        return (2 * rows * 40 + 2 * rows * 32) * 4
+        return (2 * rows * 40 + 2 * rows * 32) * 4 + 64
 
 
 GEMM = GemmKernel()
