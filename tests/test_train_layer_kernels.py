@@ -395,3 +395,22 @@ def test_the_lent_convolution_is_the_float64_one(shape, kh, cout, stride, taken)
         error = relative_error(a, b)
         print(f"{shape} k{kh} -> {cout}, stride {stride}, {name}: {error:.2e}")
         assert a.shape == b.shape and error < 1e-5, name
+
+
+def test_the_convolutions_one_pass_ends_are_the_array_api_ones():
+    """epilogues_cupy.plus_bias_relu is maximum(y + bias, 0), a NaN kept (the step's NaN stop sees
+    it); relu_output_gradient is where(out > 0, dout, 0)."""
+    import cupy
+
+    from xmesh.model import epilogues_cupy
+
+    rng = np.random.default_rng(13)
+    y = rng.standard_normal((2, 5, 6, 8)).astype(np.float32)
+    y[0, 0, 0, 0] = np.nan
+    bias = rng.standard_normal(8).astype(np.float32)
+    out = epilogues_cupy.plus_bias_relu(cupy.asarray(y), cupy.asarray(bias)).get()
+    np.testing.assert_array_equal(out, np.maximum(y + bias, np.float32(0)))
+    assert np.isnan(out[0, 0, 0, 0])
+    dout = rng.standard_normal(y.shape).astype(np.float32)
+    dz = epilogues_cupy.relu_output_gradient(cupy.asarray(dout), cupy.asarray(out)).get()
+    np.testing.assert_array_equal(dz, np.where(out > 0, dout, np.float32(0)))
