@@ -13,6 +13,11 @@ from .gemm import PreparedWeight, smem_bytes
 from .layouts import hypothesis_rows
 
 
+def _x_and_weight(x, ldx: int, weight: PreparedWeight) -> tuple:
+    """The layer kernels' first arguments: X, its row stride and width, the prepared weight's parts and row stride."""
+    return (x, np.int64(ldx), np.int32(x.shape[3]), weight.big, weight.small_arg, np.int64(weight.big.shape[1]))
+
+
 class LayerFamily:
     """:meth:`drb_layer` (a mixin of :class:`HopperGemm`)."""
 
@@ -68,12 +73,7 @@ class LayerFamily:
             (blocks,),
             (DRB_LAYER.threads,),
             (
-                x,
-                np.int64(ldx),
-                np.int32(cin),
-                weight.big,
-                weight.small_arg,
-                np.int64(weight.big.shape[1]),
+                *_x_and_weight(x, ldx, weight),
                 a1,
                 bias,
                 np.uint64(0) if residual is None else residual,
@@ -126,12 +126,7 @@ class LayerFamily:
             (min(tiles, self.sm_count),),
             (DRB_LAYER.threads,),
             (
-                x,
-                np.int64(ldx),
-                np.int32(cin),
-                weight.big,
-                weight.small_arg,
-                np.int64(weight.big.shape[1]),
+                *_x_and_weight(x, ldx, weight),
                 cp.zeros(cout, dtype=cp.float32),
                 null if residual is None else residual,
                 mask,
