@@ -59,6 +59,11 @@ __device__ __forceinline__ void wg_tensor_copy_3d(unsigned dst, const WgTensorMa
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
+// One arrival on the barrier (release: this thread's shared-memory writes are seen by whoever waits
+// on the phase it completes).
+__device__ __forceinline__ void wg_mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // Wait until the barrier's phase of the given parity (0 for its 1st, 3rd, ... phase) has completed.
 __device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
     asm volatile("{\n.reg .pred done;\nWG_MBAR_WAIT:\n"
@@ -126,16 +131,21 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], const unsigned (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 
+// d (64 x 96) with A in registers and B through a descriptor, for the instruction's shape and types
+// (SHAPE: "m64n96k8.f32.tf32.tf32" or the 16-bit "m64n96k16.f32.f16.f16") and its trailing
+// immediates (IMM: the scales, and for 16-bit B its transpose flag).
+#define WG_MMA_N96(SHAPE, IMM)                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned." SHAPE " "                                              \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+                 "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "  \
+                 "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, "    \
+                 "%53, p, " IMM ";\n}\n"                                                               \
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40)                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc))
 __device__ __forceinline__ void wg_mma(float (&d)[48], const unsigned (&a)[4], unsigned long long desc,
                                        int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-        "%40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %53, p, 1, 1;\n}\n"
-        : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
+    WG_MMA_N96("m64n96k8.f32.tf32.tf32", "1, 1");
 }
 
 // The same for 16-bit operands: A (64 x 16) as 4 registers of packed pairs, B (16 x 64).

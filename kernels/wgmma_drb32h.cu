@@ -76,22 +76,9 @@
 #define H_Z_FREE 1                                // + Z slot (2)
 #define H_X_FREE 3                                // + X slot (3)
 
-// One arrival on a barrier (release: this thread's shared-memory writes are seen by whoever waits on
-// the phase it completes).
-__device__ __forceinline__ void h_mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
 // d (64 x 96 over the warpgroup) += A (64 x 16, float16 pairs in registers) B (16 x 96, descriptor).
-__device__ __forceinline__ void h_mma(float (&d)[48], const unsigned (&a)[4], unsigned long long bdesc, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %52, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-                 "}, {%48, %49, %50, %51}, %53, p, 1, 1, 0;\n}\n"
-                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(bdesc));
+__device__ __forceinline__ void h_mma(float (&d)[48], const unsigned (&a)[4], unsigned long long desc, int accumulate) {
+    WG_MMA_N96("m64n96k16.f32.f16.f16", "1, 1, 0");
 }
 
 // A float32 pair (x: the low half) as float16 big and small parts, packed: big = fp16(x), small =
@@ -231,7 +218,7 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
             if (n0 + v < N)
                 h_mix_column(base_ptr + (q % H_X_SLOTS) * H_SLOT_BYTES, base_ptr + (z_smem - base) + (q % H_Z_SLOTS) * H_SLOT_BYTES,
                              lane, v);
-            h_mbar_arrive(z_full + 8 * (q % H_Z_SLOTS));
+            wg_mbar_arrive(z_full + 8 * (q % H_Z_SLOTS));
             // slice q + 2 goes into the X slot of slice q - 1: the MMA warpgroups must have read it
             if (q >= 1 && q + H_X_SLOTS - 1 < total) {
                 if (++lks == slices) { lks = 0; ++lt; }
@@ -286,7 +273,7 @@ __device__ __forceinline__ void h_layer(const WgTensorMap& xmap, int cin,
                 asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                 if (!SCORE) h_pin_fragments(zb0, zl0, xb0, xl0);
                 h_pin_fragments(zb1, zl1, xb1, xl1);
-                if ((threadIdx.x & 127) == 0) h_mbar_arrive(w_free + 8 * (q % H_W_SLOTS));   // this warpgroup is done with W slot q % 4
+                if ((threadIdx.x & 127) == 0) wg_mbar_arrive(w_free + 8 * (q % H_W_SLOTS));   // this warpgroup is done with W slot q % 4
 #pragma unroll
                 for (int i = 0; i < H_CT / 2; ++i) {
                     wg_pin(sum[i]);

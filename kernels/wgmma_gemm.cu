@@ -215,7 +215,7 @@ struct WgRingBarriers {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the copies visible to wgmma
     }
     __device__ void after_use(int s) {   // after the warpgroup's wgmma.wait_group 0 on the stage
-        if ((threadIdx.x & 31) == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * s) : "memory");
+        if ((threadIdx.x & 31) == 0) wg_mbar_arrive(empty + 8 * s);
     }
 };
 
