@@ -48,7 +48,7 @@ def main() -> None:
         for batch in args.batch_sizes:
             key = (batch, sample.images.shape[0], graph_step.padded_size(len(sample.labels)))
             inputs = graph_step.StepGraph(trainer.device, trainer.weights, trainer.template, *key)
-            inputs.load([sample] * batch, np.random.default_rng(0))
+            inputs.load([sample] * batch, np.random.default_rng(0), 0.0)
             fwd = stage2.forward(xp, inputs.weights, inputs.template, inputs.images, inputs.transforms, inputs.starts)
             for block, cache in enumerate(c.projection for c in fwd.drb_caches):
                 n = cache.views[0].h.shape[1]

@@ -6,9 +6,9 @@ replayed (a GPU is needed): what a replayed step's time is made of, free of the 
 The step's inputs are the graph step's (xmesh.train.graph_step.StepGraph, the golden training sample
 repeated ``--batch`` times, synthetic weights). Each phase runs on the forward's caches: the CNN's
 forward, DRB 1's forward, the losses' forward and backward, DRB 2's backward, the local projection's
-backward alone (one block), the CNN's backward and regulariser, and the whole loss and backward; the
-mean GPU time of ``--repeat`` replays between two CUDA events. Then Adam's 72 updates, eagerly (host
-and device).
+backward alone (one block), the CNN's backward and regulariser, the whole loss and backward, and
+Adam's updates as the graph step makes them (xmesh.train.adam_cupy: two launches); the mean GPU time
+of ``--repeat`` replays between two CUDA events. Then Adam's 72 updates, eagerly (host and device).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main() -> None:
     from xmesh.train import graph_step, stage2
     from xmesh.train import mesh_losses as ml
     from xmesh.train.adam import adam_step
+    from xmesh.train.adam_cupy import AdamTable
     from xmesh.train.bench import default_sample
     from xmesh.train.regularisers import cnn_regulariser
     from xmesh.train.trainer import Trainer
@@ -47,7 +48,7 @@ def main() -> None:
     device, xp = trainer.device, trainer.device.xp
     key = (batch, sample.images.shape[0], graph_step.padded_size(len(sample.labels)))
     g = graph_step.StepGraph(device, trainer.weights, trainer.template, *key)
-    g.load([sample] * batch, np.random.default_rng(0))
+    g.load([sample] * batch, np.random.default_rng(0), 0.0)
     w, tm = g.weights, g.template
     views = xp.reshape(g.images, (-1,) + tuple(g.images.shape[2:]))
     fwd = stage2.forward(xp, w, tm, g.images, g.transforms, g.starts)
@@ -65,6 +66,14 @@ def main() -> None:
         xp, w, tm, g.images, g.transforms, g.gt, g.starts, None, uniforms=g.uniforms
     )
     adam_step(xp, trainer.weights, grads, trainer.adam)  # Adam's moments made
+    table = AdamTable(xp, grads, trainer.weights, trainer.adam)
+    marks, alpha = xp.zeros(len(grads) + 1, dtype=xp.float32), xp.zeros(1, dtype=xp.float32)  # alpha 0: no move
+
+    def guarded_updates():
+        marks.fill(0)
+        table.mark(marks[:1], marks)
+        table.update(marks, alpha)
+
     phases = {
         "CNN forward": lambda: cnn_forward(xp, stage2.cnn_layers(w), views, arch.STAGE2_TAPS)[0],
         "DRB 1 forward": lambda: deformation_block_forward(
@@ -86,6 +95,7 @@ def main() -> None:
         "whole loss and backward": lambda: stage2.loss_and_gradients(
             xp, w, tm, g.images, g.transforms, g.gt, g.starts, None, uniforms=g.uniforms
         )[0],
+        "Adam's guarded updates": guarded_updates,
     }
     stream = cupy.cuda.get_current_stream()
     print(f"stage 2, batch {batch}: GPU time of each phase replayed as a CUDA Graph")

@@ -1,15 +1,18 @@
 """TF1's Adam (xmesh/train/adam.py): the original's first step from its own gradients, the update rule
-against a float64 reference, and a state that resumes bit for bit from its arrays."""
+against a float64 reference, a state that resumes bit for bit from its arrays, and on CuPy a stage's
+updates in two launches (xmesh/train/adam_cupy.py) against the per-variable ones, skipped whole where
+anything is not finite."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from conftest import requires_cuda
 from gradcheck import namespace, namespaces
 from xmesh.backends import get_backend
 from xmesh.io.weights import synthetic_weights
-from xmesh.train.adam import AdamConfig, AdamState, adam_step
+from xmesh.train.adam import AdamConfig, AdamState, adam_step, advance, apply_updates, step_factor
 
 xp = get_backend("numpy").xp
 
@@ -96,3 +99,68 @@ def test_state_resumes_bit_for_bit_from_its_arrays():
         adam_step(xp, resumed, g, saved)
     np.testing.assert_array_equal(resumed["w"], whole["w"])
     assert saved.step == state.step and saved.beta2_power == state.beta2_power
+
+
+def _table_setup(cp, rng):
+    """Three float32 variables of different sizes (one longer than a block's stretch), and gradient
+    arrays that stay where they are (new values copied in; one a matrix's columns), with their table."""
+    from xmesh.train.adam_cupy import AdamTable
+
+    shapes = {"a": (3, 5), "b": (7,), "c": (70_000,)}
+    start = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    variables = {name: cp.asarray(value.copy()) for name, value in start.items()}
+    grads = {name: cp.zeros(shape, dtype=cp.float32) for name, shape in shapes.items()}
+    grads["a"] = cp.zeros((3, 12), dtype=cp.float32)[:, 4:9]  # a matrix's columns, as a product's half
+    state = AdamState(AdamConfig(learning_rate=1e-3))
+    return start, variables, grads, state, AdamTable(cp, grads, variables, state)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_a_stage_s_updates_in_two_launches_are_the_per_variable_kernels():
+    cp = namespace("cupy")
+    rng = np.random.default_rng(2)
+    start, variables, grads, state, table = _table_setup(cp, rng)
+    theirs = {name: cp.asarray(value.copy()) for name, value in start.items()}
+    their_state = AdamState(state.config)
+    for _ in range(4):
+        for g in grads.values():
+            g[...] = cp.asarray(rng.standard_normal(g.shape).astype(np.float32) * 10.0 ** rng.integers(-8, 1))
+        apply_updates(cp, theirs, grads, their_state, step_factor(their_state))
+        advance(their_state)
+        marks = cp.zeros(len(grads) + 1, dtype=cp.float32)
+        table.mark(cp.ones(3, dtype=cp.float32), marks)
+        table.update(marks, cp.asarray([step_factor(state)], dtype=cp.float32))
+        advance(state)
+        assert not marks.get().any()
+    for name in grads:
+        for ours, want in ((variables, theirs), (state.m, their_state.m), (state.v, their_state.v)):
+            np.testing.assert_allclose(ours[name].get(), want[name].get(), rtol=2e-7, atol=0, err_msg=name)
+        assert np.abs(variables[name].get() - start[name]).max() > 1e-4  # they moved
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["gradient", "loss"])
+def test_anything_not_finite_leaves_every_variable_and_moment(where):
+    """A NaN in one gradient (marked by name) or an infinite loss (marked as anything only): no update."""
+    cp = namespace("cupy")
+    rng = np.random.default_rng(3)
+    _, variables, grads, state, table = _table_setup(cp, rng)
+    for g in grads.values():
+        g[...] = cp.asarray(rng.standard_normal(g.shape).astype(np.float32))
+    before = {name: (variables[name].get(), state.m[name].get(), state.v[name].get()) for name in grads}
+    values = cp.ones(3, dtype=cp.float32)
+    if where == "gradient":
+        grads["c"][65_432] = cp.nan
+        grads["a"].base[1, 10] = cp.nan  # beside the gradient's columns: not read
+    else:
+        values[0] = cp.inf
+    marks = cp.zeros(len(grads) + 1, dtype=cp.float32)
+    table.mark(values, marks)
+    table.update(marks, cp.asarray([step_factor(state)], dtype=cp.float32))
+    expected = [0, 0, 1, 1] if where == "gradient" else [0, 0, 0, 1]
+    np.testing.assert_array_equal(marks.get(), np.asarray(expected, dtype=np.float32))
+    for name, arrays in before.items():
+        for ours, was in zip((variables[name], state.m[name], state.v[name]), arrays, strict=True):
+            np.testing.assert_array_equal(ours.get(), was)

@@ -111,10 +111,10 @@ def test_a_shape_whose_capture_fails_runs_eagerly_with_the_eager_draws(monkeypat
         def __init__(self, device, weights, template, *key):
             made.append(key)
 
-        def load(self, samples, rng):
+        def load(self, samples, rng, alpha):
             rng.random(5)  # draws taken, as the real load takes them
 
-        def capture(self):
+        def capture(self, variables, state):
             raise MemoryError("out of memory while capturing")
 
         def release(self):

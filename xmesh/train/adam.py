@@ -9,7 +9,8 @@ otherwise: beta1 0.9, beta2 0.999, epsilon 1e-8.
 
 The state is plain arrays (:meth:`AdamState.arrays`), so a checkpoint stores and restores it exactly.
 On CuPy a float32 variable's update is one kernel (``_cupy_update``) in the same order of float32
-operations, each rounded on its own (no fused multiply-add), so it equals the array-API code's bit for bit.
+operations, each rounded on its own (no fused multiply-add), so it equals the array-API code's bit for bit;
+:mod:`xmesh.train.adam_cupy` makes the same updates of a whole stage in one launch.
 """
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ def step_factor(state: AdamState) -> np.float32:
     return np.float32(np.float32(c.learning_rate) * np.sqrt(one - state.beta2_power) / (one - state.beta1_power))
 
 
+def ensure_moments(xp, variables: Mapping, names, state: AdamState) -> None:
+    """Zero moments (TF's slots) for each of ``names`` that has none yet, shaped as its variable."""
+    for name in names:
+        if name not in state.m:
+            state.m[name] = xp.zeros_like(variables[name])
+            state.v[name] = xp.zeros_like(variables[name])
+
+
 def apply_updates(xp, variables: dict, gradients: Mapping, state: AdamState, alpha) -> None:
     """The moments and every variable of ``variables`` (name -> ``xp`` array) that has a gradient,
     updated in place with the factor ``alpha`` (:func:`step_factor`'s float32, or a 0-d float32 CuPy
@@ -109,9 +118,7 @@ def apply_updates(xp, variables: dict, gradients: Mapping, state: AdamState, alp
     for name, grad in gradients.items():
         var = variables[name]
         grad = xp.asarray(grad, dtype=var.dtype)
-        if name not in state.m:
-            state.m[name] = xp.zeros_like(var)
-            state.v[name] = xp.zeros_like(var)
+        ensure_moments(xp, variables, (name,), state)
         m, v = state.m[name], state.v[name]
         if is_cupy_namespace(xp) and var.dtype == xp.float32:
             _cupy_update()(grad, one - beta1, one - beta2, alpha, eps, var, m, v)

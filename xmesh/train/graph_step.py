@@ -2,12 +2,15 @@
 launches bound (one sample a step, the original's, makes about 1,500 launches from Python).
 
 A :class:`StepGraph` belongs to one (batch size, views, padded ground-truth size). It holds the step's
-inputs (images, camera transforms, starting meshes, ground truth, the own draws' uniforms) as views of
-one pinned host buffer and one device buffer, so that a step's inputs go over in one copy; the loss
-and backward captured once as a graph (:meth:`CupyDevice.capture`) with its outputs, the gradients and
-one report array (the loss, the terms, each gradient's sum), read back in one copy; and Adam's
-updates captured as a second graph once every moment exists, its factor (which changes every step)
-read from the device. The weights and moments are updated in place, where the graphs read them.
+inputs (images, camera transforms, starting meshes, ground truth, the own draws' uniforms, and Adam's
+factor, which changes every step) as views of one pinned host buffer and one device buffer, so that a
+step's inputs go over in one copy; the loss and backward captured once as a graph
+(:meth:`CupyDevice.capture`) with its outputs, the gradients and one report array (the loss, the
+terms); and Adam's updates of every variable captured as a second graph
+(:class:`xmesh.train.adam_cupy.AdamTable`), which first marks in the report each gradient holding a
+NaN or an infinity and skips every update where anything is marked. The two replay back to back and
+the report comes back in one copy, so a step waits for the device once. The weights and moments are
+updated in place, where the graphs read them.
 
 The arithmetic is the eager step's, kernel for kernel. Only the ground truth differs: it is padded to
 a size from a short ladder (:func:`padded_size`), so that a few graphs serve a dataset whose samples
@@ -26,8 +29,10 @@ import numpy as np
 from ..io.weights import STAGE_PREFIXES
 from ..model.camera import packed_transforms
 from ..model.projection import DeviceTransforms
-from . import adam, stage2
 from . import mesh_losses as ml
+from . import stage2
+from .adam import AdamState
+from .adam_cupy import AdamTable
 from .data import Sample
 from .step import LossAndGradients, stage2_template
 
@@ -69,6 +74,7 @@ class StepGraph:
             "valid": ((batch, points), f32),
             "count_values": ((batch,), f32),
             "lengths": ((batch,), np.int64),
+            "alpha": ((1,), f32),
         }
         for call in range(stage2.MESH_LOSS_CALLS):
             fields[f"pick{call}"] = ((batch, samples), np.float64)
@@ -84,14 +90,14 @@ class StepGraph:
         self.uniforms = [
             ml.Uniforms(d[f"pick{call}"], d[f"r1{call}"], d[f"r2{call}"]) for call in range(stage2.MESH_LOSS_CALLS)
         ]
-        self.graph = self.adam_graph = None
-        self.alpha = xp.zeros((), dtype=xp.float32)  # Adam's factor, set before each replay
+        self.alpha = d["alpha"]
+        self.graph = self.adam_graph = self.adam_table = None
         self.term_names: list[str] = []
         self.gradient_names: list[str] = []
 
     def _loss_and_gradients(self):
-        """The captured work: the loss, its terms and gradients, and the report (loss, terms, each
-        gradient's sum: a NaN or an infinity anywhere in a gradient makes its sum one)."""
+        """The captured work: the loss, its terms and gradients, and the report: the loss and the terms,
+        then zeros for the updates' graph to mark (one a gradient, and one for anything)."""
         xp = self.xp
         total, terms, grads = stage2.loss_and_gradients(
             xp,
@@ -106,15 +112,16 @@ class StepGraph:
         )
         self.term_names, self.gradient_names = list(terms), list(grads)
         # value by value (a concatenation of more than 8 arrays uploads their addresses: no graph holds it)
-        values = [total] + [terms[n] for n in self.term_names] + [xp.sum(grads[n]) for n in self.gradient_names]
-        report = xp.empty((len(values),), dtype=total.dtype)
+        values = [total] + [terms[n] for n in self.term_names]
+        report = xp.zeros((len(values) + len(grads) + 1,), dtype=total.dtype)
         for i, value in enumerate(values):
             report[i] = value
         return report, grads
 
-    def load(self, samples: Sequence[Sample], rng: np.random.Generator) -> None:
-        """Copy ``samples`` and this step's uniforms (drawn from ``rng`` as the eager step draws them)
-        into the graph's inputs: the host buffer filled, then one copy."""
+    def load(self, samples: Sequence[Sample], rng: np.random.Generator, alpha: float) -> None:
+        """Copy ``samples``, this step's uniforms (drawn from ``rng`` as the eager step draws them) and
+        Adam's factor ``alpha`` (:func:`xmesh.train.adam.step_factor`) into the graph's inputs: the host
+        buffer filled, then one copy."""
         batch, _, points = self.key
         h = self.staging.host
         for i, sample in enumerate(samples):
@@ -125,54 +132,52 @@ class StepGraph:
         for name in ("points", "normals", "valid", "count_values"):
             h[name][...] = truth[name]
         h["lengths"][...] = truth["counts"]
+        h["alpha"][...] = alpha
         for call, uniforms in enumerate(ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32)):
             for name, value in zip(("pick", "r1", "r2"), uniforms, strict=True):
                 h[f"{name}{call}"][...] = value
         self.staging.upload()
 
-    def capture(self) -> None:
-        """Capture the step on the inputs loaded (after two eager runs that compile and fill its pool)."""
+    def capture(self, variables: dict, state: AdamState) -> None:
+        """Capture the step on the inputs loaded (after two eager runs that compile and fill its pool),
+        then Adam's guarded updates of ``variables`` (the trainer's weights, name -> device array) with
+        the moments of ``state`` (zero ones made where missing), which must stay where they are."""
         self.device.synchronize()  # the capture's runs take their own stream: the inputs are there first
         self.graph = self.device.capture(self._loss_and_gradients)
+        report, grads = self.graph.outputs
+        self.adam_table = table = AdamTable(self.xp, grads, variables, state)  # kept: the graph reads its arrays
+        values = 1 + len(self.term_names)
 
-    def run(self) -> tuple[LossAndGradients, np.ndarray]:
-        """Replay the graph on the loaded inputs: the step's LossAndGradients (its gradients the graph's
-        arrays, overwritten by the next replay) and each gradient's sum, on the host."""
-        report, grads = self.graph.replay()
-        host = self.device.to_numpy(report).astype(np.float64)
+        def updates():
+            marks = report[values:]
+            table.mark(report[:values], marks)
+            table.update(marks, self.alpha)
+
+        self.device.synchronize()
+        self.adam_graph = self.device.capture(updates, warmup=0)
+
+    def run(self) -> tuple[LossAndGradients, list[str]]:
+        """Replay the step and Adam's updates on the loaded inputs: the step's LossAndGradients (its
+        gradients the graph's arrays, overwritten by the next replay) and the names of the gradients that
+        hold a NaN or an infinity. Where any does, or the loss or a term is not finite, no weight and no
+        moment changed."""
+        self.graph.replay()
+        self.adam_graph.replay()
+        host = self.device.to_numpy(self.graph.outputs[0]).astype(np.float64)
         terms = len(self.term_names)
         result = LossAndGradients(
             float(host[0]),
             {name: float(value) for name, value in zip(self.term_names, host[1 : 1 + terms], strict=True)},
-            grads,
+            self.graph.outputs[1],
         )
-        return result, host[1 + terms :]
-
-    def update(self, variables: dict, state: adam.AdamState) -> None:
-        """Adam's step on the replayed gradients: eager while a moment is missing (the first step makes
-        them), then a graph of the updates captured once, its factor copied in before each replay."""
-        xp = self.xp
-        grads = self.graph.outputs[1]
-        if self.adam_graph is None and all(name in state.m for name in grads):
-            # the kernel built for a factor on the device, on throwaway arrays, before the capture
-            spare = {"x": xp.zeros(4, dtype=xp.float32)}
-            adam.apply_updates(xp, spare, spare, adam.AdamState(state.config), self.alpha)
-            self.device.synchronize()
-            self.adam_graph = self.device.capture(
-                lambda: adam.apply_updates(xp, variables, grads, state, self.alpha), warmup=0
-            )
-        if self.adam_graph is None:
-            adam.adam_step(xp, variables, grads, state)
-            return
-        self.alpha.set(np.asarray(adam.step_factor(state), dtype=np.float32))
-        self.adam_graph.replay()
-        adam.advance(state)
+        marks = host[1 + terms : -1]
+        return result, [name for name, mark in zip(self.gradient_names, marks, strict=True) if mark]
 
     def release(self) -> None:
         for graph in (self.graph, self.adam_graph):
             if graph is not None:
                 graph.release()
-        self.graph = self.adam_graph = None
+        self.graph = self.adam_graph = self.adam_table = None
 
 
 class _Staging:

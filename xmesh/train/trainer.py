@@ -13,7 +13,9 @@ uninterrupted one draws. A loss or gradient that is not finite stops before any 
 
 On CuPy, stage 2's steps of up to ``graph_step.MAX_BATCH`` samples replay a CUDA Graph of the loss and
 backward, and of Adam's updates (:mod:`xmesh.train.graph_step`), captured on a shape's first steps;
-the draws and the arithmetic are the eager step's. ``graphs=False`` runs every step eagerly.
+the draws and the arithmetic are the eager step's. There the updates follow the gradients on the
+device, which skips them where anything is not finite, so the error above leaves the weights as they
+were there too. ``graphs=False`` runs every step eagerly.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..errors import XmeshError
 from ..io.weights import expected_variables
 from ..reconstruct import resolve_template
 from . import graph_step
-from .adam import AdamConfig, AdamState, adam_step
+from .adam import AdamConfig, AdamState, adam_step, advance, step_factor
 from .data import Sample
 from .step import batch_loss_and_gradients
 
@@ -108,15 +110,15 @@ class Trainer:
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
-            graph.load(samples, self.draw_rng)
+            graph.load(samples, self.draw_rng, step_factor(self.adam))
             return graph
         while len(self._graphs) >= graph_step.MAX_GRAPHS:
             self._graphs.popitem(last=False)[1].release()
         draws_before = self.draw_rng.bit_generator.state
         try:
             graph = graph_step.StepGraph(self.device, self.weights, self.template, *key)
-            graph.load(samples, self.draw_rng)
-            graph.capture()
+            graph.load(samples, self.draw_rng, step_factor(self.adam))
+            graph.capture(self.weights, self.adam)
         except Exception as exc:  # noqa: BLE001  (the eager step runs instead, and raises what is wrong)
             self._graph_failed.add(key)
             self.draw_rng.bit_generator.state = draws_before
@@ -140,8 +142,8 @@ class Trainer:
         on the trainer's device (a replayed graph's arrays, which the next step overwrites)."""
         xp = self.device.xp
         graph = self._graph(samples)
-        if graph is not None:
-            result, sums = graph.run()
+        if graph is not None:  # the updates too, skipped on the device where anything is not finite
+            result, bad = graph.run()
         else:
             with np.errstate(all="ignore"):  # an overflow is reported below, as the step's one error
                 result = batch_loss_and_gradients(
@@ -159,11 +161,11 @@ class Trainer:
                 )
             # a NaN or an infinity anywhere makes its gradient's sum one: the sums come back at once
             sums = self.device.to_numpy(xp.stack([xp.sum(g) for g in result.gradients.values()]))
-        bad = (
-            []
-            if bool(np.isfinite(sums).all())
-            else [name for name, g in result.gradients.items() if not bool(xp.all(xp.isfinite(g)))]
-        )
+            bad = (
+                []
+                if bool(np.isfinite(sums).all())
+                else [name for name, g in result.gradients.items() if not bool(xp.all(xp.isfinite(g)))]
+            )
         if not np.isfinite(result.loss) or bad:
             where = f"step {step_number}" if step_number is not None else "this step"
             what = (
@@ -176,7 +178,7 @@ class Trainer:
                 "updating the weights, and the last good checkpoint is kept"
             )
         if graph is not None:
-            graph.update(self.weights, self.adam)
+            advance(self.adam)
         else:
             adam_step(xp, self.weights, result.gradients, self.adam)
         return result
