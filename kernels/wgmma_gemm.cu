@@ -438,6 +438,10 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 // entries) and its values are immediates. Skipping the zero terms of an fmaf chain leaves every
 // result bit for bit as the dense sum gives it.
 //
+// A module built with WG_DRB_ACTIVATION defined (the training's forward) takes one more argument,
+// `activation` (or null): in float32 it also gets the values before the residual, so a skip
+// connection's ReLU output, its backward's mask, is kept while the sum goes on to the next layer.
+//
 // A module built with WG_DRB_LINEAR defined leaves the ReLU out: X W0 + A1 (X W1) + b, which with
 // X = dZ, [W0^T | W1^T] and A1^T is the layer's input gradient in the training's backward pass.
 // WG_DRB_GRADIENT (with WG_DRB_LINEAR and WG_MIX_SPARSE) builds wg_drb_layer_3x_v_grad, which carries
@@ -492,7 +496,8 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                                              const float* __restrict__ a1, const float* __restrict__ bias,
                                              const float* __restrict__ res_f, float* __restrict__ out_f, int N,
                                              int cout, int tiles, const float* __restrict__ mask = nullptr,
-                                             float* __restrict__ dy = nullptr, float* __restrict__ sums = nullptr) {
+                                             float* __restrict__ dy = nullptr, float* __restrict__ sums = nullptr,
+                                             float* __restrict__ activation = nullptr) {
     static_assert(IO == WG_IO_F32 || wg_half(OPS), "16-bit activations belong to the 16-bit modes");
     using XT = typename WgActivation<IO == WG_IO_16>::type;   // X's elements
     using OT = typename WgActivation<IO != WG_IO_F32>::type;  // out's and the residual's
@@ -638,6 +643,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                     val = fmaxf(val, 0.0f);
 #endif
                     if constexpr (IO == WG_IO_F32) {
+                        if (activation != nullptr) activation[o0 + (long)v * cout + c + i * plane_out] = val;
                         if (res != nullptr) val = __fadd_rn(val, r_s[(i * WG_DRB_VERTS + v) * 32 + c]);
                         if (!GRADIENT || out != nullptr) dst[i * plane_out] = val;
                         if constexpr (GRADIENT) {   // dz for the layer before, kept in y0's place for its mixing
@@ -665,12 +671,20 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
     }
 }
 
+#ifdef WG_DRB_ACTIVATION
+#define WG_DRB_ACTIVATION_PARAM , float* activation
+#define WG_DRB_ACTIVATION_VALUE activation
+#else
+#define WG_DRB_ACTIVATION_PARAM
+#define WG_DRB_ACTIVATION_VALUE nullptr
+#endif
 #define WG_DRB_KERNEL(NAME, OPS, VEC, IO)                                                              \
     XM_KERNEL(NAME) void __launch_bounds__(WG_DRB_THREADS, 1) NAME(                                        \
         const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt,              \
         const float* a1,                                                                                  \
-        const float* bias, const float* res, float* out, int N, int cout, int tiles) {                   \
-        wg_drb_layer<OPS, VEC, IO>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles);  \
+        const float* bias, const float* res, float* out, int N, int cout, int tiles WG_DRB_ACTIVATION_PARAM) { \
+        wg_drb_layer<OPS, VEC, IO>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles,  \
+                                   nullptr, nullptr, nullptr, WG_DRB_ACTIVATION_VALUE);                  \
     }
 
 // Names: wg_drb_layer_<3x | 1x | f16 | bf16>_<v: ldx % 4 == 0, X 16-byte aligned | s>, and in the

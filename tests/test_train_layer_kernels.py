@@ -82,6 +82,28 @@ def test_the_lent_deformation_layer_keeps_float32_accuracy(lent_layers, cin, cou
     assert error < 1e-5
 
 
+@pytest.mark.parametrize("cin", [339, 192])
+def test_the_lent_layer_keeps_the_relu_output_beside_the_skip_connection_s_sum(lent_layers, cin):
+    """The training forward's skip connection in the kernel's one pass: relu(...) + residual for the next
+    layer and relu(...) itself for the backward's mask, both against float64."""
+    import cupy
+
+    rng = np.random.default_rng(cin)
+    b, n, cout = 2, 37, 192
+    x = rng.standard_normal((b, K, n, cin))
+    w0, w1 = (rng.standard_normal((cin, cout)) / np.sqrt(cin) for _ in range(2))
+    bias = rng.standard_normal(cout) * 0.3
+    a1 = sparse_support(rng)
+    res = rng.standard_normal((b, K, n, cout))
+    relu = np.maximum(x @ w0 + np.einsum("ij,bjnc->binc", a1, x @ w1) + bias, 0.0)
+    f32 = [cupy.asarray(v.astype(np.float32)) for v in (x, w0, w1, bias, a1, res)]
+    out, activation = products.deformation_layer(*f32[:5], residual=f32[5], keep_activation=True)
+    assert lent_layers == [True]
+    errors = relative_error(out, relu + res), relative_error(activation, relu)
+    print(f"cin {cin}: relative errors {errors[0]:.2e} (the sum), {errors[1]:.2e} (the ReLU output)")
+    assert max(errors) < 1e-5
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("cin, cout", [(339, 192), (192, 192), (192, 1)])
 def test_the_local_gconv_pair_on_cupy_float32_is_the_float64_one(lent_layers, residual, cin, cout):
@@ -116,8 +138,10 @@ def test_the_local_gconv_pair_on_cupy_float32_is_the_float64_one(lent_layers, re
     exact = run(namespace("numpy"), np.float64)
     ours = run(namespace("cupy"), np.float32)
     wide = cout % 32 == 0
-    # the forward, then the input's gradient (a plus of a width not a multiple of 32 declined)
-    assert lent_layers == [wide, wide and not (residual and cin % 32)]
+    # the forward (with a residual: the kernel asked to add it and keep the ReLU output, then, where it
+    # declines, to run without it), then the input's gradient (a plus of a width not a multiple of 32 declined)
+    forward = [wide] if wide or not residual else [False, False]
+    assert lent_layers == forward + [wide and not (residual and cin % 32)]
     for key, value in exact.items():
         error = relative_error(ours[key], value)
         print(f"{key}: {error:.2e}")

@@ -48,6 +48,14 @@ def local_gconv_forward(xp, layer, x, supports, residual=None):
     b, k, n, cin = x.shape
     cout = w0.shape[1]
     if a0 is None:
+        # the residual added in the kernel's pass, which also writes the ReLU output the backward masks with
+        lent = (
+            None
+            if residual is None
+            else deformation_layer(x, w0, w1, bias, a1, residual=residual, keep_activation=True)
+        )
+        if lent is not None:
+            return lent[0], LocalGConvCache(x, lent[1], layer, supports)
         relu_out = deformation_layer(x, w0, w1, bias, a1)
         if relu_out is not None:
             out = relu_out if residual is None else relu_out + residual

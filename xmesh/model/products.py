@@ -81,14 +81,19 @@ def lend_layer(layer):
     return before
 
 
-def deformation_layer(x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False, residual=None):
+def deformation_layer(
+    x, w0, w1, bias, a1, relu: bool = True, support_transposed: bool = False, residual=None, keep_activation=False
+):
     """``act(X W0 + A1 (X W1) + bias) (+ residual)`` for X (B, K, N, cin) over its hypothesis axis K,
     (cin, cout) weights and (K, K) A1 (``A1^T`` when ``support_transposed``: a long-lived A1 is named, so
     that the lent kernel keeps what it builds for it); act is the ReLU or, with ``relu=False``, none;
-    ``residual`` (B, K, N, cout) is added last, in the same pass. None where no layer kernel is lent or
-    it does not take these operands."""
+    ``residual`` (B, K, N, cout) is added last, in the same pass. ``keep_activation``: (that sum, act(...)
+    before the residual), both written in the pass. None where no layer kernel is lent or it does not
+    take these operands."""
     if _lent_layer is None or str(x.dtype) != "float32" or x.ndim != 4:
         return None
+    if keep_activation:
+        return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual, keep_activation=True)
     return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual)
 
 

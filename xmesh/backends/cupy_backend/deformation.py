@@ -229,6 +229,7 @@ class DeformationStage:
         residual=None,
         mask=None,
         keep=False,
+        keep_activation=False,
     ):
         """The training passes' deformation layer (lent to ``xmesh.model.products.deformation_layer``):
         act(X W0 + A1 (X W1) + bias) (+ residual, added after act) for float32 X (B, 43, N, cin) in the
@@ -237,7 +238,8 @@ class DeformationStage:
         weights change every step, so they are prepared at each call (one launch). An output width that
         is not a multiple of 32 takes zero weight columns up to one and comes back as a view of the first
         ``cout`` columns; such a width declines a residual. None off Hopper and for layers narrower than
-        32 columns either way (the score layer).
+        32 columns either way (the score layer). ``keep_activation``: (output, act(...) before the
+        residual), written in the same pass.
 
         With ``mask`` (the ReLU output of the layer before, the output's shape; ``relu=False``) the output
         is carried on through that ReLU in the same pass (``drb_layer_gradient``): (dy, sums, output or
@@ -271,8 +273,11 @@ class DeformationStage:
             full_bias,
             residual,
             mixing=mixing if relu else "#define WG_DRB_LINEAR 1\n" + mixing,
+            keep_activation=True,  # one module for every forward layer, the ReLU output kept where a residual is
         )
-        return out if width == cout else out[..., :cout]
+        if keep_activation:  # a residual's width is whole; without one the two are the same array
+            return out if width == cout else (out[0][..., :cout],) * 2
+        return out[0] if width == cout else out[0][..., :cout]
 
     def _training_gradient(self, x, w0, w1, mixing, mask, residual, keep):
         """:meth:`training_layer` with a mask: the input gradient through the ReLU before, or None."""

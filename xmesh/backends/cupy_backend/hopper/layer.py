@@ -21,11 +21,24 @@ def _x_and_weight(x, ldx: int, weight: PreparedWeight) -> tuple:
 class LayerFamily:
     """:meth:`drb_layer` (a mixin of :class:`HopperGemm`)."""
 
-    def drb_layer(self, x, weight: PreparedWeight, a1, bias, residual=None, mixing: str = "", out16: bool = False):
+    def drb_layer(
+        self,
+        x,
+        weight: PreparedWeight,
+        a1,
+        bias,
+        residual=None,
+        mixing: str = "",
+        out16: bool = False,
+        keep_activation: bool = False,
+    ):
         """relu(X W0 + A1 (X W1) + bias) (+ residual) for X (B, 43, N, cin) (rows may be padded: see
         :func:`hypothesis_rows`), ``weight`` the
         paired [W0 | W1], a1 (43, 43), bias (cout,), residual (B, 43, N, cout) or None. ``mixing``:
         :func:`mixing_source` of the same A1 to run the kernel built for it (zeros skipped).
+        ``keep_activation`` (float32 output): (out, the values before the residual; out itself without a
+        residual), both written in the same pass (the training's forward keeps a skip connection's ReLU
+        output for its backward), by a module built with WG_DRB_ACTIVATION.
 
         16-bit modes only: ``out16`` stores the output in the mode's 16 bits (:func:`activation_dtype`;
         the sum is rounded once, to nearest even), and the residual must then be given in them too;
@@ -56,6 +69,9 @@ class LayerFamily:
                     f"drb_layer: residual {residual.shape} must be ({b}, {hyp}, {n}, {cout}), 16-byte aligned"
                 )
         out = cp.empty((b, hyp, n, cout), dtype=act)
+        if keep_activation and out16:
+            raise ValueError("drb_layer: keep_activation is for a float32 output")
+        activation = cp.empty_like(out) if keep_activation and residual is not None else None
         vec = ldx % (8 if x16 else 4) == 0 and x.data.ptr % 16 == 0
         if x16 and not vec:
             raise ValueError(f"drb_layer: 16-bit X needs 16-byte aligned rows (a multiple of 8 elements), got {ldx}")
@@ -68,6 +84,8 @@ class LayerFamily:
         code, part, _ = OPERANDS[weight.operands]
         if mixing:  # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
             mixing += f"#define WG_DRB_OPS {code}\n"
+        if keep_activation:
+            mixing += "#define WG_DRB_ACTIVATION 1\n"
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
         self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
             (blocks,),
@@ -81,9 +99,12 @@ class LayerFamily:
                 np.int32(n),
                 np.int32(cout),
                 np.int32(tiles),
+                *((np.uint64(0) if activation is None else activation,) if keep_activation else ()),
             ),
             shared_mem=smem,
         )
+        if keep_activation:
+            return out, (out if activation is None else activation)
         return out
 
     def drb_layer_gradient(self, x, weight: PreparedWeight, mask, residual, mixing: str, keep: bool = False):
