@@ -92,9 +92,7 @@ def deformation_layer(
     take these operands."""
     if _lent_layer is None or str(x.dtype) != "float32" or x.ndim != 4:
         return None
-    if keep_activation:
-        return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual, keep_activation=True)
-    return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual)
+    return _lent_layer(x, w0, w1, bias, a1, relu, support_transposed, residual, keep_activation=keep_activation)
 
 
 def layer_input_gradient(dz, w0, w1, a1, mask, residual=None, keep: bool = False):

@@ -266,7 +266,7 @@ class DeformationStage:
         full_bias = cp.zeros(width, dtype=cp.float32)
         if bias is not None:
             full_bias[:cout] = bias
-        out = self.hopper.drb_layer(
+        out, activation = self.hopper.drb_layer(
             hg.hypothesis_rows(cp, x),
             self.hopper.prepare(weight, "3xtf32", paired=True),
             support,
@@ -275,9 +275,9 @@ class DeformationStage:
             mixing=mixing if relu else "#define WG_DRB_LINEAR 1\n" + mixing,
             keep_activation=True,  # one module for every forward layer, the ReLU output kept where a residual is
         )
-        if keep_activation:  # a residual's width is whole; without one the two are the same array
-            return out if width == cout else (out[0][..., :cout],) * 2
-        return out[0] if width == cout else out[0][..., :cout]
+        if width != cout:  # no residual (its width is whole): the two are the same array
+            out = activation = out[..., :cout]
+        return (out, activation) if keep_activation else out
 
     def _training_gradient(self, x, w0, w1, mixing, mask, residual, keep):
         """:meth:`training_layer` with a mask: the input gradient through the ReLU before, or None."""
