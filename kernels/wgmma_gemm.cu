@@ -749,6 +749,26 @@ XM_KERNEL(wg_split_weight) void wg_split_weight(const float* __restrict__ B, lon
     }
 }
 
+// The same for a deformation layer's paired weight from W0 and W1 apart, each K x cout with element
+// (k, c) at k * sk + c * sc (a transposed view reads in place): B = [W0 | 0 | W1 | 0] with each half
+// `width` columns (cout up to the next multiple of the pairing), N = 2 width.
+XM_KERNEL(wg_split_pair) void wg_split_pair(const float* __restrict__ W0, const float* __restrict__ W1, long sk, long sc,
+                                            int K, int cout, int width, int Kp, int Np, int pair,
+                                            float* __restrict__ big, float* __restrict__ small) {
+    const long long total = (long long)Np * Kp;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int j = (int)(i / Kp), k = (int)(i % Kp), n = wg_weight_column(j, 2 * width, pair);
+        const bool second = n >= width;
+        const int c = second ? n - width : n;
+        const float x = (n < 2 * width && c < cout && k < K) ? (second ? W1 : W0)[(long)k * sk + (long)c * sc] : 0.0f;
+        unsigned hi, lo;
+        wg_split<WG_3XTF32>(x, hi, lo);
+        big[i] = __uint_as_float(hi);
+        small[i] = __uint_as_float(lo);
+    }
+}
+
 // The same for the 16-bit modes: out[j][k] = B[k][col(j)] rounded to nearest even float16 (bf16 = 0)
 // or bfloat16 (bf16 = 1), as (Np x Kp) 16-bit elements.
 XM_KERNEL(wg_pack_weight16) void wg_pack_weight16(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,

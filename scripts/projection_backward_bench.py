@@ -1,14 +1,16 @@
-"""The local projection's backward on the training step's own hypotheses, the float4 kernel against the
-grouped one in the windows and map sets given (a GPU is needed).
+"""The local projection's training pair on the training step's own hypotheses: the one-pass kernels
+against the taps and the pooling in their own launches (float4 or grouped backward), forward and
+backward (a GPU is needed).
 
     python3 scripts/projection_backward_bench.py --batch-sizes 1 32 --repeat 10
 
-For each batch size (the golden training sample repeated, synthetic weights), each deformation block's
-projection cache from stage 2's forward: the mean time of ``--repeat`` backwards after one untimed,
-with the device synchronised around them, and the largest relative difference of any result (the
-points' and the three maps' gradients) from the float4 kernel's. Variants: ``float4`` (no grouping),
-then ``grouped C+ wW`` for each ``--variants`` pair C:W (maps of at least C channels grouped, a window of
-W floats of shared memory).
+For each batch size (the golden training sample repeated, synthetic weights) and each deformation
+block's hypothesis points and maps from stage 2's forward: the mean time of ``--repeat`` forwards and
+of as many backwards, each after an untimed one, the device synchronised around them, and the largest
+relative difference of any result (the features, the points' and the three maps' gradients) from the
+first variant's. Variants: ``one pass`` (local_projection_cupy, windows of ``--windows`` floats), then
+the taps apart with the ``float4`` backward and ``grouped C+ wW`` for each ``--variants`` pair C:W (maps
+of at least C channels grouped, a window of W floats of shared memory).
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--variants", nargs="+", default=["64:8192", "64:16384", "32:16384", "16:32768"])
+    parser.add_argument("--windows", type=int, nargs="+", default=[2048])
+    parser.add_argument("--variants", nargs="+", default=["64:8192"])
     args = parser.parse_args()
 
     import cupy
 
     from xmesh.benchmarking import default_template
     from xmesh.io.weights import synthetic_weights
-    from xmesh.model import bilinear_cupy
-    from xmesh.model.local_projection_train import local_projection_backward
+    from xmesh.model import bilinear_cupy, local_projection_cupy, local_projection_train
     from xmesh.train import graph_step, stage2
     from xmesh.train.bench import default_sample
     from xmesh.train.trainer import Trainer
@@ -40,10 +42,29 @@ def main() -> None:
     sample, _ = default_sample(template)
     trainer = Trainer(2, synthetic_weights(1), template, "cupy", graphs=False)
     xp = trainer.device.xp
-    defaults = (bilinear_cupy.GROUPED_BACKWARD, bilinear_cupy.GROUP_MIN_CHANNELS, bilinear_cupy.GROUP_WINDOW_FLOATS)
-    variants = [("float4", False, 64, 8192)] + [
-        (f"grouped {c}+ w{w}", True, int(c), int(w)) for c, w in (v.split(":") for v in args.variants)
+    flags = [
+        (local_projection_train, "ONE_PASS_ON_CUPY"),
+        (local_projection_cupy, "WINDOW_FLOATS"),
+        (bilinear_cupy, "GROUPED_BACKWARD"),
+        (bilinear_cupy, "GROUP_MIN_CHANNELS"),
+        (bilinear_cupy, "GROUP_WINDOW_FLOATS"),
     ]
+    defaults = [getattr(module, name) for module, name in flags]
+    variants = [(f"one pass w{w}", (True, w, True, 64, 8192)) for w in args.windows]
+    variants += [("taps, float4", (False, 2048, False, 64, 8192))] + [
+        (f"taps, grouped {c}+ w{w}", (False, 2048, True, int(c), int(w)))
+        for c, w in (v.split(":") for v in args.variants)
+    ]
+
+    def timed(fn):
+        fn()
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(args.repeat):
+            out = fn()
+        cupy.cuda.Device().synchronize()
+        return (time.perf_counter() - start) / args.repeat * 1e3, out
+
     try:
         for batch in args.batch_sizes:
             key = (batch, sample.images.shape[0], graph_step.padded_size(len(sample.labels)))
@@ -51,31 +72,40 @@ def main() -> None:
             inputs.load([sample] * batch, np.random.default_rng(0), 0.0)
             fwd = stage2.forward(xp, inputs.weights, inputs.template, inputs.images, inputs.transforms, inputs.starts)
             for block, cache in enumerate(c.projection for c in fwd.drb_caches):
-                n = cache.views[0].h.shape[1]
-                vertices = n // inputs.template.offsets.shape[0]
-                dfeats = xp.asarray(np.random.default_rng(1).standard_normal((batch, n, 339)).astype(np.float32))
+                centers = inputs.starts if block == 0 else fwd.blocks[0]
+                vertices = centers.shape[1]
+                points = xp.reshape(centers[:, None] + inputs.template.offsets[None, :, None], (batch, -1, 3))
+                dfeats = xp.asarray(
+                    np.random.default_rng(1).standard_normal((batch, points.shape[1], 339)).astype(np.float32)
+                )
                 reference = None
-                for label, grouped, channels, window in variants:
-                    bilinear_cupy.GROUPED_BACKWARD = grouped
-                    bilinear_cupy.GROUP_MIN_CHANNELS, bilinear_cupy.GROUP_WINDOW_FLOATS = channels, window
-                    local_projection_backward(xp, dfeats, cache, groups=vertices)
-                    cupy.cuda.Device().synchronize()
-                    start = time.perf_counter()
-                    for _ in range(args.repeat):
-                        dpoints, dmaps = local_projection_backward(xp, dfeats, cache, groups=vertices)
-                    cupy.cuda.Device().synchronize()
-                    ms = (time.perf_counter() - start) / args.repeat * 1e3
-                    result = [dpoints.get()] + [m.get() for m in dmaps]
+                for label, values in variants:
+                    for (module, name), value in zip(flags, values, strict=True):
+                        setattr(module, name, value)
+                    forward_ms, (feats, projection) = timed(
+                        lambda: local_projection_train.local_projection_forward(xp, points, cache.maps, cache.tf)
+                    )
+                    backward_ms, (dpoints, dmaps) = timed(
+                        lambda projection=projection: local_projection_train.local_projection_backward(
+                            xp, dfeats, projection, groups=vertices
+                        )
+                    )
+                    result = [feats.get(), dpoints.get()] + [m.get() for m in dmaps]
                     reference = reference or result
                     difference = max(
                         float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
                         for a, b in zip(result, reference, strict=True)
                     )
-                    print(f"batch {batch} block {block + 1} {label:22s} {ms:8.2f} ms (difference {difference:.1e})")
+                    print(
+                        f"batch {batch} block {block + 1} {label:24s} forward {forward_ms:8.2f} ms "
+                        f"backward {backward_ms:8.2f} ms (difference {difference:.1e})"
+                    )
+                    del feats, projection, dpoints, dmaps
             del inputs, fwd
             cupy.get_default_memory_pool().free_all_blocks()
     finally:
-        bilinear_cupy.GROUPED_BACKWARD, bilinear_cupy.GROUP_MIN_CHANNELS, bilinear_cupy.GROUP_WINDOW_FLOATS = defaults
+        for (module, name), value in zip(flags, defaults, strict=True):
+            setattr(module, name, value)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def main() -> None:
     _, dmaps, _ = deformation_block_backward(xp, dblocks[1], fwd.drb_caches[1])
     dmaps = [d[:, : m.shape[1], : m.shape[2], :] for d, m in zip(dmaps, fwd.maps, strict=True)]
     projection = fwd.drb_caches[1].projection
-    points = projection.views[0].h.shape[1]
+    points = tm.offsets.shape[0] * g.starts.shape[1]  # the hypotheses of every vertex
     dfeats = xp.full((batch, points, 339), 1e-3, dtype=xp.float32)
     _, _, grads = stage2.loss_and_gradients(
         xp, w, tm, g.images, g.transforms, g.gt, g.starts, None, uniforms=g.uniforms

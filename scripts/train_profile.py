@@ -147,18 +147,21 @@ def comparisons() -> list:
         layer = products.lend_layer(None)
         return lambda: products.lend_layer(layer)
 
-    def flag_off(module, name):
+    def flags_off(*flags):
         def off():
-            setattr(module, name, False)
-            return lambda: setattr(module, name, True)
+            for module, name in flags:
+                setattr(module, name, False)
+            return lambda: [setattr(module, name, True) for module, name in flags]
 
         return off
 
+    apart = (local_projection_train, "ONE_PASS_ON_CUPY")
     return [
         ("cuBLAS's float32 products instead", products_off),
-        ("the local projection's array-API taps instead", flag_off(local_projection_train, "FUSED_ON_CUPY")),
+        ("the local projection's taps and pooling apart", flags_off(apart)),
+        ("the local projection's array-API taps instead", flags_off(apart, (local_projection_train, "FUSED_ON_CUPY"))),
         ("no layer kernel lent (the deformation layers as products)", layer_off),
-        ("the warp-per-row projection backward", flag_off(bilinear_cupy, "FLOAT4_BACKWARD")),
+        ("the warp-per-row projection backward", flags_off(apart, (bilinear_cupy, "FLOAT4_BACKWARD"))),
     ]
 
 
@@ -172,7 +175,8 @@ def main() -> None:
         "--compare",
         action="store_true",
         help="also time the step with every product in cuBLAS (no GEMM and no layer kernel lent, "
-        "xmesh.model.products), with the local projection's array-API taps "
+        "xmesh.model.products), with the local projection's taps and pooling apart "
+        "(local_projection_train.ONE_PASS_ON_CUPY), with its array-API taps "
         "(local_projection_train.FUSED_ON_CUPY), with no "
         "deformation layer kernel lent (products.lend_layer) and with the warp-per-row projection "
         "backward (bilinear_cupy.FLOAT4_BACKWARD)",

@@ -1,7 +1,8 @@
 """The float32 training layers on CuPy's own kernels against float64 NumPy: the deformation layer in
 the lent Hopper kernel (forward, and backward without the ReLU through A1^T), the backward's one-pass
-mask, mixing and bias sums, and the local projection's float4 atomics. Each within float32's accuracy,
-a bound one TF32 product (about 1e-4) would miss."""
+mask, mixing and bias sums, the local projection's float4 atomics, and its one-pass pair against the
+taps and the pooling apart. Each within float32's accuracy, a bound one TF32 product (about 1e-4)
+would miss."""
 
 from __future__ import annotations
 
@@ -162,6 +163,7 @@ def test_the_float4_backward_is_the_warp_per_row_one(monkeypatch):
     width = 3 + 3 * sum(c for _, c in sizes)
     dfeats = xp.asarray(rng.standard_normal((b, n, width)).astype(np.float32))
     tf = transforms(b, xp, np.float32)
+    monkeypatch.setattr(local_projection_train, "ONE_PASS_ON_CUPY", False)  # the taps and the pooling apart
 
     def run(float4: bool):
         monkeypatch.setattr(bilinear_cupy, "FLOAT4_BACKWARD", float4)
@@ -196,6 +198,7 @@ def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
     tf = transforms(b, xp, np.float32)
     monkeypatch.setattr(bilinear_cupy, "GROUP_WINDOW_FLOATS", window)
     monkeypatch.setattr(bilinear_cupy, "GROUP_MIN_CHANNELS", 16)
+    monkeypatch.setattr(local_projection_train, "ONE_PASS_ON_CUPY", False)
 
     def run(grouped: bool):
         monkeypatch.setattr(bilinear_cupy, "GROUPED_BACKWARD", grouped)
@@ -207,6 +210,52 @@ def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
         error = relative_error(ours, theirs)
         print(f"window {window}, {'points' if i == 0 else f'map {i - 1}'}: {error:.2e}")
         assert error < 1e-6
+
+
+@pytest.mark.parametrize("window", [256, 2048])
+def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch, window):
+    """local_projection_cupy's two kernels against the taps and the pooling each in its own launches on
+    the same float32 inputs (the training step's 43 hypotheses a vertex, points past the image's edge,
+    ReLU maps whose zeros tie across views), and against NumPy's float32 array-API code for the
+    features; a window of 256 floats sends the 64-channel map's groups to the global atomics, one of
+    2048 keeps them in shared memory."""
+    import array_api_compat.cupy as xp
+    import array_api_compat.numpy as xnp
+
+    from xmesh.benchmarking import default_template
+    from xmesh.model import local_projection_cupy
+
+    rng = np.random.default_rng(11)
+    b, vertices = 2, 300
+    offsets = np.asarray(default_template()[0].sample_coord, dtype=np.float64)
+    centers = hypothesis_points(rng, b, vertices, outside=3)
+    host_points = (centers[:, None] + offsets[None, :, None]).reshape(b, -1, 3).astype(np.float32)
+    sizes = [(224, 16), (112, 32), (56, 64)]
+    host_maps = [np.maximum(m, 0.0).astype(np.float32) for m in padded_maps(rng, b, len(CAMERAS), sizes)]
+    maps = [xp.asarray(m) for m in host_maps]
+    points = xp.asarray(host_points)
+    width = 3 + 3 * sum(c for _, c in sizes)
+    dfeats = xp.asarray(rng.standard_normal((b, host_points.shape[1], width)).astype(np.float32))
+    tf = transforms(b, xp, np.float32)
+    monkeypatch.setattr(local_projection_cupy, "WINDOW_FLOATS", window)
+
+    def run(one_pass: bool):
+        monkeypatch.setattr(local_projection_train, "ONE_PASS_ON_CUPY", one_pass)
+        feats, cache = local_projection_train.local_projection_forward(xp, points, maps, tf)
+        assert (cache.features is not None) == one_pass
+        dpoints, dmaps = local_projection_train.local_projection_backward(xp, dfeats, cache, groups=vertices)
+        return [x.astype(np.float64).get() for x in [feats, dpoints, *dmaps]]
+
+    ours, theirs = run(True), run(False)
+    numpy_feats = local_projection_train.local_projection_forward(
+        xnp, host_points, host_maps, transforms(b, xnp, np.float32)
+    )[0]
+    for name, a, c in zip(["features", "points", "map 0", "map 1", "map 2"], ours, theirs, strict=True):
+        error = relative_error(a, c)
+        print(f"window {window}, {name}: {error:.2e}")
+        assert error < 1e-6, name
+    assert relative_error(ours[0], numpy_feats.astype(np.float64)) < 1e-6
+    assert np.abs(ours[1]).max() > 0 and all(np.abs(m).max() > 0 for m in ours[2:])
 
 
 @pytest.mark.parametrize("bn", [128, 96, 64])

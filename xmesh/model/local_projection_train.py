@@ -6,7 +6,10 @@ max/mean/std over views). The backward reaches the maps, through a scatter-add o
 weight, and the points, through the bilinear weights, the clamp (TF passes the gradient where the
 unclamped pixel lies in [0, 223], ends included) and the camera projection. floor and ceil have no
 gradient, so at an integer coordinate, where the sample is 0, the coordinate's gradient is 0 too.
-On CuPy the bilinear taps of each view and map run in one launch each way (:mod:`.bilinear_cupy`).
+On CuPy in float32 the whole pair runs in one launch each way (:mod:`.local_projection_cupy`): the
+pixels, the taps and the pooling, without the per-view features between them; elsewhere (float64,
+other map sets) the bilinear taps of each view and map run in one launch each way
+(:mod:`.bilinear_cupy`) and the pooling in one more (:mod:`.view_pool_cupy`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from array_api_compat import is_cupy_namespace
 
-from . import bilinear_cupy
+from . import bilinear_cupy, local_projection_cupy
 from .camera import CENTER, FOCAL, IMAGE_SIZE, MAX_PIXEL, mat3
 from .products import matmul
 from .sparse import scatter_add
@@ -36,12 +39,15 @@ class ViewProjection:
 
 @dataclass
 class LocalProjectionCache:
-    """What :func:`local_projection_backward` reads."""
+    """What :func:`local_projection_backward` reads: the taps' per-view projections and pooling cache, or
+    for the one-pass pair on CuPy the points and the padded features it wrote."""
 
     tf: Any  # DeviceTransforms
     maps: list  # (B*V, s+1, s+1, C) zero-padded maps
-    views: list  # ViewProjection per view
-    pool: ViewPoolCache
+    views: list | None  # ViewProjection per view
+    pool: ViewPoolCache | None
+    points: Any = None  # (B,n,3), the one-pass pair's
+    features: Any = None  # (B,n,row), the one-pass pair's rows [point, max, mean, std, zeros]
 
 
 def view_projection(xp, points, tf, view: int) -> ViewProjection:
@@ -59,6 +65,9 @@ def view_projection(xp, points, tf, view: int) -> ViewProjection:
         (h >= 0.0) & (h <= MAX_PIXEL),
         (w >= 0.0) & (w <= MAX_PIXEL),
     )
+
+
+_VIEW_PROJECTION = view_projection
 
 
 def _corners(xp, proj: ViewProjection, size: int):
@@ -83,6 +92,11 @@ def _base(xp, batch: int, views: int, view: int, padded: int):
 
 #: CuPy runs the bilinear taps in bilinear_cupy's kernels; False runs the array-API code (for comparisons)
 FUSED_ON_CUPY = True
+#: float32 on CuPy runs the whole pair in local_projection_cupy's two kernels where they take the maps;
+#: False runs the taps and the pooling each on its own (for comparisons). The kernels work out the pixels
+#: themselves: a ``view_projection`` put in this module's place (the golden stage-2 test's, which puts
+#: chosen samples on the original's side of a pixel boundary) takes the taps, which read its pixels.
+ONE_PASS_ON_CUPY = True
 
 
 def _fused(xp) -> bool:
@@ -118,13 +132,18 @@ def local_projection_forward(xp, points, maps, tf):
 
 
 def _local_projection_forward_cupy(xp, points, maps, tf):
-    """:func:`local_projection_forward` on CuPy with no copies between its kernels: the taps write
-    each view's features into their columns of one (V, B*n, sum(C)) stack, and the pooling writes max,
-    mean and std into theirs of the output, whose rows are padded with zeros to a multiple of 4 floats
-    (339 -> 340, returned as a view of the first 339) for the layer kernels' 16-byte copies."""
+    """:func:`local_projection_forward` on CuPy: the one-pass kernel where it takes the operands, else
+    with no copies between the kernels: the taps write each view's features into their columns of one
+    (V, B*n, sum(C)) stack, and the pooling writes max, mean and std into theirs of the output. Either
+    way the rows are padded with zeros to a multiple of 4 floats (339 -> 340, returned as a view of
+    the first 339) for the layer kernels' 16-byte copies."""
     batch, n, _ = points.shape
     views = tf.num_views
     width = sum(int(m.shape[3]) for m in maps)
+    if ONE_PASS_ON_CUPY and view_projection is _VIEW_PROJECTION and local_projection_cupy.takes(points, maps, views):
+        out = local_projection_cupy.forward(points, maps, tf.packed, views)
+        cache = LocalProjectionCache(tf, list(maps), None, None, points=points, features=out)
+        return out[..., : 3 + 3 * width], cache
     stacked = xp.empty((views, batch * n, width), dtype=points.dtype)
     projections = []
     for view in range(views):
@@ -149,6 +168,11 @@ def local_projection_backward(xp, dfeats, cache: LocalProjectionCache, groups: i
     ``groups``: the points are (n / groups, groups), the rows k * groups + v of one v near one another
     (a deformation block's hypotheses of vertex v), which the CuPy kernel sums before the maps."""
     tf, maps = cache.tf, cache.maps
+    if cache.features is not None:
+        dpoints, dmaps = local_projection_cupy.backward(
+            dfeats, cache.features, cache.points, maps, tf.packed, tf.num_views, groups
+        )
+        return dpoints, dmaps
     batch, n, _ = dfeats.shape
     views = tf.num_views
     width = sum(m.shape[3] for m in maps)

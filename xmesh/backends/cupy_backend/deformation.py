@@ -234,12 +234,12 @@ class DeformationStage:
         """The training passes' deformation layer (lent to ``xmesh.model.products.deformation_layer``):
         act(X W0 + A1 (X W1) + bias) (+ residual, added after act) for float32 X (B, 43, N, cin) in the
         Hopper layer kernel with 3xTF32 products whatever this backend's mode (float32's accuracy), act
-        the ReLU or none (``relu=False``, a module built with WG_DRB_LINEAR); bias None is zero. The
-        weights change every step, so they are prepared at each call (one launch). An output width that
+        the ReLU or none (``relu=False``, a module built with WG_DRB_LINEAR); bias None is zero. An output width that
         is not a multiple of 32 takes zero weight columns up to one and comes back as a view of the first
         ``cout`` columns; such a width declines a residual. None off Hopper and for layers narrower than
         32 columns either way (the score layer). ``keep_activation``: (output, act(...) before the
-        residual), written in the same pass.
+        residual), written in the same pass. The weights change every step: W0 and W1 are split into
+        the kernel's paired TF32 parts at every call, in one launch (``prepare_pair``).
 
         With ``mask`` (the ReLU output of the layer before, the output's shape; ``relu=False``) the output
         is carried on through that ReLU in the same pass (``drb_layer_gradient``): (dy, sums, output or
@@ -260,15 +260,14 @@ class DeformationStage:
         if mask is not None:
             return self._training_gradient(x, w0, w1, mixing, mask, residual, keep)
         width = -(-cout // cols) * cols
-        weight = cp.zeros((cin, 2 * width), dtype=cp.float32)
-        weight[:, :cout] = w0
-        weight[:, width : width + cout] = w1
-        full_bias = cp.zeros(width, dtype=cp.float32)
-        if bias is not None:
-            full_bias[:cout] = bias
+        full_bias = bias
+        if width != cout or bias is None or bias.dtype != cp.float32 or not bias.flags.c_contiguous:
+            full_bias = cp.zeros(width, dtype=cp.float32)
+            if bias is not None:
+                full_bias[:cout] = bias
         out, activation = self.hopper.drb_layer(
             hg.hypothesis_rows(cp, x),
-            self.hopper.prepare(weight, "3xtf32", paired=True),
+            self.hopper.prepare_pair(w0, w1),
             support,
             full_bias,
             residual,
@@ -292,10 +291,7 @@ class DeformationStage:
             or rows.data.ptr % 16
         ):
             return None
-        weight = cp.concatenate([w0, w1], axis=1)
-        return self.hopper.drb_layer_gradient(
-            rows, self.hopper.prepare(weight, "3xtf32", paired=True), mask, residual, mixing, keep
-        )
+        return self.hopper.drb_layer_gradient(rows, self.hopper.prepare_pair(w0, w1), mask, residual, mixing, keep)
 
     def _training_support(self, a1, transposed: bool):
         """(A1 or A1^T as a contiguous float32 device array, its mixing source), made once per support."""

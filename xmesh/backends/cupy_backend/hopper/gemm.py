@@ -64,6 +64,7 @@ class HopperCore:
         self._kernels: dict = {}
         self._split = get_arch_function(GEMM.source, "wg_split_weight", ARCH, ("-std=c++17",))
         self._pack16 = get_arch_function(GEMM.source, "wg_pack_weight16", ARCH, ("-std=c++17",))
+        self._split_pair = None  # the training's (prepare_pair), built at its first call
 
     def _kernel(self, name: str, smem: int, prelude: str = "", source: str = GEMM.source):
         kernel = self._kernels.get((name, prelude))
@@ -104,6 +105,39 @@ class HopperCore:
             small = cp.empty((np_, kp), dtype=cp.float32) if passes == 3 else None
             self._split(grid, (256,), (*head, np.int32(passes), pair, big, big if small is None else small))
         return PreparedWeight(big, small, k, n, operands, paired)
+
+    def prepare_pair(self, w0, w1) -> PreparedWeight:
+        """:meth:`prepare`'s 3xTF32 paired weight of a deformation layer from its W0 and W1 (k, cout) apart,
+        in one launch: each half's columns zero-padded to a multiple of ``DRB_LAYER.cols``. W0 and W1 are
+        float32 views of one layout (a transposed view is read in place)."""
+        cp = self.cupy
+        if w0.shape != w1.shape or w0.strides != w1.strides or w0.dtype != cp.float32 or w1.dtype != cp.float32:
+            raise ValueError(f"a paired weight's halves differ: {w0.shape} {w0.dtype} and {w1.shape} {w1.dtype}")
+        k, cout = w0.shape
+        width = -(-cout // DRB_LAYER.cols) * DRB_LAYER.cols
+        kp, np_ = -(-k // GEMM.bk) * GEMM.bk, -(-2 * width // GEMM.bn) * GEMM.bn
+        big, small = cp.empty((np_, kp), dtype=cp.float32), cp.empty((np_, kp), dtype=cp.float32)
+        if self._split_pair is None:
+            self._split_pair = get_arch_function(GEMM.source, "wg_split_pair", ARCH, ("-std=c++17",))
+        self._split_pair(
+            (min(-(-(np_ * kp) // 256), 4096),),
+            (256,),
+            (
+                w0,
+                w1,
+                np.int64(w0.strides[0] // 4),
+                np.int64(w0.strides[1] // 4),
+                np.int32(k),
+                np.int32(cout),
+                np.int32(width),
+                np.int32(kp),
+                np.int32(np_),
+                np.int32(DRB_LAYER.cols),
+                big,
+                small,
+            ),
+        )
+        return PreparedWeight(big, small, k, 2 * width, "3xtf32", True)
 
     def __call__(self, a, weight: PreparedWeight, out, bias=None, relu: bool = False):
         """out (m, n) = act(a (m, k) @ B + bias); ``a`` and ``out`` row-strided views with unit column stride."""

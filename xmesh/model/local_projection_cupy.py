@@ -1,0 +1,510 @@
+"""The local projection's training pair on CuPy in one launch each way (float32, the model's three maps).
+
+The forward is the per-view taps (:mod:`.bilinear_cupy`) and the pooling (:mod:`.view_pool_cupy`)
+without the (V, B*n, C) stack between them: a warp per point, a lane per 4 channels of the maps'
+concatenation (28 lanes for the model's 16 + 32 + 64), each lane working out the point's pixel in
+every view (the array-API code's float32 operations, each rounded), sampling its channels there with
+16-byte gathers and pooling them over the views into the point's row ``[point, max, mean, std]``.
+
+The backward takes a group of rows at a time (a vertex's 43 hypotheses), a warp per row again: it
+samples the views once more (the same operations, so the same values, ties included), splits the
+pooled gradients over the views as :func:`view_pool_cupy.pool_views_backward` does, adds each corner's
+share into the maps' gradients (a map of at least ``WINDOW_MIN_CHANNELS`` channels through a window of
+shared memory per view over the cells the group touches, where it fits; 16-byte atomics otherwise),
+sums the pulls along each map's axes over the lanes and carries them through the clamp and the camera
+into the point's gradient: no (V, B*n, C) gradient, no pixel arrays, no array-API camera arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+MAPS = 3  # the stage-2 maps the pair takes (conv 2, 5 and 8)
+FORWARD_WARPS = 8  # rows a forward block takes, a warp each
+BACKWARD_THREADS = 256
+#: the backward's blocks a multiprocessor: 2 caps its registers at 128 (a few spilled, to L1)
+BACKWARD_BLOCKS = 2
+#: floats of shared memory per view for the window of a map's cells a group's rows touch
+WINDOW_FLOATS = 1024
+#: maps of fewer channels (finer maps, whose groups spread over more cells) take global atomics
+WINDOW_MIN_CHANNELS = 64
+MAX_VIEWS = 8  # a module per view count, its per-view values in registers
+MAX_GROUP_ROWS = 64  # the backward's rows a block (LP_MAX_HYPS)
+_opted_in: dict = {}
+
+SOURCE = r"""
+#define LP_FOCAL 248.0f
+#define LP_CENTER 112.0f
+#define LP_MAX_PIXEL 223.0f
+#define LP_MAPS 3
+#define LP_MAX_HYPS 64   // the backward's rows a group
+
+struct LpMaps {
+    const float* map[LP_MAPS];
+    int padded[LP_MAPS];    // cells a side of the zero-padded map
+    int channels[LP_MAPS];
+};
+// The kernels' map arguments: three maps (B*V, s+1, s+1, C) float32, 16-byte aligned, C a multiple of 4.
+#define LP_MAP_PARAMS const float* __restrict__ m0, const float* __restrict__ m1, const float* __restrict__ m2, \
+    int s0, int s1, int s2, int c0, int c1, int c2
+#define LP_MAPS_FROM_PARAMS {{m0, m1, m2}, {s0, s1, s2}, {c0, c1, c2}}
+
+// A point in one view: its pixel before (h, w) and after the clamp (hc, wc), and in the view's frame (q).
+struct LpView {
+    float h, w, hc, wc, q0, q1, q2;
+};
+
+// Camera-0 point p of the sample whose packed transforms are T, in view v: the array-API code's
+// float32 operations (camera.mat3's order), each rounded.
+__device__ __forceinline__ LpView lp_view(const float* __restrict__ T, int v, float p0, float p1, float p2) {
+    const float* F = T;
+    const float* o0 = T + 9;
+    const float* R = T + 12 + 9 * v;
+    const float* ov = T + 12 + 9 * LP_VIEWS + 3 * v;
+    float d[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+        const float world = __fadd_rn(
+            __fadd_rn(__fadd_rn(__fmul_rn(p0, F[j]), __fmul_rn(p1, F[3 + j])), __fmul_rn(p2, F[6 + j])), o0[j]);
+        d[j] = __fsub_rn(world, ov[j]);
+    }
+    float q[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+        q[j] = __fadd_rn(__fadd_rn(__fmul_rn(d[0], R[j]), __fmul_rn(d[1], R[3 + j])), __fmul_rn(d[2], R[6 + j]));
+    LpView out;
+    out.q0 = q[0];
+    out.q1 = q[1];
+    out.q2 = q[2];
+    out.h = __fadd_rn(__fmul_rn(LP_FOCAL, __fdiv_rn(-q[1], -q[2])), LP_CENTER);
+    out.w = __fadd_rn(__fmul_rn(LP_FOCAL, __fdiv_rn(q[0], -q[2])), LP_CENTER);
+    // min(max(.)) as the array-API code's, a NaN kept
+    out.hc = out.h < 0.0f ? 0.0f : out.h;
+    out.hc = out.hc > LP_MAX_PIXEL ? LP_MAX_PIXEL : out.hc;
+    out.wc = out.w < 0.0f ? 0.0f : out.w;
+    out.wc = out.wc > LP_MAX_PIXEL ? LP_MAX_PIXEL : out.wc;
+    return out;
+}
+
+// The four corners (q11, q21, q12, q22) of a clamped pixel on a map of `padded` cells a side, as cell
+// indices within the map of sample b's view v, and their weights, as bilinear_cupy's taps.
+struct LpTaps {
+    long long cell[4];
+    float wx1, wx2, wy1, wy2;
+    int x1, x2, y1, y2;
+};
+
+__device__ __forceinline__ LpTaps lp_taps(const LpView& pv, long long base, int padded) {
+    const float step = (float)(224.0 / (double)(padded - 1));
+    const float x = __fdiv_rn(pv.hc, step), y = __fdiv_rn(pv.wc, step);
+    const float x1 = floorf(x), x2 = ceilf(x), y1 = floorf(y), y2 = ceilf(y);
+    LpTaps t;
+    t.x1 = (int)x1;
+    t.x2 = (int)x2;
+    t.y1 = (int)y1;
+    t.y2 = (int)y2;
+    t.cell[0] = base + (long long)t.x1 * padded + t.y1;
+    t.cell[1] = base + (long long)t.x2 * padded + t.y1;
+    t.cell[2] = base + (long long)t.x1 * padded + t.y2;
+    t.cell[3] = base + (long long)t.x2 * padded + t.y2;
+    t.wx1 = __fsub_rn(x2, x);
+    t.wx2 = __fsub_rn(x, x1);
+    t.wy1 = __fsub_rn(y2, y);
+    t.wy2 = __fsub_rn(y, y1);
+    return t;
+}
+
+// The lane's 4 channels: which map (its pointer, cells a side and channels), its first channel there and
+// its column in the concatenation (false for the lanes past the channel groups).
+struct LpLane {
+    const float* map;
+    int index, padded, channels, c, column;
+    bool valid;
+};
+
+__device__ __forceinline__ LpLane lp_lane(const LpMaps& maps, int lane) {
+    const int g0 = maps.channels[0] >> 2, g1 = g0 + (maps.channels[1] >> 2), g2 = g1 + (maps.channels[2] >> 2);
+    LpLane l;
+    l.index = lane < g0 ? 0 : (lane < g1 ? 1 : 2);
+    l.valid = lane < g2;
+    l.map = l.index == 0 ? maps.map[0] : (l.index == 1 ? maps.map[1] : maps.map[2]);
+    l.padded = l.index == 0 ? maps.padded[0] : (l.index == 1 ? maps.padded[1] : maps.padded[2]);
+    l.channels = l.index == 0 ? maps.channels[0] : (l.index == 1 ? maps.channels[1] : maps.channels[2]);
+    l.c = 4 * (lane - (l.index == 0 ? 0 : (l.index == 1 ? g0 : g1)));
+    l.column = 4 * lane;
+    return l;
+}
+
+__device__ __forceinline__ float4 lp_load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// The bilinear sample of 4 channels, rounded as bilinear_forward's.
+__device__ __forceinline__ float lp_lerp(float q11, float q21, float q12, float q22, const LpTaps& t) {
+    float acc = __fmul_rn(q11, __fmul_rn(t.wx1, t.wy1));
+    acc = __fadd_rn(acc, __fmul_rn(q21, __fmul_rn(t.wx2, t.wy1)));
+    acc = __fadd_rn(acc, __fmul_rn(q12, __fmul_rn(t.wx1, t.wy2)));
+    return __fadd_rn(acc, __fmul_rn(q22, __fmul_rn(t.wx2, t.wy2)));
+}
+
+__device__ __forceinline__ void lp_sample4(const float* map, int channels, int c, const LpTaps& t, float* f) {
+    const float4 q11 = lp_load4(map + t.cell[0] * channels + c), q21 = lp_load4(map + t.cell[1] * channels + c);
+    const float4 q12 = lp_load4(map + t.cell[2] * channels + c), q22 = lp_load4(map + t.cell[3] * channels + c);
+    f[0] = lp_lerp(q11.x, q21.x, q12.x, q22.x, t);
+    f[1] = lp_lerp(q11.y, q21.y, q12.y, q22.y, t);
+    f[2] = lp_lerp(q11.z, q21.z, q12.z, q22.z, t);
+    f[3] = lp_lerp(q11.w, q21.w, q12.w, q22.w, t);
+}
+
+__device__ __forceinline__ long long lp_base(int b, int v, int padded) {
+    return ((long long)b * LP_VIEWS + v) * padded * padded;
+}
+
+// Rows r of (B*n) points p (B*n, 3) -> out rows (ldo floats) [p, max, mean, std, zeros], a warp a row.
+extern "C" __global__ void lp_forward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
+                                      long long rows, long long n, int width, float* __restrict__ out,
+                                      long long ldo) {
+    const LpMaps maps = LP_MAPS_FROM_PARAMS;
+    const int lane = threadIdx.x & 31;
+    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;   // the whole warp
+    const int b = (int)(r / n);
+    const float* T = tf + (long long)b * (12 + 12 * LP_VIEWS);
+    const float p0 = points[3 * r], p1 = points[3 * r + 1], p2 = points[3 * r + 2];
+    const LpLane l = lp_lane(maps, lane);
+    float* row = out + r * ldo;
+    const int total = (maps.channels[0] + maps.channels[1] + maps.channels[2]);
+    if (l.valid) {
+        const float* map = l.map;
+        const int padded = l.padded, channels = l.channels;
+        float vals[LP_VIEWS][4];
+#pragma unroll
+        for (int v = 0; v < LP_VIEWS; ++v) {
+            const LpView pv = lp_view(T, v, p0, p1, p2);
+            lp_sample4(map, channels, l.c, lp_taps(pv, lp_base(b, v, padded), padded), vals[v]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {   // view_pool_cupy's max, mean and std, each operation rounded
+            float top = vals[0][j], sum = vals[0][j];
+#pragma unroll
+            for (int v = 1; v < LP_VIEWS; ++v) {
+                top = vals[v][j] > top ? vals[v][j] : top;
+                sum = __fadd_rn(sum, vals[v][j]);
+            }
+            const float mean = __fdiv_rn(sum, (float)LP_VIEWS);
+            float square = 0.0f;
+#pragma unroll
+            for (int v = 0; v < LP_VIEWS; ++v) {
+                const float d = __fsub_rn(vals[v][j], mean);
+                square = __fadd_rn(square, __fmul_rn(d, d));
+            }
+            row[3 + l.column + j] = top;
+            row[3 + total + l.column + j] = mean;
+            row[3 + 2 * total + l.column + j] = __fsqrt_rn(__fadd_rn(__fdiv_rn(square, (float)LP_VIEWS), 1e-6f));
+        }
+    } else {
+        const int k = lane - (total >> 2);
+        if (k < 3) row[k] = k == 0 ? p0 : (k == 1 ? p1 : p2);
+    }
+    for (int k = width + lane; k < ldo; k += 32) row[k] = 0.0f;
+}
+
+__device__ __forceinline__ void lp_add4(float* at, float4 v) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4*>(at), v);
+#else
+    atomicAdd(at, v.x);
+    atomicAdd(at + 1, v.y);
+    atomicAdd(at + 2, v.z);
+    atomicAdd(at + 3, v.w);
+#endif
+}
+
+// A group's `hyps` rows first + k * groups (k < hyps) of sample b's n, a block per group and a warp a
+// row: the gradients of the maps (added into dmaps) and of the points (dpoints, (B*n, 3)) from the
+// features' dfeats (rows lddf floats apart) and the forward's features (rows ldf floats apart).
+// Map `windowed` (or -1) sums the group's shares in shared memory first: per view, `window` floats.
+extern "C" __global__ void __launch_bounds__(LP_BACKWARD_THREADS, LP_BACKWARD_BLOCKS)
+lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
+            const float* __restrict__ feats, long long ldf, const float* __restrict__ dfeats, long long lddf,
+            long long n, int groups, int hyps, int windowed, int window, float* dmap0, float* dmap1, float* dmap2,
+            float* __restrict__ dpoints) {
+    const LpMaps maps = LP_MAPS_FROM_PARAMS;
+    extern __shared__ float acc[];   // LP_VIEWS windows of `window` floats
+    __shared__ int bounds[LP_VIEWS][4];   // lowest and highest row and column of the windowed map's corners
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int b = (int)(blockIdx.x / groups);
+    const long long first = (long long)b * n + (blockIdx.x - (long long)b * groups);
+    const float* T = tf + (long long)b * (12 + 12 * LP_VIEWS);
+    const int total = (maps.channels[0] + maps.channels[1] + maps.channels[2]);
+
+    __shared__ LpView pixels[LP_MAX_HYPS * LP_VIEWS];   // each (row, view)'s, worked out once
+    if (threadIdx.x < 4 * LP_VIEWS) (&bounds[0][0])[threadIdx.x] = (threadIdx.x & 1) ? -1 : 0x7fffffff;
+    __syncthreads();
+    for (int i = threadIdx.x; i < hyps * LP_VIEWS; i += blockDim.x) {
+        const int k = i / LP_VIEWS, v = i - k * LP_VIEWS;
+        const long long r = first + (long long)k * groups;
+        const LpView pv = lp_view(T, v, points[3 * r], points[3 * r + 1], points[3 * r + 2]);
+        pixels[i] = pv;
+        if (windowed >= 0) {
+            const LpTaps t = lp_taps(pv, 0, maps.padded[windowed]);
+            atomicMin(&bounds[v][0], t.x1);
+            atomicMax(&bounds[v][1], t.x2);
+            atomicMin(&bounds[v][2], t.y1);
+            atomicMax(&bounds[v][3], t.y2);
+        }
+    }
+    __syncthreads();
+    int wy[LP_VIEWS];
+    bool local[LP_VIEWS];
+#pragma unroll
+    for (int v = 0; v < LP_VIEWS; ++v) {
+        wy[v] = bounds[v][3] - bounds[v][2] + 1;
+        local[v] = false;
+        if (windowed < 0) continue;
+        const int cells = (bounds[v][1] - bounds[v][0] + 1) * wy[v];
+        local[v] = cells * maps.channels[windowed] <= window;
+        if (local[v])
+            for (int i = threadIdx.x; i < cells * maps.channels[windowed]; i += blockDim.x) acc[v * window + i] = 0.0f;
+    }
+    __syncthreads();
+
+    const LpLane l = lp_lane(maps, lane);
+    const int m = l.index;
+    const float* map = l.map;
+    float* dmap = m == 0 ? dmap0 : (m == 1 ? dmap1 : dmap2);
+    const int padded = l.padded, channels = l.channels;
+    const float scale = (float)((double)(padded - 1) / 224.0);
+    for (int k = warp; k < hyps; k += warps) {
+        const long long r = first + (long long)k * groups;
+        const LpView* pv = pixels + k * LP_VIEWS;
+        float sx[LP_VIEWS], sy[LP_VIEWS];
+#pragma unroll
+        for (int v = 0; v < LP_VIEWS; ++v) sx[v] = sy[v] = 0.0f;
+        if (l.valid) {
+            float f[LP_VIEWS][4];
+#pragma unroll
+            for (int v = 0; v < LP_VIEWS; ++v)
+                lp_sample4(map, channels, l.c, lp_taps(pv[v], lp_base(b, v, padded), padded), f[v]);
+            // view_pool_cupy's backward: the max's gradient split among the tied views, the mean's, the std's
+            float share[4], through_mean[4], spread[4], top[4], mean[4];
+            const float* frow = feats + r * ldf + 3 + l.column;
+            const float* drow = dfeats + r * lddf + 3 + l.column;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                top[j] = frow[j];
+                mean[j] = frow[total + j];
+                int ties = 0;
+#pragma unroll
+                for (int v = 0; v < LP_VIEWS; ++v) ties += f[v][j] == top[j];
+                share[j] = __fdiv_rn(drow[j], (float)ties);
+                through_mean[j] = __fdiv_rn(drow[total + j], (float)LP_VIEWS);
+                spread[j] = __fdiv_rn(drow[2 * total + j], __fmul_rn((float)LP_VIEWS, frow[2 * total + j]));
+            }
+#pragma unroll
+            for (int v = 0; v < LP_VIEWS; ++v) {
+                const LpTaps t = lp_taps(pv[v], lp_base(b, v, padded), padded);
+                float d[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    d[j] = __fadd_rn(__fadd_rn(f[v][j] == top[j] ? share[j] : 0.0f, through_mean[j]),
+                                     __fmul_rn(__fsub_rn(f[v][j], mean[j]), spread[j]));
+                const float4 q11 = lp_load4(map + t.cell[0] * channels + l.c);
+                const float4 q21 = lp_load4(map + t.cell[1] * channels + l.c);
+                const float4 q12 = lp_load4(map + t.cell[2] * channels + l.c);
+                const float4 q22 = lp_load4(map + t.cell[3] * channels + l.c);
+                const float wy1 = t.wy1, wy2 = t.wy2, wx1 = t.wx1, wx2 = t.wx2;
+                sx[v] = d[0] * ((q21.x - q11.x) * wy1 + (q22.x - q12.x) * wy2);
+                sx[v] += d[1] * ((q21.y - q11.y) * wy1 + (q22.y - q12.y) * wy2);
+                sx[v] += d[2] * ((q21.z - q11.z) * wy1 + (q22.z - q12.z) * wy2);
+                sx[v] += d[3] * ((q21.w - q11.w) * wy1 + (q22.w - q12.w) * wy2);
+                sy[v] = d[0] * ((q12.x - q11.x) * wx1 + (q22.x - q21.x) * wx2);
+                sy[v] += d[1] * ((q12.y - q11.y) * wx1 + (q22.y - q21.y) * wx2);
+                sy[v] += d[2] * ((q12.z - q11.z) * wx1 + (q22.z - q21.z) * wx2);
+                sy[v] += d[3] * ((q12.w - q11.w) * wx1 + (q22.w - q21.w) * wx2);
+                sx[v] *= scale;
+                sy[v] *= scale;
+                const float w[4] = {__fmul_rn(wx1, wy1), __fmul_rn(wx2, wy1), __fmul_rn(wx1, wy2), __fmul_rn(wx2, wy2)};
+                const int xs[4] = {t.x1, t.x2, t.x1, t.x2}, ys[4] = {t.y1, t.y1, t.y2, t.y2};
+#pragma unroll
+                for (int corner = 0; corner < 4; ++corner) {
+                    const float share = w[corner];
+                    const float4 s = make_float4(d[0] * share, d[1] * share, d[2] * share, d[3] * share);
+                    if (m == windowed && local[v]) {
+                        const int cell = (xs[corner] - bounds[v][0]) * wy[v] + (ys[corner] - bounds[v][2]);
+                        float* at = acc + v * window + cell * channels + l.c;
+                        atomicAdd(at, s.x);
+                        atomicAdd(at + 1, s.y);
+                        atomicAdd(at + 2, s.z);
+                        atomicAdd(at + 3, s.w);
+                    } else {
+                        lp_add4(dmap + t.cell[corner] * channels + l.c, s);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < LP_VIEWS; ++v)
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                sx[v] += __shfl_down_sync(0xffffffffu, sx[v], offset);
+                sy[v] += __shfl_down_sync(0xffffffffu, sy[v], offset);
+            }
+        if (lane == 0) {   // through the clamp (TF's gradient where the pixel lies in [0, 223]) and the cameras
+            const float* F = T;
+            float dp[3] = {dfeats[r * lddf], dfeats[r * lddf + 1], dfeats[r * lddf + 2]};
+#pragma unroll
+            for (int v = 0; v < LP_VIEWS; ++v) {
+                const LpView& at = pv[v];
+                const float dh = (at.h >= 0.0f && at.h <= LP_MAX_PIXEL) ? sx[v] : 0.0f;
+                const float dw = (at.w >= 0.0f && at.w <= LP_MAX_PIXEL) ? sy[v] : 0.0f;
+                const float focal_z = LP_FOCAL / at.q2;
+                const float dq[3] = {-dw * focal_z, dh * focal_z, (dw * at.q0 - dh * at.q1) * focal_z / at.q2};
+                const float* R = T + 12 + 9 * v;
+                float dworld[3];
+#pragma unroll
+                for (int i = 0; i < 3; ++i) dworld[i] = dq[0] * R[3 * i] + dq[1] * R[3 * i + 1] + dq[2] * R[3 * i + 2];
+#pragma unroll
+                for (int i = 0; i < 3; ++i)
+                    dp[i] += dworld[0] * F[3 * i] + dworld[1] * F[3 * i + 1] + dworld[2] * F[3 * i + 2];
+            }
+            dpoints[3 * r] = dp[0];
+            dpoints[3 * r + 1] = dp[1];
+            dpoints[3 * r + 2] = dp[2];
+        }
+    }
+    if (windowed < 0) return;
+    __syncthreads();
+    const int wc = maps.channels[windowed], wp = maps.padded[windowed];
+#pragma unroll
+    for (int v = 0; v < LP_VIEWS; ++v) {
+        if (!local[v]) continue;
+        const int cells = (bounds[v][1] - bounds[v][0] + 1) * wy[v];
+        const long long base = lp_base(b, v, wp);
+        for (int i = threadIdx.x; i < cells * (wc >> 2); i += blockDim.x) {
+            const int cell = i / (wc >> 2), c = 4 * (i - cell * (wc >> 2));
+            const float4 s = lp_load4(acc + v * window + cell * wc + c);
+            if (s.x != 0.0f || s.y != 0.0f || s.z != 0.0f || s.w != 0.0f) {
+                const long long at = base + (long long)(bounds[v][0] + cell / wy[v]) * wp + bounds[v][2] + cell % wy[v];
+                lp_add4((windowed == 0 ? dmap0 : (windowed == 1 ? dmap1 : dmap2)) + at * wc + c, s);
+            }
+        }
+    }
+}
+"""
+
+
+@functools.cache
+def _module(views: int, blocks: int):
+    import cupy
+
+    defines = "".join(
+        f"#define {name} {value}\n"
+        for name, value in (
+            ("LP_VIEWS", views),
+            ("LP_BACKWARD_THREADS", BACKWARD_THREADS),
+            ("LP_BACKWARD_BLOCKS", blocks),
+        )
+    )
+    return cupy.RawModule(code=defines + SOURCE, options=("--std=c++11",))
+
+
+def _kernels(views: int):
+    module = _module(views, BACKWARD_BLOCKS)
+    return module.get_function("lp_forward"), module.get_function("lp_backward")
+
+
+def takes(points, maps, views: int) -> bool:
+    """Whether the pair takes these operands: float32 points (B, n, 3), the three float32 maps, contiguous
+    and 16-byte aligned, of channel counts that are multiples of 4 and fill at most 29 lanes, up to
+    ``MAX_VIEWS`` views."""
+    if str(points.dtype) != "float32" or points.ndim != 3 or len(maps) != MAPS or not 1 <= views <= MAX_VIEWS:
+        return False
+    channels = [int(m.shape[3]) for m in maps]
+    return (
+        all(c % 4 == 0 for c in channels)
+        and sum(channels) // 4 + 3 <= 32
+        and all(str(m.dtype) == "float32" and m.flags.c_contiguous and m.data.ptr % 16 == 0 for m in maps)
+    )
+
+
+def _map_arguments(maps) -> tuple:
+    return (
+        *maps,
+        *(np.int32(m.shape[1]) for m in maps),
+        *(np.int32(m.shape[3]) for m in maps),
+    )
+
+
+def forward(points, maps, packed, views: int):
+    """The features (B, n, row) of points (B, n, 3) on the zero-padded maps (B*V, s+1, s+1, C): rows
+    ``[point, max, mean, std]`` of 3 + 3 * sum(C) floats padded with zeros to a multiple of 4 (the layer
+    kernels' 16-byte copies). ``packed``: the (B, 12 + 12V) transforms."""
+    import cupy
+
+    points = cupy.ascontiguousarray(points)
+    packed = cupy.ascontiguousarray(packed, dtype=cupy.float32)
+    batch, n, _ = points.shape
+    width = 3 + 3 * sum(int(m.shape[3]) for m in maps)
+    row = -(-width // 4) * 4
+    out = cupy.empty((batch, n, row), dtype=cupy.float32)
+    rows = batch * n
+    if rows:
+        _kernels(views)[0](
+            (-(-rows // FORWARD_WARPS),),
+            (32 * FORWARD_WARPS,),
+            (points, packed, *_map_arguments(maps), np.int64(rows), np.int64(n), np.int32(width), out, np.int64(row)),
+        )
+    return out
+
+
+def _row_stride(array) -> int:
+    return array.strides[-2] // array.itemsize
+
+
+def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
+    """(dpoints (B, n, 3), [dmap (B*V, s+1, s+1, C)]) from the features' gradient ``dfeats`` (B, n, width),
+    the forward's ``feats`` (B, n, row) and its inputs. ``groups``: each sample's rows are (n / groups,
+    groups), a block taking the rows k * groups + v of one v (a vertex's hypotheses, near one another);
+    groups of more than ``MAX_GROUP_ROWS`` rows are taken a row a block."""
+    import cupy
+
+    batch, n, _ = points.shape
+    if n % groups or n // groups > MAX_GROUP_ROWS:
+        groups = n
+    if dfeats.strides[-1] != dfeats.itemsize or dfeats.strides[0] != n * dfeats.strides[1]:
+        dfeats = cupy.ascontiguousarray(dfeats)
+    points = cupy.ascontiguousarray(points)
+    packed = cupy.ascontiguousarray(packed, dtype=cupy.float32)
+    dmaps = [cupy.zeros_like(m) for m in maps]
+    dpoints = cupy.empty_like(points)
+    wide = [i for i, m in enumerate(maps) if int(m.shape[3]) >= WINDOW_MIN_CHANNELS]
+    windowed = wide[-1] if wide else -1
+    smem = views * WINDOW_FLOATS * 4
+    function = _kernels(views)[1]
+    # over 48 KB of shared memory in all (its own static part included) needs the kernel's opt-in, set once
+    if smem + function.shared_size_bytes > 48 * 1024 and _opted_in.get(id(function), 0) < smem:
+        function.max_dynamic_shared_size_bytes = smem
+        _opted_in[id(function)] = smem
+    if batch * n:
+        function(
+            (batch * groups,),
+            (BACKWARD_THREADS,),
+            (
+                points,
+                packed,
+                *_map_arguments(maps),
+                feats,
+                np.int64(_row_stride(feats)),
+                dfeats,
+                np.int64(_row_stride(dfeats)),
+                np.int64(n),
+                np.int32(groups),
+                np.int32(n // groups),
+                np.int32(windowed),
+                np.int32(WINDOW_FLOATS),
+                *dmaps,
+                dpoints,
+            ),
+            shared_mem=smem,
+        )
+    return dpoints, dmaps
