@@ -8,9 +8,9 @@ For each batch size (the golden training sample repeated, synthetic weights) and
 block's hypothesis points and maps from stage 2's forward: the mean time of ``--repeat`` forwards and
 of as many backwards, each after an untimed one, the device synchronised around them, and the largest
 relative difference of any result (the features, the points' and the three maps' gradients) from the
-first variant's. Variants: ``one pass`` (local_projection_cupy, windows of ``--windows`` floats), then
-the taps apart with the ``float4`` backward and ``grouped C+ wW`` for each ``--variants`` pair C:W (maps
-of at least C channels grouped, a window of W floats of shared memory).
+first variant's. Variants: ``one pass`` (local_projection_cupy), then the taps apart with the
+``float4`` backward and ``grouped C+ wW`` for each ``--variants`` pair C:W (maps of at least C channels
+grouped, a window of W floats of shared memory).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--windows", type=int, nargs="+", default=[2048])
     parser.add_argument("--variants", nargs="+", default=["64:8192"])
     args = parser.parse_args()
 
@@ -33,7 +32,7 @@ def main() -> None:
 
     from xmesh.benchmarking import default_template
     from xmesh.io.weights import synthetic_weights
-    from xmesh.model import bilinear_cupy, local_projection_cupy, local_projection_train
+    from xmesh.model import bilinear_cupy, local_projection_train
     from xmesh.train import graph_step, stage2
     from xmesh.train.bench import default_sample
     from xmesh.train.trainer import Trainer
@@ -44,16 +43,13 @@ def main() -> None:
     xp = trainer.device.xp
     flags = [
         (local_projection_train, "ONE_PASS_ON_CUPY"),
-        (local_projection_cupy, "WINDOW_FLOATS"),
         (bilinear_cupy, "GROUPED_BACKWARD"),
         (bilinear_cupy, "GROUP_MIN_CHANNELS"),
         (bilinear_cupy, "GROUP_WINDOW_FLOATS"),
     ]
     defaults = [getattr(module, name) for module, name in flags]
-    variants = [(f"one pass w{w}", (True, w, True, 64, 8192)) for w in args.windows]
-    variants += [("taps, float4", (False, 2048, False, 64, 8192))] + [
-        (f"taps, grouped {c}+ w{w}", (False, 2048, True, int(c), int(w)))
-        for c, w in (v.split(":") for v in args.variants)
+    variants = [("one pass", (True, True, 64, 8192)), ("taps, float4", (False, False, 64, 8192))] + [
+        (f"taps, grouped {c}+ w{w}", (False, True, int(c), int(w))) for c, w in (v.split(":") for v in args.variants)
     ]
 
     def timed(fn):
@@ -83,7 +79,9 @@ def main() -> None:
                     for (module, name), value in zip(flags, values, strict=True):
                         setattr(module, name, value)
                     forward_ms, (feats, projection) = timed(
-                        lambda: local_projection_train.local_projection_forward(xp, points, cache.maps, cache.tf)
+                        lambda: local_projection_train.local_projection_forward(
+                            xp, points, cache.maps, cache.tf, groups=vertices
+                        )
                     )
                     backward_ms, (dpoints, dmaps) = timed(
                         lambda projection=projection: local_projection_train.local_projection_backward(

@@ -85,6 +85,23 @@ def test_kernel_batched_with_ragged_lengths(cupy):
     np.testing.assert_allclose(listed, one_by_one, rtol=1e-6, atol=0)  # lists of CuPy arrays: auto -> cupy
 
 
+@pytest.mark.parametrize("n, m", [(3000, 6466), (300, 257), (2466, 10000)], ids=lambda v: str(v))
+def test_the_reference_cloud_in_parts_finds_what_one_walk_finds(cupy, monkeypatch, n, m):
+    """A few queries walk the reference cloud in parts (a training step's 3000 ground-truth points
+    against 6466 predicted ones: forty-odd parts); the parts' merge keeps the lowest index among exact
+    ties, so the pairs found are the one-walk kernel's, duplicated reference points included."""
+    pred, gt = shape_like_pair(n, m, seed=n + m)
+    gt[m // 2 :: 7] = gt[: len(gt[m // 2 :: 7])]  # exact duplicates far apart in the cloud: ties across parts
+    assert nn_cupy.splits(1, n, m) > 1
+    parts = nn_cupy.nearest(cupy.asarray(pred), cupy.asarray(gt))
+    monkeypatch.setattr(nn_cupy, "BLOCKS_PER_SM", 0)  # one part: the whole cloud in one walk
+    assert nn_cupy.splits(1, n, m) == 1
+    whole = nn_cupy.nearest(cupy.asarray(pred), cupy.asarray(gt))
+    np.testing.assert_array_equal(parts[1].get(), whole[1].get())
+    np.testing.assert_array_equal(parts[0].get(), whole[0].get())
+    np.testing.assert_allclose(parts[0].get(), reference_sqdist(pred, gt), rtol=2e-6, atol=0)
+
+
 def test_kernel_rejects_bad_inputs(cupy):
     good = cupy.zeros((4, 3), dtype=cupy.float32)
     with pytest.raises(InputError, match=r"a must be an \(N, 3\) or \(B, N, 3\) array"):

@@ -212,18 +212,15 @@ def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
         assert error < 1e-6
 
 
-@pytest.mark.parametrize("window", [256, 2048])
-def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch, window):
+def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch):
     """local_projection_cupy's two kernels against the taps and the pooling each in its own launches on
     the same float32 inputs (the training step's 43 hypotheses a vertex, points past the image's edge,
     ReLU maps whose zeros tie across views), and against NumPy's float32 array-API code for the
-    features; a window of 256 floats sends the 64-channel map's groups to the global atomics, one of
-    2048 keeps them in shared memory."""
+    features."""
     import array_api_compat.cupy as xp
     import array_api_compat.numpy as xnp
 
     from xmesh.benchmarking import default_template
-    from xmesh.model import local_projection_cupy
 
     rng = np.random.default_rng(11)
     b, vertices = 2, 300
@@ -237,11 +234,10 @@ def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch, w
     width = 3 + 3 * sum(c for _, c in sizes)
     dfeats = xp.asarray(rng.standard_normal((b, host_points.shape[1], width)).astype(np.float32))
     tf = transforms(b, xp, np.float32)
-    monkeypatch.setattr(local_projection_cupy, "WINDOW_FLOATS", window)
 
     def run(one_pass: bool):
         monkeypatch.setattr(local_projection_train, "ONE_PASS_ON_CUPY", one_pass)
-        feats, cache = local_projection_train.local_projection_forward(xp, points, maps, tf)
+        feats, cache = local_projection_train.local_projection_forward(xp, points, maps, tf, groups=vertices)
         assert (cache.features is not None) == one_pass
         dpoints, dmaps = local_projection_train.local_projection_backward(xp, dfeats, cache, groups=vertices)
         return [x.astype(np.float64).get() for x in [feats, dpoints, *dmaps]]
@@ -252,7 +248,7 @@ def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch, w
     )[0]
     for name, a, c in zip(["features", "points", "map 0", "map 1", "map 2"], ours, theirs, strict=True):
         error = relative_error(a, c)
-        print(f"window {window}, {name}: {error:.2e}")
+        print(f"{name}: {error:.2e}")
         assert error < 1e-6, name
     assert relative_error(ours[0], numpy_feats.astype(np.float64)) < 1e-6
     assert np.abs(ours[1]).max() > 0 and all(np.abs(m).max() > 0 for m in ours[2:])

@@ -1,7 +1,10 @@
 """Nearest neighbours on the GPU with xmesh's own tiled brute-force CUDA kernel (fp32, batched).
 
 The kernel source is ``nn_bruteforce.cu`` in the installed ``xmesh.kernels`` folder; it is compiled
-with ``cupy.RawModule`` on first use and kept per device for the life of the process.
+with ``cupy.RawModule`` on first use and kept per device for the life of the process. A block takes
+256 queries; where the queries alone make too few blocks to fill the GPU (a training step's 3000
+ground-truth points), each block walks one part of the reference cloud and a second launch keeps the
+parts' nearest, so the pairs found are one walk's (the lowest index among exact ties).
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from ..errors import BackendUnavailableError, InputError
 
 KERNEL_FILE = "nn_bruteforce.cu"
 KERNEL_NAME = "nn_bruteforce"
+MERGE_NAME = "nn_bruteforce_merge"
 #: Threads per block; also the number of reference points staged in shared memory per tile.
 THREADS = 256
+#: blocks a multiprocessor the reference cloud's parts aim for, where the queries alone fill fewer
+BLOCKS_PER_SM = 4
 _MAX_GRID_Y = 65535
+_sm_counts: dict = {}
 
 
 def require_cupy():
@@ -39,9 +46,20 @@ def array_module(x):
     return require_cupy() if is_cupy(x) else np
 
 
-def _kernel():
-    """The compiled ``nn_bruteforce`` function for the current device (compiled once, then cached)."""
-    return get_function(KERNEL_FILE, KERNEL_NAME)
+def _kernel(name: str = KERNEL_NAME):
+    """A compiled kernel of ``nn_bruteforce.cu`` for the current device (compiled once, then cached)."""
+    return get_function(KERNEL_FILE, name)
+
+
+def splits(batch: int, n_max: int, m_max: int) -> int:
+    """How many parts the reference clouds are walked in: enough that the blocks fill the GPU (a
+    training step's few thousand queries are a dozen blocks), each part at least a tile."""
+    cupy = require_cupy()
+    device = cupy.cuda.Device().id
+    if device not in _sm_counts:
+        _sm_counts[device] = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    blocks = -(-n_max // THREADS) * batch
+    return max(1, min(-(-BLOCKS_PER_SM * _sm_counts[device] // blocks), -(-m_max // THREADS)))
 
 
 def _lengths(lengths, batch: int, size: int, name: str, validate: bool = True):
@@ -100,16 +118,23 @@ def nearest(a, b, lengths_a=None, lengths_b=None, validate: bool = True):
     len_a = _lengths(lengths_a, batch, n_max, "lengths_a", validate)
     len_b = _lengths(lengths_b, batch, m_max, "lengths_b", validate)
 
-    sqdist = cupy.empty((batch, n_max), dtype=cupy.float32)
-    index = cupy.empty((batch, n_max), dtype=cupy.int32)
-    grid = ((n_max + THREADS - 1) // THREADS, batch)
+    parts = splits(batch, n_max, m_max)
+    chunk = -(-m_max // parts)
+    part_dist = cupy.empty((parts, batch, n_max), dtype=cupy.float32)
+    part_index = cupy.empty((parts, batch, n_max), dtype=cupy.int32)
     _kernel()(
-        grid,
+        ((n_max + THREADS - 1) // THREADS, batch, parts),
         (THREADS,),
-        (a32, b32, len_a, len_b, np.int32(n_max), np.int32(m_max), sqdist, index),
+        (a32, b32, len_a, len_b, np.int32(n_max), np.int32(m_max), np.int32(chunk), part_dist, part_index),
         shared_mem=3 * THREADS * 4,
     )
-    index = index.astype(cupy.int64)
+    sqdist = cupy.empty((batch, n_max), dtype=cupy.float32)
+    index = cupy.empty((batch, n_max), dtype=cupy.int64)
+    _kernel(MERGE_NAME)(
+        (-(-(batch * n_max) // THREADS),),
+        (THREADS,),
+        (part_dist, part_index, len_a, np.int32(batch), np.int32(n_max), np.int32(parts), sqdist, index),
+    )
     if single:
         return sqdist[0], index[0]
     return sqdist, index

@@ -197,7 +197,7 @@ def deformation_block_forward(xp, layers, supports, offsets, centers, maps, tf):
     b, n, _ = centers.shape
     k = offsets.shape[0]
     points = centers[:, None, :, :] + offsets[None, :, None, :]
-    feats, projection = local_projection_forward(xp, xp.reshape(points, (b, k * n, 3)), maps, tf)
+    feats, projection = local_projection_forward(xp, xp.reshape(points, (b, k * n, 3)), maps, tf, groups=n)
     x = xp.reshape(feats, (b, k, n, feats.shape[-1]))
     caches = []
 

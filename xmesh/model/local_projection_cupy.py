@@ -6,13 +6,15 @@ concatenation (28 lanes for the model's 16 + 32 + 64), each lane working out the
 every view (the array-API code's float32 operations, each rounded), sampling its channels there with
 16-byte gathers and pooling them over the views into the point's row ``[point, max, mean, std]``.
 
-The backward takes a group of rows at a time (a vertex's 43 hypotheses), a warp per row again: it
-samples the views once more (the same operations, so the same values, ties included), splits the
-pooled gradients over the views as :func:`view_pool_cupy.pool_views_backward` does, adds each corner's
-share into the maps' gradients (a map of at least ``WINDOW_MIN_CHANNELS`` channels through a window of
-shared memory per view over the cells the group touches, where it fits; 16-byte atomics otherwise),
-sums the pulls along each map's axes over the lanes and carries them through the clamp and the camera
-into the point's gradient: no (V, B*n, C) gradient, no pixel arrays, no array-API camera arithmetic.
+The backward takes a group of rows at a time (a vertex's 43 hypotheses, whose pixels it works out
+once into shared memory), a warp per row again: it samples the views once more (the same operations,
+so the same values, ties included), splits the pooled gradients over the views as
+:func:`view_pool_cupy.pool_views_backward` does, adds each corner's share into the maps' gradients
+with 16-byte atomics, sums the pulls along each map's axes over the lanes and carries them through
+the clamp and the camera into the point's gradient: no (V, B*n, C) gradient, no pixel arrays, no
+array-API camera arithmetic. (Summing a group's shares of the 64-channel map in a window of shared
+memory first, as :mod:`.bilinear_cupy`'s grouped kernel does, made it no faster at batch 1 and 6%
+slower at batch 32: ``scripts/projection_backward_bench.py``.)
 """
 
 from __future__ import annotations
@@ -26,13 +28,8 @@ FORWARD_WARPS = 8  # rows a forward block takes, a warp each
 BACKWARD_THREADS = 256
 #: the backward's blocks a multiprocessor: 2 caps its registers at 128 (a few spilled, to L1)
 BACKWARD_BLOCKS = 2
-#: floats of shared memory per view for the window of a map's cells a group's rows touch
-WINDOW_FLOATS = 1024
-#: maps of fewer channels (finer maps, whose groups spread over more cells) take global atomics
-WINDOW_MIN_CHANNELS = 64
 MAX_VIEWS = 8  # a module per view count, its per-view values in registers
 MAX_GROUP_ROWS = 64  # the backward's rows a block (LP_MAX_HYPS)
-_opted_in: dict = {}
 
 SOURCE = r"""
 #define LP_FOCAL 248.0f
@@ -160,15 +157,18 @@ __device__ __forceinline__ long long lp_base(int b, int v, int padded) {
     return ((long long)b * LP_VIEWS + v) * padded * padded;
 }
 
-// Rows r of (B*n) points p (B*n, 3) -> out rows (ldo floats) [p, max, mean, std, zeros], a warp a row.
+// Rows r of (B*n) points p (B*n, 3) -> out rows (ldo floats) [p, max, mean, std, zeros], a warp a row;
+// consecutive warps take a group's rows b n + k groups + v (k < n / groups), near one another.
 extern "C" __global__ void lp_forward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
-                                      long long rows, long long n, int width, float* __restrict__ out,
+                                      long long rows, long long n, int groups, int width, float* __restrict__ out,
                                       long long ldo) {
     const LpMaps maps = LP_MAPS_FROM_PARAMS;
     const int lane = threadIdx.x & 31;
-    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (r >= rows) return;   // the whole warp
-    const int b = (int)(r / n);
+    const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (w >= rows) return;   // the whole warp
+    const long long hyps = n / groups, group = w / hyps;
+    const int b = (int)(group / groups);
+    const long long r = (long long)b * n + (w - group * hyps) * groups + (group - (long long)b * groups);
     const float* T = tf + (long long)b * (12 + 12 * LP_VIEWS);
     const float p0 = points[3 * r], p1 = points[3 * r + 1], p2 = points[3 * r + 2];
     const LpLane l = lp_lane(maps, lane);
@@ -223,15 +223,12 @@ __device__ __forceinline__ void lp_add4(float* at, float4 v) {
 // A group's `hyps` rows first + k * groups (k < hyps) of sample b's n, a block per group and a warp a
 // row: the gradients of the maps (added into dmaps) and of the points (dpoints, (B*n, 3)) from the
 // features' dfeats (rows lddf floats apart) and the forward's features (rows ldf floats apart).
-// Map `windowed` (or -1) sums the group's shares in shared memory first: per view, `window` floats.
 extern "C" __global__ void __launch_bounds__(LP_BACKWARD_THREADS, LP_BACKWARD_BLOCKS)
 lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
             const float* __restrict__ feats, long long ldf, const float* __restrict__ dfeats, long long lddf,
-            long long n, int groups, int hyps, int windowed, int window, float* dmap0, float* dmap1, float* dmap2,
+            long long n, int groups, int hyps, float* dmap0, float* dmap1, float* dmap2,
             float* __restrict__ dpoints) {
     const LpMaps maps = LP_MAPS_FROM_PARAMS;
-    extern __shared__ float acc[];   // LP_VIEWS windows of `window` floats
-    __shared__ int bounds[LP_VIEWS][4];   // lowest and highest row and column of the windowed map's corners
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int b = (int)(blockIdx.x / groups);
     const long long first = (long long)b * n + (blockIdx.x - (long long)b * groups);
@@ -239,33 +236,10 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
     const int total = (maps.channels[0] + maps.channels[1] + maps.channels[2]);
 
     __shared__ LpView pixels[LP_MAX_HYPS * LP_VIEWS];   // each (row, view)'s, worked out once
-    if (threadIdx.x < 4 * LP_VIEWS) (&bounds[0][0])[threadIdx.x] = (threadIdx.x & 1) ? -1 : 0x7fffffff;
-    __syncthreads();
     for (int i = threadIdx.x; i < hyps * LP_VIEWS; i += blockDim.x) {
         const int k = i / LP_VIEWS, v = i - k * LP_VIEWS;
         const long long r = first + (long long)k * groups;
-        const LpView pv = lp_view(T, v, points[3 * r], points[3 * r + 1], points[3 * r + 2]);
-        pixels[i] = pv;
-        if (windowed >= 0) {
-            const LpTaps t = lp_taps(pv, 0, maps.padded[windowed]);
-            atomicMin(&bounds[v][0], t.x1);
-            atomicMax(&bounds[v][1], t.x2);
-            atomicMin(&bounds[v][2], t.y1);
-            atomicMax(&bounds[v][3], t.y2);
-        }
-    }
-    __syncthreads();
-    int wy[LP_VIEWS];
-    bool local[LP_VIEWS];
-#pragma unroll
-    for (int v = 0; v < LP_VIEWS; ++v) {
-        wy[v] = bounds[v][3] - bounds[v][2] + 1;
-        local[v] = false;
-        if (windowed < 0) continue;
-        const int cells = (bounds[v][1] - bounds[v][0] + 1) * wy[v];
-        local[v] = cells * maps.channels[windowed] <= window;
-        if (local[v])
-            for (int i = threadIdx.x; i < cells * maps.channels[windowed]; i += blockDim.x) acc[v * window + i] = 0.0f;
+        pixels[i] = lp_view(T, v, points[3 * r], points[3 * r + 1], points[3 * r + 2]);
     }
     __syncthreads();
 
@@ -325,21 +299,11 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
                 sx[v] *= scale;
                 sy[v] *= scale;
                 const float w[4] = {__fmul_rn(wx1, wy1), __fmul_rn(wx2, wy1), __fmul_rn(wx1, wy2), __fmul_rn(wx2, wy2)};
-                const int xs[4] = {t.x1, t.x2, t.x1, t.x2}, ys[4] = {t.y1, t.y1, t.y2, t.y2};
 #pragma unroll
                 for (int corner = 0; corner < 4; ++corner) {
-                    const float share = w[corner];
-                    const float4 s = make_float4(d[0] * share, d[1] * share, d[2] * share, d[3] * share);
-                    if (m == windowed && local[v]) {
-                        const int cell = (xs[corner] - bounds[v][0]) * wy[v] + (ys[corner] - bounds[v][2]);
-                        float* at = acc + v * window + cell * channels + l.c;
-                        atomicAdd(at, s.x);
-                        atomicAdd(at + 1, s.y);
-                        atomicAdd(at + 2, s.z);
-                        atomicAdd(at + 3, s.w);
-                    } else {
-                        lp_add4(dmap + t.cell[corner] * channels + l.c, s);
-                    }
+                    const float weight = w[corner];
+                    lp_add4(dmap + t.cell[corner] * channels + l.c,
+                            make_float4(d[0] * weight, d[1] * weight, d[2] * weight, d[3] * weight));
                 }
             }
         }
@@ -370,23 +334,6 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
             dpoints[3 * r] = dp[0];
             dpoints[3 * r + 1] = dp[1];
             dpoints[3 * r + 2] = dp[2];
-        }
-    }
-    if (windowed < 0) return;
-    __syncthreads();
-    const int wc = maps.channels[windowed], wp = maps.padded[windowed];
-#pragma unroll
-    for (int v = 0; v < LP_VIEWS; ++v) {
-        if (!local[v]) continue;
-        const int cells = (bounds[v][1] - bounds[v][0] + 1) * wy[v];
-        const long long base = lp_base(b, v, wp);
-        for (int i = threadIdx.x; i < cells * (wc >> 2); i += blockDim.x) {
-            const int cell = i / (wc >> 2), c = 4 * (i - cell * (wc >> 2));
-            const float4 s = lp_load4(acc + v * window + cell * wc + c);
-            if (s.x != 0.0f || s.y != 0.0f || s.z != 0.0f || s.w != 0.0f) {
-                const long long at = base + (long long)(bounds[v][0] + cell / wy[v]) * wp + bounds[v][2] + cell % wy[v];
-                lp_add4((windowed == 0 ? dmap0 : (windowed == 1 ? dmap1 : dmap2)) + at * wc + c, s);
-            }
         }
     }
 }
@@ -435,15 +382,19 @@ def _map_arguments(maps) -> tuple:
     )
 
 
-def forward(points, maps, packed, views: int):
+def forward(points, maps, packed, views: int, groups: int = 1):
     """The features (B, n, row) of points (B, n, 3) on the zero-padded maps (B*V, s+1, s+1, C): rows
     ``[point, max, mean, std]`` of 3 + 3 * sum(C) floats padded with zeros to a multiple of 4 (the layer
-    kernels' 16-byte copies). ``packed``: the (B, 12 + 12V) transforms."""
+    kernels' 16-byte copies). ``packed``: the (B, 12 + 12V) transforms. ``groups``: each sample's rows
+    are (n / groups, groups), and the rows k * groups + v of one v (a vertex's hypotheses, which sample
+    the same few cells) are taken one after another."""
     import cupy
 
     points = cupy.ascontiguousarray(points)
     packed = cupy.ascontiguousarray(packed, dtype=cupy.float32)
     batch, n, _ = points.shape
+    if n % groups:
+        groups = 1
     width = 3 + 3 * sum(int(m.shape[3]) for m in maps)
     row = -(-width // 4) * 4
     out = cupy.empty((batch, n, row), dtype=cupy.float32)
@@ -452,7 +403,17 @@ def forward(points, maps, packed, views: int):
         _kernels(views)[0](
             (-(-rows // FORWARD_WARPS),),
             (32 * FORWARD_WARPS,),
-            (points, packed, *_map_arguments(maps), np.int64(rows), np.int64(n), np.int32(width), out, np.int64(row)),
+            (
+                points,
+                packed,
+                *_map_arguments(maps),
+                np.int64(rows),
+                np.int64(n),
+                np.int32(groups),
+                np.int32(width),
+                out,
+                np.int64(row),
+            ),
         )
     return out
 
@@ -477,14 +438,7 @@ def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
     packed = cupy.ascontiguousarray(packed, dtype=cupy.float32)
     dmaps = [cupy.zeros_like(m) for m in maps]
     dpoints = cupy.empty_like(points)
-    wide = [i for i, m in enumerate(maps) if int(m.shape[3]) >= WINDOW_MIN_CHANNELS]
-    windowed = wide[-1] if wide else -1
-    smem = views * WINDOW_FLOATS * 4
     function = _kernels(views)[1]
-    # over 48 KB of shared memory in all (its own static part included) needs the kernel's opt-in, set once
-    if smem + function.shared_size_bytes > 48 * 1024 and _opted_in.get(id(function), 0) < smem:
-        function.max_dynamic_shared_size_bytes = smem
-        _opted_in[id(function)] = smem
     if batch * n:
         function(
             (batch * groups,),
@@ -500,11 +454,8 @@ def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
                 np.int64(n),
                 np.int32(groups),
                 np.int32(n // groups),
-                np.int32(windowed),
-                np.int32(WINDOW_FLOATS),
                 *dmaps,
                 dpoints,
             ),
-            shared_mem=smem,
         )
     return dpoints, dmaps

@@ -103,13 +103,15 @@ def _fused(xp) -> bool:
     return FUSED_ON_CUPY and is_cupy_namespace(xp)
 
 
-def local_projection_forward(xp, points, maps, tf):
+def local_projection_forward(xp, points, maps, tf, groups: int = 1):
     """(B,n,3) hypothesis points -> (B,n,3+3*sum(C)) features [points, max, mean, std], and the cache.
 
-    ``maps`` are the (B*V,s+1,s+1,C) zero-padded stage-2 maps; ``tf`` the DeviceTransforms.
+    ``maps`` are the (B*V,s+1,s+1,C) zero-padded stage-2 maps; ``tf`` the DeviceTransforms. ``groups``:
+    the points are (n / groups, groups), as :func:`local_projection_backward` takes them (the one-pass
+    kernel on CuPy samples a group's rows one after another).
     """
     if _fused(xp):
-        return _local_projection_forward_cupy(xp, points, maps, tf)
+        return _local_projection_forward_cupy(xp, points, maps, tf, groups)
     batch, n, _ = points.shape
     views = tf.num_views
     per_view, projections = [], []
@@ -131,7 +133,7 @@ def local_projection_forward(xp, points, maps, tf):
     return xp.concat([points, *pooled], axis=-1), LocalProjectionCache(tf, list(maps), projections, pool_cache)
 
 
-def _local_projection_forward_cupy(xp, points, maps, tf):
+def _local_projection_forward_cupy(xp, points, maps, tf, groups: int):
     """:func:`local_projection_forward` on CuPy: the one-pass kernel where it takes the operands, else
     with no copies between the kernels: the taps write each view's features into their columns of one
     (V, B*n, sum(C)) stack, and the pooling writes max, mean and std into theirs of the output. Either
@@ -141,7 +143,7 @@ def _local_projection_forward_cupy(xp, points, maps, tf):
     views = tf.num_views
     width = sum(int(m.shape[3]) for m in maps)
     if ONE_PASS_ON_CUPY and view_projection is _VIEW_PROJECTION and local_projection_cupy.takes(points, maps, views):
-        out = local_projection_cupy.forward(points, maps, tf.packed, views)
+        out = local_projection_cupy.forward(points, maps, tf.packed, views, groups)
         cache = LocalProjectionCache(tf, list(maps), None, None, points=points, features=out)
         return out[..., : 3 + 3 * width], cache
     stacked = xp.empty((views, batch * n, width), dtype=points.dtype)
