@@ -106,10 +106,9 @@ extern "C" __global__ void bilinear_backward_TYPE(const TYPE* __restrict__ df, l
 }
 """
 
-# float32 maps whose channels come in 4, 8 or 16 float4 groups (the stage-2 maps' 16, 32 and 64): a
-# thread per (row, group of 4 channels), the row's threads adjacent lanes of one warp, each corner's
-# share added with one 16-byte atomic (compute capability 9.0; four single ones elsewhere).
-SOURCE4 = r"""
+# four floats added with one 16-byte atomic (compute capability 9.0; four single ones elsewhere): the
+# projection backwards' adds into the maps' gradients (here and in local_projection_cupy)
+ATOMIC_ADD4 = r"""
 __device__ __forceinline__ void add4(float* at, float4 v) {
 #if __CUDA_ARCH__ >= 900
     atomicAdd(reinterpret_cast<float4*>(at), v);
@@ -120,6 +119,14 @@ __device__ __forceinline__ void add4(float* at, float4 v) {
     atomicAdd(at + 3, v.w);
 #endif
 }
+"""
+
+# float32 maps whose channels come in 4, 8 or 16 float4 groups (the stage-2 maps' 16, 32 and 64): a
+# thread per (row, group of 4 channels), the row's threads adjacent lanes of one warp, each corner's
+# share added with one 16-byte atomic.
+SOURCE4 = (
+    ATOMIC_ADD4
+    + r"""
 
 // a row's gradient of 4 channels (from `drow`) and its pulls along the map's axes over them (the sums sx, sy);
 // `map` is the map from those channels on
@@ -171,6 +178,7 @@ extern "C" __global__ void bilinear_backward4_float(const float* __restrict__ df
     }
 }
 """
+)
 
 # float32 maps of 16, 32 or 64 channels, the rows of a sample grouped as (hyps, groups): a block per
 # (sample, group) of `hyps` rows r = b n + k groups + v. The group's corner shares are summed in shared

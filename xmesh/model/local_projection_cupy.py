@@ -23,6 +23,8 @@ import functools
 
 import numpy as np
 
+from .bilinear_cupy import ATOMIC_ADD4
+
 MAPS = 3  # the stage-2 maps the pair takes (conv 2, 5 and 8)
 FORWARD_WARPS = 8  # rows a forward block takes, a warp each
 BACKWARD_THREADS = 256
@@ -209,17 +211,6 @@ extern "C" __global__ void lp_forward(const float* __restrict__ points, const fl
     for (int k = width + lane; k < ldo; k += 32) row[k] = 0.0f;
 }
 
-__device__ __forceinline__ void lp_add4(float* at, float4 v) {
-#if __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float4*>(at), v);
-#else
-    atomicAdd(at, v.x);
-    atomicAdd(at + 1, v.y);
-    atomicAdd(at + 2, v.z);
-    atomicAdd(at + 3, v.w);
-#endif
-}
-
 // A group's `hyps` rows first + k * groups (k < hyps) of sample b's n, a block per group and a warp a
 // row: the gradients of the maps (added into dmaps) and of the points (dpoints, (B*n, 3)) from the
 // features' dfeats (rows lddf floats apart) and the forward's features (rows ldf floats apart).
@@ -302,7 +293,7 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
 #pragma unroll
                 for (int corner = 0; corner < 4; ++corner) {
                     const float weight = w[corner];
-                    lp_add4(dmap + t.cell[corner] * channels + l.c,
+                    add4(dmap + t.cell[corner] * channels + l.c,
                             make_float4(d[0] * weight, d[1] * weight, d[2] * weight, d[3] * weight));
                 }
             }
@@ -352,7 +343,7 @@ def _module(views: int, blocks: int):
             ("LP_BACKWARD_BLOCKS", blocks),
         )
     )
-    return cupy.RawModule(code=defines + SOURCE, options=("--std=c++11",))
+    return cupy.RawModule(code=defines + ATOMIC_ADD4 + SOURCE, options=("--std=c++11",))
 
 
 def _kernels(views: int):

@@ -128,14 +128,13 @@ class StepGraph:
             h["images"][i] = sample.images
             h["starts"][i] = sample.start
         h["packed"][...] = packed_transforms(np.stack([s.cameras for s in samples]))
-        truth = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points)
-        for name in ("points", "normals", "valid", "count_values"):
-            h[name][...] = truth[name]
+        fields = {name: h[name] for name in ("points", "normals", "valid", "count_values")}
+        truth = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points, out=fields)
         h["lengths"][...] = truth["counts"]
         h["alpha"][...] = alpha
-        for call, uniforms in enumerate(ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32)):
-            for name, value in zip(("pick", "r1", "r2"), uniforms, strict=True):
-                h[f"{name}{call}"][...] = value
+        calls = range(stage2.MESH_LOSS_CALLS)
+        triples = [(h[f"pick{call}"], h[f"r1{call}"], h[f"r2{call}"]) for call in calls]
+        ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32, out=triples)
         self.staging.upload()
 
     def capture(self, variables: dict, state: AdamState) -> None:

@@ -70,27 +70,35 @@ class GroundTruth:
         return self.counts if int(self.counts.min()) < self.points.shape[1] else None
 
     @staticmethod
-    def host_arrays(labels, dtype, size: int | None = None) -> dict:
+    def host_arrays(labels, dtype, size: int | None = None, out: dict | None = None) -> dict:
         """B (P_i, 6) arrays of points and unit normals padded to ``size`` points (default the longest):
-        the host arrays of the fields, by name (``counts``: int64)."""
+        the host arrays of the fields, by name (``counts``: int64), written into ``out``'s arrays where
+        given (``points``, ``normals``, ``valid``, ``count_values`` of ``dtype``, e.g. a step's pinned
+        inputs) and returned in it."""
         counts = np.array([len(lab) for lab in labels], dtype=np.int64)
         size = int(counts.max()) if size is None else size
         if int(counts.max()) > size:
             raise ValueError(f"ground truth of {int(counts.max())} points does not fit {size}")
+        batch, dtype = len(labels), np.dtype(dtype)
+        if out is None:
+            out = {
+                "points": np.empty((batch, size, 3), dtype),
+                "normals": np.empty((batch, size, 3), dtype),
+                "valid": np.empty((batch, size), dtype),
+                "count_values": np.empty((batch,), dtype),
+            }
         # padding far from any mesh: never a nearest point of a predicted point
-        padded = np.full((len(labels), size, 6), 1e4, dtype=np.float64)
-        valid = np.zeros((len(labels), size))
+        out["points"][...] = 1e4
+        out["normals"][...] = 1e4
+        out["valid"][...] = 0.0
         for b, lab in enumerate(labels):
-            padded[b, : counts[b]] = np.asarray(lab, dtype=np.float64)[:, :6]
-            valid[b, : counts[b]] = 1.0
-        padded = padded.astype(np.dtype(dtype))
-        return {
-            "points": np.ascontiguousarray(padded[..., :3]),
-            "normals": np.ascontiguousarray(padded[..., 3:]),
-            "valid": valid.astype(padded.dtype),
-            "counts": counts,
-            "count_values": counts.astype(padded.dtype),
-        }
+            lab = np.asarray(lab)  # each value rounded once to dtype, as from float64
+            out["points"][b, : counts[b]] = lab[:, :3]
+            out["normals"][b, : counts[b]] = lab[:, 3:6]
+            out["valid"][b, : counts[b]] = 1.0
+        out["count_values"][...] = counts
+        out["counts"] = counts
+        return out
 
     @classmethod
     def from_labels(cls, xp, labels, dtype) -> GroundTruth:
@@ -168,11 +176,21 @@ class Uniforms:
     r2: Any
 
     @staticmethod
-    def host(rng: np.random.Generator, batch: int, calls: int, dtype, count: int = SAMPLES) -> list:
+    def host(
+        rng: np.random.Generator, batch: int, calls: int, dtype, count: int = SAMPLES, out: list | None = None
+    ) -> list:
         """``calls`` calls' uniforms from ``rng`` as host (pick, r1, r2) triples, each call's pick, r1 and
-        r2 in turn (so a run's draws resume with its generator)."""
+        r2 in turn (so a run's draws resume with its generator); drawn into ``out``'s triples where given
+        (float64 (B,S) and float32 (B,S,1) arrays, e.g. a step's pinned inputs)."""
         host = []
-        for _ in range(calls):
+        for call in range(calls):
+            if out is not None:
+                pick, r1, r2 = out[call]
+                rng.random(out=pick)
+                rng.random(dtype=np.float32, out=r1)
+                rng.random(dtype=np.float32, out=r2)
+                host.append(out[call])
+                continue
             pick = rng.random((batch, count))
             r1 = rng.random((batch, count, 1), dtype=np.float32)
             r2 = rng.random((batch, count, 1), dtype=np.float32)
