@@ -155,3 +155,36 @@ def test_own_draws_follow_the_face_areas():
         chi2 = float(((observed - expected) ** 2 / expected).sum())
         assert chi2 < 40.0, chi2  # 11 degrees of freedom: p < 1e-4 above 40
     assert draws.r1.shape == (2, 40000, 1) and 0 <= float(draws.r1.min()) and float(draws.r2.max()) < 1
+
+
+def test_the_pinned_inputs_take_the_same_ground_truth_and_draws():
+    """A replayed step's inputs written in place (``out=``) are the arrays the eager step makes: the
+    ground truth padded with 1e4 and rounded once to float32 (float32 and float64 labels alike), and
+    the uniforms of the same generator stream, which then resumes where the eager draws leave it."""
+    rng = np.random.default_rng(4)
+    labels = [rng.standard_normal((300, 6)).astype(np.float32), rng.standard_normal((250, 6))]
+    made = ml.GroundTruth.host_arrays(labels, np.float32, 512)
+    out = {
+        name: np.full(made[name].shape, np.nan, np.float32) for name in ("points", "normals", "valid", "count_values")
+    }
+    written = ml.GroundTruth.host_arrays(labels, np.float32, 512, out=out)
+    assert written is out and made["points"].dtype == np.float32
+    for name in ("points", "normals", "valid", "count_values"):
+        np.testing.assert_array_equal(written[name], made[name])
+    exact = np.full((2, 512, 6), 1e4)
+    for b, lab in enumerate(labels):
+        exact[b, : len(lab)] = np.asarray(lab, np.float64)
+    np.testing.assert_array_equal(made["points"], exact[..., :3].astype(np.float32))
+    np.testing.assert_array_equal(made["normals"], exact[..., 3:].astype(np.float32))
+    assert made["valid"].sum() == 550 and made["counts"].tolist() == [300, 250]
+
+    eager, pinned = np.random.default_rng(9), np.random.default_rng(9)
+    drawn = ml.Uniforms.host(eager, 2, 2, np.float32, 4000)
+    triples = [
+        (np.empty((2, 4000)), np.empty((2, 4000, 1), np.float32), np.empty((2, 4000, 1), np.float32)) for _ in range(2)
+    ]
+    into = ml.Uniforms.host(pinned, 2, 2, np.float32, 4000, out=triples)
+    for a, b in zip(drawn, into, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert eager.random() == pinned.random()
