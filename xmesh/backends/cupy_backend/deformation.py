@@ -234,12 +234,12 @@ class DeformationStage:
         """The training passes' deformation layer (lent to ``xmesh.model.products.deformation_layer``):
         act(X W0 + A1 (X W1) + bias) (+ residual, added after act) for float32 X (B, 43, N, cin) in the
         Hopper layer kernel with 3xTF32 products whatever this backend's mode (float32's accuracy), act
-        the ReLU or none (``relu=False``, a module built with WG_DRB_LINEAR); bias None is zero. An output width that
-        is not a multiple of 32 takes zero weight columns up to one and comes back as a view of the first
-        ``cout`` columns; such a width declines a residual. None off Hopper and for layers narrower than
-        32 columns either way (the score layer). ``keep_activation``: (output, act(...) before the
-        residual), written in the same pass. The weights change every step: W0 and W1 are split into
-        the kernel's paired TF32 parts at every call, in one launch (``prepare_pair``).
+        the ReLU or none (``relu=False``, a module built with WG_DRB_LINEAR); bias None is zero. An
+        output width that is not a multiple of 32 takes zero weight columns up to one and comes back as a
+        view of the first ``cout`` columns; such a width declines a residual. None off Hopper and for
+        layers narrower than 32 columns either way (the score layer). ``keep_activation``: (output,
+        act(...) before the residual), written in the same pass. The weights change every step: W0 and
+        W1 are split into the kernel's paired TF32 parts at every call, in one launch (``prepare_pair``).
 
         With ``mask`` (the ReLU output of the layer before, the output's shape; ``relu=False``) the output
         is carried on through that ReLU in the same pass (``drb_layer_gradient``): (dy, sums, output or
