@@ -70,6 +70,11 @@ def macro(source: str, name: str) -> int:
     return value(name)
 
 
+def macros(source: str, *names: str) -> tuple:
+    """:func:`macro`'s values of ``names``, in their order."""
+    return tuple(macro(source, name) for name in names)
+
+
 def test_chained_layers_fit_shared_memory_as_the_host_reckons():
     """wgmma_drb16_chain.cu: the block's shared memory (two activation buffers and the Z slots of 176
     rows, the six W pieces, alignment slack) is what the hopper package launches it with, no more than an
@@ -135,12 +140,7 @@ def test_weight_gradient_kernel_fits_shared_memory_as_the_host_reckons():
 
     w = hg.WEIGHT_GRADIENT
     source = kernel_source(w.source)
-    assert (macro(source, "WGT_ROWS"), macro(source, "WG_BK"), macro(source, "WGT_THREADS")) == (
-        w.rows,
-        w.bk,
-        w.threads,
-    )
-    assert macro(source, "WGT_STAGES") == w.stages
+    assert macros(source, "WGT_ROWS", "WG_BK", "WGT_THREADS", "WGT_STAGES") == (w.rows, w.bk, w.threads, w.stages)
     assert "return WG_BK * (WGT_U_STRIDE + bn) * 4;" in source and macro(source, "WGT_U_STRIDE") == w.rows + 8
     assert "return 2 * bn * 128;" in source
     for bn in w.widths:
@@ -160,14 +160,15 @@ def test_the_layer_kernel_fits_shared_memory_as_the_host_reckons():
 
     layer = hg.DRB_LAYER
     source = kernel_source(layer.source)
-    assert (macro(source, "WG_DRB_ROWS"), macro(source, "WG_DRB_VERTS"), macro(source, "WG_DRB_STAGES")) == (
+    names = ("ROWS", "VERTS", "STAGES", "THREADS", "STAGING_BYTES", "GRADIENT_STAGING_BYTES")
+    assert macros(source, *(f"WG_DRB_{name}" for name in names)) == (
         layer.rows,
         layer.vertices,
         layer.stages,
+        layer.threads,
+        layer.staging_bytes,
+        layer.gradient_staging_bytes,
     )
-    assert macro(source, "WG_DRB_THREADS") == layer.threads
-    assert macro(source, "WG_DRB_STAGING_BYTES") == layer.staging_bytes
-    assert macro(source, "WG_DRB_GRADIENT_STAGING_BYTES") == layer.gradient_staging_bytes
     ring = smem_bytes("3xtf32", 2 * layer.cols, layer.rows, layer.stages)
     assert ring + max(layer.staging_bytes, layer.gradient_staging_bytes) <= 227 * 1024
     assert 3 * macro(source, "WG_DRB_MMA_REGS") + macro(source, "WG_DRB_EPILOGUE_REGS") == 4 * 128
