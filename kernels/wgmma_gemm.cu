@@ -448,6 +448,7 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 // that gradient on through the layer before: dz = out where its ReLU output (mask) is positive, written
 // to dy[.., :cout], A1^T dz to dy[.., cout:] and dz summed over the hypotheses to sums (B, N, cout),
 // the sums of epilogues_cupy.relu_gradient_mixed in its order; out itself only where asked (not null).
+// It takes no bias: +0.0 is added in its place, the values of a zero bias.
 // Its staging drops A1 and the tiles' padding rows and holds the mask's tile beside the residual's.
 #define WG_DRB_VERTS 4
 #define WG_DRB_ROWS 192
@@ -609,7 +610,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                 }
                 asm volatile("cp.async.commit_group;\n" ::);
             }
-            const float bc = bias[c0 + c];
+            const float bc = GRADIENT ? 0.0f : bias[c0 + c];   // the gradient's bias: +0, as a zero one's
             wg_bar_sync<WG_STAGING_FULL, WG_DRB_THREADS>();
             if (staged) {
                 asm volatile("cp.async.wait_all;\n" ::);
@@ -693,10 +694,10 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 // alone; one built with WG_DRB_GRADIENT, wg_drb_layer_3x_v_grad alone.
 #ifdef WG_DRB_GRADIENT
 XM_KERNEL(wg_drb_layer_3x_v_grad) void __launch_bounds__(WG_DRB_THREADS, 1) wg_drb_layer_3x_v_grad(
-    const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt, const float* bias,
-    const float* res, const float* mask, float* out, float* dy, float* sums, int N, int cout, int tiles) {
-    wg_drb_layer<WG_3XTF32, true, WG_IO_F32>(X, ldx, cin, Bbig, Bsmall, ldbt, nullptr, bias, res, out, N, cout, tiles,
-                                             mask, dy, sums);
+    const float* X, long ldx, int cin, const float* Bbig, const float* Bsmall, long ldbt, const float* res,
+    const float* mask, float* out, float* dy, float* sums, int N, int cout, int tiles) {
+    wg_drb_layer<WG_3XTF32, true, WG_IO_F32>(X, ldx, cin, Bbig, Bsmall, ldbt, nullptr, nullptr, res, out, N, cout,
+                                             tiles, mask, dy, sums);
 }
 #else
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32
@@ -734,6 +735,15 @@ __device__ __forceinline__ int wg_weight_column(int j, int N, int pair) {
 
 // Prepare B (K x N, row stride ldb) for the TF32 modes: big[j][k] = tf32(B[k][col(j)]) and (passes 3)
 // small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
+// big[i] = x's TF32 high part, and small[i] its remainder where the operands keep one (3xTF32).
+__device__ __forceinline__ void wg_store_split(float x, long long i, bool keep_small, float* __restrict__ big,
+                                               float* __restrict__ small) {
+    unsigned hi, lo;
+    wg_split<WG_3XTF32>(x, hi, lo);
+    big[i] = __uint_as_float(hi);
+    if (keep_small) small[i] = __uint_as_float(lo);
+}
+
 XM_KERNEL(wg_split_weight) void wg_split_weight(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
                                            int passes, int pair, float* __restrict__ big,
                                            float* __restrict__ small) {
@@ -741,11 +751,7 @@ XM_KERNEL(wg_split_weight) void wg_split_weight(const float* __restrict__ B, lon
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
         const int j = (int)(i / Kp), k = (int)(i % Kp), n = wg_weight_column(j, N, pair);
-        const float x = (n < N && k < K) ? B[(long)k * ldb + n] : 0.0f;
-        unsigned hi, lo;
-        wg_split<WG_3XTF32>(x, hi, lo);
-        big[i] = __uint_as_float(hi);
-        if (passes == 3) small[i] = __uint_as_float(lo);
+        wg_store_split((n < N && k < K) ? B[(long)k * ldb + n] : 0.0f, i, passes == 3, big, small);
     }
 }
 
@@ -762,10 +768,7 @@ XM_KERNEL(wg_split_pair) void wg_split_pair(const float* __restrict__ W0, const 
         const bool second = n >= width;
         const int c = second ? n - width : n;
         const float x = (n < 2 * width && c < cout && k < K) ? (second ? W1 : W0)[(long)k * sk + (long)c * sc] : 0.0f;
-        unsigned hi, lo;
-        wg_split<WG_3XTF32>(x, hi, lo);
-        big[i] = __uint_as_float(hi);
-        small[i] = __uint_as_float(lo);
+        wg_store_split(x, i, true, big, small);
     }
 }
 

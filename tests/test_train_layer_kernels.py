@@ -468,7 +468,7 @@ def test_the_lent_convolution_is_the_float64_one(shape, kh, cout, stride, taken)
 
 def test_the_convolutions_one_pass_ends_are_the_array_api_ones():
     """epilogues_cupy.plus_bias_relu is maximum(y + bias, 0), a NaN kept (the step's NaN stop sees
-    it); relu_output_gradient is where(out > 0, dout, 0)."""
+    it); relu_gradient of the output is where(out > 0, dout, 0), of a bool mask where(mask, dout, 0)."""
     import cupy
 
     from xmesh.model import epilogues_cupy
@@ -481,5 +481,8 @@ def test_the_convolutions_one_pass_ends_are_the_array_api_ones():
     np.testing.assert_array_equal(out, np.maximum(y + bias, np.float32(0)))
     assert np.isnan(out[0, 0, 0, 0])
     dout = rng.standard_normal(y.shape).astype(np.float32)
-    dz = epilogues_cupy.relu_output_gradient(cupy.asarray(dout), cupy.asarray(out)).get()
+    dz = epilogues_cupy.relu_gradient(cupy.asarray(dout), cupy.asarray(out)).get()
     np.testing.assert_array_equal(dz, np.where(out > 0, dout, np.float32(0)))
+    active = rng.random(y.shape) < 0.5
+    dz = epilogues_cupy.relu_gradient(cupy.asarray(dout), cupy.asarray(active)).get()
+    np.testing.assert_array_equal(dz, np.where(active, dout, np.float32(0)))

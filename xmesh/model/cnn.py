@@ -149,7 +149,7 @@ def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True):
     """(dx or None, dW, db) for the output gradient ``dy``; ReLU passes where the output is > 0."""
     kh, kw, cin, cout = cache.weight.shape
     if is_cupy_namespace(xp):  # one pass instead of three
-        dz = epilogues_cupy.relu_output_gradient(dy, cache.y)
+        dz = epilogues_cupy.relu_gradient(dy, cache.y)
     else:
         dz = xp.where(cache.y > 0, dy, xp.zeros_like(dy))
     dbias = column_sums(xp, xp.reshape(dz, (-1, cout)))

@@ -3,11 +3,11 @@
 ``bias_relu`` is the training forward's ``z = y0 + mixed + bias``, ``active = z > 0``, ``out = where(active,
 z, 0)`` and the residual added after it, in the array-API code's order of operations (so bit for bit
 that code's values), without its intermediate arrays; ``relu_gradient`` is the backward's
-``where(active, dout, 0)``; ``relu_gradient_mixed`` is that with the support's transpose applied over
-the hypotheses (the two halves of the weights' gradient product) and the bias's sums, in one pass. At
-batch 32 each of those arrays is 2.6 GB, so every pass saved is about a millisecond of memory traffic
-per layer. The training CNN's convolutions end the same way: ``plus_bias_relu`` and
-``relu_output_gradient`` (the mask read from the ReLU's output).
+``where(active, dout, 0)`` (or, the mask read from the ReLU's output, ``where(out > 0, dout, 0)``);
+``relu_gradient_mixed`` is that with the support's transpose applied over the hypotheses (the two
+halves of the weights' gradient product) and the bias's sums, in one pass. At batch 32 each of those
+arrays is 2.6 GB, so every pass saved is about a millisecond of memory traffic per layer. The training
+CNN's convolutions end the same way: ``plus_bias_relu`` and ``relu_gradient`` of its output.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def _kernels():
         "const T z = y0 + mixed + bias; active = z > (T)0; out = (active ? z : (T)0) + res;",
         "xmesh_bias_relu_residual",
     )
-    gradient = cupy.ElementwiseKernel("T dout, bool active", "T dz", "dz = active ? dout : (T)0", "xmesh_relu_gradient")
-    return plain, residual, gradient
+    return plain, residual
 
 
 @functools.cache
@@ -44,33 +43,33 @@ def _convolution_kernels():
     forward = cupy.ElementwiseKernel(
         "T y, T bias", "T out", "const T z = y + bias; out = (z > (T)0 || isnan(z)) ? z : (T)0;", "xmesh_plus_bias_relu"
     )
-    backward = cupy.ElementwiseKernel(
-        "T dout, T out", "T dz", "dz = out > (T)0 ? dout : (T)0", "xmesh_relu_output_gradient"
-    )
-    return forward, backward
+    return forward
+
+
+@functools.cache
+def _gradient_kernel():
+    import cupy
+
+    return cupy.ElementwiseKernel("T dout, M mask", "T dz", "dz = mask > (M)0 ? dout : (T)0", "xmesh_relu_gradient")
 
 
 def plus_bias_relu(y, bias):
     """``maximum(y + bias, 0)`` (NaN kept) in one pass: a convolution's end."""
-    return _convolution_kernels()[0](y, bias)
-
-
-def relu_output_gradient(dout, out):
-    """``dout`` where the ReLU's output ``out`` is positive, else 0, in one pass."""
-    return _convolution_kernels()[1](dout, out)
+    return _convolution_kernels()(y, bias)
 
 
 def bias_relu(y0, mixed, bias, residual=None):
     """(relu(y0 + mixed + bias) [+ residual], the mask where y0 + mixed + bias > 0)."""
-    plain, with_residual, _ = _kernels()
+    plain, with_residual = _kernels()
     if residual is None:
         return plain(y0, mixed, bias)
     return with_residual(y0, mixed, bias, residual)
 
 
-def relu_gradient(dout, active):
-    """``dout`` where ``active``, else 0."""
-    return _kernels()[2](dout, active)
+def relu_gradient(dout, mask):
+    """``dout`` where the ReLU passed, else 0, in one pass: ``mask`` the forward's bool mask, or the
+    ReLU's output (positive where it passed)."""
+    return _gradient_kernel()(dout, mask)
 
 
 _MIXED_SOURCE = r"""

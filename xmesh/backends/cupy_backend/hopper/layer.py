@@ -148,7 +148,6 @@ class LayerFamily:
             (DRB_LAYER.threads,),
             (
                 *_x_and_weight(x, ldx, weight),
-                cp.zeros(cout, dtype=cp.float32),
                 null if residual is None else residual,
                 mask,
                 null if out is None else out,
