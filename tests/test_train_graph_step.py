@@ -23,6 +23,46 @@ def test_the_ladder_holds_every_size_with_bounded_padding():
     assert sizes == sorted(sizes) and sizes[0] == graph_step.SMALLEST_SIZE
 
 
+def _host(points: int) -> dict:
+    return {
+        name: np.full(shape, np.nan, dtype) if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype)
+        for name, (shape, dtype) in graph_step.input_fields(1, 3, 2466, points).items()
+    }
+
+
+def test_inputs_filled_ahead_are_the_steps_own_and_leave_the_generator_where_the_step_would():
+    """Inputs written while the step before runs (the uniforms from a copy of the generator) equal those
+    written at the step, and the step moves the generator as far as its own draws would; where the
+    generator moved in between, or the samples are others, the step writes its own (CPU)."""
+    from xmesh.benchmarking import default_template
+    from xmesh.train.bench import default_sample
+
+    template, _ = default_template()
+    sample, _ = default_sample(template)
+    other = dataclasses.replace(sample, labels=sample.labels[::-1].copy())
+    points = graph_step.padded_size(len(sample.labels))
+
+    def at_step(samples, state):
+        host, rng = _host(points), np.random.default_rng()
+        rng.bit_generator.state = state
+        graph_step.HostInputs(host, points).fill(samples, rng, 0.25)
+        return host, rng.bit_generator.state
+
+    rng = np.random.default_rng(5)
+    inputs = graph_step.HostInputs(_host(points), points)
+    for moved, samples_then in ((False, [sample]), (True, [sample]), (False, [other])):
+        inputs.fill_ahead([sample], rng)
+        if moved:
+            rng.random(3)  # a draw between: the copy's uniforms are no longer the step's
+        start = rng.bit_generator.state
+        inputs.fill(samples_then, rng, 0.25)
+        want, state = at_step(samples_then, start)
+        assert rng.bit_generator.state == state
+        for name, value in want.items():
+            np.testing.assert_array_equal(inputs.host[name], value, err_msg=name)
+        assert np.isfinite(inputs.host["images"]).all() and inputs.host["lengths"][0] == len(sample.labels)
+
+
 @pytest.fixture(scope="module")
 def trainer():
     """A stage-2 trainer on the GPU with graphs, and three samples: the benchmark's, one with fewer

@@ -25,16 +25,25 @@ from .adam import AdamState, ensure_moments
 THREADS = 256
 CHUNK = 8 * THREADS  # floats a block: each variable takes ceil(size / CHUNK) blocks of one flat grid
 
+BLOCK_OWNER_SOURCE = r"""
+// Tables of count rows of `width` long longs, column `first` holding each row's first block of one flat
+// grid (ascending): the row whose blocks hold block b, the last whose first block is at most b.
+__device__ __forceinline__ int xmesh_block_owner(const long long* rows, int width, int first, int count,
+                                                 long long b) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (rows[width * mid + first] <= b) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+"""
+
 _SOURCE = r"""
 // A variable's place in the tables: shape[4 i ..] = (size, cols, stride, first block); its gradient
 // lies in rows of cols floats, stride floats apart. Block b works on the variable whose blocks hold it.
 __device__ __forceinline__ int xmesh_adam_variable(const long long* shape, int count, long long b) {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {   // the last variable whose first block is at most b
-        const int mid = (lo + hi + 1) / 2;
-        if (shape[4 * mid + 3] <= b) lo = mid; else hi = mid - 1;
-    }
-    return lo;
+    return xmesh_block_owner(shape, 4, 3, count, b);
 }
 __device__ __forceinline__ long long xmesh_adam_at(const long long* shape, int i, long long k) {
     const long long cols = shape[4 * i + 1];
@@ -93,7 +102,7 @@ extern "C" __global__ void xmesh_adam_updates(const unsigned long long* table, c
 def _kernels():
     import cupy
 
-    module = cupy.RawModule(code=_SOURCE, options=("-std=c++17",))
+    module = cupy.RawModule(code=BLOCK_OWNER_SOURCE + _SOURCE, options=("-std=c++17",))
     return module.get_function("xmesh_adam_marks"), module.get_function("xmesh_adam_updates")
 
 

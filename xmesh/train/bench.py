@@ -67,8 +67,9 @@ class StepWorkload:
         self.trainer = Trainer(self.stage, synthetic_weights(WEIGHTS_SEED), template, self.backend, graphs=self.graphs)
 
     def step(self) -> float:
-        """One Adam step on the batch; its loss."""
-        return self.trainer.step(self.samples).loss
+        """One Adam step on the batch; its loss. The next step's samples are known, as in ``xmesh train``,
+        whose loader has them ready: a replayed step writes their inputs while the device works."""
+        return self.trainer.step(self.samples, following=self.samples).loss
 
     def time_steps(self, steps: int, warmup: int = 1) -> dict:
         """Median seconds a step over ``steps`` steps after ``warmup`` untimed ones, and samples/s."""

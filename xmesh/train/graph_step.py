@@ -6,13 +6,18 @@ inputs (images, camera transforms, starting meshes, ground truth, the own draws'
 factor, which changes every step) as views of one pinned host buffer and one device buffer, so that a
 step's inputs go over in one copy; the loss and backward captured once as a graph
 (:meth:`CupyDevice.capture`) with its outputs, the gradients and one report array (the loss, the
-terms); and Adam's updates of every variable captured as a second graph
+terms), the CNN regulariser in it made in two launches (:class:`xmesh.train.regularisers_cupy.L2Table`);
+and Adam's updates of every variable captured as a second graph
 (:class:`xmesh.train.adam_cupy.AdamTable`), which first marks in the report each gradient holding a
 NaN or an infinity and skips every update where anything is marked. The two replay back to back and
 the report comes back in one copy, so a step waits for the device once. The weights and moments are
-updated in place, where the graphs read them.
+updated in place, where the graphs read them. While the device replays a step, the host writes the
+next step's inputs into the host buffer where the trainer knows them (:class:`HostInputs`: the
+samples, and the uniforms from a copy of the generator, taken only if nothing moved it since), so a
+step's own host work is Adam's factor and the copy.
 
-The arithmetic is the eager step's, kernel for kernel. Only the ground truth differs: it is padded to
+The arithmetic is the eager step's, kernel for kernel, with two differences. The regulariser's sum of
+squares adds the same squares in another order. The ground truth is padded to
 a size from a short ladder (:func:`padded_size`), so that a few graphs serve a dataset whose samples
 have different point counts; the padded rows lie far from any mesh, count as invalid and are skipped by
 the nearest neighbours through lengths read on the device, so the losses take the same values, sums
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +40,8 @@ from . import stage2
 from .adam import AdamState
 from .adam_cupy import AdamTable
 from .data import Sample
+from .regularisers import CNN_FACTOR, cnn_kernels
+from .regularisers_cupy import L2Table
 from .step import LossAndGradients, stage2_template
 
 MAX_BATCH = 4  # the largest batch a trainer replays as a graph: beyond it the device bounds the step
@@ -52,6 +60,28 @@ def padded_size(points: int) -> int:
         k += 1
 
 
+def input_fields(batch: int, views: int, vertices: int, points: int) -> dict:
+    """The replayed step's inputs, name -> (shape, dtype): images, packed camera transforms, starting
+    meshes, ground truth padded to ``points``, Adam's factor and each mesh_loss call's uniforms."""
+    f32, samples = np.float32, ml.SAMPLES
+    fields = {
+        "images": ((batch, views, 224, 224, 3), f32),
+        "packed": ((batch, 12 + 12 * views), f32),
+        "starts": ((batch, vertices, 3), f32),
+        "points": ((batch, points, 3), f32),
+        "normals": ((batch, points, 3), f32),
+        "valid": ((batch, points), f32),
+        "count_values": ((batch,), f32),
+        "lengths": ((batch,), np.int64),
+        "alpha": ((1,), f32),
+    }
+    for call in range(stage2.MESH_LOSS_CALLS):
+        fields[f"pick{call}"] = ((batch, samples), np.float64)
+        fields[f"r1{call}"] = ((batch, samples, 1), f32)
+        fields[f"r2{call}"] = ((batch, samples, 1), f32)
+    return fields
+
+
 class StepGraph:
     """Stage 2's loss and gradients as a CUDA Graph for batches of ``batch`` samples of ``views`` views
     and ground truth of up to ``points`` points (see the module docstring); ``weights`` are the trainer's
@@ -63,24 +93,10 @@ class StepGraph:
         self.key = (batch, views, points)
         self.weights = {name: w for name, w in weights.items() if name.startswith(STAGE_PREFIXES[2])}
         self.template = stage2_template(xp, template, np.float32)
-        vertices = int(self.template.reciprocal.shape[0])
-        f32, samples = np.float32, ml.SAMPLES
-        fields = {
-            "images": ((batch, views, 224, 224, 3), f32),
-            "packed": ((batch, 12 + 12 * views), f32),
-            "starts": ((batch, vertices, 3), f32),
-            "points": ((batch, points, 3), f32),
-            "normals": ((batch, points, 3), f32),
-            "valid": ((batch, points), f32),
-            "count_values": ((batch,), f32),
-            "lengths": ((batch,), np.int64),
-            "alpha": ((1,), f32),
-        }
-        for call in range(stage2.MESH_LOSS_CALLS):
-            fields[f"pick{call}"] = ((batch, samples), np.float64)
-            fields[f"r1{call}"] = ((batch, samples, 1), f32)
-            fields[f"r2{call}"] = ((batch, samples, 1), f32)
+        self.cnn_l2 = L2Table(xp, cnn_kernels(self.weights, 2))  # the trainer's kernels, by address
+        fields = input_fields(batch, views, int(self.template.reciprocal.shape[0]), points)
         self.staging = _Staging(xp, fields)
+        self.inputs = HostInputs(self.staging.host, points)
         d = self.staging.device
         self.images, self.packed, self.starts = d["images"], d["packed"], d["starts"]
         self.transforms = DeviceTransforms.from_packed(self.packed, views)
@@ -109,6 +125,7 @@ class StepGraph:
             self.starts,
             None,
             uniforms=self.uniforms,
+            regulariser=lambda: self.cnn_l2.penalty(CNN_FACTOR),
         )
         self.term_names, self.gradient_names = list(terms), list(grads)
         # value by value (a concatenation of more than 8 arrays uploads their addresses: no graph holds it)
@@ -121,21 +138,15 @@ class StepGraph:
     def load(self, samples: Sequence[Sample], rng: np.random.Generator, alpha: float) -> None:
         """Copy ``samples``, this step's uniforms (drawn from ``rng`` as the eager step draws them) and
         Adam's factor ``alpha`` (:func:`xmesh.train.adam.step_factor`) into the graph's inputs: the host
-        buffer filled, then one copy."""
-        batch, _, points = self.key
-        h = self.staging.host
-        for i, sample in enumerate(samples):
-            h["images"][i] = sample.images
-            h["starts"][i] = sample.start
-        h["packed"][...] = packed_transforms(np.stack([s.cameras for s in samples]))
-        fields = {name: h[name] for name in ("points", "normals", "valid", "count_values")}
-        truth = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points, out=fields)
-        h["lengths"][...] = truth["counts"]
-        h["alpha"][...] = alpha
-        calls = range(stage2.MESH_LOSS_CALLS)
-        triples = [(h[f"pick{call}"], h[f"r1{call}"], h[f"r2{call}"]) for call in calls]
-        ml.Uniforms.host(rng, batch, stage2.MESH_LOSS_CALLS, np.float32, out=triples)
+        buffer filled (or taken as :meth:`prepare` filled it), then one copy."""
+        self.inputs.fill(samples, rng, alpha)
         self.staging.upload()
+
+    def prepare(self, samples: Sequence[Sample], rng: np.random.Generator) -> None:
+        """Fill the host buffer for a coming step of ``samples`` now, while the device works on this one
+        (:meth:`HostInputs.fill_ahead`); its :meth:`load` then only adds Adam's factor and copies."""
+        self.staging.uploaded.synchronize()  # the copy of this step's inputs has read the buffer
+        self.inputs.fill_ahead(samples, rng)
 
     def capture(self, variables: dict, state: AdamState) -> None:
         """Capture the step on the inputs loaded (after two eager runs that compile and fill its pool),
@@ -155,13 +166,15 @@ class StepGraph:
         self.device.synchronize()
         self.adam_graph = self.device.capture(updates, warmup=0)
 
-    def run(self) -> tuple[LossAndGradients, list[str]]:
+    def run(self, meanwhile=None) -> tuple[LossAndGradients, list[str]]:
         """Replay the step and Adam's updates on the loaded inputs: the step's LossAndGradients (its
         gradients the graph's arrays, overwritten by the next replay) and the names of the gradients that
         hold a NaN or an infinity. Where any does, or the loss or a term is not finite, no weight and no
-        moment changed."""
+        moment changed. ``meanwhile()``, if given, runs on the host while the device replays."""
         self.graph.replay()
         self.adam_graph.replay()
+        if meanwhile is not None:
+            meanwhile()
         host = self.device.to_numpy(self.graph.outputs[0]).astype(np.float64)
         terms = len(self.term_names)
         result = LossAndGradients(
@@ -184,6 +197,7 @@ class _Staging:
     all of them go to the device in one copy (each starts on a 256-byte boundary)."""
 
     def __init__(self, xp, fields: dict):
+        import cupy
         import cupyx
 
         layout, size = {}, 0
@@ -195,6 +209,69 @@ class _Staging:
         self.device_bytes = xp.empty((size,), dtype=xp.uint8)
         self.host = {n: self.host_bytes[o : o + b].view(t).reshape(s) for n, (o, b, s, t) in layout.items()}
         self.device = {n: self.device_bytes[o : o + b].view(t).reshape(s) for n, (o, b, s, t) in layout.items()}
+        self.uploaded = cupy.cuda.Event(disable_timing=True)
 
     def upload(self) -> None:
+        """The host buffer to the device, on the current stream (``uploaded`` marks its end)."""
         self.device_bytes.set(self.host_bytes)
+        self.uploaded.record()
+
+
+def fill_inputs(host: dict, samples: Sequence[Sample], rng: np.random.Generator, points: int) -> None:
+    """A step's inputs but Adam's factor written into ``host`` (:class:`StepGraph`'s fields by name):
+    the samples' images, starting meshes and camera transforms, their ground truth padded to
+    ``points``, and the own draws' uniforms from ``rng``."""
+    for i, sample in enumerate(samples):
+        host["images"][i] = sample.images
+        host["starts"][i] = sample.start
+    host["packed"][...] = packed_transforms(np.stack([s.cameras for s in samples]))
+    fields = {name: host[name] for name in ("points", "normals", "valid", "count_values")}
+    truth = ml.GroundTruth.host_arrays([s.labels for s in samples], np.float32, points, out=fields)
+    host["lengths"][...] = truth["counts"]
+    calls = range(stage2.MESH_LOSS_CALLS)
+    triples = [(host[f"pick{call}"], host[f"r1{call}"], host[f"r2{call}"]) for call in calls]
+    ml.Uniforms.host(rng, len(samples), stage2.MESH_LOSS_CALLS, np.float32, out=triples)
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    samples: tuple  # the sample objects filled in
+    before: dict  # the draws' generator state they started from
+    after: dict  # and the state they left
+
+
+class HostInputs:
+    """A step's host inputs (``host``: :class:`StepGraph`'s fields by name, ground truth padded to
+    ``points``), filled at the step (:meth:`fill`) or ahead of it (:meth:`fill_ahead`), while the device
+    works on the step before. Filled ahead, the uniforms come from a copy of the generator; the step
+    takes them only if it has the same sample objects and its generator is still where the copy started,
+    and then moves the generator to where the copy ended. So the draws, and the generator's state a
+    checkpoint saves after a step, are those of filling at the step."""
+
+    def __init__(self, host: dict, points: int):
+        self.host = host
+        self.points = points
+        self.ahead: _Ahead | None = None
+        self._spare: np.random.Generator | None = None
+
+    def fill_ahead(self, samples: Sequence[Sample], rng: np.random.Generator) -> None:
+        if self._spare is None or type(self._spare.bit_generator) is not type(rng.bit_generator):
+            self._spare = np.random.Generator(type(rng.bit_generator)())
+        before = rng.bit_generator.state
+        self._spare.bit_generator.state = before
+        self.ahead = None  # the buffer is being overwritten
+        fill_inputs(self.host, samples, self._spare, self.points)
+        self.ahead = _Ahead(tuple(samples), before, self._spare.bit_generator.state)
+
+    def fill(self, samples: Sequence[Sample], rng: np.random.Generator, alpha: float) -> None:
+        ahead, self.ahead = self.ahead, None
+        if (
+            ahead is not None
+            and len(ahead.samples) == len(samples)
+            and all(a is b for a, b in zip(ahead.samples, samples, strict=True))
+            and rng.bit_generator.state == ahead.before
+        ):
+            rng.bit_generator.state = ahead.after
+        else:
+            fill_inputs(self.host, samples, rng, self.points)
+        self.host["alpha"][...] = alpha

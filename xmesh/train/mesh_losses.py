@@ -131,13 +131,21 @@ class Draws:
         return cls(xp.asarray(choice), xp.asarray(r1), xp.asarray(r2))
 
 
+def _flat_rows(xp, index, n: int):
+    """Per-sample rows ``index`` (B,k) of B stacked blocks of ``n`` rows as rows of the stack, flat
+    (B*k,): sample b's shifted by b*n. One sample's are its own, with no offsets to make."""
+    if index.shape[0] == 1:
+        return xp.reshape(index, (-1,))
+    offsets = xp.arange(index.shape[0], dtype=index.dtype)[:, None] * n
+    return xp.reshape(index + offsets, (-1,))
+
+
 def _take(xp, x, index):
     """Rows ``index`` (B,k) or (k,) of each sample of x (B,n,C) -> (B,k,C)."""
     batch, n, c = x.shape
     if index.ndim == 1:
         return xp.take(x, index, axis=1)
-    offsets = xp.arange(batch, dtype=index.dtype)[:, None] * n
-    flat = xp.reshape(index + offsets, (-1,))
+    flat = _flat_rows(xp, index, n)
     return xp.reshape(xp.take(xp.reshape(x, (batch * n, c)), flat, axis=0), (batch, index.shape[1], c))
 
 
@@ -145,9 +153,9 @@ def _scatter(xp, index, values, n: int):
     """The backward of :func:`_take`: rows of values (B,k,C) summed into (B,n,C) at ``index``."""
     batch, k, c = values.shape
     if index.ndim == 1:
-        index = xp.broadcast_to(index[None], (batch, k))
-    offsets = xp.arange(batch, dtype=index.dtype)[:, None] * n
-    flat = xp.reshape(index + offsets, (-1,))
+        flat = index if batch == 1 else _flat_rows(xp, xp.broadcast_to(index[None], (batch, k)), n)
+    else:
+        flat = _flat_rows(xp, index, n)
     return xp.reshape(scatter_add(xp, flat, xp.reshape(values, (batch * k, c)), batch * n), (batch, n, c))
 
 
@@ -221,9 +229,13 @@ def draw_samples(
     areas = xp.astype(face_areas(xp, pred, faces), xp.float64)
     cdf = xp.cumulative_sum(areas, axis=1)
     cdf = cdf / cdf[:, -1:]
-    offsets = xp.arange(batch, dtype=xp.float64)[:, None]
-    choice = xp.searchsorted(xp.reshape(cdf + offsets, (-1,)), xp.reshape(pick + offsets, (-1,)), side="right")
-    choice = xp.reshape(choice, (batch, count)) - xp.arange(batch, dtype=choice.dtype)[:, None] * faces.shape[0]
+    if batch > 1:  # each sample's distribution shifted by its number, so that one search serves all
+        offsets = xp.arange(batch, dtype=xp.float64)[:, None]
+        cdf, pick = cdf + offsets, pick + offsets
+    choice = xp.searchsorted(xp.reshape(cdf, (-1,)), xp.reshape(pick, (-1,)), side="right")
+    choice = xp.reshape(choice, (batch, count))
+    if batch > 1:
+        choice = choice - xp.arange(batch, dtype=choice.dtype)[:, None] * faces.shape[0]
     # min(max(.)) is clip's arithmetic with no scalar uploaded (array-api-compat's clip makes arrays of
     # its bounds, copies a CUDA Graph cannot hold)
     choice = xp.minimum(xp.maximum(xp.astype(choice, xp.int64), 0), faces.shape[0] - 1)

@@ -11,6 +11,7 @@ from ..model import architecture as arch
 
 CNN_L2 = 1e-5
 CNN_L2_SCALE = 0.3
+CNN_FACTOR = CNN_L2 * CNN_L2_SCALE  # each CNN kernel's l2_loss factor in the stage's loss
 GRAPH_WEIGHT_DECAY = 5e-6
 
 
@@ -42,7 +43,7 @@ def graph_variables(weights: dict) -> dict:
 
 def cnn_regulariser(xp, weights: dict, stage: int):
     """The CNN's ``0.3 * sum(1e-5 * l2_loss(W))`` and its gradients."""
-    return l2_penalty(xp, cnn_kernels(weights, stage), CNN_L2 * CNN_L2_SCALE)
+    return l2_penalty(xp, cnn_kernels(weights, stage), CNN_FACTOR)
 
 
 def graph_weight_decay(xp, weights: dict):

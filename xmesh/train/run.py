@@ -144,7 +144,8 @@ def _load(index: int) -> Sample:
 
 
 class _Loader:
-    """The samples of the coming steps, loaded in processes one step ahead of the compute."""
+    """The samples of the coming steps, loaded in processes two steps ahead of the compute (so the next
+    step's are there while a step runs, for :meth:`Trainer.step`'s ``following``)."""
 
     def __init__(self, data: TrainingSet, starts: StartMeshes | None, gpu: bool):
         workers = min(LOADERS_MOST, default_workers(gpu)[0])
@@ -159,6 +160,13 @@ class _Loader:
     def take(self, indices: Sequence[int]) -> list[Sample]:
         self.ahead(indices)
         return [f.result() for f in self.pending.pop(tuple(indices))]
+
+    def ready(self, indices: Sequence[int]) -> list[Sample] | None:
+        """The samples of ``indices`` if they are loaded, without waiting; else None."""
+        futures = self.pending.get(tuple(indices))
+        if not futures or not all(f.done() and f.exception() is None for f in futures):
+            return None
+        return [f.result() for f in futures]
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -237,12 +245,16 @@ def train(
         while state.epoch < epochs:
             batch = state.order[state.position : state.position + batch_size]
             following = state.order[state.position + len(batch) : state.position + len(batch) + batch_size]
+            after = state.order[
+                state.position + len(batch) + len(following) : state.position + len(batch) + 2 * len(following)
+            ]
             samples = loader.take(batch)
             loader.ahead(following)
+            loader.ahead(after)
             draws_before = trainer.draw_rng.bit_generator.state
             t0 = time.perf_counter()
             try:
-                result = trainer.step(samples, state.step + 1)
+                result = trainer.step(samples, state.step + 1, following=loader.ready(following))
             except NonFiniteLossError:  # the weights are the last good ones: keep the state before this step
                 if not checkpoints.path_for(out_dir, state.step).exists() and state.step > 0:
                     trainer.draw_rng.bit_generator.state = draws_before

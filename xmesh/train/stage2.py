@@ -192,11 +192,14 @@ def loss_and_gradients(
     draws: list | None,
     rng: np.random.Generator | None = None,
     uniforms: list | None = None,
+    regulariser=None,
 ):
     """Stage 2's loss averaged over the batch and its terms (each averaged over the batch), as ``xp``
     scalars, and the gradient of every variable the loss reaches, by official name (``xp`` arrays).
     Without ``draws``, the own draws take ``uniforms`` (:class:`~xmesh.train.mesh_losses.Uniforms` per
-    mesh_loss call, already on the device), or uniforms drawn from ``rng`` before the forward."""
+    mesh_loss call, already on the device), or uniforms drawn from ``rng`` before the forward.
+    ``regulariser()``, if given, returns the CNN regulariser's loss and gradients in place of
+    :func:`~xmesh.train.regularisers.cnn_regulariser` (the replayed step's table of them)."""
     if draws is None and uniforms is None:
         uniforms = ml.Uniforms.draw(xp, rng, starts.shape[0], MESH_LOSS_CALLS, starts.dtype)
     fwd = forward(xp, weights, tmpl, images, tf, starts)
@@ -210,7 +213,7 @@ def loss_and_gradients(
         if call > 0:  # DRB 1's input, the start, is data
             dblocks[call - 1] = dblocks[call - 1] + dbefore
     grads = backward(xp, fwd, dblocks)
-    cnn_loss, cnn_grads = cnn_regulariser(xp, weights, 2)
+    cnn_loss, cnn_grads = cnn_regulariser(xp, weights, 2) if regulariser is None else regulariser()
     for name, g in cnn_grads.items():
         grads[name] = grads[name] + g if name in grads else g
     terms = {name: xp.mean(value) for name, value in calls.terms.items()}

@@ -99,13 +99,24 @@ class Trainer:
         while self._graphs:
             self._graphs.popitem()[1].release()
 
+    def _graph_key(self, samples: Sequence[Sample]) -> tuple | None:
+        """The (batch, views, padded ground-truth points) of the graph that would step ``samples``; None
+        where they step eagerly."""
+        if not self.graphs or not samples or len(samples) > graph_step.MAX_BATCH:
+            return None
+        return len(samples), samples[0].images.shape[0], graph_step.padded_size(max(len(s.labels) for s in samples))
+
+    def _prepare(self, samples: Sequence[Sample] | None) -> None:
+        """The inputs of a coming step of ``samples`` written now, if its graph is captured."""
+        graph = self._graphs.get(self._graph_key(samples)) if samples else None
+        if graph is not None:
+            graph.prepare(samples, self.draw_rng)
+
     def _graph(self, samples: Sequence[Sample]):
         """The captured step for these samples' shape, loaded with them and this step's draws; None where
         the step runs eagerly (no graphs here, a large batch, or a shape whose capture failed)."""
-        if not self.graphs or len(samples) > graph_step.MAX_BATCH:
-            return None
-        key = (len(samples), samples[0].images.shape[0], graph_step.padded_size(max(len(s.labels) for s in samples)))
-        if key in self._graph_failed:
+        key = self._graph_key(samples)
+        if key is None or key in self._graph_failed:
             return None
         graph = self._graphs.get(key)
         if graph is not None:
@@ -137,13 +148,17 @@ class Trainer:
         self._graphs[key] = graph
         return graph
 
-    def step(self, samples: Sequence[Sample], step_number: int | None = None):
+    def step(
+        self, samples: Sequence[Sample], step_number: int | None = None, following: Sequence[Sample] | None = None
+    ):
         """One Adam step on the mean loss of ``samples``; returns the step's LossAndGradients, its gradients
-        on the trainer's device (a replayed graph's arrays, which the next step overwrites)."""
+        on the trainer's device (a replayed graph's arrays, which the next step overwrites).
+        ``following``: the next step's samples, if known; where the steps replay graphs, their inputs are
+        written while the device works on this step (the next step's draws still its own)."""
         xp = self.device.xp
         graph = self._graph(samples)
         if graph is not None:  # the updates too, skipped on the device where anything is not finite
-            result, bad = graph.run()
+            result, bad = graph.run(meanwhile=lambda: self._prepare(following))
         else:
             with np.errstate(all="ignore"):  # an overflow is reported below, as the step's one error
                 result = batch_loss_and_gradients(
