@@ -6,7 +6,7 @@ rounded on its own. ``bilinear_forward`` is ``q11 w11 + q21 w21 + q12 w12 + q22 
 row and channel, rounded as that code rounds it (no fused multiply-add), so its features are the
 array-API code's bit for bit. ``bilinear_backward`` (a warp per row, its lanes over the channels) adds
 each corner's share of the features' gradient into the map's gradient (atomic adds, as
-``cupyx.scatter_add``) and the gradient's pull along the map's two axes, times ``s / 224``, into the
+``cupy.add.at``) and the gradient's pull along the map's two axes, times ``s / 224``, into the
 row's pixel gradients; for float32 maps of 16, 32 or 64 channels a thread takes 4 channels of a row
 and adds them with one 16-byte atomic. Both run in float32 and float64 (the gradient checks).
 """

@@ -1,7 +1,7 @@
 """Sparse products and scatter-adds for the training passes, on NumPy (SciPy) or CuPy (cupyx).
 
 A backward pass sums gradients into gathered rows. ``np.add.at`` exists on NumPy only, so the sum
-is a sparse product there (a deterministic row loop in SciPy) and ``cupyx.scatter_add`` on CuPy.
+is a sparse product there (a deterministic row loop in SciPy) and ``cupy.add.at`` on CuPy.
 The array library is read from ``xp`` (array-api-compat's namespace), the dtype from the arrays,
 so float32 and float64 take the same path.
 """
@@ -17,10 +17,10 @@ def scatter_add(xp, index, values, size: int):
     tail = tuple(values.shape[1:])
     flat = xp.reshape(values, (values.shape[0], -1))
     if is_cupy_namespace(xp):
-        import cupyx
+        import cupy
 
         out = xp.zeros((size, flat.shape[1]), dtype=values.dtype)
-        cupyx.scatter_add(out, index, flat)
+        cupy.add.at(out, index, flat)
         return xp.reshape(out, (size,) + tail)
     import numpy as np
     import scipy.sparse
