@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import os
 import sys
@@ -32,6 +33,7 @@ def command_rate(root: Path, args, batch: int) -> tuple[float, float]:
     """``xmesh train``'s samples/s by the wall clock from the first step's end to the last's, and the mean
     seconds of those steps' compute alone (``Trainer.step``; the rest of the wall clock is loading,
     logging and waiting), from its train_log.csv."""
+    from xmesh.backends import get_backend
     from xmesh.cli import main
     from xmesh.train.logs import read_rows
 
@@ -61,6 +63,8 @@ def command_rate(root: Path, args, batch: int) -> tuple[float, float]:
     ]
     if args.stage == 2:
         argv += ["--starts", str(root / "starts")]
+    gc.collect()  # the runs before and their graphs' memory, given back before this one
+    get_backend(args.backend).release_memory()
     with contextlib.redirect_stdout(io.StringIO()):
         status = main(argv)
     if status != 0:
@@ -87,6 +91,7 @@ def main() -> None:
     for batch in args.batch_sizes:
         work = StepWorkload(args.stage, args.backend, batch, graphs=not args.no_graphs)
         rows.append(work.time_steps(args.steps))
+        work.release()
         print(f"step b={batch}: {rows[-1]['median_s'] * 1e3:.1f} ms", file=sys.stderr)
     sources = (work.sample_source, work.template_source)
     if not args.no_command:

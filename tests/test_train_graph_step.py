@@ -80,48 +80,76 @@ def trainer():
     return Trainer(2, synthetic_weights(1), template, "cupy", graphs=True), [sample, fewer, more]
 
 
+def assert_replayed_step_is_the_eager_one(trainer, batch: list, step: int, following: list | None) -> None:
+    """A replayed step (after Adam moved the weights in place, writing the ``following`` step's inputs
+    while it runs) against the eager step on the weights and draws it had. The projection's and losses'
+    backward add atomically in any order, so a gradient is held to 1e-4 of its norm plus 1e-6 of the
+    largest gradient element (the score layers' biases are zero but for rounding: a softmax ignores a
+    shift)."""
+    from xmesh.train.step import batch_loss_and_gradients
+
+    rng = np.random.default_rng()
+    rng.bit_generator.state = trainer.draw_rng.bit_generator.state
+    reference = batch_loss_and_gradients(
+        2,
+        trainer.weights,
+        trainer.template,
+        np.stack([s.images for s in batch]),
+        np.stack([s.cameras for s in batch]),
+        [s.labels for s in batch],
+        [s.start for s in batch],
+        backend="cupy",
+        rng=rng,
+    )
+    ours = trainer.step(batch, step, following=following)
+    assert trainer.draw_rng.bit_generator.state == rng.bit_generator.state  # the same draws
+    assert abs(ours.loss - reference.loss) <= 1e-5 * abs(reference.loss)
+    for name, value in reference.terms.items():
+        assert abs(ours.terms[name] - value) <= 1e-5 * abs(value) + 1e-7, name
+    largest = max(np.abs(g).max() for g in reference.gradients.values())
+    ratios = {}
+    for name, want in reference.gradients.items():
+        got = trainer.device.to_numpy(ours.gradients[name]).astype(np.float64)
+        allowed = 1e-4 * np.linalg.norm(want) + 1e-6 * largest * np.sqrt(want.size)
+        ratios[name] = np.linalg.norm(got - want) / allowed
+    worst = max(ratios, key=ratios.get)
+    print(
+        f"step {step}, batch {len(batch)}: loss {ours.loss:.6f} / {reference.loss:.6f}; "
+        f"worst gradient at {ratios[worst]:.2f} of its bound ({worst})"
+    )
+    assert ratios[worst] <= 1.0
+
+
 @requires_cuda
 @pytest.mark.gpu
 def test_graph_steps_match_the_eager_step_on_the_same_weights(trainer):
-    """Each replayed step (after Adam moved the weights in place) against the eager step on the weights
-    and draws it had. The projection's and losses' backward add atomically in any order, so a
-    gradient is held to 1e-4 of its norm plus 1e-6 of the largest gradient element (the score layers'
-    biases are zero but for rounding: a softmax ignores a shift)."""
-    from xmesh.train.step import batch_loss_and_gradients
-
+    """Four replayed steps of one sample, each writing the next one's inputs while it runs where that
+    one's graph is captured, against the eager step; the first two samples share a ladder step, the third
+    needs another graph."""
     trainer, samples = trainer
-    for step, sample in enumerate([samples[0], samples[1], samples[2], samples[0]], start=1):
-        rng = np.random.default_rng()
-        rng.bit_generator.state = trainer.draw_rng.bit_generator.state
-        reference = batch_loss_and_gradients(
-            2,
-            trainer.weights,
-            trainer.template,
-            sample.images[None],
-            sample.cameras[None],
-            [sample.labels],
-            [sample.start],
-            backend="cupy",
-            rng=rng,
-        )
-        ours = trainer.step([sample], step)
-        assert trainer.draw_rng.bit_generator.state == rng.bit_generator.state  # the same draws
-        assert abs(ours.loss - reference.loss) <= 1e-5 * abs(reference.loss)
-        for name, value in reference.terms.items():
-            assert abs(ours.terms[name] - value) <= 1e-5 * abs(value) + 1e-7, name
-        largest = max(np.abs(g).max() for g in reference.gradients.values())
-        ratios = {}
-        for name, want in reference.gradients.items():
-            got = trainer.device.to_numpy(ours.gradients[name]).astype(np.float64)
-            allowed = 1e-4 * np.linalg.norm(want) + 1e-6 * largest * np.sqrt(want.size)
-            ratios[name] = np.linalg.norm(got - want) / allowed
-        worst = max(ratios, key=ratios.get)
-        print(
-            f"step {step}: loss {ours.loss:.6f} / {reference.loss:.6f}; "
-            f"worst gradient at {ratios[worst]:.2f} of its bound ({worst})"
-        )
-        assert ratios[worst] <= 1.0
-    assert len(trainer.captured_shapes) == 2  # the first two samples share a ladder step
+    order = [samples[0], samples[1], samples[2], samples[0]]
+    for step, sample in enumerate(order, start=1):
+        following = [order[step]] if step < len(order) else None
+        assert_replayed_step_is_the_eager_one(trainer, [sample], step, following)
+    assert len(trainer.captured_shapes) == 2
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_a_large_batch_keeps_one_graph_padded_to_the_largest_ground_truth(trainer):
+    """Above FEW_GRAPHS_BATCH samples the trainer keeps one graph: a batch with the larger ground truth
+    releases the small batches' graphs, and a later batch of smaller ground truth replays the same graph
+    (padded further), each step the eager one."""
+    trainer, samples = trainer
+    size = len(samples[0].labels)
+    batch = graph_step.FEW_GRAPHS_BATCH + 1
+    larger = [samples[2]] + [samples[0]] * (batch - 1)
+    smaller = [samples[1]] * batch
+    order = [larger, smaller, smaller]
+    for step, chosen in enumerate(order, start=1):
+        assert_replayed_step_is_the_eager_one(trainer, chosen, step, order[step] if step < len(order) else None)
+        assert trainer.captured_shapes == [(batch, 3, graph_step.padded_size(len(samples[2].labels)))]
+    assert graph_step.padded_size(size) < trainer.captured_shapes[0][2]
 
 
 @requires_cuda

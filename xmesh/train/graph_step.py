@@ -1,5 +1,7 @@
-"""Stage 2's training step replayed as a CUDA Graph on CuPy, for the small batches whose step the host's
-launches bound (one sample a step, the original's, makes about 1,500 launches from Python).
+"""Stage 2's training step replayed as a CUDA Graph on CuPy: for the small batches whose step the host's
+launches bound (one sample a step, the original's, makes about 1,500 launches from Python), and for
+batches of up to 32, whose eager step waits about a tenth of its time on the host (the inputs' stacking
+and copies, the gaps between launches).
 
 A :class:`StepGraph` belongs to one (batch size, views, padded ground-truth size). It holds the step's
 inputs (images, camera transforms, starting meshes, ground truth, the own draws' uniforms, and Adam's
@@ -44,8 +46,9 @@ from .regularisers import CNN_FACTOR, cnn_kernels
 from .regularisers_cupy import L2Table
 from .step import LossAndGradients, stage2_template
 
-MAX_BATCH = 4  # the largest batch a trainer replays as a graph: beyond it the device bounds the step
-MAX_GRAPHS = 4  # graphs a trainer keeps (the least recently used is released first)
+MAX_BATCH = 32  # the largest batch a trainer replays as a graph (its graph holds about 70 GiB at 32)
+FEW_GRAPHS_BATCH = 4  # up to this batch a trainer keeps MAX_GRAPHS graphs; above it, one (see Trainer)
+MAX_GRAPHS = 4  # graphs a trainer keeps of small batches (the least recently used is released first)
 SMALLEST_SIZE = 1024  # the ground-truth sizes' ladder: 1024 * 2^(k/2), rounded up to 256 points
 
 

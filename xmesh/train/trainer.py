@@ -13,7 +13,10 @@ uninterrupted one draws. A loss or gradient that is not finite stops before any 
 
 On CuPy, stage 2's steps of up to ``graph_step.MAX_BATCH`` samples replay a CUDA Graph of the loss and
 backward, and of Adam's updates (:mod:`xmesh.train.graph_step`), captured on a shape's first steps;
-the draws and the arithmetic are the eager step's. There the updates follow the gradients on the
+the draws and the arithmetic are the eager step's. A graph of more than ``graph_step.FEW_GRAPHS_BATCH``
+samples holds much of the device's memory (about 70 GiB at 32), so the trainer keeps one at a time
+then, and pads each such batch's ground truth to the largest ladder size it has stepped at that batch
+size: the size grows a few times in a run, and one graph serves the rest. There the updates follow the gradients on the
 device, which skips them where anything is not finite, so the error above leaves the weights as they
 were there too. ``graphs=False`` runs every step eagerly.
 """
@@ -69,6 +72,7 @@ class Trainer:
         self.graphs = bool(graphs) and self.stage == 2 and hasattr(self.device, "capture")
         self._graphs: OrderedDict = OrderedDict()  # (batch, views, points) -> StepGraph, oldest first
         self._graph_failed: set = set()
+        self._largest_points: dict = {}  # batch -> the largest padded ground truth stepped (large batches)
 
     def host_weights(self, names=None) -> dict[str, np.ndarray]:
         """Host copies of the weights (all, or ``names``)."""
@@ -102,9 +106,13 @@ class Trainer:
     def _graph_key(self, samples: Sequence[Sample]) -> tuple | None:
         """The (batch, views, padded ground-truth points) of the graph that would step ``samples``; None
         where they step eagerly."""
-        if not self.graphs or not samples or len(samples) > graph_step.MAX_BATCH:
+        batch = len(samples)
+        if not self.graphs or not samples or batch > graph_step.MAX_BATCH:
             return None
-        return len(samples), samples[0].images.shape[0], graph_step.padded_size(max(len(s.labels) for s in samples))
+        points = graph_step.padded_size(max(len(s.labels) for s in samples))
+        if batch > graph_step.FEW_GRAPHS_BATCH:
+            points = max(points, self._largest_points.get(batch, 0))
+        return batch, samples[0].images.shape[0], points
 
     def _prepare(self, samples: Sequence[Sample] | None) -> None:
         """The inputs of a coming step of ``samples`` written now, if its graph is captured."""
@@ -118,12 +126,15 @@ class Trainer:
         key = self._graph_key(samples)
         if key is None or key in self._graph_failed:
             return None
+        large = key[0] > graph_step.FEW_GRAPHS_BATCH
+        if large:
+            self._largest_points[key[0]] = key[2]
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
             graph.load(samples, self.draw_rng, step_factor(self.adam))
             return graph
-        while len(self._graphs) >= graph_step.MAX_GRAPHS:
+        while len(self._graphs) >= (1 if large else graph_step.MAX_GRAPHS):  # a large batch's needs the memory
             self._graphs.popitem(last=False)[1].release()
         draws_before = self.draw_rng.bit_generator.state
         try:
