@@ -733,8 +733,6 @@ __device__ __forceinline__ int wg_weight_column(int j, int N, int pair) {
     return tile * pair + (w % pair) + (w >= pair ? N / 2 : 0);
 }
 
-// Prepare B (K x N, row stride ldb) for the TF32 modes: big[j][k] = tf32(B[k][col(j)]) and (passes 3)
-// small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
 // big[i] = x's TF32 high part, and small[i] its remainder where the operands keep one (3xTF32).
 __device__ __forceinline__ void wg_store_split(float x, long long i, bool keep_small, float* __restrict__ big,
                                                float* __restrict__ small) {
@@ -744,6 +742,8 @@ __device__ __forceinline__ void wg_store_split(float x, long long i, bool keep_s
     if (keep_small) small[i] = __uint_as_float(lo);
 }
 
+// Prepare B (K x N, row stride ldb) for the TF32 modes: big[j][k] = tf32(B[k][col(j)]) and (passes 3)
+// small[j][k] = B[k][col(j)] - big[j][k], as (Np x Kp) rows with zeros past N and K.
 XM_KERNEL(wg_split_weight) void wg_split_weight(const float* __restrict__ B, long ldb, int K, int N, int Kp, int Np,
                                            int passes, int pair, float* __restrict__ big,
                                            float* __restrict__ small) {

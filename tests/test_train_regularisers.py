@@ -29,7 +29,7 @@ def assert_gradients_are_the_factor_times_the_kernels(grads: dict, kernels: dict
         got = np.asarray(grads[name].get() if hasattr(grads[name], "get") else grads[name])
         assert got.shape == value.shape and got.dtype == np.float32, name
         exact = np.float64(np.float32(reg.CNN_FACTOR)) * value.astype(np.float64)
-        assert np.all(np.abs(got - exact) <= 0.5 * np.spacing(np.abs(got).astype(np.float32)) + 1e-45), name
+        assert np.all(np.abs(got - exact) <= 0.5 * np.spacing(np.abs(got).astype(np.float32))), name
 
 
 @pytest.mark.parametrize("name", namespaces())

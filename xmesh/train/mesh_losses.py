@@ -153,9 +153,8 @@ def _scatter(xp, index, values, n: int):
     """The backward of :func:`_take`: rows of values (B,k,C) summed into (B,n,C) at ``index``."""
     batch, k, c = values.shape
     if index.ndim == 1:
-        flat = index if batch == 1 else _flat_rows(xp, xp.broadcast_to(index[None], (batch, k)), n)
-    else:
-        flat = _flat_rows(xp, index, n)
+        index = xp.broadcast_to(index[None], (batch, k))
+    flat = _flat_rows(xp, index, n)
     return xp.reshape(scatter_add(xp, flat, xp.reshape(values, (batch * k, c)), batch * n), (batch, n, c))
 
 

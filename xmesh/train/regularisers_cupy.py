@@ -24,6 +24,20 @@ CHUNK = 8 * THREADS  # floats a block: each variable takes ceil(size / CHUNK) bl
 TOTAL_THREADS = 1024
 
 _SOURCE = r"""
+// The block's threads' `sum`s added in a fixed order (warp shuffles, then the warps' sums): thread 0's
+// return value (the others' are partial).
+__device__ __forceinline__ float xmesh_block_sum(float sum) {
+    __shared__ float warps[32];
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        sum = threadIdx.x < (blockDim.x >> 5) ? warps[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
+    }
+    return sum;
+}
+
 // rows[3 i ..] = (size, offset in out, first block) of variable i at table[i]. Block b scales its
 // variable's CHUNK floats into out and writes their sum of squares to partial[b].
 extern "C" __global__ void xmesh_l2_blocks(const unsigned long long* table, const long long* rows, int count,
@@ -42,15 +56,8 @@ extern "C" __global__ void xmesh_l2_blocks(const unsigned long long* table, cons
             sum += __fmul_rn(x, x);
         }
     }
-    __shared__ float warps[32];
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        sum = threadIdx.x < (blockDim.x >> 5) ? warps[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
-        if (threadIdx.x == 0) partial[blockIdx.x] = sum;
-    }
+    sum = xmesh_block_sum(sum);
+    if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
 // One block: loss[0] = (the sum of partial[0 .. n)) * half, in a fixed order.
@@ -58,15 +65,8 @@ extern "C" __global__ void xmesh_l2_total(const float* __restrict__ partial, lon
                                           float* __restrict__ loss) {
     float sum = 0.0f;
     for (long long k = threadIdx.x; k < n; k += blockDim.x) sum += partial[k];
-    __shared__ float warps[32];
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        sum = threadIdx.x < (blockDim.x >> 5) ? warps[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
-        if (threadIdx.x == 0) loss[0] = __fmul_rn(sum, half);
-    }
+    sum = xmesh_block_sum(sum);
+    if (threadIdx.x == 0) loss[0] = __fmul_rn(sum, half);
 }
 """
 

@@ -13,12 +13,12 @@ uninterrupted one draws. A loss or gradient that is not finite stops before any 
 
 On CuPy, stage 2's steps of up to ``graph_step.MAX_BATCH`` samples replay a CUDA Graph of the loss and
 backward, and of Adam's updates (:mod:`xmesh.train.graph_step`), captured on a shape's first steps;
-the draws and the arithmetic are the eager step's. A graph of more than ``graph_step.FEW_GRAPHS_BATCH``
-samples holds much of the device's memory (about 70 GiB at 32), so the trainer keeps one at a time
-then, and pads each such batch's ground truth to the largest ladder size it has stepped at that batch
-size: the size grows a few times in a run, and one graph serves the rest. There the updates follow the gradients on the
+the draws and the arithmetic are the eager step's. There the updates follow the gradients on the
 device, which skips them where anything is not finite, so the error above leaves the weights as they
-were there too. ``graphs=False`` runs every step eagerly.
+were there too. A graph of more than ``graph_step.FEW_GRAPHS_BATCH`` samples holds much of the
+device's memory (about 70 GiB at 32), so the trainer keeps one at a time then, and pads each such
+batch's ground truth to the largest ladder size it has stepped at that batch size: the size grows a
+few times in a run, and one graph serves the rest. ``graphs=False`` runs every step eagerly.
 """
 
 from __future__ import annotations
@@ -115,10 +115,15 @@ class Trainer:
         return batch, samples[0].images.shape[0], points
 
     def _prepare(self, samples: Sequence[Sample] | None) -> None:
-        """The inputs of a coming step of ``samples`` written now, if its graph is captured."""
+        """The inputs of a coming step of ``samples`` written now, if its graph is captured. A sample they
+        cannot be made from is left to its own step, which fills them again and says what is wrong before
+        its compute: this step's device work, Adam's updates included, is under way."""
         graph = self._graphs.get(self._graph_key(samples)) if samples else None
         if graph is not None:
-            graph.prepare(samples, self.draw_rng)
+            try:
+                graph.prepare(samples, self.draw_rng)
+            except Exception:  # noqa: BLE001, S110  (nothing taken ahead: graph.inputs.ahead stays None)
+                pass
 
     def _graph(self, samples: Sequence[Sample]):
         """The captured step for these samples' shape, loaded with them and this step's draws; None where
