@@ -205,3 +205,47 @@ def test_a_shape_whose_capture_fails_runs_eagerly_with_the_eager_draws(monkeypat
         assert np.isfinite(result.loss)
         assert trainer.draw_rng.bit_generator.state == expected.bit_generator.state
     assert len(made) == 1 and released == [True] and trainer.captured_shapes == []
+
+
+def test_a_next_step_whose_inputs_cannot_be_made_is_left_to_its_own_step(monkeypatch):
+    """Writing the next step's inputs runs while this step's device work, Adam's updates included, is
+    under way: where it fails, this step still completes (Adam's state advances once) and the next step
+    loads its own inputs (CPU: a stand-in graph whose prepare fails)."""
+    from xmesh.benchmarking import default_template
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.train.bench import default_sample
+    from xmesh.train.step import LossAndGradients
+    from xmesh.train.trainer import Trainer
+
+    calls = []
+
+    class FailingPrepare:
+        def __init__(self, device, weights, template, *key):
+            pass
+
+        def load(self, samples, rng, alpha):
+            calls.append("load")
+
+        def capture(self, variables, state):
+            pass
+
+        def prepare(self, samples, rng):
+            calls.append("prepare")
+            raise ValueError("a sample of another shape")
+
+        def run(self, meanwhile=None):
+            meanwhile()
+            return LossAndGradients(2.5, {"chamfer": 2.5}, {}), []
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(graph_step, "StepGraph", FailingPrepare)
+    template, _ = default_template()
+    sample, _ = default_sample(template)
+    trainer = Trainer(2, synthetic_weights(1), template, "numpy")
+    trainer.graphs = True  # as on a GPU
+    for step in (1, 2):
+        result = trainer.step([sample], step, following=[sample])
+        assert result.loss == 2.5 and trainer.adam.step == step
+    assert calls == ["load", "prepare", "load", "prepare"]
