@@ -280,3 +280,25 @@ def test_overwrite_starts_afresh(dataset, trained, tmp_path):
     assert not (out / "val").exists() and not (out / "val_log.csv").exists()
     assert not (out / "meshnetmvp2m.ckpt-2.index").exists() and (out / "meshnetmvp2m.ckpt-1.index").exists()
     assert len(read_rows(out / "train_log.csv")) == 4
+
+
+def test_validation_runs_after_the_steps_graphs_are_released(dataset, tmp_path, monkeypatch):
+    """Each epoch's validation gets the device's memory: the trainer's step graphs (about 70 GiB at
+    batch 32) are released before it scores (CPU: the release and the scoring recorded in order)."""
+    from xmesh.train import run
+    from xmesh.train.data import TrainingSet
+    from xmesh.train.trainer import Trainer
+
+    events = []
+
+    class Scored(run.Validation):
+        def score(self, stage, weights, template, backend, out_dir):
+            events.append("score")
+            return {"samples": 4, "mean_over_samples": {"chamfer": 1e-3, "chamfer_x1000": 1.0, "fscore": {1e-4: 0.5}}}
+
+    trainer = Trainer(1, synthetic_weights(1), None, "numpy")
+    monkeypatch.setattr(trainer, "drop_graphs", lambda: events.append("release"))
+    data = TrainingSet(dataset["list"], dataset["root"], dataset["gt"])
+    validation = Scored(str(dataset["list"]), str(dataset["root"]), str(dataset["gt"]))
+    run.train(trainer, data, tmp_path / "run", epochs=1, validation=validation, progress=False)
+    assert events == ["release", "score"]
