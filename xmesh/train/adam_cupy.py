@@ -39,6 +39,17 @@ __device__ __forceinline__ int xmesh_block_owner(const long long* rows, int widt
 }
 """
 
+
+def first_blocks(sizes) -> tuple[list[int], int]:
+    """Each of ``sizes``' first block in one flat grid of ``CHUNK``-float blocks (at least one a size),
+    and the grid's blocks: the layout ``xmesh_block_owner`` searches."""
+    firsts, blocks = [], 0
+    for size in sizes:
+        firsts.append(blocks)
+        blocks += max(1, math.ceil(size / CHUNK))
+    return firsts, blocks
+
+
 _SOURCE = r"""
 // A variable's place in the tables: shape[4 i ..] = (size, cols, stride, first block); its gradient
 // lies in rows of cols floats, stride floats apart. Block b works on the variable whose blocks hold it.
@@ -126,16 +137,16 @@ class AdamTable:
         self.xp, self.names, self.config = xp, list(gradients), state.config
         _kernels()  # compiled and loaded here, before any capture of their launches
         ensure_moments(xp, variables, self.names, state)
-        rows, shapes, blocks = [], [], 0
-        for name in self.names:
+        firsts, blocks = first_blocks(variables[name].size for name in self.names)
+        rows, shapes = [], []
+        for name, first in zip(self.names, firsts, strict=True):
             arrays = (gradients[name], variables[name], state.m[name], state.v[name])
             if any(a.dtype != xp.float32 or a.shape != arrays[1].shape for a in arrays) or not all(
                 a.flags.c_contiguous for a in arrays[1:]
             ):
                 raise ValueError(f"{name}: Adam's table takes float32 arrays of the variable's shape, contiguous")
             rows.append([a.data.ptr for a in arrays])
-            shapes.append((arrays[1].size, *_rows(arrays[0], name), blocks))
-            blocks += max(1, math.ceil(arrays[1].size / CHUNK))
+            shapes.append((arrays[1].size, *_rows(arrays[0], name), first))
         self.table = xp.asarray(np.asarray(rows, dtype=np.uint64).ravel())
         self.shape = xp.asarray(np.asarray(shapes, dtype=np.int64).ravel())
         self.grid = (blocks,)

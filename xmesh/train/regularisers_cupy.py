@@ -17,10 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .adam_cupy import BLOCK_OWNER_SOURCE
+from .adam_cupy import BLOCK_OWNER_SOURCE, THREADS, first_blocks
 
-THREADS = 256
-CHUNK = 8 * THREADS  # floats a block: each variable takes ceil(size / CHUNK) blocks of one flat grid
 TOTAL_THREADS = 1024
 
 _SOURCE = r"""
@@ -39,7 +37,7 @@ __device__ __forceinline__ float xmesh_block_sum(float sum) {
 }
 
 // rows[3 i ..] = (size, offset in out, first block) of variable i at table[i]. Block b scales its
-// variable's CHUNK floats into out and writes their sum of squares to partial[b].
+// variable's 8 * blockDim.x floats (adam_cupy.CHUNK) into out and writes their sum of squares to partial[b].
 extern "C" __global__ void xmesh_l2_blocks(const unsigned long long* table, const long long* rows, int count,
                                            float factor, float* __restrict__ out, float* __restrict__ partial) {
     const int i = xmesh_block_owner(rows, 3, 2, count, blockIdx.x);
@@ -87,16 +85,16 @@ class L2Table:
         self.xp, self.names = xp, list(variables)
         _kernels()  # compiled and loaded here, before any capture of their launches
         self.shapes = [tuple(variables[n].shape) for n in self.names]
-        rows, offset, blocks = [], 0, 0
+        firsts, blocks = first_blocks(variables[name].size for name in self.names)
+        rows, offset = [], 0
         self.offsets = []
-        for name in self.names:
+        for name, first in zip(self.names, firsts, strict=True):
             value = variables[name]
             if value.dtype != xp.float32 or not value.flags.c_contiguous:
                 raise ValueError(f"{name}: the L2 table takes contiguous float32 arrays")
-            rows.append((value.size, offset, blocks))
+            rows.append((value.size, offset, first))
             self.offsets.append(offset)
             offset += -(-value.size // 64) * 64  # each gradient on a 256-byte boundary
-            blocks += max(1, math.ceil(value.size / CHUNK))
         self.table = xp.asarray(np.asarray([variables[n].data.ptr for n in self.names], dtype=np.uint64))
         self.rows = xp.asarray(np.asarray(rows, dtype=np.int64).ravel())
         self.size, self.blocks = offset, blocks

@@ -55,6 +55,13 @@ class PreparedWeight:
         return self.big if self.small is None else self.small
 
 
+def _prepared_shape(k: int, n: int) -> tuple[int, int, tuple]:
+    """A prepared (k, n) weight's padded rows and columns (Kp, Np: whole K slices and B tiles) and the
+    grid of its preparing kernels (a grid-stride loop of 256 threads a block over Np * Kp)."""
+    kp, np_ = -(-k // GEMM.bk) * GEMM.bk, -(-n // GEMM.bn) * GEMM.bn
+    return kp, np_, (min(-(-(np_ * kp) // 256), 4096),)
+
+
 class HopperCore:
     """What every Hopper family's launcher uses, and the GEMM (a base of :class:`HopperGemm`)."""
 
@@ -90,12 +97,8 @@ class HopperCore:
                 f"a paired weight needs 2 * cout columns with cout a multiple of {DRB_LAYER.cols}, got {n}"
             )
         passes = OPERANDS[operands].tf32_passes
-        kp, np_ = -(-k // GEMM.bk) * GEMM.bk, -(-n // GEMM.bn) * GEMM.bn
-        total = np_ * kp
-        grid, head = (
-            (min(-(-total // 256), 4096),),
-            (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n), np.int32(kp), np.int32(np_)),
-        )
+        kp, np_, grid = _prepared_shape(k, n)
+        head = (b, np.int64(b.strides[0] // 4), np.int32(k), np.int32(n), np.int32(kp), np.int32(np_))
         pair = np.int32(DRB_LAYER.cols if paired else 0)
         if passes == 0:
             big, small = cp.empty((np_, kp), dtype=cp.uint16), None
@@ -115,12 +118,12 @@ class HopperCore:
             raise ValueError(f"a paired weight's halves differ: {w0.shape} {w0.dtype} and {w1.shape} {w1.dtype}")
         k, cout = w0.shape
         width = -(-cout // DRB_LAYER.cols) * DRB_LAYER.cols
-        kp, np_ = -(-k // GEMM.bk) * GEMM.bk, -(-2 * width // GEMM.bn) * GEMM.bn
+        kp, np_, grid = _prepared_shape(k, 2 * width)
         big, small = cp.empty((np_, kp), dtype=cp.float32), cp.empty((np_, kp), dtype=cp.float32)
         if self._split_pair is None:
             self._split_pair = get_arch_function(GEMM.source, "wg_split_pair", ARCH, ("-std=c++17",))
         self._split_pair(
-            (min(-(-(np_ * kp) // 256), 4096),),
+            grid,
             (256,),
             (
                 w0,
