@@ -113,15 +113,13 @@ __device__ __forceinline__ void wg_load_a32(unsigned as, const Rows& rows, const
 // Copy the K slice [k0, k0 + 32) of the block's A rows, and of the prepared B parts, into one stage.
 // With VEC and a whole slice inside K, A comes through the tile's plan; else (a K tail, single-float
 // copies) each chunk works out its row and how many of its floats are inside K.
-template <int OPS, bool VEC, int BN, int ROWS, class Rows>
-__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows,
-                                              const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
-                                              const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
-                                              long ldbt, int K, int k0, int tid) {
-    constexpr int THREADS = ROWS * 2;
+// The B part of wg_load_stage: the prepared parts' slice [k0, k0 + 32) into the stage's first BN * 128
+// bytes (each part), copied by THREADS threads.
+template <int OPS, int BN, int THREADS>
+__device__ __forceinline__ void wg_load_b(unsigned stage, const float* __restrict__ Bbig,
+                                          const float* __restrict__ Bsmall, long ldbt, int k0, int tid) {
     constexpr int ROW_CHUNKS = WG_BK * wg_b_bytes(OPS) / 16;   // 16-byte chunks of a B row's slice
     constexpr int B_CHUNKS = BN * ROW_CHUNKS;
-    constexpr int A_STRIDE = wg_a_stride(OPS);
 #pragma unroll
     for (int i = 0; i < (B_CHUNKS + THREADS - 1) / THREADS; ++i) {
         const int idx = tid + i * THREADS, r = idx / ROW_CHUNKS, c = idx % ROW_CHUNKS;
@@ -132,6 +130,16 @@ __device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows,
         if (OPS == WG_3XTF32)
             wg_copy(dst + BN * 128, reinterpret_cast<const float*>(reinterpret_cast<const char*>(Bsmall) + off), 16, 16);
     }
+}
+
+template <int OPS, bool VEC, int BN, int ROWS, class Rows>
+__device__ __forceinline__ void wg_load_stage(unsigned stage, const Rows& rows,
+                                              const WgRowPlan<ROWS, wg_row_chunks<Rows>()>& plan,
+                                              const float* __restrict__ Bbig, const float* __restrict__ Bsmall,
+                                              long ldbt, int K, int k0, int tid) {
+    constexpr int THREADS = ROWS * 2;
+    constexpr int A_STRIDE = wg_a_stride(OPS);
+    wg_load_b<OPS, BN, THREADS>(stage, Bbig, Bsmall, ldbt, k0, tid);
     const unsigned as = stage + wg_b_parts(OPS) * BN * 128;
     if constexpr (sizeof(typename Rows::Elem) == 2) {   // 16-bit A: rows of 128 bytes as B's (64 used)
         static_assert(VEC && (ROWS * 4) % THREADS == 0 && (THREADS / 4) % 8 == 0, "16-bit A copies");
@@ -351,6 +359,98 @@ __device__ __forceinline__ void wg_mainloop(float (&acc)[BN / 2], unsigned ring,
     asm volatile("cp.async.wait_all;\n" ::);
 }
 
+// ---------------------------------------------------------------- A in registers, B held
+// The training's deformation layers (a module built with WG_DRB_DIRECT_A, for weights prepared with an
+// interleaved K) read A from global memory straight into registers and hold every K slice of the
+// block's B columns in shared memory for all its tiles (the host launches a multiple of the column
+// tiles, so each block keeps one), so that no slice waits on a ring: the warpgroups run apart and the
+// layer reads B from L2 once a block instead of once a tile. Thread (g, t) of a warp takes rows g
+// and g + 8 of its 16-row slab and floats 8t .. 8t + 7 of each K slice, two 16-byte loads a row;
+// wg_interleaved_k orders the prepared weight's K so that these are the columns t and t + 4 of the
+// slice's four k8 steps (float 8t + 2s + e of step s, e = 0 for column t, 1 for t + 4).
+__host__ __device__ constexpr int wg_interleaved_k(int kk) {
+    const int q = kk & ~(WG_BK - 1), s = (kk & (WG_BK - 1)) >> 3, c = kk & 7;
+    return q + (c < 4 ? 8 * c + 2 * s : 8 * (c - 4) + 2 * s + 1);
+}
+
+struct WgDirectRows {
+    const float* row[2];   // the thread's rows g and g + 8 (null: a padding row, read as zeros)
+};
+
+// The thread's floats k0 .. k0 + 7 of its two rows; floats past K read as zeros.
+template <bool VEC>
+__device__ __forceinline__ void wg_direct_load(float (&raw)[2][8], const WgDirectRows& rows, int k0, int K) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float* p = rows.row[h];
+        if (VEC && p != nullptr && k0 + 8 <= K) {
+            const float4 lo = __ldg(reinterpret_cast<const float4*>(p + k0));
+            const float4 hi = __ldg(reinterpret_cast<const float4*>(p + k0 + 4));
+            raw[h][0] = lo.x, raw[h][1] = lo.y, raw[h][2] = lo.z, raw[h][3] = lo.w;
+            raw[h][4] = hi.x, raw[h][5] = hi.y, raw[h][6] = hi.z, raw[h][7] = hi.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) raw[h][e] = (p != nullptr && k0 + e < K) ? __ldg(p + k0 + e) : 0.0f;
+        }
+    }
+}
+
+// Bytes of one held K slice of B (big and small parts of the block's 64 B columns): slice kt at
+// kt * WG_HELD_SLICE.
+#define WG_HELD_SLICE (2 * 64 * 128)
+
+// wg_mainloop for A in registers and B held (3xTF32, BN = 64): `raw` comes holding the tile's first
+// slice and leaves holding the first slice of the tile whose rows are `next` (the block's next tile,
+// or zeros). Each slice's wgmmas run while the next slice's loads are in flight.
+template <bool VEC>
+__device__ __forceinline__ void wg_mainloop_direct(float (&acc)[32], float (&raw)[2][8], unsigned held,
+                                                   const WgDirectRows& rows, const WgDirectRows& next, int K) {
+    const int t = threadIdx.x & 3;
+    const int ktiles = (K + WG_BK - 1) / WG_BK;
+    float part[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = part[i] = 0.0f;
+#pragma unroll 1
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const unsigned stage = held + kt * WG_HELD_SLICE;
+        unsigned a_big[4][4], a_small[4][4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int s = 2 * half; s < 2 * half + 2; ++s)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)   // registers: row g, g + 8 (column t), then the same at t + 4
+                    wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int s = 2 * half; s < 2 * half + 2; ++s) {
+                const unsigned long long big = wg_desc(stage + 32 * s);
+                wg_mma(part, a_big[s], big, s > 0);
+                wg_mma(part, a_big[s], wg_desc(stage + 64 * 128 + 32 * s), 1);
+                wg_mma(part, a_small[s], big, 1);
+            }
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (kt + 1 < ktiles)
+            wg_direct_load<VEC>(raw, rows, (kt + 1) * WG_BK + 8 * t, K);
+        else
+            wg_direct_load<VEC>(raw, next, 8 * t, K);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                wg_pin(a_big[s][e]);
+                wg_pin(a_small[s][e]);
+            }
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            wg_pin(part[i]);
+            acc[i] += part[i];
+        }
+    }
+}
+
 // The ring, aligned to 1024 bytes (the 128-byte swizzle repeats every 1024 bytes).
 #define WG_RING                                                                                        \
     extern __shared__ float4 wg_shared[];                                                             \
@@ -467,6 +567,9 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #define WG_DRB_BARRIER_BYTES 64
 #define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4 + WG_DRB_BARRIER_BYTES)
 #define WG_DRB_GRADIENT_STAGING_BYTES ((2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE + 2 * WG_DRB_TILE_ROWS * 32) * 4 + WG_DRB_BARRIER_BYTES)
+#if defined(WG_DRB_DIRECT_A) && !defined(WG_DRB_GRADIENT) && !(defined(WG_DRB_OPS) && WG_DRB_OPS == WG_3XTF32)
+#error "WG_DRB_DIRECT_A (A in registers, B held) needs the 3xTF32 mode's module (WG_DRB_OPS 3)"
+#endif
 #ifdef WG_DRB_GRADIENT
 #if !defined(WG_DRB_LINEAR) || !defined(WG_MIX_SPARSE)
 #error "WG_DRB_GRADIENT carries the input gradient: it needs WG_DRB_LINEAR and one A1's WG_MIX_SPARSE"
@@ -508,7 +611,12 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
     WG_RING
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
+#ifdef WG_DRB_DIRECT_A   // the staging first (at fixed offsets), then the held B slices, 1024-byte aligned
+    float* y0s = ring_ptr;
+    const unsigned held = ring + (WG_DRB_THIS_STAGING_BYTES + 1023) / 1024 * 1024;
+#else
     float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS, IO == WG_IO_16) / 4;
+#endif
     float* y1s = y0s + WG_Y_ROWS * WG_Y_STRIDE;
     float* r_s = y1s + WG_Y_ROWS * WG_Y_STRIDE;
     float* m_s = r_s + WG_DRB_TILE_ROWS * 32;   // WG_DRB_GRADIENT's mask tile
@@ -543,8 +651,38 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
         auto tile_rows = [&](long b, int n0) {
             return Rows{X + b * WG_HYP * plane_in + (long)n0 * ldx, ldx, plane_in, N - n0};
         };
-        WgRowPlan<WG_DRB_ROWS, wg_row_chunks<Rows>()> plan;   // of the tile whose copies are under way
+#ifdef WG_DRB_DIRECT_A
+        static_assert(OPS == WG_3XTF32 && IO == WG_IO_F32, "A in registers: the 3xTF32 float32 layers");
+        auto direct_rows = [&](int tile) {   // the thread's rows of a tile (none past the last tile)
+            WgDirectRows r{{nullptr, nullptr}};
+            if (tile < tiles) {
+                long b;
+                int n0, c0;
+                origin(tile, b, n0, c0);
+                r.row[0] = tile_rows(b, n0)(row0 + g);
+                r.row[1] = tile_rows(b, n0)(row0 + g + 8);
+            }
+            return r;
+        };
+        float raw[2][8];
+        WgDirectRows rows_now = direct_rows(blockIdx.x);
+        wg_direct_load<VEC>(raw, rows_now, 8 * t, cin);
+        {   // every K slice of the block's B columns, once
+            long b;
+            int n0, c0;
+            origin(blockIdx.x, b, n0, c0);
+            for (int kt = 0; kt * WG_BK < cin; ++kt)
+                wg_load_b<OPS, 64, WG_DRB_MMA_THREADS>(held + kt * WG_HELD_SLICE, wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
+                                                       wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, kt * WG_BK,
+                                                       threadIdx.x);
+            asm volatile("cp.async.commit_group;\n" ::);
+            asm volatile("cp.async.wait_all;\n" ::);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the copies visible to wgmma
+            wg_bar_sync<WG_MMA_BARRIER, WG_DRB_MMA_THREADS>();
+        }
+#else
         WgRingBarriers bars{full, empty, 0u, 0u, 0u};
+        WgRowPlan<WG_DRB_ROWS, wg_row_chunks<Rows>()> plan;   // of the tile whose copies are under way
         auto start_copies = [&](int tile) {
             long b;
             int n0, c0;
@@ -555,14 +693,21 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                                                                   wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin, &bars);
         };
         start_copies(blockIdx.x);
+#endif
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             long b;
             int n0, c0;
             origin(tile, b, n0, c0);
             float acc[32];
+#ifdef WG_DRB_DIRECT_A
+            const WgDirectRows rows_next = direct_rows(tile + gridDim.x);
+            wg_mainloop_direct<VEC>(acc, raw, held, rows_now, rows_next, cin);
+            rows_now = rows_next;
+#else
             wg_mainloop<OPS, VEC, 64, WG_DRB_ROWS, WG_DRB_STAGES, Rows, false>(
                 acc, ring, ring_ptr, tile_rows(b, n0), plan, wg_b_row<OPS>(Bbig, 2 * c0, ldbt),
                 wg_b_row<OPS>(Bsmall, 2 * c0, ldbt), ldbt, cin, &bars);
+#endif
             // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
             // is done with the previous tile: stage y0 (tile columns 0..31) and y1 (32..63), hand the
             // tile over, start the next tile's copies.
@@ -576,7 +721,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                     *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
                 }
             wg_bar_arrive<WG_STAGING_FULL, WG_DRB_THREADS>();
+#ifndef WG_DRB_DIRECT_A
             if (tile + (int)gridDim.x < tiles) start_copies(tile + gridDim.x);
+#endif
         }
     } else {   // ---- the epilogue warpgroup: thread (vertex v, column c) of each staged tile
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_DRB_EPILOGUE_REGS));
@@ -757,14 +904,16 @@ XM_KERNEL(wg_split_weight) void wg_split_weight(const float* __restrict__ B, lon
 
 // The same for a deformation layer's paired weight from W0 and W1 apart, each K x cout with element
 // (k, c) at k * sk + c * sc (a transposed view reads in place): B = [W0 | 0 | W1 | 0] with each half
-// `width` columns (cout up to the next multiple of the pairing), N = 2 width.
+// `width` columns (cout up to the next multiple of the pairing), N = 2 width; with `interleave`, K in
+// wg_interleaved_k's order (the layer kernels built with WG_DRB_DIRECT_A).
 XM_KERNEL(wg_split_pair) void wg_split_pair(const float* __restrict__ W0, const float* __restrict__ W1, long sk, long sc,
-                                            int K, int cout, int width, int Kp, int Np, int pair,
+                                            int K, int cout, int width, int Kp, int Np, int pair, int interleave,
                                             float* __restrict__ big, float* __restrict__ small) {
     const long long total = (long long)Np * Kp;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
-        const int j = (int)(i / Kp), k = (int)(i % Kp), n = wg_weight_column(j, 2 * width, pair);
+        const int j = (int)(i / Kp), kk = (int)(i % Kp), n = wg_weight_column(j, 2 * width, pair);
+        const int k = interleave ? wg_interleaved_k(kk) : kk;
         const bool second = n >= width;
         const int c = second ? n - width : n;
         const float x = (n < 2 * width && c < cout && k < K) ? (second ? W1 : W0)[(long)k * sk + (long)c * sc] : 0.0f;

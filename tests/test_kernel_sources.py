@@ -170,5 +170,8 @@ def test_the_layer_kernel_fits_shared_memory_as_the_host_reckons():
         layer.gradient_staging_bytes,
     )
     ring = smem_bytes("3xtf32", 2 * layer.cols, layer.rows, layer.stages)
-    assert ring + max(layer.staging_bytes, layer.gradient_staging_bytes) <= 227 * 1024
+    assert ring + max(layer.staging_bytes, layer.gradient_staging_bytes) <= 227 * 1024 == hg.BLOCK_SMEM_LIMIT
     assert 3 * macro(source, "WG_DRB_MMA_REGS") + macro(source, "WG_DRB_EPILOGUE_REGS") == 4 * 128
+    # the training's kernels hold a 192-wide layer's weight (forward and carried gradient), not a 339-wide one
+    assert macro(source, "WG_HELD_SLICE") == layer.held_slice
+    assert max(layer.held_smem(192), layer.held_smem(192, gradient=True)) <= hg.BLOCK_SMEM_LIMIT < layer.held_smem(339)

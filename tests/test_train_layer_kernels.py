@@ -287,6 +287,72 @@ def test_the_hopper_weight_gradient_keeps_float32_accuracy(bn, k, m, n, row):
     assert ours.shape == (m, n) and error < 2e-6 and error < 3 * mma_sync + 1e-7
 
 
+@pytest.mark.parametrize(
+    "cin, row, cout, n",
+    [
+        (192, 192, 192, 400),  # many tiles a block: the next tile's first slice loaded during this one's last
+        (70, 72, 339, 90),  # a K tail, and 11 column tiles (the blocks a multiple of them)
+        (70, 70, 64, 90),  # rows not 16-byte aligned: single-float loads
+    ],
+)
+def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, cout, n):
+    """The training's layer kernel with an interleaved weight (B held in shared memory, A read straight
+    into registers) against the same kernel streaming both through its ring, and both against float64:
+    the forward with its ReLU output kept, and the input gradient carried through the ReLU before."""
+    import cupy
+
+    from xmesh.backends import get_backend
+    from xmesh.backends.cupy_backend.hopper import mixing_source
+
+    hopper = get_backend("cupy").hopper
+    if hopper is None:
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    rng = np.random.default_rng(cin + cout + n)
+    x = np.maximum(rng.standard_normal((1, K, n, cin)), 0.0)
+    w0, w1 = (rng.standard_normal((cin, cout)) / np.sqrt(cin) for _ in range(2))
+    bias = rng.standard_normal(cout) * 0.3
+    a1 = sparse_support(rng)
+    width = -(-cout // 32) * 32
+    res = rng.standard_normal((1, K, n, width))
+    relu = np.maximum(x @ w0 + np.einsum("ij,bjnc->binc", a1, x @ w1) + bias, 0.0)
+    rows = cupy.zeros((1, K, n, row), dtype=cupy.float32)
+    rows[..., :cin] = cupy.asarray(x.astype(np.float32))
+    f32 = [cupy.asarray(v.astype(np.float32)) for v in (w0, w1, a1, res)]
+    full_bias = cupy.zeros(width, dtype=cupy.float32)
+    full_bias[:cout] = cupy.asarray(bias.astype(np.float32))
+    assert hopper.holds_weight(cin, width)
+    outs = []
+    for interleaved in (True, False):
+        weight = hopper.prepare_pair(f32[0], f32[1], interleaved=interleaved)
+        outs.append(
+            hopper.drb_layer(
+                rows[..., :cin], weight, f32[2], full_bias, f32[3], mixing_source(f32[2]), keep_activation=True
+            )
+        )
+    (held, held_relu), (streamed, streamed_relu) = outs
+    errors = relative_error(held_relu[..., :cout], relu), relative_error(held[..., :cout], relu + res[..., :cout])
+    apart = relative_error(held, streamed.get().astype(np.float64)), relative_error(held_relu, streamed_relu.get())
+    print(f"cin {cin} cout {cout}: float64 {errors[0]:.2e} {errors[1]:.2e}, streamed {apart[0]:.2e} {apart[1]:.2e}")
+    assert max(errors) < 1e-5 and max(apart) < 1e-6
+
+    if cout % 32 or row % 4:
+        return  # the input gradient takes whole column tiles and 16-byte aligned rows
+    dz = rng.standard_normal((1, K, n, cout))
+    mask = cupy.asarray(np.maximum(rng.standard_normal((1, K, n, cin)), 0.0).astype(np.float32))
+    dx = dz @ w0.T + np.einsum("ji,bjnc->binc", a1, dz @ w1.T)
+    exact = np.where(mask.get() > 0, dx, 0.0)
+    support = cupy.ascontiguousarray(f32[2].T)
+    grads = []
+    for interleaved in (True, False):
+        weight = hopper.prepare_pair(f32[0].T, f32[1].T, interleaved=interleaved)
+        rows_dz = cupy.asarray(dz.astype(np.float32))
+        grads.append(hopper.drb_layer_gradient(rows_dz, weight, mask, None, mixing_source(support)))
+    error = relative_error(grads[0][0][..., :cin], exact)
+    apart = relative_error(grads[0][0], grads[1][0].get().astype(np.float64))
+    print(f"input gradient: float64 {error:.2e}, streamed {apart:.2e}")
+    assert error < 1e-5 and apart < 1e-6
+
+
 def test_the_lent_kernels_leave_numpy_arrays_to_numpy():
     """Once the CuPy backend lends its kernels, a NumPy training step in the same process still runs on
     NumPy: every lent product and the layer kernel decline arrays that are not CuPy's."""

@@ -267,7 +267,7 @@ class DeformationStage:
                 full_bias[:cout] = bias
         out, activation = self.hopper.drb_layer(
             hg.hypothesis_rows(cp, x),
-            self.hopper.prepare_pair(w0, w1),
+            self.hopper.prepare_pair(w0, w1, interleaved=self.hopper.holds_weight(cin, width)),
             support,
             full_bias,
             residual,
@@ -291,7 +291,10 @@ class DeformationStage:
             or rows.data.ptr % 16
         ):
             return None
-        return self.hopper.drb_layer_gradient(rows, self.hopper.prepare_pair(w0, w1), mask, residual, mixing, keep)
+        weight = self.hopper.prepare_pair(
+            w0, w1, interleaved=self.hopper.holds_weight(w0.shape[0], cout, gradient=True)
+        )
+        return self.hopper.drb_layer_gradient(rows, weight, mask, residual, mixing, keep)
 
     def _training_support(self, a1, transposed: bool):
         """(A1 or A1^T as a contiguous float32 device array, its mixing source), made once per support."""

@@ -24,6 +24,7 @@ from .activations import activation_dtype, narrow16, widen16
 from .chain import PreparedChain
 from .families import (
     ARCH,
+    BLOCK_SMEM_LIMIT,
     CHAIN,
     DRB_LAYER,
     GEMM,
@@ -53,6 +54,7 @@ from .layouts import (
 
 __all__ = [
     "ARCH",
+    "BLOCK_SMEM_LIMIT",
     "CHAIN",
     "DRB_LAYER",
     "GEMM",

@@ -52,6 +52,17 @@ class LayerKernel:
         of 32 floats), A1 (43 rows of 44 floats) and the ring's barriers (WG_DRB_STAGING_BYTES)."""
         return (2 * self.rows * 40 + HYPOTHESES * self.vertices * 32 + HYPOTHESES * 44) * 4 + 64
 
+    #: Bytes of one 32-row K slice of a block's paired B columns (big and small parts) held in shared memory
+    #: for all its tiles (WG_HELD_SLICE).
+    held_slice: int = 2 * 64 * 128
+
+    def held_smem(self, k: int, gradient: bool = False) -> int:
+        """Shared memory of a block that holds a K of k (WG_DRB_DIRECT_A): the staging (the carried
+        gradient's with ``gradient``), then every K slice of the block's B columns from the next 1024
+        bytes on, and the alignment slack."""
+        staging = self.gradient_staging_bytes if gradient else self.staging_bytes
+        return -(-staging // 1024) * 1024 + -(-k // 32) * self.held_slice + 1024
+
     @property
     def gradient_staging_bytes(self) -> int:
         """The same for ``wg_drb_layer_3x_v_grad``: the y0/y1 tiles' 172 hypothesis rows, the residual
@@ -62,6 +73,8 @@ class LayerKernel:
 
 GEMM = GemmKernel()
 DRB_LAYER = LayerKernel()
+#: The most dynamic shared memory a block may have on compute capability 9.0.
+BLOCK_SMEM_LIMIT = 232448
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ class PreparedWeight:
     """B (k x n) in the Hopper kernels' form for one of :data:`OPERANDS`: ``big`` and ``small`` (None
     but in 3xTF32) of shape (ceil(n/128)*128, ceil(k/32)*32), float32 (uint16 holding float16 or
     bfloat16 bits in the 16-bit modes), row j holding column j of B; for a deformation block layer
-    (``paired``: B = [W0 | W1]) each 64 rows hold 32 columns of W0 and the same 32 of W1."""
+    (``paired``: B = [W0 | W1]) each 64 rows hold 32 columns of W0 and the same 32 of W1.
+    ``interleaved``: each 32 columns' K in wg_interleaved_k's order, for the layer kernels that read
+    A straight into registers (the training's, built with WG_DRB_DIRECT_A)."""
 
     big: object
     small: object
@@ -43,6 +45,7 @@ class PreparedWeight:
     n: int
     operands: str
     paired: bool = False
+    interleaved: bool = False
 
     @property
     def passes(self) -> int:
@@ -74,15 +77,20 @@ class HopperCore:
         self._split_pair = None  # the training's (prepare_pair), built at its first call
 
     def _kernel(self, name: str, smem: int, prelude: str = "", source: str = GEMM.source):
-        kernel = self._kernels.get((name, prelude))
-        if kernel is None:
+        """The kernel, allowed ``smem`` bytes of dynamic shared memory (or the most a call asked for)."""
+        entry = self._kernels.get((name, prelude))
+        if entry is None:
+            entry = self._kernels[(name, prelude)] = [
+                get_arch_function(source, name, ARCH, ("-std=c++17",), prelude),
+                0,
+            ]
+        if smem > entry[1]:
             from cupy_backends.cuda.api import driver
 
-            kernel = get_arch_function(source, name, ARCH, ("-std=c++17",), prelude)
             # > 48 KB of dynamic shared memory needs the opt-in
-            driver.funcSetAttribute(kernel.ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-            self._kernels[(name, prelude)] = kernel
-        return kernel
+            driver.funcSetAttribute(entry[0].ptr, MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            entry[1] = smem
+        return entry[0]
 
     def prepare(self, b, operands: str = "3xtf32", paired: bool = False) -> PreparedWeight:
         """Transpose, split (or round) and pad a float32 (k, n) matrix with unit column stride for
@@ -109,10 +117,11 @@ class HopperCore:
             self._split(grid, (256,), (*head, np.int32(passes), pair, big, big if small is None else small))
         return PreparedWeight(big, small, k, n, operands, paired)
 
-    def prepare_pair(self, w0, w1) -> PreparedWeight:
+    def prepare_pair(self, w0, w1, interleaved: bool = False) -> PreparedWeight:
         """:meth:`prepare`'s 3xTF32 paired weight of a deformation layer from its W0 and W1 (k, cout) apart,
         in one launch: each half's columns zero-padded to a multiple of ``DRB_LAYER.cols``. W0 and W1 are
-        float32 views of one layout (a transposed view is read in place)."""
+        float32 views of one layout (a transposed view is read in place). ``interleaved``: K in the order of
+        the layer kernel that holds the weight and reads A straight into registers (``holds_weight``)."""
         cp = self.cupy
         if w0.shape != w1.shape or w0.strides != w1.strides or w0.dtype != cp.float32 or w1.dtype != cp.float32:
             raise ValueError(f"a paired weight's halves differ: {w0.shape} {w0.dtype} and {w1.shape} {w1.dtype}")
@@ -136,11 +145,12 @@ class HopperCore:
                 np.int32(kp),
                 np.int32(np_),
                 np.int32(DRB_LAYER.cols),
+                np.int32(interleaved),
                 big,
                 small,
             ),
         )
-        return PreparedWeight(big, small, k, 2 * width, "3xtf32", True)
+        return PreparedWeight(big, small, k, 2 * width, "3xtf32", True, interleaved=interleaved)
 
     def __call__(self, a, weight: PreparedWeight, out, bias=None, relu: bool = False):
         """out (m, n) = act(a (m, k) @ B + bias); ``a`` and ``out`` row-strided views with unit column stride."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...kernel_constants import HYPOTHESES
 from .activations import activation_dtype
-from .families import DRB_LAYER, OPERANDS
+from .families import BLOCK_SMEM_LIMIT, DRB_LAYER, OPERANDS
 from .gemm import PreparedWeight, smem_bytes
 from .layouts import hypothesis_rows
 
@@ -20,6 +20,24 @@ def _x_and_weight(x, ldx: int, weight: PreparedWeight) -> tuple:
 
 class LayerFamily:
     """:meth:`drb_layer` (a mixin of :class:`HopperGemm`)."""
+
+    def holds_weight(self, k: int, cout: int, gradient: bool = False) -> bool:
+        """Whether the training's layer kernel takes a (k, cout) weight held in shared memory, with A read
+        straight into registers (a module built with WG_DRB_DIRECT_A, for a weight prepared with
+        ``prepare_pair(..., interleaved=True)``): every K slice of a block's B columns fits beside the
+        staging (of :meth:`drb_layer_gradient` with ``gradient``), and the multiprocessors take at least
+        one block per column tile."""
+        fits = DRB_LAYER.held_smem(k, gradient) <= BLOCK_SMEM_LIMIT
+        return fits and self.sm_count >= -(-cout // DRB_LAYER.cols)
+
+    def _held_launch(self, weight: PreparedWeight, gradient: bool, tiles: int) -> tuple[int, int]:
+        """(shared memory, blocks) of a layer kernel holding an interleaved weight: blocks a multiple of the
+        column tiles, so that each keeps one."""
+        cout = weight.n // 2
+        if weight.operands != "3xtf32" or not self.holds_weight(weight.k, cout, gradient):
+            raise ValueError(f"a ({weight.k}, {weight.n}) {weight.operands} weight is not one the layer kernel holds")
+        col_tiles = cout // DRB_LAYER.cols
+        return DRB_LAYER.held_smem(weight.k, gradient), min(tiles, self.sm_count // col_tiles * col_tiles)
 
     def drb_layer(
         self,
@@ -82,10 +100,15 @@ class LayerFamily:
         tiles = b * -(-n // DRB_LAYER.vertices) * (cout // DRB_LAYER.cols)
         blocks = min(tiles, self.sm_count)  # persistent blocks, one per multiprocessor
         code, part, _ = OPERANDS[weight.operands]
+        if weight.interleaved and (x16 or out16 or not mixing):  # A straight into registers
+            raise ValueError("drb_layer: an interleaved weight takes float32 X and output and one A1's mixing")
         if mixing:  # a module for one A1 holds one mode's kernels (WG_DRB_OPS)
             mixing += f"#define WG_DRB_OPS {code}\n"
         if keep_activation:
             mixing += "#define WG_DRB_ACTIVATION 1\n"
+        if weight.interleaved:
+            mixing += "#define WG_DRB_DIRECT_A 1\n"
+            smem, blocks = self._held_launch(weight, False, tiles)
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
         self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
             (blocks,),
@@ -142,9 +165,13 @@ class LayerFamily:
         )
         tiles = b * -(-n // DRB_LAYER.vertices) * (cout // DRB_LAYER.cols)
         prelude = "#define WG_DRB_GRADIENT 1\n#define WG_DRB_LINEAR 1\n" + mixing
+        blocks = min(tiles, self.sm_count)
+        if weight.interleaved:
+            prelude += "#define WG_DRB_DIRECT_A 1\n"
+            smem, blocks = self._held_launch(weight, True, tiles)
         null = np.uint64(0)
         self._kernel("wg_drb_layer_3x_v_grad", smem, prelude, DRB_LAYER.source)(
-            (min(tiles, self.sm_count),),
+            (blocks,),
             (DRB_LAYER.threads,),
             (
                 *_x_and_weight(x, ldx, weight),
