@@ -611,9 +611,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
     WG_RING
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int col_tiles = cout / 32, vert_tiles = (N + WG_DRB_VERTS - 1) / WG_DRB_VERTS;
-#ifdef WG_DRB_DIRECT_A   // the staging first (at fixed offsets), then the held B slices, 1024-byte aligned
-    float* y0s = ring_ptr;
-    const unsigned held = ring + (WG_DRB_THIS_STAGING_BYTES + 1023) / 1024 * 1024;
+#ifdef WG_DRB_DIRECT_A   // the held B slices in the ring's place
+    const unsigned held = ring;
+    float* y0s = ring_ptr + (cin + WG_BK - 1) / WG_BK * WG_HELD_SLICE / 4;
 #else
     float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS, IO == WG_IO_16) / 4;
 #endif

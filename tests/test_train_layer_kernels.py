@@ -326,7 +326,13 @@ def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, c
         weight = hopper.prepare_pair(f32[0], f32[1], interleaved=interleaved)
         outs.append(
             hopper.drb_layer(
-                rows[..., :cin], weight, f32[2], full_bias, f32[3], mixing_source(f32[2]), keep_activation=True
+                rows[..., :cin],
+                weight,
+                f32[2],
+                full_bias,
+                f32[3],
+                mixing_source(a1.astype(np.float32)),
+                keep_activation=True,
             )
         )
     (held, held_relu), (streamed, streamed_relu) = outs
@@ -341,12 +347,11 @@ def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, c
     mask = cupy.asarray(np.maximum(rng.standard_normal((1, K, n, cin)), 0.0).astype(np.float32))
     dx = dz @ w0.T + np.einsum("ji,bjnc->binc", a1, dz @ w1.T)
     exact = np.where(mask.get() > 0, dx, 0.0)
-    support = cupy.ascontiguousarray(f32[2].T)
     grads = []
     for interleaved in (True, False):
         weight = hopper.prepare_pair(f32[0].T, f32[1].T, interleaved=interleaved)
         rows_dz = cupy.asarray(dz.astype(np.float32))
-        grads.append(hopper.drb_layer_gradient(rows_dz, weight, mask, None, mixing_source(support)))
+        grads.append(hopper.drb_layer_gradient(rows_dz, weight, mask, None, mixing_source(a1.T.astype(np.float32))))
     error = relative_error(grads[0][0][..., :cin], exact)
     apart = relative_error(grads[0][0], grads[1][0].get().astype(np.float64))
     print(f"input gradient: float64 {error:.2e}, streamed {apart:.2e}")

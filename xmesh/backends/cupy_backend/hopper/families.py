@@ -57,11 +57,11 @@ class LayerKernel:
     held_slice: int = 2 * 64 * 128
 
     def held_smem(self, k: int, gradient: bool = False) -> int:
-        """Shared memory of a block that holds a K of k (WG_DRB_DIRECT_A): the staging (the carried
-        gradient's with ``gradient``), then every K slice of the block's B columns from the next 1024
-        bytes on, and the alignment slack."""
+        """Shared memory of a block that holds a K of k (WG_DRB_DIRECT_A): every K slice of the block's B
+        columns in the ring's place, the staging (the carried gradient's with ``gradient``) after them,
+        and the alignment slack."""
         staging = self.gradient_staging_bytes if gradient else self.staging_bytes
-        return -(-staging // 1024) * 1024 + -(-k // 32) * self.held_slice + 1024
+        return -(-k // 32) * self.held_slice + staging + 1024
 
     @property
     def gradient_staging_bytes(self) -> int:
