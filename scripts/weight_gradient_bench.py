@@ -1,5 +1,6 @@
 """The local graph convolution's training passes on the GPU, part by part, at a batch's shapes: the
-forward and the input gradient in the lent layer kernel, the backward's one-pass mask and mixing, and
+forward and the input gradient in the lent layer kernel (at 192 inputs also the forward with a skip
+connection and the input gradient carried through the ReLU before), the backward's one-pass mask and mixing, and
 the weights' gradient X^T [dZ | A1^T dZ] (K = every hypothesis row) in the lent 3xTF32 GEMM
 (``xmesh.model.products.matmul``: on Hopper wgmma_wgrad.cu's kernel, timed beside its other build and
 tc_gemm.cu's gemm_t3x_n128; K split) against cuBLAS's float32 SGEMM, all against float64.
@@ -57,11 +58,20 @@ def layer(backend, rng, a1, args, cin: int) -> None:
     rows_of = cp.zeros(shape + (-(-cin // 4) * 4,), dtype=cp.float32)  # padded as the projection's
     x = rows_of[..., :cin]
     x[...] = cp.maximum(rng.standard_normal(shape + (cin,), dtype=cp.float32), 0)
-    w0, w1 = (rng.standard_normal((cin, COUT), dtype=cp.float32) / np.sqrt(cin) for _ in range(2))
+    w0, w1 = (rng.standard_normal((cin, COUT), dtype=cp.float32) / np.float32(np.sqrt(cin)) for _ in range(2))
     bias = cp.zeros(COUT, dtype=cp.float32)
     dout = rng.standard_normal(shape + (COUT,), dtype=cp.float32) * 1e-3
     ms, relu_out = timed(cp, lambda: products.deformation_layer(x, w0, w1, bias, a1), args.repeat)
     print(f"cin {cin}: forward, the layer kernel {ms:.2f} ms")
+    if cin == COUT:  # a skip connection's layer: the residual added in the pass, the ReLU output kept
+        res = dout * 1e3
+        ms, _ = timed(
+            cp, lambda: products.deformation_layer(x, w0, w1, bias, a1, residual=res, keep_activation=True), args.repeat
+        )
+        print(f"cin {cin}: forward with a skip connection, its ReLU output kept {ms:.2f} ms")
+        del res
+        ms, _ = timed(cp, lambda: products.layer_input_gradient(dout, w0, w1, a1, x), args.repeat)
+        print(f"cin {cin}: input gradient carried through the ReLU before (x its output) {ms:.2f} ms")
     ms, (dy, _) = timed(cp, lambda: epilogues_cupy.relu_gradient_mixed(dout, relu_out, a1), args.repeat)
     print(f"cin {cin}: mask, mixing and bias sums in one pass {ms:.2f} ms")
     dz = dy[..., :COUT]
