@@ -61,7 +61,7 @@ class LayerKernel:
         columns in the ring's place, the staging (the carried gradient's with ``gradient``) after them,
         and the alignment slack."""
         staging = self.gradient_staging_bytes if gradient else self.staging_bytes
-        return -(-k // 32) * self.held_slice + staging + 1024
+        return -(-k // GEMM.bk) * self.held_slice + staging + 1024
 
     @property
     def gradient_staging_bytes(self) -> int:

@@ -56,7 +56,8 @@ class LayerFamily:
         :func:`mixing_source` of the same A1 to run the kernel built for it (zeros skipped).
         ``keep_activation`` (float32 output): (out, the values before the residual; out itself without a
         residual), both written in the same pass (the training's forward keeps a skip connection's ReLU
-        output for its backward), by a module built with WG_DRB_ACTIVATION.
+        output for its backward), by a module built with WG_DRB_ACTIVATION. An interleaved ``weight``
+        (:meth:`holds_weight`) runs the module that holds it in shared memory (WG_DRB_DIRECT_A).
 
         16-bit modes only: ``out16`` stores the output in the mode's 16 bits (:func:`activation_dtype`;
         the sum is rounded once, to nearest even), and the residual must then be given in them too;
@@ -137,7 +138,8 @@ class LayerFamily:
         :func:`mixing_source` of A1 (here the support's transpose); then dz = dx where ``mask`` (the
         layer before's ReLU output, (B, 43, N, cout) float32) is positive. Returns (dy, sums, dx): dy
         (B, 43, N, 2 cout) = [dz | A1 dz] over the hypotheses, sums (B, N, cout) dz's sums over them
-        (as ``epilogues_cupy.relu_gradient_mixed``), dx only with ``keep`` (else None)."""
+        (as ``epilogues_cupy.relu_gradient_mixed``), dx only with ``keep`` (else None). An interleaved
+        ``weight`` runs the module that holds it in shared memory, as :meth:`drb_layer`'s."""
         cp = self.cupy
         b, hyp, n, cin = x.shape
         cout = weight.n // 2
