@@ -221,3 +221,23 @@ __device__ __forceinline__ void wg_bar_arrive(int id, int count) {
 // operands and writes its accumulators asynchronously, until wgmma.wait_group.
 __device__ __forceinline__ void wg_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void wg_pin(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// The end of a 3xTF32 K slice whose A fragments came from registers, after its wgmma.wait_group 0: the
+// fragments kept live until here (the wgmmas read them asynchronously), and the slice's own sum added
+// to the thread's accumulator with rounded FADDs.
+template <int N>
+__device__ __forceinline__ void wg_end_slice(unsigned (&big)[4][4], unsigned (&small)[4][4], float (&part)[N],
+                                             float (&acc)[N]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            wg_pin(big[s][e]);
+            wg_pin(small[s][e]);
+        }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        wg_pin(part[i]);
+        acc[i] += part[i];
+    }
+}

@@ -436,18 +436,7 @@ __device__ __forceinline__ void wg_mainloop_direct(float (&acc)[32], float (&raw
         else
             wg_direct_load<VEC>(raw, next, 8 * t, K);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                wg_pin(a_big[s][e]);
-                wg_pin(a_small[s][e]);
-            }
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            wg_pin(part[i]);
-            acc[i] += part[i];
-        }
+        wg_end_slice(a_big, a_small, part, acc);
     }
 }
 

@@ -158,18 +158,7 @@ __device__ __forceinline__ void wg_wgrad(const float* __restrict__ U, long ldu, 
             wgt_fragments(stage + row0 + g, t, next_big, next_small);
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                wg_pin(big[s][e]);
-                wg_pin(small[s][e]);
-            }
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-            wg_pin(part[i]);
-            acc[i] += part[i];
-        }
+        wg_end_slice(big, small, part, acc);
         __syncthreads();   // slice kt + 1 is transposed; slice kt's stage and buffer are free
     };
     for (int kt = 0; kt < ktiles; kt += 2) {
