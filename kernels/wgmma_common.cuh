@@ -222,12 +222,8 @@ __device__ __forceinline__ void wg_bar_arrive(int id, int count) {
 __device__ __forceinline__ void wg_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void wg_pin(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
 
-// The end of a 3xTF32 K slice whose A fragments came from registers, after its wgmma.wait_group 0: the
-// fragments kept live until here (the wgmmas read them asynchronously), and the slice's own sum added
-// to the thread's accumulator with rounded FADDs.
-template <int N>
-__device__ __forceinline__ void wg_end_slice(unsigned (&big)[4][4], unsigned (&small)[4][4], float (&part)[N],
-                                             float (&acc)[N]) {
+// A 3xTF32 slice's A fragments kept live up to here (its wgmmas read them until a wait_group retires them).
+__device__ __forceinline__ void wg_pin_fragments(unsigned (&big)[4][4], unsigned (&small)[4][4]) {
 #pragma unroll
     for (int s = 0; s < 4; ++s)
 #pragma unroll
@@ -235,6 +231,15 @@ __device__ __forceinline__ void wg_end_slice(unsigned (&big)[4][4], unsigned (&s
             wg_pin(big[s][e]);
             wg_pin(small[s][e]);
         }
+}
+
+// The end of a 3xTF32 K slice whose A fragments came from registers, after its wgmma.wait_group 0: the
+// fragments kept live until here (the wgmmas read them asynchronously), and the slice's own sum added
+// to the thread's accumulator with rounded FADDs.
+template <int N>
+__device__ __forceinline__ void wg_end_slice(unsigned (&big)[4][4], unsigned (&small)[4][4], float (&part)[N],
+                                             float (&acc)[N]) {
+    wg_pin_fragments(big, small);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         wg_pin(part[i]);

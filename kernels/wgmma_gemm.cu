@@ -545,17 +545,21 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #define WG_DRB_THREADS (WG_DRB_MMA_THREADS + 128)        // + the epilogue warpgroup
 #define WG_DRB_MMA_REGS 144                              // 3 * 144 + 80 = 4 * 128 registers per thread
 #define WG_DRB_EPILOGUE_REGS 80
-#define WG_Y_STRIDE 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
+#define WG_Y_STRIDE_FULL 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
+#define WG_Y_STRIDE_LEAN 36   // the lean staging's (two-way conflicts on those stores, 5.5 KB less a block)
 #define WG_A1_STRIDE 44
 
-// Shared memory after the ring: the y0 and y1 tiles (WG_DRB_ROWS rows of WG_Y_STRIDE floats each),
-// the residual tile (WG_DRB_TILE_ROWS rows of 32 floats) and A1 (43 rows of WG_A1_STRIDE floats);
-// WG_DRB_GRADIENT's: the y tiles' WG_DRB_TILE_ROWS rows, the residual's and the mask's tiles.
+// Shared memory after the ring: the y0 and y1 tiles (WG_DRB_ROWS rows of WG_Y_STRIDE_FULL floats
+// each), the residual tile (WG_DRB_TILE_ROWS rows of 32 floats) and A1 (43 rows of WG_A1_STRIDE floats);
+// WG_DRB_GRADIENT's: the y tiles' WG_DRB_TILE_ROWS rows, the residual's and the mask's tiles. A module
+// built with WG_DRB_LEAN (a forward without a residual whose held weight leaves room for no more: the
+// block's first layer) stages the y tiles' WG_DRB_TILE_ROWS rows alone, WG_Y_STRIDE_LEAN floats apart.
 #define WG_DRB_TILE_ROWS (WG_HYP * WG_DRB_VERTS)   // the tile's rows that hold hypotheses (172 of 192)
 // Either ends with the ring's barriers (WgRingBarriers: full and empty, 8 bytes each a stage).
 #define WG_DRB_BARRIER_BYTES 64
-#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4 + WG_DRB_BARRIER_BYTES)
-#define WG_DRB_GRADIENT_STAGING_BYTES ((2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE + 2 * WG_DRB_TILE_ROWS * 32) * 4 + WG_DRB_BARRIER_BYTES)
+#define WG_DRB_STAGING_BYTES ((2 * WG_DRB_ROWS * WG_Y_STRIDE_FULL + WG_DRB_TILE_ROWS * 32 + WG_HYP * WG_A1_STRIDE) * 4 + WG_DRB_BARRIER_BYTES)
+#define WG_DRB_GRADIENT_STAGING_BYTES ((2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE_FULL + 2 * WG_DRB_TILE_ROWS * 32) * 4 + WG_DRB_BARRIER_BYTES)
+#define WG_DRB_LEAN_STAGING_BYTES (2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE_LEAN * 4 + WG_DRB_BARRIER_BYTES)
 #if defined(WG_DRB_DIRECT_A) && !defined(WG_DRB_GRADIENT) && !(defined(WG_DRB_OPS) && WG_DRB_OPS == WG_3XTF32)
 #error "WG_DRB_DIRECT_A (A in registers, B held) needs the 3xTF32 mode's module (WG_DRB_OPS 3)"
 #endif
@@ -564,10 +568,22 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #error "WG_DRB_GRADIENT carries the input gradient: it needs WG_DRB_LINEAR and one A1's WG_MIX_SPARSE"
 #endif
 #define WG_Y_ROWS WG_DRB_TILE_ROWS
+#define WG_Y_STRIDE WG_Y_STRIDE_FULL
 #define WG_DRB_THIS_STAGING_BYTES WG_DRB_GRADIENT_STAGING_BYTES
+#define WG_DRB_CARRIES true
+#elif defined(WG_DRB_LEAN)
+#if !defined(WG_MIX_SPARSE)
+#error "WG_DRB_LEAN stages no A1: it needs one A1's WG_MIX_SPARSE"
+#endif
+#define WG_Y_ROWS WG_DRB_TILE_ROWS
+#define WG_Y_STRIDE WG_Y_STRIDE_LEAN
+#define WG_DRB_THIS_STAGING_BYTES WG_DRB_LEAN_STAGING_BYTES
+#define WG_DRB_CARRIES false
 #else
 #define WG_Y_ROWS WG_DRB_ROWS
+#define WG_Y_STRIDE WG_Y_STRIDE_FULL
 #define WG_DRB_THIS_STAGING_BYTES WG_DRB_STAGING_BYTES
+#define WG_DRB_CARRIES false
 #endif
 
 // Activations in and out (the kernels' template parameter IO): WG_IO_F32 X, out and residual float32;
@@ -728,7 +744,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             const long o0 = b * WG_HYP * plane_out + (long)n0 * cout + c0;   // (hypothesis 0, vertex n0, column c0)
             // The tile's residuals into r_s (row i * 4 + v, 32 floats) and WG_DRB_GRADIENT's mask into
             // m_s, while the MMA runs.
-            constexpr bool GRADIENT = WG_Y_ROWS < WG_DRB_ROWS;
+            constexpr bool GRADIENT = WG_DRB_CARRIES;
             const bool staged = res != nullptr || GRADIENT;
             if (staged) {
                 wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();   // every epilogue thread is done with the previous tile's

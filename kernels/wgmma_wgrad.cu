@@ -23,6 +23,9 @@
 #define WGT_ROWS 128                  // U columns a block: two warpgroups of 64
 #define WGT_THREADS (2 * WGT_ROWS)
 #define WGT_U_STRIDE (WGT_ROWS + 8)   // floats per K row of a U slice: conflict-free fragment loads
+#ifndef WGT_SUM_SLICES
+#define WGT_SUM_SLICES 2   // K slices whose products the tensor cores add up before the FADDs
+#endif
 // Bytes of one ring stage (the raw U and V slices) and of one transposed V slice (big, small), for
 // BN columns of V a block.
 __host__ __device__ constexpr int wgt_stage_bytes(int bn) { return WG_BK * (WGT_U_STRIDE + bn) * 4; }
@@ -129,18 +132,21 @@ __device__ __forceinline__ void wg_wgrad(const float* __restrict__ U, long ldu, 
     unsigned big0[4][4], small0[4][4], big1[4][4], small1[4][4];
     wgt_fragments(ring_ptr + row0 + g, t, big0, small0);
 
-    // One slice: its wgmmas on the transposed V; while they run, the copies of slice kt + STAGES - 1
-    // (into slice kt - 1's stage, which every thread left before the barrier that ended the last
-    // step), slice kt + 1's transposition (into the buffer slice kt - 1's wgmmas read) and its U
-    // fragments; then the slice's sum is added to the thread's.
+    // One slice: its wgmmas on the transposed V, added in the tensor cores to the products of the
+    // slices before it in its run of WGT_SUM_SLICES; while they run, the copies of slice
+    // kt + STAGES - 1 (into slice kt - 1's stage, which every thread left before the barrier that ended
+    // the last step), and once slice kt - 1's wgmmas are done, slice kt + 1's transposition (into the
+    // buffer they read) and its U fragments (into the registers they read). At a run's end the run's
+    // sum is added to the thread's.
     auto step = [&](int kt, unsigned (&big)[4][4], unsigned (&small)[4][4], unsigned (&next_big)[4][4],
                     unsigned (&next_small)[4][4]) {
         const unsigned vt = split + (kt % 2) * SPLIT;
+        const int carried = kt % WGT_SUM_SLICES != 0;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const unsigned long long desc = wg_desc(vt + 32 * s);
-            wg_mma(part, big[s], desc, s > 0);
+            wg_mma(part, big[s], desc, s > 0 || carried);
             wg_mma(part, big[s], wg_desc(vt + BN * 128 + 32 * s), 1);
             wg_mma(part, small[s], desc, 1);
         }
@@ -151,15 +157,21 @@ __device__ __forceinline__ void wg_wgrad(const float* __restrict__ U, long ldu, 
         asm volatile("cp.async.commit_group;\n" ::);
         if (kt + 1 < ktiles) {
             asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-            __syncthreads();   // every thread's copies of slice kt + 1 are in
+            if (WGT_SUM_SLICES > 1) {   // slice kt - 1's wgmmas may still run: wait for them
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                wg_pin_fragments(next_big, next_small);
+            }
+            __syncthreads();   // every thread's copies of slice kt + 1 are in, slice kt - 1's wgmmas done
             const float* stage = ring_ptr + ((kt + 1) % STAGES) * STAGE / 4;
             wgt_transpose_split<BN>(split_ptr + ((kt + 1) % 2) * SPLIT / 4, stage + WG_BK * WGT_U_STRIDE, tid);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             wgt_fragments(stage + row0 + g, t, next_big, next_small);
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        wg_end_slice(big, small, part, acc);
-        __syncthreads();   // slice kt + 1 is transposed; slice kt's stage and buffer are free
+        if (kt % WGT_SUM_SLICES == WGT_SUM_SLICES - 1 || kt + 1 == ktiles) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            wg_end_slice(big, small, part, acc);
+        }
+        __syncthreads();   // slice kt + 1 is transposed; slice kt's stage is free
     };
     for (int kt = 0; kt < ktiles; kt += 2) {
         step(kt, big0, small0, big1, small1);

@@ -160,7 +160,7 @@ def test_the_layer_kernel_fits_shared_memory_as_the_host_reckons():
 
     layer = hg.DRB_LAYER
     source = kernel_source(layer.source)
-    names = ("ROWS", "VERTS", "STAGES", "THREADS", "STAGING_BYTES", "GRADIENT_STAGING_BYTES")
+    names = ("ROWS", "VERTS", "STAGES", "THREADS", "STAGING_BYTES", "GRADIENT_STAGING_BYTES", "LEAN_STAGING_BYTES")
     assert macros(source, *(f"WG_DRB_{name}" for name in names)) == (
         layer.rows,
         layer.vertices,
@@ -168,10 +168,13 @@ def test_the_layer_kernel_fits_shared_memory_as_the_host_reckons():
         layer.threads,
         layer.staging_bytes,
         layer.gradient_staging_bytes,
+        layer.lean_staging_bytes,
     )
     ring = smem_bytes("3xtf32", 2 * layer.cols, layer.rows, layer.stages)
     assert ring + max(layer.staging_bytes, layer.gradient_staging_bytes) <= 227 * 1024 == hg.BLOCK_SMEM_LIMIT
     assert 3 * macro(source, "WG_DRB_MMA_REGS") + macro(source, "WG_DRB_EPILOGUE_REGS") == 4 * 128
-    # the training's kernels hold a 192-wide layer's weight (forward and carried gradient), not a 339-wide one
+    # the training's kernels hold a 192-wide layer's weight (forward and carried gradient); a 339-wide one
+    # only beside the lean staging of a forward without a residual (the block's first layer)
     assert macro(source, "WG_HELD_SLICE") == layer.held_slice
     assert max(layer.held_smem(192), layer.held_smem(192, gradient=True)) <= hg.BLOCK_SMEM_LIMIT < layer.held_smem(339)
+    assert layer.held_smem(339, lean=True) <= hg.BLOCK_SMEM_LIMIT < layer.held_smem(339, gradient=True)

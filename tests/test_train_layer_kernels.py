@@ -12,7 +12,7 @@ import pytest
 from conftest import requires_cuda
 from gradcheck import namespace
 from test_train_drb import CAMERAS, block_inputs, hypothesis_points, layers_of, padded_maps, transforms
-from xmesh.model import bilinear_cupy, deformation_train, local_projection_train, products
+from xmesh.model import bilinear_cupy, deformation_train, epilogues_cupy, local_projection_train, products
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
 
@@ -288,17 +288,19 @@ def test_the_hopper_weight_gradient_keeps_float32_accuracy(bn, k, m, n, row):
 
 
 @pytest.mark.parametrize(
-    "cin, row, cout, n",
+    "cin, row, cout, n, residual",
     [
-        (192, 192, 192, 400),  # many tiles a block: the next tile's first slice loaded during this one's last
-        (70, 72, 339, 90),  # a K tail, and 11 column tiles (the blocks a multiple of them)
-        (70, 70, 64, 90),  # rows not 16-byte aligned: single-float loads
+        (192, 192, 192, 400, True),  # many tiles a block: the next tile's first slice loaded during this one's last
+        (70, 72, 339, 90, True),  # a K tail, and 11 column tiles (the blocks a multiple of them)
+        (70, 70, 64, 90, True),  # rows not 16-byte aligned: single-float loads
+        (339, 340, 192, 150, False),  # the block's first layer: held beside the lean staging
     ],
 )
-def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, cout, n):
+def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, cout, n, residual):
     """The training's layer kernel with an interleaved weight (B held in shared memory, A read straight
     into registers) against the same kernel streaming both through its ring, and both against float64:
-    the forward with its ReLU output kept, and the input gradient carried through the ReLU before."""
+    the forward with its ReLU output kept (a 339-wide weight, held only without a residual, beside the
+    lean staging), and the input gradient carried through the ReLU before."""
     import cupy
 
     from xmesh.backends import get_backend
@@ -313,14 +315,15 @@ def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, c
     bias = rng.standard_normal(cout) * 0.3
     a1 = sparse_support(rng)
     width = -(-cout // 32) * 32
-    res = rng.standard_normal((1, K, n, width))
+    res = rng.standard_normal((1, K, n, width)) if residual else np.zeros((1, K, n, width))
     relu = np.maximum(x @ w0 + np.einsum("ij,bjnc->binc", a1, x @ w1) + bias, 0.0)
     rows = cupy.zeros((1, K, n, row), dtype=cupy.float32)
     rows[..., :cin] = cupy.asarray(x.astype(np.float32))
     f32 = [cupy.asarray(v.astype(np.float32)) for v in (w0, w1, a1, res)]
     full_bias = cupy.zeros(width, dtype=cupy.float32)
     full_bias[:cout] = cupy.asarray(bias.astype(np.float32))
-    assert hopper.holds_weight(cin, width)
+    assert hopper.holds_weight(cin, width, residual=residual)
+    assert hopper.holds_weight(cin, width) == (cin < 339)
     outs = []
     for interleaved in (True, False):
         weight = hopper.prepare_pair(f32[0], f32[1], interleaved=interleaved)
@@ -330,7 +333,7 @@ def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, c
                 weight,
                 f32[2],
                 full_bias,
-                f32[3],
+                f32[3] if residual else None,
                 mixing_source(a1.astype(np.float32)),
                 keep_activation=True,
             )
@@ -341,8 +344,8 @@ def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, c
     print(f"cin {cin} cout {cout}: float64 {errors[0]:.2e} {errors[1]:.2e}, streamed {apart[0]:.2e} {apart[1]:.2e}")
     assert max(errors) < 1e-5 and max(apart) < 1e-6
 
-    if cout % 32 or row % 4:
-        return  # the input gradient takes whole column tiles and 16-byte aligned rows
+    if cout % 32 or cin % 32 or row % 4:
+        return  # the carried input gradient takes whole column tiles (cout in, cin out) and 16-byte aligned rows
     dz = rng.standard_normal((1, K, n, cout))
     mask = cupy.asarray(np.maximum(rng.standard_normal((1, K, n, cin)), 0.0).astype(np.float32))
     dx = dz @ w0.T + np.einsum("ji,bjnc->binc", a1, dz @ w1.T)
@@ -415,9 +418,11 @@ def test_the_input_gradient_carried_through_the_relu_before_is_the_float64_one(l
 
 
 def test_a_block_backward_with_the_carried_gradients_is_the_one_without(monkeypatch):
-    """deformation_block_backward on CuPy in float32 with K = 43 and 64-wide layers: the four input
-    gradients that follow a ReLU are carried through it in the layer kernel (two keep dX for the skip
-    connections), and every gradient is the one the separate one-pass backward gives, same forward."""
+    """deformation_block_backward on CuPy in float32 with K = 43 and 64-wide layers: of the input
+    gradients that follow a ReLU, the score layer's is made in the mixing pass of the layer before
+    (relu_gradient_mixed_of_product) and the other four are carried through it in the layer kernel (two
+    keep dX for the skip connections); every gradient is the one the separate product and one-pass
+    backward give, same forward."""
     import cupy
 
     rng = np.random.default_rng(12)
@@ -441,13 +446,40 @@ def test_a_block_backward_with_the_carried_gradients_is_the_one_without(monkeypa
 
     monkeypatch.setattr(deformation_train, "layer_input_gradient", recording)
     with_carried = deformation_train.deformation_block_backward(xp, dnew, cache)
-    assert carried == [None, False, True, False, False]  # the score layer's is declined
+    assert carried == [False, True, False, False]
     monkeypatch.setattr(deformation_train, "layer_input_gradient", lambda *args, **options: None)
+    monkeypatch.setattr(epilogues_cupy, "NARROW_MAX", 0)
     without = deformation_train.deformation_block_backward(xp, dnew, cache)
     pairs = [(with_carried[0], without[0])] + list(zip(with_carried[1], without[1], strict=True))
     pairs += [(ours, theirs) for a, b in zip(with_carried[2], without[2], strict=True) for ours, theirs in zip(a, b)]
     for ours, theirs in pairs:
         assert relative_error(ours, theirs.get().astype(np.float64)) < 1e-6
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_the_one_pass_backward_of_a_narrow_product_is_the_float64_one(width):
+    """epilogues_cupy.relu_gradient_mixed_of_product: dout = rows W^T for narrow rows (the score layer's
+    input gradient), written out, and the one-pass backward of it, against float64 from the same
+    float32 inputs."""
+    import cupy
+
+    rng = np.random.default_rng(13 + width)
+    b, n, c = 2, 11, 40
+    rows = rng.standard_normal((b, K, n, width)).astype(np.float32)
+    weights = rng.standard_normal((c, width)).astype(np.float32)
+    out = np.maximum(rng.standard_normal((b, K, n, c)), 0.0).astype(np.float32)
+    a1 = sparse_support(rng).astype(np.float32)
+    dy, sums, dout = epilogues_cupy.relu_gradient_mixed_of_product(
+        cupy.asarray(rows), cupy.asarray(weights), cupy.asarray(out), cupy.asarray(a1)
+    )
+    exact = rows.astype(np.float64) @ weights.T.astype(np.float64)
+    dz = np.where(out > 0, exact, 0.0)
+    assert dout.shape == (b, K, n, c) and relative_error(dout, exact) < 1e-6
+    assert relative_error(dy[..., :c], dz) < 1e-6
+    assert relative_error(dy[..., c:], np.einsum("ji,bjnc->binc", a1.astype(np.float64), dz)) < 1e-6
+    assert relative_error(sums, dz.sum(axis=1)) < 1e-6
+    with pytest.raises(ValueError, match="do not fit"):
+        epilogues_cupy.relu_gradient_mixed_of_product(cupy.asarray(rows), cupy.asarray(weights[:, :1]), out, a1)
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])

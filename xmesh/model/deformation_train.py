@@ -11,7 +11,9 @@ with A0 the identity runs in it forward, and its input gradient, dZ W0^T + A1^T 
 backward without the ReLU; on CuPy the backward's mask, mixing and bias sums take one pass
 (:func:`epilogues_cupy.relu_gradient_mixed`), or, for a layer whose input is the ReLU output of the
 layer before, happen in that input gradient's kernel pass (:func:`products.layer_input_gradient`),
-which hands the layer before a :class:`ThroughRelu` instead of its output's gradient.
+which hands the layer before a :class:`ThroughRelu` instead of its output's gradient. The narrow score
+layer's input gradient, [dZ | A1^T dZ] (two columns) times [W0 | W1]^T, is made in the pass that
+carries it through the ReLU before (:func:`epilogues_cupy.relu_gradient_mixed_of_product`).
 """
 
 from __future__ import annotations
@@ -144,6 +146,12 @@ def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool, 
     rows = xp.reshape(dy, (-1, 2 * cout))
     dweight = matmul(xp.matrix_transpose(xp.reshape(cache.x, (b * k * n, cin))), rows)
     dx = None
+    if need_dx and before is not None and plus is None and 2 * cout <= epilogues_cupy.NARROW_MAX:
+        # a narrow layer (the score): dX = dy [W0 | W1]^T made in the pass that carries it through the
+        # ReLU before; dX also comes back, for a skip connection
+        weights = xp.concat([w0, w1], axis=1)
+        carried = epilogues_cupy.relu_gradient_mixed_of_product(dy, weights, before.active, before.supports[1])
+        return ThroughRelu(*carried), (dweight[:, :cout], dweight[:, cout:], dbias)
     if need_dx and before is not None and before.supports[1] is a1:
         carried = layer_input_gradient(dy[..., :cout], w0, w1, a1, before.active, plus, keep)
         if carried is not None:

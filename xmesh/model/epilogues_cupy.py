@@ -78,11 +78,14 @@ _MIXED_SOURCE = r"""
 // transpose sum_j A1[j, i] dz_j (an fmaf chain over j) to dy[b, i, n, C + c]; and sum_i dz_i to
 // sums[b, n, c], from which the bias's gradient is summed. A1's columns sit in shared memory as rows
 // of A1_STRIDE floats, read four at a time: a warp's loads of them are broadcasts, one per four FMAs.
+// Built with NARROW = w > 0, dout is the product of narrow rows (B, K, N, w) and weights (C, w) made
+// on the way (dout_i = sum_k rows_ik W_ck, an fmaf chain from 0 over k) and written to `product`.
 #define A1_STRIDE 44
 extern "C" __global__ void relu_gradient_mixed_MASK(const float* __restrict__ dout, const MASK* __restrict__ mask,
                                                     const float* __restrict__ a1, long long columns, int channels,
                                                     long long total, float* __restrict__ dy,
-                                                    float* __restrict__ sums) {
+                                                    float* __restrict__ sums, const float* __restrict__ weights,
+                                                    float* __restrict__ product) {
     __shared__ __align__(16) float at[HYP * A1_STRIDE];   // at[i * A1_STRIDE + j] = A1[j, i]
     for (int q = threadIdx.x; q < HYP * A1_STRIDE; q += blockDim.x) {
         const int i = q / A1_STRIDE, j = q % A1_STRIDE;
@@ -93,14 +96,30 @@ extern "C" __global__ void relu_gradient_mixed_MASK(const float* __restrict__ do
     if (t >= total) return;
     const long long b = t / columns, nc = t - b * columns;
     const long long n = nc / channels, c = nc - n * channels;
-    const float* src = dout + b * HYP * columns + nc;
     const MASK* passed = mask + b * HYP * columns + nc;
     float* dst = dy + b * HYP * 2 * columns + n * 2 * channels + c;
+#if NARROW
+    const long long rows_apart = columns / channels * NARROW;   // between hypotheses: N rows of w floats
+    const float* src = dout + b * HYP * rows_apart + n * NARROW;
+    float w[NARROW];
+#pragma unroll
+    for (int k = 0; k < NARROW; ++k) w[k] = weights[c * NARROW + k];
+#else
+    const float* src = dout + b * HYP * columns + nc;
+#endif
     float dz[HYP];
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < HYP; ++i) {
-        dz[i] = passed[i * columns] > (MASK)0 ? src[i * columns] : 0.0f;
+#if NARROW
+        float value = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NARROW; ++k) value = fmaf(src[i * rows_apart + k], w[k], value);
+        product[b * HYP * columns + nc + i * columns] = value;
+#else
+        const float value = src[i * columns];
+#endif
+        dz[i] = passed[i * columns] > (MASK)0 ? value : 0.0f;
         dst[i * 2 * columns] = dz[i];
         sum += dz[i];
     }
@@ -125,11 +144,15 @@ extern "C" __global__ void relu_gradient_mixed_MASK(const float* __restrict__ do
 MIXED_THREADS = 128
 
 
+#: The widest rows :func:`relu_gradient_mixed_of_product` takes (its weights' rows sit in registers).
+NARROW_MAX = 8
+
+
 @functools.cache
-def _mixed_kernel(mask_type: str, hypotheses: int):
+def _mixed_kernel(mask_type: str, hypotheses: int, narrow: int = 0):
     import cupy
 
-    code = f"#define HYP {hypotheses}\n" + _MIXED_SOURCE.replace("MASK", mask_type)
+    code = f"#define HYP {hypotheses}\n#define NARROW {narrow}\n" + _MIXED_SOURCE.replace("MASK", mask_type)
     return cupy.RawModule(code=code, options=("--std=c++11",)).get_function(f"relu_gradient_mixed_{mask_type}")
 
 
@@ -140,17 +163,45 @@ def relu_gradient_mixed(dout, mask, a1):
     ReLU passed. One pass over dout and the mask instead of the mask's, the mixing's and the concat's."""
     import cupy
 
-    b, k, n, c = dout.shape
     dout = cupy.ascontiguousarray(dout, dtype=cupy.float32)
+    return _mixed(dout, mask, a1, dout.shape)
+
+
+def relu_gradient_mixed_of_product(rows, weights, mask, a1):
+    """:func:`relu_gradient_mixed` of dout = rows W^T, for narrow float32 ``rows`` (B, K, N, w), w <=
+    ``NARROW_MAX`` and ``weights`` (C, w), the product made in the same pass (a narrow layer's input
+    gradient, the score layer's [dZ | A1^T dZ] times [W0 | W1]^T, never read back): (dy, sums, dout)."""
+    import cupy
+
+    b, k, n, w = rows.shape
+    c = weights.shape[0]
+    if weights.shape != (c, w) or not 0 < w <= NARROW_MAX:
+        raise ValueError(f"relu_gradient_mixed_of_product: rows {rows.shape} and weights {weights.shape} do not fit")
+    rows = cupy.ascontiguousarray(rows, dtype=cupy.float32)
+    weights = cupy.ascontiguousarray(weights, dtype=cupy.float32)
+    product = cupy.empty((b, k, n, c), dtype=cupy.float32)
+    dy, sums = _mixed(rows, mask, a1, (b, k, n, c), weights, product)
+    return dy, sums, product
+
+
+def _mixed(dout, mask, a1, shape, weights=None, product=None):
+    """One launch of the mixed kernel for dout of ``shape`` (B, K, N, C), or its narrow product's rows."""
+    import cupy
+
+    b, k, n, c = shape
     mask = cupy.ascontiguousarray(mask)
     mask_type = "bool" if mask.dtype == cupy.bool_ else "float"
     if mask_type == "float" and mask.dtype != cupy.float32:
         raise TypeError(f"relu_gradient_mixed: the mask is bool or float32, got {mask.dtype}")
+    if mask.shape != tuple(shape):
+        raise ValueError(f"relu_gradient_mixed: the mask is {mask.shape}, the gradient {tuple(shape)}")
     dy = cupy.empty((b, k, n, 2 * c), dtype=cupy.float32)
     sums = cupy.empty((b, n, c), dtype=cupy.float32)
     total = b * n * c
     if total:
-        _mixed_kernel(mask_type, int(k))(
+        narrow = 0 if weights is None else int(weights.shape[1])
+        null = np.uint64(0)
+        _mixed_kernel(mask_type, int(k), narrow)(
             (-(-total // MIXED_THREADS),),
             (MIXED_THREADS,),
             (
@@ -162,6 +213,8 @@ def relu_gradient_mixed(dout, mask, a1):
                 np.int64(total),
                 dy,
                 sums,
+                null if weights is None else weights,
+                null if product is None else product,
             ),
         )
     return dy, sums

@@ -267,7 +267,9 @@ class DeformationStage:
                 full_bias[:cout] = bias
         out, activation = self.hopper.drb_layer(
             hg.hypothesis_rows(cp, x),
-            self.hopper.prepare_pair(w0, w1, interleaved=self.hopper.holds_weight(cin, width)),
+            self.hopper.prepare_pair(
+                w0, w1, interleaved=self.hopper.holds_weight(cin, width, residual=residual is not None)
+            ),
             support,
             full_bias,
             residual,

@@ -56,11 +56,11 @@ class LayerKernel:
     #: for all its tiles (WG_HELD_SLICE).
     held_slice: int = 2 * 64 * 128
 
-    def held_smem(self, k: int, gradient: bool = False) -> int:
+    def held_smem(self, k: int, gradient: bool = False, lean: bool = False) -> int:
         """Shared memory of a block that holds a K of k (WG_DRB_DIRECT_A): every K slice of the block's B
-        columns in the ring's place, the staging (the carried gradient's with ``gradient``) after them,
-        and the alignment slack."""
-        staging = self.gradient_staging_bytes if gradient else self.staging_bytes
+        columns in the ring's place, the staging (the carried gradient's with ``gradient``, the lean
+        one with ``lean``) after them, and the alignment slack."""
+        staging = self.gradient_staging_bytes if gradient else (self.lean_staging_bytes if lean else self.staging_bytes)
         return -(-k // GEMM.bk) * self.held_slice + staging + 1024
 
     @property
@@ -69,6 +69,13 @@ class LayerKernel:
         and mask tiles, the barriers (WG_DRB_GRADIENT_STAGING_BYTES)."""
         rows = HYPOTHESES * self.vertices
         return (2 * rows * 40 + 2 * rows * 32) * 4 + 64
+
+    @property
+    def lean_staging_bytes(self) -> int:
+        """The same for a forward without a residual built with WG_DRB_LEAN: the y tiles' 172 hypothesis
+        rows of 36 floats and the barriers (WG_DRB_LEAN_STAGING_BYTES), so that a 339-wide layer's
+        weight fits beside it."""
+        return 2 * HYPOTHESES * self.vertices * 36 * 4 + 64
 
 
 GEMM = GemmKernel()

@@ -21,23 +21,40 @@ def _x_and_weight(x, ldx: int, weight: PreparedWeight) -> tuple:
 class LayerFamily:
     """:meth:`drb_layer` (a mixin of :class:`HopperGemm`)."""
 
-    def holds_weight(self, k: int, cout: int, gradient: bool = False) -> bool:
+    def holds_weight(self, k: int, cout: int, gradient: bool = False, residual: bool = True) -> bool:
         """Whether the training's layer kernel takes a (k, cout) weight held in shared memory, with A read
         straight into registers (a module built with WG_DRB_DIRECT_A, for a weight prepared with
         ``prepare_pair(..., interleaved=True)``): every K slice of a block's B columns fits beside the
-        staging (of :meth:`drb_layer_gradient` with ``gradient``), and the multiprocessors take at least
-        one block per column tile."""
-        fits = DRB_LAYER.held_smem(k, gradient) <= BLOCK_SMEM_LIMIT
-        return fits and self.sm_count >= -(-cout // DRB_LAYER.cols)
+        staging (of :meth:`drb_layer_gradient` with ``gradient``; without a ``residual``, the forward's
+        lean staging where the full one leaves no room), and the multiprocessors take at least one
+        block per column tile."""
+        return self._held_staging(k, gradient, residual) is not None and self.sm_count >= -(-cout // DRB_LAYER.cols)
 
-    def _held_launch(self, weight: PreparedWeight, gradient: bool, tiles: int) -> tuple[int, int]:
-        """(shared memory, blocks) of a layer kernel holding an interleaved weight: blocks a multiple of the
-        column tiles, so that each keeps one."""
+    @staticmethod
+    def _held_staging(k: int, gradient: bool, residual: bool) -> str | None:
+        """Which staging a block holding a K of k takes: "full" (or the gradient's), "lean" (a forward
+        without a residual, WG_DRB_LEAN), or None where neither fits."""
+        if DRB_LAYER.held_smem(k, gradient) <= BLOCK_SMEM_LIMIT:
+            return "full"
+        if not gradient and not residual and DRB_LAYER.held_smem(k, lean=True) <= BLOCK_SMEM_LIMIT:
+            return "lean"
+        return None
+
+    def _held_launch(self, weight: PreparedWeight, gradient: bool, tiles: int, residual: bool) -> tuple[int, int, str]:
+        """(shared memory, blocks, prelude) of a layer kernel holding an interleaved weight: blocks a
+        multiple of the column tiles, so that each keeps one; the prelude's defines choose the module."""
         cout = weight.n // 2
-        if weight.operands != "3xtf32" or not self.holds_weight(weight.k, cout, gradient):
+        staging = self._held_staging(weight.k, gradient, residual)
+        if weight.operands != "3xtf32" or staging is None or self.sm_count < -(-cout // DRB_LAYER.cols):
             raise ValueError(f"a ({weight.k}, {weight.n}) {weight.operands} weight is not one the layer kernel holds")
         col_tiles = cout // DRB_LAYER.cols
-        return DRB_LAYER.held_smem(weight.k, gradient), min(tiles, self.sm_count // col_tiles * col_tiles)
+        lean = staging == "lean"
+        prelude = "#define WG_DRB_DIRECT_A 1\n" + ("#define WG_DRB_LEAN 1\n" if lean else "")
+        return (
+            DRB_LAYER.held_smem(weight.k, gradient, lean),
+            min(tiles, self.sm_count // col_tiles * col_tiles),
+            prelude,
+        )
 
     def drb_layer(
         self,
@@ -108,8 +125,8 @@ class LayerFamily:
         if keep_activation:
             mixing += "#define WG_DRB_ACTIVATION 1\n"
         if weight.interleaved:
-            mixing += "#define WG_DRB_DIRECT_A 1\n"
-            smem, blocks = self._held_launch(weight, False, tiles)
+            smem, blocks, held = self._held_launch(weight, False, tiles, residual is not None)
+            mixing += held
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
         self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
             (blocks,),
@@ -169,8 +186,8 @@ class LayerFamily:
         prelude = "#define WG_DRB_GRADIENT 1\n#define WG_DRB_LINEAR 1\n" + mixing
         blocks = min(tiles, self.sm_count)
         if weight.interleaved:
-            prelude += "#define WG_DRB_DIRECT_A 1\n"
-            smem, blocks = self._held_launch(weight, True, tiles)
+            smem, blocks, held = self._held_launch(weight, True, tiles, residual is not None)
+            prelude += held
         null = np.uint64(0)
         self._kernel("wg_drb_layer_3x_v_grad", smem, prelude, DRB_LAYER.source)(
             (blocks,),
