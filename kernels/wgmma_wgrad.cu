@@ -7,8 +7,9 @@
 // loads its fragments across the rows, splitting them in registers as wgmma_gemm.cu does (the next
 // slice's while this slice's wgmmas run). V is the shared-memory operand: its raw slice (32 x BN) is
 // copied beside U's, then the block transposes it into BN rows of 32 floats in wgmma's 128-byte
-// swizzle, split into big and small TF32 parts, while the previous slice's wgmmas run. Each slice's
-// products are summed on their own and added with FADDs, as in the other TF32 kernels. BN is 128,
+// swizzle, split into big and small TF32 parts, while the previous slice's wgmmas run. Each run of
+// WGT_SUM_SLICES slices' products is summed in the tensor cores on its own and added with FADDs, as
+// in the other TF32 kernels (two slices: a little faster than one and no less accurate). BN is 128,
 // 96 or 64 (m64n<BN>k8): the host takes the one that pads V's columns least.
 //
 // K is split over the grid's y: block (tile, y) takes rows [y * k_chunk, (y + 1) * k_chunk) and writes
