@@ -27,6 +27,7 @@ SOURCES = [
     "wgmma_drb16_chain.cu",
     "wgmma_drb32h.cu",
     "wgmma_wgrad.cu",
+    "wgmma_rate.cu",
 ]
 
 

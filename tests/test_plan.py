@@ -33,10 +33,11 @@ def test_the_kernel_map_is_the_plan_table():
     assert kernel_map_rows() == [(r.op, r.kernel, r.source) for r in plan.PLAN]
 
 
-def test_every_kernel_file_is_reached_by_a_plan_row_or_is_a_named_reference_or_training_source():
+def test_every_kernel_file_is_reached_by_a_plan_row_or_is_a_named_reference_training_or_benchmark_source():
     reached = {r.source for r in plan.PLAN}
-    assert set(KERNELS) == (reached & set(KERNELS)) | set(plan.REFERENCE_SOURCES) | set(plan.TRAINING_SOURCES)
-    assert not reached & (set(plan.REFERENCE_SOURCES) | set(plan.TRAINING_SOURCES))
+    named = set(plan.REFERENCE_SOURCES) | set(plan.TRAINING_SOURCES) | set(plan.BENCHMARK_SOURCES)
+    assert set(KERNELS) == (reached & set(KERNELS)) | named
+    assert not reached & named
     for source in reached - set(KERNELS):  # the rows that run Python (cuDNN, NumPy, numba)
         assert (ROOT / "xmesh" / "backends" / source).is_file()
 

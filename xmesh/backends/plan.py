@@ -297,6 +297,10 @@ REFERENCE_SOURCES = {
 TRAINING_SOURCES = {
     "wgmma_wgrad.cu": "the weights' gradients X^T dY on Hopper (cupy_backend.hopper.transposed_product)",
 }
+#: Kernel files only a benchmark script runs, and what they measure.
+BENCHMARK_SOURCES = {
+    "wgmma_rate.cu": "the tensor cores' 3xTF32 rate, alone and with A split or loaded (scripts/wgmma_rate.py)",
+}
 
 
 # ----------------------------------------------------------------------------- the conditions
