@@ -146,9 +146,10 @@ def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool, 
     rows = xp.reshape(dy, (-1, 2 * cout))
     dweight = matmul(xp.matrix_transpose(xp.reshape(cache.x, (b * k * n, cin))), rows)
     dx = None
-    if need_dx and before is not None and plus is None and 2 * cout <= epilogues_cupy.NARROW_MAX:
+    narrow = 2 * cout <= epilogues_cupy.NARROW_MAX
+    if need_dx and before is not None and plus is None and narrow and before.supports[0] is None:
         # a narrow layer (the score): dX = dy [W0 | W1]^T made in the pass that carries it through the
-        # ReLU before; dX also comes back, for a skip connection
+        # ReLU before (whose A0 is the identity too); dX also comes back, for a skip connection
         weights = xp.concat([w0, w1], axis=1)
         carried = epilogues_cupy.relu_gradient_mixed_of_product(dy, weights, before.active, before.supports[1])
         return ThroughRelu(*carried), (dweight[:, :cout], dweight[:, cout:], dbias)
