@@ -16,7 +16,6 @@
 
 #define WGR_COLUMNS 192   // floats a row of the streamed A (MODE 2, 3): six K slices
 
-template <int MODE>
 struct WgrRows {   // the thread's two rows of a block's 192-row tile walking `rows` rows of A
     const float* x;
     long row, rows;
@@ -42,7 +41,7 @@ __device__ __forceinline__ void wg_rate(int iters, const float* __restrict__ x, 
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const WgrRows<MODE> a_rows{x, rows > 0 ? ((long)blockIdx.x * 192 + (warp & 3) * 16 + (lane >> 2)) % rows : 0,
+    const WgrRows a_rows{x, rows > 0 ? ((long)blockIdx.x * 192 + (warp & 3) * 16 + (lane >> 2)) % rows : 0,
                                rows, lane & 3};
     float acc[N / 2], part[N / 2], raw[2][8], raw2[2][8];
 #pragma unroll

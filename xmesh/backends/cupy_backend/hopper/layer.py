@@ -44,11 +44,10 @@ class LayerFamily:
         """(shared memory, blocks, prelude) of a layer kernel holding an interleaved weight: blocks a
         multiple of the column tiles, so that each keeps one; the prelude's defines choose the module."""
         cout = weight.n // 2
-        staging = self._held_staging(weight.k, gradient, residual)
-        if weight.operands != "3xtf32" or staging is None or self.sm_count < -(-cout // DRB_LAYER.cols):
+        if weight.operands != "3xtf32" or not self.holds_weight(weight.k, cout, gradient, residual):
             raise ValueError(f"a ({weight.k}, {weight.n}) {weight.operands} weight is not one the layer kernel holds")
         col_tiles = cout // DRB_LAYER.cols
-        lean = staging == "lean"
+        lean = self._held_staging(weight.k, gradient, residual) == "lean"
         prelude = "#define WG_DRB_DIRECT_A 1\n" + ("#define WG_DRB_LEAN 1\n" if lean else "")
         return (
             DRB_LAYER.held_smem(weight.k, gradient, lean),
