@@ -71,6 +71,32 @@ __device__ __forceinline__ void wg_mbar_wait(unsigned bar, unsigned parity) {
                  "@!done bra WG_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
+// A thread's two rows of A read straight into registers (the training's layer kernels built with
+// WG_DRB_DIRECT_A, and kernels/wgmma_rate.cu's measure of them).
+struct WgDirectRows {
+    const float* row[2];   // the thread's rows g and g + 8 (null: a padding row, read as zeros)
+};
+
+// The thread's floats k0 .. k0 + 7 of its two rows; floats past K read as zeros. WHOLE (with VEC): no
+// row is null and k0 + 8 <= K, so the loads take no branch.
+template <bool VEC, bool WHOLE = false>
+__device__ __forceinline__ void wg_direct_load(float (&raw)[2][8], const WgDirectRows& rows, int k0, int K) {
+    static_assert(VEC || !WHOLE, "the unchecked loads are 16-byte loads");
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float* p = rows.row[h];
+        if (WHOLE || (VEC && p != nullptr && k0 + 8 <= K)) {
+            const float4 lo = __ldg(reinterpret_cast<const float4*>(p + k0));
+            const float4 hi = __ldg(reinterpret_cast<const float4*>(p + k0 + 4));
+            raw[h][0] = lo.x, raw[h][1] = lo.y, raw[h][2] = lo.z, raw[h][3] = lo.w;
+            raw[h][4] = hi.x, raw[h][5] = hi.y, raw[h][6] = hi.z, raw[h][7] = hi.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) raw[h][e] = (p != nullptr && k0 + e < K) ? __ldg(p + k0 + e) : 0.0f;
+        }
+    }
+}
+
 // big = x rounded to TF32 (two integer instructions), small = x - big (exact in float32).
 template <int OPS>
 __device__ __forceinline__ void wg_split(float x, unsigned& big, unsigned& small) {

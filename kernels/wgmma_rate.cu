@@ -7,8 +7,12 @@
 //
 // MODE 0: the same A fragments every slice (the unit's own rate). 1: each slice's 32 floats a thread
 // split into fresh fragments. 2: those floats loaded from global memory first, two rows' 8 floats in
-// 16-byte loads, the next slice's issued during this slice's products (the held layer kernel's
-// wg_mainloop_direct). 3: the same, two slices ahead in two register sets.
+// 16-byte loads (wg_direct_load), the next slice's issued during this slice's products (the held
+// layer kernel's wg_mainloop_direct). 3: the same, two slices ahead in two register sets. 4: those
+// floats read from a shared-memory slice of 192 rows x 128 bytes (the 128-byte swizzle), the next
+// slice's during this slice's products. 5: the same from a ring of three such slots that a producer
+// warp fills, a slice a Tensor Memory Accelerator copy of real rows of A, each slot handed back once
+// the MMA warps have read it.
 #include "kernel_select.cuh"
 
 #define WG_BK 32
@@ -20,15 +24,11 @@ struct WgrRows {   // the thread's two rows of a block's 192-row tile walking `r
     const float* x;
     long row, rows;
     int t;
-    __device__ __forceinline__ void load(float (&dst)[2][8], int it) const {
+    __device__ __forceinline__ void load(float (&dst)[2][8], int it) const {   // the layer kernels' loader
+        WgDirectRows r;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const long r = (row + 8 * h + 192L * (it / 6)) % rows;
-            const float* p = x + r * WGR_COLUMNS + (it % 6) * WG_BK + 8 * t;
-            const float4 lo = __ldg(reinterpret_cast<const float4*>(p)), hi = __ldg(reinterpret_cast<const float4*>(p + 4));
-            dst[h][0] = lo.x, dst[h][1] = lo.y, dst[h][2] = lo.z, dst[h][3] = lo.w;
-            dst[h][4] = hi.x, dst[h][5] = hi.y, dst[h][6] = hi.z, dst[h][7] = hi.w;
-        }
+        for (int h = 0; h < 2; ++h) r.row[h] = x + ((row + 8 * h + 192L * (it / 6)) % rows) * WGR_COLUMNS;
+        wg_direct_load<true, true>(dst, r, (it % 6) * WG_BK + 8 * t, WGR_COLUMNS);
     }
 };
 
@@ -93,7 +93,99 @@ __device__ __forceinline__ void wg_rate(int iters, const float* __restrict__ x, 
     out[blockIdx.x * blockDim.x + threadIdx.x] = total;
 }
 
+// This thread's two rows' floats 8t .. 8t + 7 of a slot of 128-byte rows in the 128-byte swizzle (row
+// r's 16-byte chunk c at chunk c ^ (r % 8); r % 8 == g).
+__device__ __forceinline__ void wgr_slot_load(float (&dst)[2][8], const unsigned char* slot, int r, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned char* row = slot + (r + 8 * h) * 128;
+        const float4 lo = *reinterpret_cast<const float4*>(row + (((2 * t) ^ g) << 4));
+        const float4 hi = *reinterpret_cast<const float4*>(row + (((2 * t + 1) ^ g) << 4));
+        dst[h][0] = lo.x, dst[h][1] = lo.y, dst[h][2] = lo.z, dst[h][3] = lo.w;
+        dst[h][4] = hi.x, dst[h][5] = hi.y, dst[h][6] = hi.z, dst[h][7] = hi.w;
+    }
+}
+
+#define WGR_SLOT_BYTES (192 * 128)
+#define WGR_SLOTS 3
+#define WGR_FREE 1   // named barriers 1 .. 3: slot s read by the MMA warps (they arrive, the producer waits)
+
+// MODE 4 (xmap unused) and 5: three MMA warpgroups read A's slices from shared memory; in MODE 5 warp
+// 12 is the producer.
+template <int MODE>
+__device__ __forceinline__ void wg_rate_shared(int iters, const WgTensorMap& xmap, long rows, float* __restrict__ out) {
+    constexpr int N = 64;
+    constexpr int MMA_THREADS = 384;
+    extern __shared__ float4 wgr_shared[];
+    const unsigned raw_base = wg_smem(wgr_shared), base = (raw_base + 1023u) & ~1023u;
+    unsigned char* base_ptr = reinterpret_cast<unsigned char*>(wgr_shared) + (base - raw_base);
+    float* b = reinterpret_cast<float*>(base_ptr);
+    const unsigned ring = base + 2 * N * 128, full = ring + WGR_SLOTS * WGR_SLOT_BYTES;
+    const unsigned char* ring_ptr = base_ptr + 2 * N * 128;
+    for (int i = threadIdx.x; i < 2 * N * WG_BK; i += blockDim.x) b[i] = 0.0f;   // big and small parts
+    if (MODE == 4)
+        for (int i = threadIdx.x; i < WGR_SLOT_BYTES / 4; i += blockDim.x)
+            reinterpret_cast<float*>(base_ptr + 2 * N * 128)[i] = 1.0f + 1e-3f * (i % 97);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < WGR_SLOTS; ++s) wg_mbar_init(full + 8 * s, 1);
+        wg_mbar_init_fence();
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long row_of_block = (long)blockIdx.x * 192;
+    if (threadIdx.x >= MMA_THREADS) {   // the producer warp (MODE 5)
+        for (int it = 0; it < iters; ++it) {
+            const int s = it % WGR_SLOTS;
+            if (it >= WGR_SLOTS) wg_bar_sync(WGR_FREE + s, MMA_THREADS + 32);
+            if (lane == 0)
+                wg_tensor_copy_3d(ring + s * WGR_SLOT_BYTES, xmap, (it % 6) * WG_BK,
+                                  (int)((row_of_block + 192L * (it / 6)) % rows), 0, full + 8 * s, WGR_SLOT_BYTES);
+            __syncwarp();
+        }
+        return;
+    }
+    const int g = lane >> 2, t = lane & 3;
+    const int r = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+    auto fetch = [&](float (&dst)[2][8], int it) {
+        const int s = MODE == 5 ? it % WGR_SLOTS : 0;
+        if (MODE == 5) wg_mbar_wait(full + 8 * s, (it / WGR_SLOTS) & 1);
+        wgr_slot_load(dst, ring_ptr + s * WGR_SLOT_BYTES, r, g, t);
+        if (MODE == 5 && it + WGR_SLOTS < iters) wg_bar_arrive(WGR_FREE + s, MMA_THREADS + 32);
+    };
+    float acc[N / 2], part[N / 2], raw[2][8];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc[i] = part[i] = 0.0f;
+    fetch(raw, 0);
+    unsigned a_big[4][4], a_small[4][4];
+#pragma unroll 1
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const unsigned long long big = wg_desc(base + 32 * s);
+            wg_mma(part, a_big[s], big, s > 0);
+            wg_mma(part, a_big[s], wg_desc(base + N * 128 + 32 * s), 1);
+            wg_mma(part, a_small[s], big, 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (it + 1 < iters) fetch(raw, it + 1);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wg_end_slice(a_big, a_small, part, acc);
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) total += acc[i];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = total;
+}
+
 // Names: wg_rate_n<N>_<fixed | split | loaded | loaded2>; blocks of up to 3 warpgroups (N = 64) or 2.
+// wg_rate_n64_shared (3 warpgroups) and wg_rate_n64_streamed (3 warpgroups and a producer warp) take a
+// tensor map of A (192 floats x rows x 1, boxes of 32 x 192 x 1) in place of x.
 #define WGR_KERNEL(NAME, N, MODE)                                                                      \
     XM_KERNEL(NAME) void __launch_bounds__(N == 64 ? 384 : 256, 1) NAME(int iters, const float* x, long rows, \
                                                                          float* out) {                  \
@@ -107,3 +199,11 @@ WGR_KERNEL(wg_rate_n96_fixed, 96, 0)
 WGR_KERNEL(wg_rate_n96_split, 96, 1)
 WGR_KERNEL(wg_rate_n96_loaded, 96, 2)
 WGR_KERNEL(wg_rate_n128_fixed, 128, 0)
+XM_KERNEL(wg_rate_n64_shared) void __launch_bounds__(384, 1) wg_rate_n64_shared(
+    int iters, const __grid_constant__ WgTensorMap xmap, long rows, float* out) {
+    wg_rate_shared<4>(iters, xmap, rows, out);
+}
+XM_KERNEL(wg_rate_n64_streamed) void __launch_bounds__(416, 1) wg_rate_n64_streamed(
+    int iters, const __grid_constant__ WgTensorMap xmap, long rows, float* out) {
+    wg_rate_shared<5>(iters, xmap, rows, out);
+}

@@ -7,8 +7,10 @@ unit floor the local graph convolutions' timings are measured against.
 One block a multiprocessor, of 1-3 warpgroups, each running ``--iters`` K slices of 32 with a wait and
 a float32 sum after each slice, as the layer kernels do. ``fixed``: the same A fragments every slice;
 ``split``: each slice's A split into TF32 parts in registers; ``loaded``: and read from global memory
-first, one slice ahead (the held layer kernel's loop), ``loaded2`` two slices ahead; A streamed from
-a buffer that stays in L2 (13.6 MB) or one that does not (326 MB: a 192-wide layer input at batch 4).
+first, one slice ahead (the held layer kernel's loop), ``loaded2`` two slices ahead; ``shared``: read
+from a slice in shared memory instead, one slice ahead; ``streamed``: from a ring of three slots in
+shared memory that a producer warp fills through the Tensor Memory Accelerator. A streamed from a
+buffer that stays in L2 (13.6 MB) or one that does not (326 MB: a 192-wide layer input at batch 4).
 Prints ms and TFLOP/s: of TF32 (every product) and of float32 (a third of them, the useful rate).
 """
 
@@ -23,6 +25,8 @@ KERNELS = [  # name, N, warpgroups
     ("wg_rate_n64_split", 64, (3,)),
     ("wg_rate_n64_loaded", 64, (3,)),
     ("wg_rate_n64_loaded2", 64, (3,)),
+    ("wg_rate_n64_shared", 64, (3,)),
+    ("wg_rate_n64_streamed", 64, (3,)),
     ("wg_rate_n96_fixed", 96, (1, 2)),
     ("wg_rate_n96_split", 96, (2,)),
     ("wg_rate_n96_loaded", 96, (2,)),
@@ -40,6 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     import cupy as cp
 
+    from xmesh.backends import tensor_map
     from xmesh.backends.cuda_kernels import get_arch_function
 
     iters = args.iters + args.iters % 2
@@ -51,12 +56,24 @@ def main() -> None:
     for name, n, groups in KERNELS:
         kernel = get_arch_function("wgmma_rate.cu", name, "sm_90a", ("-std=c++17",))
         kernel.max_dynamic_shared_size_bytes = SMEM
-        sources = [("L2", L2_ROWS), ("DRAM", DRAM_ROWS)] if "loaded" in name else [("-", 0)]
+        streams = "loaded" in name or "streamed" in name
+        sources = [("L2", L2_ROWS), ("DRAM", DRAM_ROWS)] if streams else [("-", 0)]
         for warpgroups in groups:
             for where, rows in sources:
+                threads = 128 * warpgroups + (32 if "streamed" in name else 0)
+                if "shared" in name or "streamed" in name:  # A through a tensor map, (192, rows, 1)
+                    a = tensor_map.tiled(
+                        x.data.ptr,
+                        (COLUMNS, max(rows, 192), 1),
+                        (COLUMNS * 4, COLUMNS * 4 * max(rows, 192)),
+                        (32, 192, 1),
+                        4,
+                    )
+                else:
+                    a = x
 
-                def run(count, rows=rows, warpgroups=warpgroups, kernel=kernel):
-                    kernel((sms,), (128 * warpgroups,), (np.int32(count), x, np.int64(rows), out), shared_mem=SMEM)
+                def run(count, rows=rows, threads=threads, kernel=kernel, a=a):
+                    kernel((sms,), (threads,), (np.int32(count), a, np.int64(max(rows, 1)), out), shared_mem=SMEM)
 
                 run(200)
                 start, stop = cp.cuda.Event(), cp.cuda.Event()
