@@ -32,6 +32,28 @@ struct WgrRows {   // the thread's two rows of a block's 192-row tile walking `r
     }
 };
 
+// A slice's fragments split into TF32 parts, then its twelve wgmmas (four k8 steps of three products)
+// into part, committed.
+__device__ __forceinline__ void wgr_split(const float (&raw)[2][8], unsigned (&big)[4][4], unsigned (&small)[4][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], big[s][e], small[s][e]);
+}
+template <int N>
+__device__ __forceinline__ void wgr_products(float (&part)[N / 2], const unsigned (&big)[4][4],
+                                             const unsigned (&small)[4][4], unsigned base) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        const unsigned long long b = wg_desc(base + 32 * s);
+        wg_mma(part, big[s], b, s > 0);
+        wg_mma(part, big[s], wg_desc(base + N * 128 + 32 * s), 1);
+        wg_mma(part, small[s], b, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
 template <int N, int MODE>
 __device__ __forceinline__ void wg_rate(int iters, const float* __restrict__ x, long rows, float* __restrict__ out) {
     extern __shared__ float4 wgr_shared[];
@@ -53,26 +75,10 @@ __device__ __forceinline__ void wg_rate(int iters, const float* __restrict__ x, 
     if (MODE >= 2) a_rows.load(raw, 0);
     if (MODE == 3) a_rows.load(raw2, 1);
     unsigned a_big[4][4], a_small[4][4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
+    wgr_split(raw, a_big, a_small);
     auto slice = [&](int it, float (&cur)[2][8]) {
-        if (MODE >= 1) {
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) wg_split<WG_3XTF32>(cur[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
-        }
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            const unsigned long long big = wg_desc(base + 32 * s);
-            wg_mma(part, a_big[s], big, s > 0);
-            wg_mma(part, a_big[s], wg_desc(base + N * 128 + 32 * s), 1);
-            wg_mma(part, a_small[s], big, 1);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (MODE >= 1) wgr_split(cur, a_big, a_small);
+        wgr_products<N>(part, a_big, a_small, base);
         if (MODE >= 2) a_rows.load(cur, it + (MODE == 3 ? 2 : 1));
 #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -160,19 +166,8 @@ __device__ __forceinline__ void wg_rate_shared(int iters, const WgTensorMap& xma
     unsigned a_big[4][4], a_small[4][4];
 #pragma unroll 1
     for (int it = 0; it < iters; ++it) {
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            const unsigned long long big = wg_desc(base + 32 * s);
-            wg_mma(part, a_big[s], big, s > 0);
-            wg_mma(part, a_big[s], wg_desc(base + N * 128 + 32 * s), 1);
-            wg_mma(part, a_small[s], big, 1);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        wgr_split(raw, a_big, a_small);
+        wgr_products<N>(part, a_big, a_small, base);
         if (it + 1 < iters) fetch(raw, it + 1);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         wg_end_slice(a_big, a_small, part, acc);
