@@ -379,7 +379,8 @@ __host__ __device__ constexpr int wg_interleaved_k(int kk) {
 
 // wg_mainloop for A in registers and B held (3xTF32, BN = 64): `raw` comes holding the tile's first
 // slice and leaves holding the first slice of the tile whose rows are `next` (the block's next tile,
-// or zeros). Each slice's wgmmas run while the next slice's loads are in flight.
+// or zeros; X's first row with WHOLE). Each slice's wgmmas run while the next slice's loads are in
+// flight.
 template <bool VEC, bool WHOLE>
 __device__ __forceinline__ void wg_mainloop_direct(float (&acc)[32], float (&raw)[2][8], unsigned held,
                                                    const WgDirectRows& rows, const WgDirectRows& next, int K) {
