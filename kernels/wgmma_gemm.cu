@@ -699,7 +699,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             float acc[32];
 #ifdef WG_DRB_DIRECT_A
             const WgDirectRows rows_next = direct_rows(tile + gridDim.x);
-            if (whole)
+            if (whole)   // whole implies VEC; WHOLE = VEC keeps the unreached VEC = false form compiling
                 wg_mainloop_direct<VEC, VEC>(acc, raw, held, rows_now, rows_next, cin);
             else
                 wg_mainloop_direct<VEC, false>(acc, raw, held, rows_now, rows_next, cin);
