@@ -2,19 +2,20 @@
 
 The forward is the per-view taps (:mod:`.bilinear_cupy`) and the pooling (:mod:`.view_pool_cupy`)
 without the (V, B*n, C) stack between them: a warp per point, a lane per 4 channels of the maps'
-concatenation (28 lanes for the model's 16 + 32 + 64), each lane working out the point's pixel in
-every view (the array-API code's float32 operations, each rounded), sampling its channels there with
-16-byte gathers and pooling them over the views into the point's row ``[point, max, mean, std]``.
+concatenation (28 lanes for the model's 16 + 32 + 64). The warp works out the point's pixel and its
+bilinear corners once for each view and map (the array-API code's float32 operations, each rounded;
+lane j takes view j / 3 on map j % 3, into shared memory), then each lane samples its channels with
+16-byte gathers and pools them over the views into the point's row ``[point, max, mean, std]``.
 
 The backward takes a group of rows at a time (a vertex's 43 hypotheses, whose pixels it works out
-once into shared memory), a warp per row again: it samples the views once more (the same operations,
-so the same values, ties included), splits the pooled gradients over the views as
-:func:`view_pool_cupy.pool_views_backward` does, adds each corner's share into the maps' gradients
-with 16-byte atomics, sums the pulls along each map's axes over the lanes and carries them through
-the clamp and the camera into the point's gradient: no (V, B*n, C) gradient, no pixel arrays, no
-array-API camera arithmetic. (Summing a group's shares of the 64-channel map in a window of shared
-memory first, as :mod:`.bilinear_cupy`'s grouped kernel does, made it no faster at batch 1 and 6%
-slower at batch 32: ``scripts/projection_backward_bench.py``.)
+once into shared memory), a warp per row again, its corners worked out as the forward's: it samples
+the views once more (the same operations, so the same values, ties included), splits the pooled
+gradients over the views as :func:`view_pool_cupy.pool_views_backward` does, adds each corner's
+share into the maps' gradients with 16-byte atomics, sums the pulls along each map's axes over the
+lanes and carries them through the clamp and the camera into the point's gradient: no (V, B*n, C)
+gradient, no pixel arrays, no array-API camera arithmetic. (Summing a group's shares of the
+64-channel map in a window of shared memory first, as :mod:`.bilinear_cupy`'s grouped kernel does,
+made it no faster at batch 1 and 6% slower at batch 32: ``scripts/projection_backward_bench.py``.)
 """
 
 from __future__ import annotations
@@ -87,32 +88,42 @@ __device__ __forceinline__ LpView lp_view(const float* __restrict__ T, int v, fl
     return out;
 }
 
-// The four corners (q11, q21, q12, q22) of a clamped pixel on a map of `padded` cells a side, as cell
-// indices within the map of sample b's view v, and their weights, as bilinear_cupy's taps.
+// The four corners (q11, q21, q12, q22) of a clamped pixel in view v on a map of `padded` cells a
+// side, as cell indices within the sample's views of that map, and their weights, as bilinear_cupy's
+// taps. 32 bytes: a warp's taps lie in shared memory (lp_share_taps).
 struct LpTaps {
-    long long cell[4];
+    int cell[4];
     float wx1, wx2, wy1, wy2;
-    int x1, x2, y1, y2;
 };
 
-__device__ __forceinline__ LpTaps lp_taps(const LpView& pv, long long base, int padded) {
+__device__ __forceinline__ LpTaps lp_taps(const LpView& pv, int v, int padded) {
     const float step = (float)(224.0 / (double)(padded - 1));
     const float x = __fdiv_rn(pv.hc, step), y = __fdiv_rn(pv.wc, step);
     const float x1 = floorf(x), x2 = ceilf(x), y1 = floorf(y), y2 = ceilf(y);
+    const int base = v * padded * padded;
     LpTaps t;
-    t.x1 = (int)x1;
-    t.x2 = (int)x2;
-    t.y1 = (int)y1;
-    t.y2 = (int)y2;
-    t.cell[0] = base + (long long)t.x1 * padded + t.y1;
-    t.cell[1] = base + (long long)t.x2 * padded + t.y1;
-    t.cell[2] = base + (long long)t.x1 * padded + t.y2;
-    t.cell[3] = base + (long long)t.x2 * padded + t.y2;
+    t.cell[0] = base + (int)x1 * padded + (int)y1;
+    t.cell[1] = base + (int)x2 * padded + (int)y1;
+    t.cell[2] = base + (int)x1 * padded + (int)y2;
+    t.cell[3] = base + (int)x2 * padded + (int)y2;
     t.wx1 = __fsub_rn(x2, x);
     t.wx2 = __fsub_rn(x, x1);
     t.wy1 = __fsub_rn(y2, y);
     t.wy2 = __fsub_rn(y, y1);
     return t;
+}
+
+// A warp's point in every view on every map, worked out once: lane j < LP_MAPS * LP_VIEWS takes view
+// j / LP_MAPS on map j % LP_MAPS (its pixel from `view`, the point in that view) into taps[j], where
+// lane l of map m finds view v's at taps[LP_MAPS * v + m]. The whole warp calls it.
+template <typename View>
+__device__ __forceinline__ void lp_share_taps(LpTaps* taps, const LpMaps& maps, int lane, View view) {
+    if (lane < LP_MAPS * LP_VIEWS) {
+        const int v = lane / LP_MAPS, m = lane - LP_MAPS * v;
+        const int padded = m == 0 ? maps.padded[0] : (m == 1 ? maps.padded[1] : maps.padded[2]);
+        taps[lane] = lp_taps(view(v), v, padded);
+    }
+    __syncwarp();
 }
 
 // The lane's 4 channels: which map (its pointer, cells a side and channels), its first channel there and
@@ -146,17 +157,19 @@ __device__ __forceinline__ float lp_lerp(float q11, float q21, float q12, float 
     return __fadd_rn(acc, __fmul_rn(q22, __fmul_rn(t.wx2, t.wy2)));
 }
 
-__device__ __forceinline__ void lp_sample4(const float* map, int channels, int c, const LpTaps& t, float* f) {
-    const float4 q11 = lp_load4(map + t.cell[0] * channels + c), q21 = lp_load4(map + t.cell[1] * channels + c);
-    const float4 q12 = lp_load4(map + t.cell[2] * channels + c), q22 = lp_load4(map + t.cell[3] * channels + c);
+// `map`: the lane's first channel in the sample's views of its map (channels floats a cell).
+__device__ __forceinline__ void lp_sample4(const float* map, int channels, const LpTaps& t, float* f) {
+    const float4 q11 = lp_load4(map + t.cell[0] * channels), q21 = lp_load4(map + t.cell[1] * channels);
+    const float4 q12 = lp_load4(map + t.cell[2] * channels), q22 = lp_load4(map + t.cell[3] * channels);
     f[0] = lp_lerp(q11.x, q21.x, q12.x, q22.x, t);
     f[1] = lp_lerp(q11.y, q21.y, q12.y, q22.y, t);
     f[2] = lp_lerp(q11.z, q21.z, q12.z, q22.z, t);
     f[3] = lp_lerp(q11.w, q21.w, q12.w, q22.w, t);
 }
 
-__device__ __forceinline__ long long lp_base(int b, int v, int padded) {
-    return ((long long)b * LP_VIEWS + v) * padded * padded;
+// The start of sample b's views of a map of `padded` cells a side.
+__device__ __forceinline__ long long lp_base(int b, int padded) {
+    return (long long)b * LP_VIEWS * padded * padded;
 }
 
 // Rows r of (B*n) points p (B*n, 3) -> out rows (ldo floats) [p, max, mean, std, zeros], a warp a row;
@@ -176,15 +189,14 @@ extern "C" __global__ void lp_forward(const float* __restrict__ points, const fl
     const LpLane l = lp_lane(maps, lane);
     float* row = out + r * ldo;
     const int total = (maps.channels[0] + maps.channels[1] + maps.channels[2]);
+    __shared__ LpTaps shared_taps[LP_FORWARD_WARPS][LP_MAPS * LP_VIEWS];
+    LpTaps* taps = shared_taps[threadIdx.x >> 5];
+    lp_share_taps(taps, maps, lane, [&](int v) { return lp_view(T, v, p0, p1, p2); });
     if (l.valid) {
-        const float* map = l.map;
-        const int padded = l.padded, channels = l.channels;
+        const float* map = l.map + lp_base(b, l.padded) * l.channels + l.c;
         float vals[LP_VIEWS][4];
 #pragma unroll
-        for (int v = 0; v < LP_VIEWS; ++v) {
-            const LpView pv = lp_view(T, v, p0, p1, p2);
-            lp_sample4(map, channels, l.c, lp_taps(pv, lp_base(b, v, padded), padded), vals[v]);
-        }
+        for (int v = 0; v < LP_VIEWS; ++v) lp_sample4(map, l.channels, taps[LP_MAPS * v + l.index], vals[v]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {   // view_pool_cupy's max, mean and std, each operation rounded
             float top = vals[0][j], sum = vals[0][j];
@@ -236,21 +248,25 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
 
     const LpLane l = lp_lane(maps, lane);
     const int m = l.index;
-    const float* map = l.map;
-    float* dmap = m == 0 ? dmap0 : (m == 1 ? dmap1 : dmap2);
     const int padded = l.padded, channels = l.channels;
+    const long long at = lp_base(b, padded) * channels + l.c;   // the lane's first channel in the sample's views
+    const float* map = l.map + at;
+    float* dmap = (m == 0 ? dmap0 : (m == 1 ? dmap1 : dmap2)) + at;
     const float scale = (float)((double)(padded - 1) / 224.0);
+    __shared__ LpTaps shared_taps[LP_BACKWARD_THREADS / 32][LP_MAPS * LP_VIEWS];
+    LpTaps* taps = shared_taps[warp];
     for (int k = warp; k < hyps; k += warps) {
         const long long r = first + (long long)k * groups;
         const LpView* pv = pixels + k * LP_VIEWS;
+        __syncwarp();   // the row before's taps are read
+        lp_share_taps(taps, maps, lane, [&](int v) { return pv[v]; });
         float sx[LP_VIEWS], sy[LP_VIEWS];
 #pragma unroll
         for (int v = 0; v < LP_VIEWS; ++v) sx[v] = sy[v] = 0.0f;
         if (l.valid) {
             float f[LP_VIEWS][4];
 #pragma unroll
-            for (int v = 0; v < LP_VIEWS; ++v)
-                lp_sample4(map, channels, l.c, lp_taps(pv[v], lp_base(b, v, padded), padded), f[v]);
+            for (int v = 0; v < LP_VIEWS; ++v) lp_sample4(map, channels, taps[LP_MAPS * v + m], f[v]);
             // view_pool_cupy's backward: the max's gradient split among the tied views, the mean's, the std's
             float share[4], through_mean[4], spread[4], top[4], mean[4];
             const float* frow = feats + r * ldf + 3 + l.column;
@@ -268,16 +284,16 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
             }
 #pragma unroll
             for (int v = 0; v < LP_VIEWS; ++v) {
-                const LpTaps t = lp_taps(pv[v], lp_base(b, v, padded), padded);
+                const LpTaps t = taps[LP_MAPS * v + m];
                 float d[4];
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     d[j] = __fadd_rn(__fadd_rn(f[v][j] == top[j] ? share[j] : 0.0f, through_mean[j]),
                                      __fmul_rn(__fsub_rn(f[v][j], mean[j]), spread[j]));
-                const float4 q11 = lp_load4(map + t.cell[0] * channels + l.c);
-                const float4 q21 = lp_load4(map + t.cell[1] * channels + l.c);
-                const float4 q12 = lp_load4(map + t.cell[2] * channels + l.c);
-                const float4 q22 = lp_load4(map + t.cell[3] * channels + l.c);
+                const float4 q11 = lp_load4(map + t.cell[0] * channels);
+                const float4 q21 = lp_load4(map + t.cell[1] * channels);
+                const float4 q12 = lp_load4(map + t.cell[2] * channels);
+                const float4 q22 = lp_load4(map + t.cell[3] * channels);
                 const float wy1 = t.wy1, wy2 = t.wy2, wx1 = t.wx1, wx2 = t.wx2;
                 sx[v] = d[0] * ((q21.x - q11.x) * wy1 + (q22.x - q12.x) * wy2);
                 sx[v] += d[1] * ((q21.y - q11.y) * wy1 + (q22.y - q12.y) * wy2);
@@ -293,7 +309,7 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
 #pragma unroll
                 for (int corner = 0; corner < 4; ++corner) {
                     const float weight = w[corner];
-                    add4(dmap + t.cell[corner] * channels + l.c,
+                    add4(dmap + t.cell[corner] * channels,
                             make_float4(d[0] * weight, d[1] * weight, d[2] * weight, d[3] * weight));
                 }
             }
@@ -340,6 +356,7 @@ def _module(views: int, blocks: int):
         for name, value in (
             ("LP_VIEWS", views),
             ("LP_BACKWARD_THREADS", BACKWARD_THREADS),
+            ("LP_FORWARD_WARPS", FORWARD_WARPS),
             ("LP_BACKWARD_BLOCKS", blocks),
         )
     )
