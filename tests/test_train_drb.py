@@ -110,6 +110,32 @@ def test_local_projection_forward_is_the_inference_one(xpd):
     np.testing.assert_allclose(host(ours), theirs, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "sizes, views, taken",
+    [
+        ([(225, 16), (113, 32), (57, 64)], 3, True),  # the model's padded maps
+        ([(225, 16), (113, 32), (57, 64)], 8, True),
+        ([(225, 16), (113, 32), (8193, 12)], 3, False),  # a sample's views of one map past 2^31 floats
+        ([(225, 16), (113, 30), (57, 64)], 3, False),  # channels not in fours
+    ],
+)
+def test_the_one_pass_projection_takes_maps_its_offsets_reach(sizes, views, taken):
+    """local_projection_cupy.takes: the one-pass kernels' corners are 32-bit offsets within a sample's
+    views of a map, so they take maps whose sample's views hold fewer than 2^31 floats."""
+    from types import SimpleNamespace
+
+    from xmesh.model import local_projection_cupy
+
+    def device_map(size, channels):  # the attributes takes() reads of a contiguous, aligned CuPy map
+        flags = SimpleNamespace(c_contiguous=True)
+        return SimpleNamespace(
+            shape=(views, size, size, channels), dtype="float32", flags=flags, data=SimpleNamespace(ptr=0)
+        )
+
+    points = np.zeros((1, 10, 3), dtype=np.float32)
+    assert local_projection_cupy.takes(points, [device_map(s, c) for s, c in sizes], views) == taken
+
+
 @pytest.mark.parametrize("general_a0", [False, True])
 @pytest.mark.parametrize("residual", [False, True])
 def test_local_gconv_pair(xpd, general_a0, residual):

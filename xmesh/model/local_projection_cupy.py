@@ -90,7 +90,8 @@ __device__ __forceinline__ LpView lp_view(const float* __restrict__ T, int v, fl
 
 // The four corners (q11, q21, q12, q22) of a clamped pixel in view v on a map of `padded` cells a
 // side, as cell indices within the sample's views of that map, and their weights, as bilinear_cupy's
-// taps. 32 bytes: a warp's taps lie in shared memory (lp_share_taps).
+// taps. 32 bytes: a warp's taps lie in shared memory (lp_share_taps). 32-bit offsets: a sample's views
+// of one map hold fewer than 2^31 floats (takes() checks).
 struct LpTaps {
     int cell[4];
     float wx1, wx2, wy1, wy2;
@@ -370,14 +371,15 @@ def _kernels(views: int):
 
 def takes(points, maps, views: int) -> bool:
     """Whether the pair takes these operands: float32 points (B, n, 3), the three float32 maps, contiguous
-    and 16-byte aligned, of channel counts that are multiples of 4 and fill at most 29 lanes, up to
-    ``MAX_VIEWS`` views."""
+    and 16-byte aligned, of channel counts that are multiples of 4 and fill at most 29 lanes, each
+    sample's views of a map under 2^31 floats, up to ``MAX_VIEWS`` views."""
     if str(points.dtype) != "float32" or points.ndim != 3 or len(maps) != MAPS or not 1 <= views <= MAX_VIEWS:
         return False
     channels = [int(m.shape[3]) for m in maps]
     return (
         all(c % 4 == 0 for c in channels)
         and sum(channels) // 4 + 3 <= 32
+        and all(views * int(m.shape[1]) * int(m.shape[2]) * int(m.shape[3]) < 2**31 for m in maps)
         and all(str(m.dtype) == "float32" and m.flags.c_contiguous and m.data.ptr % 16 == 0 for m in maps)
     )
 
