@@ -212,11 +212,13 @@ def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
         assert error < 1e-6
 
 
-def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch):
+@pytest.mark.parametrize("dfeats_row", [339, 352])
+def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch, dfeats_row):
     """local_projection_cupy's two kernels against the taps and the pooling each in its own launches on
     the same float32 inputs (the training step's 43 hypotheses a vertex, points past the image's edge,
     ReLU maps whose zeros tie across views), and against NumPy's float32 array-API code for the
-    features."""
+    features. The features' gradient comes in rows of 339 floats (the backward reads them a float at a
+    time) or of 352 (16-byte aligned, as the first layer's input gradient gives them: 16-byte loads)."""
     import array_api_compat.cupy as xp
     import array_api_compat.numpy as xnp
 
@@ -232,7 +234,8 @@ def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch):
     maps = [xp.asarray(m) for m in host_maps]
     points = xp.asarray(host_points)
     width = 3 + 3 * sum(c for _, c in sizes)
-    dfeats = xp.asarray(rng.standard_normal((b, host_points.shape[1], width)).astype(np.float32))
+    dfeats = xp.zeros((b, host_points.shape[1], dfeats_row), dtype=xp.float32)[..., :width]
+    dfeats[...] = xp.asarray(rng.standard_normal((b, host_points.shape[1], width)).astype(np.float32))
     tf = transforms(b, xp, np.float32)
 
     def run(one_pass: bool):

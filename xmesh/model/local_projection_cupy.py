@@ -8,14 +8,15 @@ lane j takes view j / 3 on map j % 3, into shared memory), then each lane sample
 16-byte gathers and pools them over the views into the point's row ``[point, max, mean, std]``.
 
 The backward takes a group of rows at a time (a vertex's 43 hypotheses, whose pixels it works out
-once into shared memory), a warp per row again, its corners worked out as the forward's: it samples
-the views once more (the same operations, so the same values, ties included), splits the pooled
-gradients over the views as :func:`view_pool_cupy.pool_views_backward` does, adds each corner's
-share into the maps' gradients with 16-byte atomics, sums the pulls along each map's axes over the
-lanes and carries them through the clamp and the camera into the point's gradient: no (V, B*n, C)
-gradient, no pixel arrays, no array-API camera arithmetic. (Summing a group's shares of the
-64-channel map in a window of shared memory first, as :mod:`.bilinear_cupy`'s grouped kernel does,
-made it no faster at batch 1 and 6% slower at batch 32: ``scripts/projection_backward_bench.py``.)
+once into shared memory), a warp per row again, its corners worked out as the forward's and each
+row's pooled values and their gradients read in 16-byte loads: it samples the views once more (the
+same operations, so the same values, ties included), splits the pooled gradients over the views as
+:func:`view_pool_cupy.pool_views_backward` does, adds each corner's share into the maps' gradients
+with 16-byte atomics, sums the pulls along each map's axes over the lanes and carries them through
+the clamp and the camera into the point's gradient: no (V, B*n, C) gradient, no pixel arrays, no
+array-API camera arithmetic. (Summing a group's shares of the 64-channel map in a window of shared
+memory first, as :mod:`.bilinear_cupy`'s grouped kernel does, made it no faster at batch 1 and 6%
+slower at batch 32: ``scripts/projection_backward_bench.py``.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .bilinear_cupy import ATOMIC_ADD4
 MAPS = 3  # the stage-2 maps the pair takes (conv 2, 5 and 8)
 FORWARD_WARPS = 8  # rows a forward block takes, a warp each
 BACKWARD_THREADS = 256
-#: the backward's blocks a multiprocessor: 2 caps its registers at 128 (a few spilled, to L1)
+#: the backward's blocks a multiprocessor: 2 caps its registers at 128 (3 views take 126, none
+#: spilled; 3 blocks spill a few at 80 and took the batch-32 step 0.6-1.0 ms longer)
 BACKWARD_BLOCKS = 2
 MAX_VIEWS = 8  # a module per view count, its per-view values in registers
 MAX_GROUP_ROWS = 64  # the backward's rows a block (LP_MAX_HYPS)
@@ -173,6 +175,22 @@ __device__ __forceinline__ long long lp_base(int b, int padded) {
     return (long long)b * LP_VIEWS * padded * padded;
 }
 
+// Floats 3 + 4 lane .. 6 + 4 lane of a row (a lane's 4 channels of one of [max, mean, std], `row` at
+// that part's start less 3), for the first `lanes` lanes. With `aligned` rows (16-byte aligned, as
+// the rows of 3 + 3 * total floats padded to a multiple of 4 are) a lane loads floats 4 lane ..
+// 4 lane + 3 in one 16-byte load and takes 3 of them from its neighbour: one load instead of four,
+// each filling whole sectors. The whole warp calls it.
+__device__ __forceinline__ float4 lp_lane_part(const float* row, int lane, int lanes, bool aligned) {
+    if (aligned) {
+        const float4 a = lane <= lanes ? lp_load4(row + 4 * lane) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        return make_float4(a.w, __shfl_down_sync(0xffffffffu, a.x, 1), __shfl_down_sync(0xffffffffu, a.y, 1),
+                           __shfl_down_sync(0xffffffffu, a.z, 1));
+    }
+    if (lane >= lanes) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float* at = row + 4 * lane + 3;
+    return make_float4(at[0], at[1], at[2], at[3]);
+}
+
 // Rows r of (B*n) points p (B*n, 3) -> out rows (ldo floats) [p, max, mean, std, zeros], a warp a row;
 // consecutive warps take a group's rows b n + k groups + v (k < n / groups), near one another.
 extern "C" __global__ void lp_forward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
@@ -231,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(LP_BACKWARD_THREADS, LP_BACKWARD_BL
 lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
             const float* __restrict__ feats, long long ldf, const float* __restrict__ dfeats, long long lddf,
             long long n, int groups, int hyps, float* dmap0, float* dmap1, float* dmap2,
-            float* __restrict__ dpoints) {
+            float* __restrict__ dpoints, int aligned) {
     const LpMaps maps = LP_MAPS_FROM_PARAMS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int b = (int)(blockIdx.x / groups);
@@ -264,24 +282,35 @@ lp_backward(const float* __restrict__ points, const float* __restrict__ tf, LP_M
         float sx[LP_VIEWS], sy[LP_VIEWS];
 #pragma unroll
         for (int v = 0; v < LP_VIEWS; ++v) sx[v] = sy[v] = 0.0f;
+        float f[LP_VIEWS][4];   // the lane's channels sampled in each view (valid lanes)
         if (l.valid) {
-            float f[LP_VIEWS][4];
 #pragma unroll
             for (int v = 0; v < LP_VIEWS; ++v) lp_sample4(map, channels, taps[LP_MAPS * v + m], f[v]);
+        }
+        // the lane's channels of the forward's max, mean and std and of their gradients
+        const float* frow = feats + r * ldf;
+        const float* drow = dfeats + r * lddf;
+        const float4 top4 = lp_lane_part(frow, lane, total >> 2, aligned);
+        const float4 mean4 = lp_lane_part(frow + total, lane, total >> 2, aligned);
+        const float4 std4 = lp_lane_part(frow + 2 * total, lane, total >> 2, aligned);
+        const float4 dtop4 = lp_lane_part(drow, lane, total >> 2, aligned);
+        const float4 dmean4 = lp_lane_part(drow + total, lane, total >> 2, aligned);
+        const float4 dstd4 = lp_lane_part(drow + 2 * total, lane, total >> 2, aligned);
+        if (l.valid) {
             // view_pool_cupy's backward: the max's gradient split among the tied views, the mean's, the std's
-            float share[4], through_mean[4], spread[4], top[4], mean[4];
-            const float* frow = feats + r * ldf + 3 + l.column;
-            const float* drow = dfeats + r * lddf + 3 + l.column;
+            const float top[4] = {top4.x, top4.y, top4.z, top4.w}, mean[4] = {mean4.x, mean4.y, mean4.z, mean4.w};
+            const float sdev[4] = {std4.x, std4.y, std4.z, std4.w}, dtop[4] = {dtop4.x, dtop4.y, dtop4.z, dtop4.w};
+            const float dmean[4] = {dmean4.x, dmean4.y, dmean4.z, dmean4.w};
+            const float dstd[4] = {dstd4.x, dstd4.y, dstd4.z, dstd4.w};
+            float share[4], through_mean[4], spread[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                top[j] = frow[j];
-                mean[j] = frow[total + j];
                 int ties = 0;
 #pragma unroll
                 for (int v = 0; v < LP_VIEWS; ++v) ties += f[v][j] == top[j];
-                share[j] = __fdiv_rn(drow[j], (float)ties);
-                through_mean[j] = __fdiv_rn(drow[total + j], (float)LP_VIEWS);
-                spread[j] = __fdiv_rn(drow[2 * total + j], __fmul_rn((float)LP_VIEWS, frow[2 * total + j]));
+                share[j] = __fdiv_rn(dtop[j], (float)ties);
+                through_mean[j] = __fdiv_rn(dmean[j], (float)LP_VIEWS);
+                spread[j] = __fdiv_rn(dstd[j], __fmul_rn((float)LP_VIEWS, sdev[j]));
             }
 #pragma unroll
             for (int v = 0; v < LP_VIEWS; ++v) {
@@ -448,6 +477,7 @@ def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
     packed = cupy.ascontiguousarray(packed, dtype=cupy.float32)
     dmaps = [cupy.zeros_like(m) for m in maps]
     dpoints = cupy.empty_like(points)
+    aligned = all(_row_stride(a) % 4 == 0 and a.data.ptr % 16 == 0 for a in (feats, dfeats))
     function = _kernels(views)[1]
     if batch * n:
         function(
@@ -466,6 +496,7 @@ def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
                 np.int32(n // groups),
                 *dmaps,
                 dpoints,
+                np.int32(aligned),
             ),
         )
     return dpoints, dmaps
