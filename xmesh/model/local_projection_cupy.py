@@ -191,10 +191,11 @@ __device__ __forceinline__ float4 lp_lane_part(const float* row, int lane, int l
     return make_float4(at[0], at[1], at[2], at[3]);
 }
 
-// Rows r of (B*n) points p (B*n, 3) -> out rows (ldo floats) [p, max, mean, std, zeros], a warp a row;
+// Rows r of (B*n) points p (B*n, 3) -> out rows (ldo = 3 + 3 total + 1 floats, 16-byte aligned)
+// [p, max, mean, std, 0], a warp a row;
 // consecutive warps take a group's rows b n + k groups + v (k < n / groups), near one another.
 extern "C" __global__ void lp_forward(const float* __restrict__ points, const float* __restrict__ tf, LP_MAP_PARAMS,
-                                      long long rows, long long n, int groups, int width, float* __restrict__ out,
+                                      long long rows, long long n, int groups, float* __restrict__ out,
                                       long long ldo) {
     const LpMaps maps = LP_MAPS_FROM_PARAMS;
     const int lane = threadIdx.x & 31;
@@ -211,6 +212,7 @@ extern "C" __global__ void lp_forward(const float* __restrict__ points, const fl
     __shared__ LpTaps shared_taps[LP_FORWARD_WARPS][LP_MAPS * LP_VIEWS];
     LpTaps* taps = shared_taps[threadIdx.x >> 5];
     lp_share_taps(taps, maps, lane, [&](int v) { return lp_view(T, v, p0, p1, p2); });
+    float pooled[3][4] = {};   // the lane's channels' max, mean and std
     if (l.valid) {
         const float* map = l.map + lp_base(b, l.padded) * l.channels + l.c;
         float vals[LP_VIEWS][4];
@@ -231,15 +233,28 @@ extern "C" __global__ void lp_forward(const float* __restrict__ points, const fl
                 const float d = __fsub_rn(vals[v][j], mean);
                 square = __fadd_rn(square, __fmul_rn(d, d));
             }
-            row[3 + l.column + j] = top;
-            row[3 + total + l.column + j] = mean;
-            row[3 + 2 * total + l.column + j] = __fsqrt_rn(__fadd_rn(__fdiv_rn(square, (float)LP_VIEWS), 1e-6f));
+            pooled[0][j] = top;
+            pooled[1][j] = mean;
+            pooled[2][j] = __fsqrt_rn(__fadd_rn(__fdiv_rn(square, (float)LP_VIEWS), 1e-6f));
         }
-    } else {
-        const int k = lane - (total >> 2);
-        if (k < 3) row[k] = k == 0 ? p0 : (k == 1 ? p1 : p2);
     }
-    for (int k = width + lane; k < ldo; k += 32) row[k] = 0.0f;
+    // The row [p, max, mean, std, 0] (3 + 3 total + 1 floats) in 16-byte stores: part s's float4 at
+    // s total + 4 lane is the lane before's last 3 floats of the part (lane 0: the point, or the last
+    // lane's of the part before) and this lane's first; the last lane past the part writes the row's end.
+    const int last = (total >> 2) - 1;
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+        float before[3];
+#pragma unroll
+        for (int e = 0; e < 3; ++e) {
+            const float own = __shfl_sync(0xffffffffu, pooled[part][e + 1], lane > 0 ? lane - 1 : 0);
+            const float previous = __shfl_sync(0xffffffffu, pooled[part > 0 ? part - 1 : 0][e + 1], last);
+            before[e] = lane > 0 ? own : (part == 0 ? (e == 0 ? p0 : (e == 1 ? p1 : p2)) : previous);
+        }
+        if (lane <= last || (part == 2 && lane == last + 1))
+            *reinterpret_cast<float4*>(row + part * total + 4 * lane) =
+                make_float4(before[0], before[1], before[2], lane <= last ? pooled[part][0] : 0.0f);
+    }
 }
 
 // A group's `hyps` rows first + k * groups (k < hyps) of sample b's n, a block per group and a warp a
@@ -423,10 +438,10 @@ def _map_arguments(maps) -> tuple:
 
 def forward(points, maps, packed, views: int, groups: int = 1):
     """The features (B, n, row) of points (B, n, 3) on the zero-padded maps (B*V, s+1, s+1, C): rows
-    ``[point, max, mean, std]`` of 3 + 3 * sum(C) floats padded with zeros to a multiple of 4 (the layer
-    kernels' 16-byte copies). ``packed``: the (B, 12 + 12V) transforms. ``groups``: each sample's rows
-    are (n / groups, groups), and the rows k * groups + v of one v (a vertex's hypotheses, which sample
-    the same few cells) are taken one after another."""
+    ``[point, max, mean, std]`` of 3 + 3 * sum(C) floats and a zero, a multiple of 4 (the layer
+    kernels' 16-byte copies; the kernel's 16-byte stores). ``packed``: the (B, 12 + 12V) transforms.
+    ``groups``: each sample's rows are (n / groups, groups), and the rows k * groups + v of one v (a
+    vertex's hypotheses, which sample the same few cells) are taken one after another."""
     import cupy
 
     points = cupy.ascontiguousarray(points)
@@ -434,8 +449,7 @@ def forward(points, maps, packed, views: int, groups: int = 1):
     batch, n, _ = points.shape
     if n % groups:
         groups = 1
-    width = 3 + 3 * sum(int(m.shape[3]) for m in maps)
-    row = -(-width // 4) * 4
+    row = 3 + 3 * sum(int(m.shape[3]) for m in maps) + 1  # a multiple of 4: the channels come in fours
     out = cupy.empty((batch, n, row), dtype=cupy.float32)
     rows = batch * n
     if rows:
@@ -449,7 +463,6 @@ def forward(points, maps, packed, views: int, groups: int = 1):
                 np.int64(rows),
                 np.int64(n),
                 np.int32(groups),
-                np.int32(width),
                 out,
                 np.int64(row),
             ),
