@@ -129,11 +129,11 @@ __device__ __forceinline__ void lp_share_taps(LpTaps* taps, const LpMaps& maps, 
     __syncwarp();
 }
 
-// The lane's 4 channels: which map (its pointer, cells a side and channels), its first channel there and
-// its column in the concatenation (false for the lanes past the channel groups).
+// The lane's 4 channels: which map (its pointer, cells a side and channels) and its first channel there
+// (false for the lanes past the channel groups).
 struct LpLane {
     const float* map;
-    int index, padded, channels, c, column;
+    int index, padded, channels, c;
     bool valid;
 };
 
@@ -146,7 +146,6 @@ __device__ __forceinline__ LpLane lp_lane(const LpMaps& maps, int lane) {
     l.padded = l.index == 0 ? maps.padded[0] : (l.index == 1 ? maps.padded[1] : maps.padded[2]);
     l.channels = l.index == 0 ? maps.channels[0] : (l.index == 1 ? maps.channels[1] : maps.channels[2]);
     l.c = 4 * (lane - (l.index == 0 ? 0 : (l.index == 1 ? g0 : g1)));
-    l.column = 4 * lane;
     return l;
 }
 
