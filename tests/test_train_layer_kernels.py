@@ -1,7 +1,7 @@
 """The float32 training layers on CuPy's own kernels against float64 NumPy: the deformation layer in
 the lent Hopper kernel (forward, and backward without the ReLU through A1^T), the backward's one-pass
-mask, mixing and bias sums, the local projection's float4 atomics, and its one-pass pair against the
-taps and the pooling apart. Each within float32's accuracy, a bound one TF32 product (about 1e-4)
+mask, mixing and bias sums, the narrow score layer's weights' gradient in one pass over X, the local
+projection's float4 atomics, and its one-pass pair against the taps and the pooling apart. Each within float32's accuracy, a bound one TF32 product (about 1e-4)
 would miss."""
 
 from __future__ import annotations
@@ -484,6 +484,41 @@ def test_the_one_pass_backward_of_a_narrow_product_is_the_float64_one(width):
     assert relative_error(sums, dz.sum(axis=1)) < 1e-6
     with pytest.raises(ValueError, match="do not fit"):
         epilogues_cupy.relu_gradient_mixed_of_product(cupy.asarray(rows), cupy.asarray(weights[:, :1]), out, a1)
+
+
+@pytest.mark.parametrize(
+    "rows, channels, row, columns",
+    [
+        (43 * 29 * 2 + 7, 192, 192, 2),  # the score layer's X and dY, a tail of rows past the unrolled four
+        (43 * 500, 192, 196, 2),  # X a view of wider rows: its row stride read as it is
+        (1000, 4, 4, 1),  # one column quad: a team a thread
+        (37, 20, 24, 8),  # fewer rows than teams, the widest dY
+    ],
+)
+def test_the_narrow_weight_gradient_is_the_float64_one(rows, channels, row, columns):
+    """narrow_gradient_cupy.weight_gradient: X^T dY for a narrow dY in one pass over X, against float64
+    from the same float32 inputs and within a bound cuBLAS's SGEMM meets too; what it cannot read it
+    refuses."""
+    import cupy
+
+    from xmesh.model import narrow_gradient_cupy
+
+    rng = np.random.default_rng(rows + columns)
+    buf = cupy.zeros((rows, row), dtype=cupy.float32)
+    x = np.maximum(rng.standard_normal((rows, channels)), 0.0).astype(np.float32)
+    buf[:, :channels] = cupy.asarray(x)
+    dy = (rng.standard_normal((rows, columns)) * 1e-3).astype(np.float32)
+    exact = x.astype(np.float64).T @ dy.astype(np.float64)
+    at = buf[:, :channels]
+    assert narrow_gradient_cupy.takes(at, cupy.asarray(dy))
+    ours = narrow_gradient_cupy.weight_gradient(at, cupy.asarray(dy))
+    cublas = relative_error(at.T @ cupy.asarray(dy), exact)
+    error = relative_error(ours, exact)
+    print(f"{rows} rows, {channels} x {columns}: relative error {error:.2e} (cuBLAS {cublas:.2e})")
+    assert ours.shape == (channels, columns) and error < 1e-6 and error < 3 * cublas + 1e-7
+    assert not narrow_gradient_cupy.takes(buf[:, 1 : channels + 1], cupy.asarray(dy))  # rows off 16 bytes
+    with pytest.raises(ValueError, match="do not fit"):
+        narrow_gradient_cupy.weight_gradient(at, cupy.zeros((rows, 9), dtype=cupy.float32))
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "float"])

@@ -13,7 +13,8 @@ backward without the ReLU; on CuPy the backward's mask, mixing and bias sums tak
 layer before, happen in that input gradient's kernel pass (:func:`products.layer_input_gradient`),
 which hands the layer before a :class:`ThroughRelu` instead of its output's gradient. The narrow score
 layer's input gradient, [dZ | A1^T dZ] (two columns) times [W0 | W1]^T, is made in the pass that
-carries it through the ReLU before (:func:`epilogues_cupy.relu_gradient_mixed_of_product`).
+carries it through the ReLU before (:func:`epilogues_cupy.relu_gradient_mixed_of_product`), and its
+weights' gradient X^T [dZ | A1^T dZ] in one pass over X (:mod:`.narrow_gradient_cupy`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from array_api_compat import is_cupy_namespace
 
-from . import epilogues_cupy
+from . import epilogues_cupy, narrow_gradient_cupy
 from .local_projection_train import LocalProjectionCache, local_projection_backward, local_projection_forward
 from .products import column_sums, deformation_layer, layer_input_gradient, matmul
 
@@ -144,7 +145,11 @@ def _local_gconv_backward_cupy(xp, dout, cache: LocalGConvCache, need_dx: bool, 
         dy, sums = epilogues_cupy.relu_gradient_mixed(dout, cache.active, a1)
     dbias = column_sums(xp, xp.reshape(sums, (-1, cout)))
     rows = xp.reshape(dy, (-1, 2 * cout))
-    dweight = matmul(xp.matrix_transpose(xp.reshape(cache.x, (b * k * n, cin))), rows)
+    flat = xp.reshape(cache.x, (b * k * n, cin))
+    if narrow_gradient_cupy.takes(flat, rows):  # the score layer: one pass over X
+        dweight = narrow_gradient_cupy.weight_gradient(flat, rows)
+    else:
+        dweight = matmul(xp.matrix_transpose(flat), rows)
     dx = None
     narrow = 2 * cout <= epilogues_cupy.NARROW_MAX
     if need_dx and before is not None and plus is None and narrow and before.supports[0] is None:
