@@ -1,8 +1,8 @@
 """The float32 training layers on CuPy's own kernels against float64 NumPy: the deformation layer in
 the lent Hopper kernel (forward, and backward without the ReLU through A1^T), the backward's one-pass
 mask, mixing and bias sums, the narrow score layer's weights' gradient in one pass over X, the local
-projection's float4 atomics, and its one-pass pair against the taps and the pooling apart. Each within float32's accuracy, a bound one TF32 product (about 1e-4)
-would miss."""
+projection's float4 atomics, and its one-pass pair against the taps and the pooling apart. Each
+within float32's accuracy, a bound one TF32 product (about 1e-4) would miss."""
 
 from __future__ import annotations
 
