@@ -122,16 +122,26 @@ def assert_replayed_step_is_the_eager_one(trainer, batch: list, step: int, follo
 
 @requires_cuda
 @pytest.mark.gpu
-def test_graph_steps_match_the_eager_step_on_the_same_weights(trainer):
+def test_graph_steps_match_the_eager_step_on_the_same_weights(trainer, monkeypatch):
     """Four replayed steps of one sample, each writing the next one's inputs while it runs where that
-    one's graph is captured, against the eager step; the first two samples share a ladder step, the third
-    needs another graph."""
+    one's graph is captured (and sending them to the device's spare buffer), against the eager step; the
+    first two samples share a ladder step, the third needs another graph. The second and fourth steps
+    take their inputs from the spare buffer, the first and third from the host."""
     trainer, samples = trainer
+    from_spare = []
+    upload = graph_step._Staging.upload
+
+    def recording(staging, ahead=False):
+        from_spare.append(ahead and staging.ready)
+        upload(staging, ahead)
+
+    monkeypatch.setattr(graph_step._Staging, "upload", recording)
     order = [samples[0], samples[1], samples[2], samples[0]]
     for step, sample in enumerate(order, start=1):
         following = [order[step]] if step < len(order) else None
         assert_replayed_step_is_the_eager_one(trainer, [sample], step, following)
     assert len(trainer.captured_shapes) == 2
+    assert from_spare == [False, True, False, True]
 
 
 @requires_cuda
