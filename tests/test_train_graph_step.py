@@ -129,13 +129,13 @@ def test_graph_steps_match_the_eager_step_on_the_same_weights(trainer, monkeypat
     take their inputs from the spare buffer, the first and third from the host."""
     trainer, samples = trainer
     from_spare = []
-    upload = graph_step._Staging.upload
+    upload = graph_step.InputStaging.upload
 
     def recording(staging, ahead=False):
         from_spare.append(ahead and staging.ready)
         upload(staging, ahead)
 
-    monkeypatch.setattr(graph_step._Staging, "upload", recording)
+    monkeypatch.setattr(graph_step.InputStaging, "upload", recording)
     order = [samples[0], samples[1], samples[2], samples[0]]
     for step, sample in enumerate(order, start=1):
         following = [order[step]] if step < len(order) else None

@@ -99,7 +99,7 @@ class StepGraph:
         self.template = stage2_template(xp, template, np.float32)
         self.cnn_l2 = L2Table(xp, cnn_kernels(self.weights, 2))  # the trainer's kernels, by address
         fields = input_fields(batch, views, int(self.template.reciprocal.shape[0]), points)
-        self.staging = _Staging(xp, fields)
+        self.staging = InputStaging(xp, fields)
         self.inputs = HostInputs(self.staging.host, points)
         d = self.staging.device
         self.images, self.packed, self.starts = d["images"], d["packed"], d["starts"]
@@ -200,7 +200,7 @@ class StepGraph:
         self.graph = self.adam_graph = self.adam_table = None
 
 
-class _Staging:
+class InputStaging:
     """Named arrays laid out in one pinned host buffer and one device buffer of the same bytes, so that
     all of them go to the device in one copy (each starts on a 256-byte boundary). A spare device buffer
     takes a coming step's inputs on a side stream while the device computes (:meth:`send_ahead`): at
