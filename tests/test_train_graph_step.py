@@ -259,3 +259,52 @@ def test_a_next_step_whose_inputs_cannot_be_made_is_left_to_its_own_step(monkeyp
         result = trainer.step([sample], step, following=[sample])
         assert result.loss == 2.5 and trainer.adam.step == step
     assert calls == ["load", "prepare", "load", "prepare"]
+
+
+def test_the_next_steps_samples_are_asked_for_once_the_device_works(monkeypatch):
+    """``following`` given as a function is called after this step's replay is launched, so samples that
+    finish loading during the step (the first step's capture) still have their inputs written ahead; a
+    function that returns None (not loaded yet) leaves the next step to write its own (CPU: a stand-in
+    graph)."""
+    from xmesh.benchmarking import default_template
+    from xmesh.io.weights import synthetic_weights
+    from xmesh.train.bench import default_sample
+    from xmesh.train.step import LossAndGradients
+    from xmesh.train.trainer import Trainer
+
+    calls = []
+
+    class Recording:
+        def __init__(self, device, weights, template, *key):
+            pass
+
+        def load(self, samples, rng, alpha):
+            calls.append("load")
+
+        def capture(self, variables, state):
+            calls.append("capture")
+
+        def prepare(self, samples, rng):
+            calls.append(f"prepare {len(samples)}")
+
+        def run(self, meanwhile=None):
+            calls.append("replay")
+            meanwhile()
+            return LossAndGradients(1.5, {"chamfer": 1.5}, {}), []
+
+        def release(self):
+            pass
+
+    monkeypatch.setattr(graph_step, "StepGraph", Recording)
+    template, _ = default_template()
+    sample, _ = default_sample(template)
+    trainer = Trainer(2, synthetic_weights(1), template, "numpy")
+    trainer.graphs = True  # as on a GPU
+
+    def loaded():
+        calls.append("asked")
+        return [sample] if len(calls) > 4 else None
+
+    for step in (1, 2):
+        trainer.step([sample], step, following=loaded)
+    assert calls == ["load", "capture", "replay", "asked", "load", "replay", "asked", "prepare 1"]

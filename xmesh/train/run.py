@@ -16,6 +16,7 @@ original saves it (``meshnetmvp2m.ckpt-EPOCHS`` or ``meshnet.ckpt-EPOCHS``).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import sys
 import time
@@ -257,7 +258,9 @@ def train(
             draws_before = trainer.draw_rng.bit_generator.state
             t0 = time.perf_counter()
             try:
-                result = trainer.step(samples, state.step + 1, following=loader.ready(following))
+                # asked once the device works on this step: the first step's capture gives the
+                # loader time to finish the second step's samples
+                result = trainer.step(samples, state.step + 1, following=functools.partial(loader.ready, following))
             except NonFiniteLossError:  # the weights are the last good ones: keep the state before this step
                 if not checkpoints.path_for(out_dir, state.step).exists() and state.step > 0:
                     trainer.draw_rng.bit_generator.state = draws_before

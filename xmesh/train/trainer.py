@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,10 +114,13 @@ class Trainer:
             points = max(points, self._largest_points.get(batch, 0))
         return batch, samples[0].images.shape[0], points
 
-    def _prepare(self, samples: Sequence[Sample] | None) -> None:
-        """The inputs of a coming step of ``samples`` written now, if its graph is captured. A sample they
-        cannot be made from is left to its own step, which fills them again and says what is wrong before
-        its compute: this step's device work, Adam's updates included, is under way."""
+    def _prepare(self, samples: Sequence[Sample] | Callable | None) -> None:
+        """The inputs of a coming step of ``samples`` (or of what the function ``samples`` returns now)
+        written now, if its graph is captured. A sample they cannot be made from is left to its own step,
+        which fills them again and says what is wrong before its compute: this step's device work, Adam's
+        updates included, is under way."""
+        if callable(samples):
+            samples = samples()
         graph = self._graphs.get(self._graph_key(samples)) if samples else None
         if graph is not None:
             try:
@@ -165,12 +168,16 @@ class Trainer:
         return graph
 
     def step(
-        self, samples: Sequence[Sample], step_number: int | None = None, following: Sequence[Sample] | None = None
+        self,
+        samples: Sequence[Sample],
+        step_number: int | None = None,
+        following: Sequence[Sample] | Callable[[], Sequence[Sample] | None] | None = None,
     ):
         """One Adam step on the mean loss of ``samples``; returns the step's LossAndGradients, its gradients
         on the trainer's device (a replayed graph's arrays, which the next step overwrites).
-        ``following``: the next step's samples, if known; where the steps replay graphs, their inputs are
-        written while the device works on this step (the next step's draws still its own)."""
+        ``following``: the next step's samples, if known, or a function that returns them (None while
+        they are not loaded), called once the device works on this step; where the steps replay graphs,
+        their inputs are written then (the next step's draws still its own)."""
         xp = self.device.xp
         graph = self._graph(samples)
         if graph is not None:  # the updates too, skipped on the device where anything is not finite
