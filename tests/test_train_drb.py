@@ -94,6 +94,25 @@ def test_local_projection_pair(xpd, outside):
     check_gradients(forward, backward, inputs, xpd, elements=40)
 
 
+def test_the_projection_backward_adds_the_maps_gradients_it_is_given(xpd):
+    """local_projection_backward's ``plus`` (the maps' gradients of the deformation block after this
+    one): the maps' gradients it returns are its own plus those, the points' gradient unchanged."""
+    rng = np.random.default_rng(9)
+    batch, n = 2, 6
+    tf = transforms(batch, xpd)
+    points = xpd.asarray(hypothesis_points(rng, batch, n, outside=1))
+    maps = [xpd.asarray(m) for m in padded_maps(rng, batch, 3, [(8, 3), (4, 2)])]
+    _, cache = local_projection_train.local_projection_forward(xpd, points, maps, tf)
+    dfeats = xpd.asarray(rng.standard_normal((batch, n, 3 + 3 * 5)))
+    dpoints, dmaps = local_projection_train.local_projection_backward(xpd, dfeats, cache)
+    plus = [xpd.asarray(rng.standard_normal(m.shape)) for m in maps]
+    expected = [host(d) + host(p) for d, p in zip(dmaps, plus, strict=True)]
+    again, summed = local_projection_train.local_projection_backward(xpd, dfeats, cache, plus=plus)
+    np.testing.assert_allclose(host(again), host(dpoints), rtol=1e-12)
+    for ours, exact in zip(summed, expected, strict=True):
+        np.testing.assert_allclose(host(ours), exact, rtol=1e-12, atol=1e-12)
+
+
 def test_local_projection_forward_is_the_inference_one(xpd):
     rng = np.random.default_rng(5)
     batch, n = 2, 300

@@ -212,6 +212,37 @@ def test_the_grouped_backward_is_the_float4_one(monkeypatch, window):
         assert error < 1e-6
 
 
+def test_the_one_pass_backward_adds_its_shares_into_the_given_gradients():
+    """The one-pass backward given the maps' gradients of the block after (``plus``) adds its shares into
+    those arrays and returns them: their values before plus its own gradients, within float32's
+    rounding of the sums (the atomics' order), and the points' gradient as without them."""
+    import array_api_compat.cupy as xp
+
+    from xmesh.benchmarking import default_template
+
+    rng = np.random.default_rng(13)
+    b, vertices = 2, 300
+    offsets = np.asarray(default_template()[0].sample_coord, dtype=np.float64)
+    centers = hypothesis_points(rng, b, vertices, outside=2)
+    points = xp.asarray((centers[:, None] + offsets[None, :, None]).reshape(b, -1, 3).astype(np.float32))
+    sizes = [(224, 16), (112, 32), (56, 64)]
+    maps = [xp.asarray(np.maximum(m, 0.0).astype(np.float32)) for m in padded_maps(rng, b, len(CAMERAS), sizes)]
+    width = 3 + 3 * sum(c for _, c in sizes)
+    dfeats = xp.asarray(rng.standard_normal((b, points.shape[1], width)).astype(np.float32))
+    _, cache = local_projection_train.local_projection_forward(
+        xp, points, maps, transforms(b, xp, np.float32), groups=vertices
+    )
+    assert cache.features is not None
+    dpoints, dmaps = local_projection_train.local_projection_backward(xp, dfeats, cache, groups=vertices)
+    plus = [xp.asarray(rng.standard_normal(m.shape).astype(np.float32)) for m in maps]
+    expected = [d.astype(np.float64).get() + p.astype(np.float64).get() for d, p in zip(dmaps, plus, strict=True)]
+    again, summed = local_projection_train.local_projection_backward(xp, dfeats, cache, groups=vertices, plus=plus)
+    assert all(ours is given for ours, given in zip(summed, plus, strict=True))
+    assert relative_error(again, dpoints.astype(np.float64).get()) < 1e-6
+    for ours, exact in zip(summed, expected, strict=True):
+        assert relative_error(ours, exact) < 1e-6
+
+
 @pytest.mark.parametrize("dfeats_row", [339, 352])
 def test_the_one_pass_projection_pair_is_the_taps_and_the_pooling(monkeypatch, dfeats_row):
     """local_projection_cupy's two kernels against the taps and the pooling each in its own launches on

@@ -230,8 +230,9 @@ def deformation_block_forward(xp, layers, supports, offsets, centers, maps, tf):
     return new, DeformationBlockCache(projection, caches, update)
 
 
-def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
-    """(dcenters (B,N,3), [d padded map], [(dW0, dW1, db) per layer]) from the moved centers' gradient."""
+def deformation_block_backward(xp, dnew, cache: DeformationBlockCache, dmaps=None):
+    """(dcenters (B,N,3), [d padded map], [(dW0, dW1, db) per layer]) from the moved centers' gradient;
+    ``dmaps``, the maps' gradients from the blocks after this one, are added to this block's."""
     dcenters, dscore = hypothesis_update_backward(xp, dnew, cache.update)
     grads = [None] * 6
 
@@ -245,6 +246,8 @@ def deformation_block_backward(xp, dnew, cache: DeformationBlockCache):
     dx1 = back(1, back(2, dx3), plus=before_relu(dx3))  # x3 = lc3(x2) + x1, x2 = lc2(x1)
     dx = back(0, dx1)
     b, k, n, width = dx.shape
-    dpoints, dmaps = local_projection_backward(xp, xp.reshape(dx, (b, k * n, width)), cache.projection, groups=n)
+    dpoints, dmaps = local_projection_backward(
+        xp, xp.reshape(dx, (b, k * n, width)), cache.projection, groups=n, plus=dmaps
+    )
     dcenters = dcenters + xp.sum(xp.reshape(dpoints, (b, k, n, 3)), axis=1)
     return dcenters, dmaps, grads

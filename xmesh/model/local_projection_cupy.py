@@ -473,11 +473,12 @@ def _row_stride(array) -> int:
     return array.strides[-2] // array.itemsize
 
 
-def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
+def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1, into=None):
     """(dpoints (B, n, 3), [dmap (B*V, s+1, s+1, C)]) from the features' gradient ``dfeats`` (B, n, width),
     the forward's ``feats`` (B, n, row) and its inputs. ``groups``: each sample's rows are (n / groups,
     groups), a block taking the rows k * groups + v of one v (a vertex's hypotheses, near one another);
-    groups of more than ``MAX_GROUP_ROWS`` rows are taken a row a block."""
+    groups of more than ``MAX_GROUP_ROWS`` rows are taken a row a block. ``into``: contiguous maps'
+    gradients of the same shapes that the shares are added to (and returned), instead of zeros."""
     import cupy
 
     batch, n, _ = points.shape
@@ -487,7 +488,11 @@ def backward(dfeats, feats, points, maps, packed, views: int, groups: int = 1):
         dfeats = cupy.ascontiguousarray(dfeats)
     points = cupy.ascontiguousarray(points)
     packed = cupy.ascontiguousarray(packed, dtype=cupy.float32)
-    dmaps = [cupy.zeros_like(m) for m in maps]
+    if into is not None and not all(
+        d.shape == m.shape and d.dtype == m.dtype and d.flags.c_contiguous for d, m in zip(into, maps, strict=True)
+    ):
+        raise ValueError("local projection backward: into must hold contiguous arrays of the maps' shapes")
+    dmaps = list(into) if into is not None else [cupy.zeros_like(m) for m in maps]
     dpoints = cupy.empty_like(points)
     aligned = all(_row_stride(a) % 4 == 0 and a.data.ptr % 16 == 0 for a in (feats, dfeats))
     function = _kernels(views)[1]

@@ -165,16 +165,24 @@ def _local_projection_forward_cupy(xp, points, maps, tf, groups: int):
     return out[..., :features], LocalProjectionCache(tf, list(maps), projections, pool_cache)
 
 
-def local_projection_backward(xp, dfeats, cache: LocalProjectionCache, groups: int = 1):
+def local_projection_backward(xp, dfeats, cache: LocalProjectionCache, groups: int = 1, plus=None):
     """(dpoints (B,n,3), [d padded map (B*V,s+1,s+1,C)]) from the features' gradient (B,n,3+3*sum(C)).
     ``groups``: the points are (n / groups, groups), the rows k * groups + v of one v near one another
-    (a deformation block's hypotheses of vertex v), which the CuPy kernel sums before the maps."""
+    (a deformation block's hypotheses of vertex v), which the CuPy kernel sums before the maps.
+    ``plus``: the maps' gradients from another path, added to theirs (the one-pass kernel adds its
+    shares into them, which it then returns)."""
     tf, maps = cache.tf, cache.maps
     if cache.features is not None:
-        dpoints, dmaps = local_projection_cupy.backward(
-            dfeats, cache.features, cache.points, maps, tf.packed, tf.num_views, groups
+        return local_projection_cupy.backward(
+            dfeats, cache.features, cache.points, maps, tf.packed, tf.num_views, groups, into=plus
         )
-        return dpoints, dmaps
+    dpoints, dmaps = _taps_backward(xp, dfeats, cache, groups)
+    return dpoints, (dmaps if plus is None else [p + d for p, d in zip(plus, dmaps, strict=True)])
+
+
+def _taps_backward(xp, dfeats, cache: LocalProjectionCache, groups: int):
+    """:func:`local_projection_backward` through the per-view taps and the pooling's backward."""
+    tf, maps = cache.tf, cache.maps
     batch, n, _ = dfeats.shape
     views = tf.num_views
     width = sum(m.shape[3] for m in maps)

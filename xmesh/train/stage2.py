@@ -116,8 +116,7 @@ def backward(xp, fwd: Stage2Forward, dblocks: list) -> dict:
     dcenters = None
     for b in (1, 0):
         dout = dblocks[b] if dcenters is None else dblocks[b] + dcenters
-        dcenters, block_dmaps, layer_grads = deformation_block_backward(xp, dout, fwd.drb_caches[b])
-        dmaps = block_dmaps if dmaps is None else [m + d for m, d in zip(dmaps, block_dmaps, strict=True)]
+        dcenters, dmaps, layer_grads = deformation_block_backward(xp, dout, fwd.drb_caches[b], dmaps)
         scope, ks = arch.DRB_BLOCKS[b]
         for k, (dw0, dw1, db) in zip(ks, layer_grads, strict=True):
             name = arch.drb_layer_name(scope, k)
