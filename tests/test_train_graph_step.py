@@ -217,48 +217,67 @@ def test_a_shape_whose_capture_fails_runs_eagerly_with_the_eager_draws(monkeypat
     assert len(made) == 1 and released == [True] and trainer.captured_shapes == []
 
 
-def test_a_next_step_whose_inputs_cannot_be_made_is_left_to_its_own_step(monkeypatch):
-    """Writing the next step's inputs runs while this step's device work, Adam's updates included, is
-    under way: where it fails, this step still completes (Adam's state advances once) and the next step
-    loads its own inputs (CPU: a stand-in graph whose prepare fails)."""
+class StandInGraph:
+    """A CPU stand-in for graph_step.StepGraph that records what the trainer asks of it in ``calls``."""
+
+    calls: list = []
+    loss = 2.5
+
+    def __init__(self, device, weights, template, *key):
+        pass
+
+    def load(self, samples, rng, alpha):
+        self.calls.append("load")
+
+    def capture(self, variables, state):
+        self.calls.append("capture")
+
+    def prepare(self, samples, rng):
+        self.calls.append(f"prepare {len(samples)}")
+
+    def run(self, meanwhile=None):
+        from xmesh.train.step import LossAndGradients
+
+        self.calls.append("replay")
+        meanwhile()
+        return LossAndGradients(self.loss, {"chamfer": self.loss}, {}), []
+
+    def release(self):
+        pass
+
+
+def stand_in_trainer(monkeypatch, graph: type):
+    """A NumPy trainer whose steps go to ``graph`` as a GPU's go to their captured graphs; and a sample."""
     from xmesh.benchmarking import default_template
     from xmesh.io.weights import synthetic_weights
     from xmesh.train.bench import default_sample
-    from xmesh.train.step import LossAndGradients
     from xmesh.train.trainer import Trainer
 
-    calls = []
-
-    class FailingPrepare:
-        def __init__(self, device, weights, template, *key):
-            pass
-
-        def load(self, samples, rng, alpha):
-            calls.append("load")
-
-        def capture(self, variables, state):
-            pass
-
-        def prepare(self, samples, rng):
-            calls.append("prepare")
-            raise ValueError("a sample of another shape")
-
-        def run(self, meanwhile=None):
-            meanwhile()
-            return LossAndGradients(2.5, {"chamfer": 2.5}, {}), []
-
-        def release(self):
-            pass
-
-    monkeypatch.setattr(graph_step, "StepGraph", FailingPrepare)
+    monkeypatch.setattr(graph_step, "StepGraph", graph)
     template, _ = default_template()
     sample, _ = default_sample(template)
     trainer = Trainer(2, synthetic_weights(1), template, "numpy")
     trainer.graphs = True  # as on a GPU
+    return trainer, sample
+
+
+def test_a_next_step_whose_inputs_cannot_be_made_is_left_to_its_own_step(monkeypatch):
+    """Writing the next step's inputs runs while this step's device work, Adam's updates included, is
+    under way: where it fails, this step still completes (Adam's state advances once) and the next step
+    loads its own inputs (CPU: a stand-in graph whose prepare fails)."""
+
+    class FailingPrepare(StandInGraph):
+        calls = []
+
+        def prepare(self, samples, rng):
+            super().prepare(samples, rng)
+            raise ValueError("a sample of another shape")
+
+    trainer, sample = stand_in_trainer(monkeypatch, FailingPrepare)
     for step in (1, 2):
         result = trainer.step([sample], step, following=[sample])
         assert result.loss == 2.5 and trainer.adam.step == step
-    assert calls == ["load", "prepare", "load", "prepare"]
+    assert FailingPrepare.calls == ["load", "capture", "replay", "prepare 1", "load", "replay", "prepare 1"]
 
 
 def test_the_next_steps_samples_are_asked_for_once_the_device_works(monkeypatch):
@@ -266,45 +285,16 @@ def test_the_next_steps_samples_are_asked_for_once_the_device_works(monkeypatch)
     finish loading during the step (the first step's capture) still have their inputs written ahead; a
     function that returns None (not loaded yet) leaves the next step to write its own (CPU: a stand-in
     graph)."""
-    from xmesh.benchmarking import default_template
-    from xmesh.io.weights import synthetic_weights
-    from xmesh.train.bench import default_sample
-    from xmesh.train.step import LossAndGradients
-    from xmesh.train.trainer import Trainer
 
-    calls = []
+    class Recording(StandInGraph):
+        calls = []
 
-    class Recording:
-        def __init__(self, device, weights, template, *key):
-            pass
-
-        def load(self, samples, rng, alpha):
-            calls.append("load")
-
-        def capture(self, variables, state):
-            calls.append("capture")
-
-        def prepare(self, samples, rng):
-            calls.append(f"prepare {len(samples)}")
-
-        def run(self, meanwhile=None):
-            calls.append("replay")
-            meanwhile()
-            return LossAndGradients(1.5, {"chamfer": 1.5}, {}), []
-
-        def release(self):
-            pass
-
-    monkeypatch.setattr(graph_step, "StepGraph", Recording)
-    template, _ = default_template()
-    sample, _ = default_sample(template)
-    trainer = Trainer(2, synthetic_weights(1), template, "numpy")
-    trainer.graphs = True  # as on a GPU
+    trainer, sample = stand_in_trainer(monkeypatch, Recording)
 
     def loaded():
-        calls.append("asked")
-        return [sample] if len(calls) > 4 else None
+        Recording.calls.append("asked")
+        return [sample] if len(Recording.calls) > 4 else None
 
     for step in (1, 2):
         trainer.step([sample], step, following=loaded)
-    assert calls == ["load", "capture", "replay", "asked", "load", "replay", "asked", "prepare 1"]
+    assert Recording.calls == ["load", "capture", "replay", "asked", "load", "replay", "asked", "prepare 1"]
