@@ -248,3 +248,22 @@ def test_graph_projection_forward_is_inference():
     ours = graph_projection_forward(xp, coords, maps, tf, True)[0]
     theirs = graph_projection(get_backend("numpy"), coords, maps, tf, True)
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_a_padded_map_is_the_map_with_a_zero_row_and_column(xpd):
+    """stage 2's pad_map: the map copied as it is, and the appended row and column zero (only they are
+    zeroed; a freed array's leftover values beforehand must not show)."""
+    from xmesh.train import stage2
+
+    rng = np.random.default_rng(8)
+    fmap = xpd.asarray(rng.standard_normal((2, 5, 5, 3)))
+    leftover = xpd.full((2, 6, 6, 3), 7.0, dtype=fmap.dtype)
+    del leftover
+
+    def host(a):
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    out = host(stage2.pad_map(xpd, fmap))
+    assert out.shape == (2, 6, 6, 3)
+    assert np.array_equal(out[:, :5, :5, :], host(fmap))
+    assert not out[:, 5, :, :].any() and not out[:, :, 5, :].any()

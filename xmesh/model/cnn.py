@@ -145,12 +145,14 @@ def _plus_bias_relu(xp, y, bias):
     return xp.maximum(y + bias, 0.0)
 
 
-def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True):
-    """(dx or None, dW, db) for the output gradient ``dy``; ReLU passes where the output is > 0."""
+def conv_backward(xp, dy, cache: ConvCache, need_dx: bool = True, plus=None):
+    """(dx or None, dW, db) for the output gradient ``dy`` (``dy + plus`` where another path's ``plus``
+    is given: on CuPy summed in the ReLU gradient's pass); ReLU passes where the output is > 0."""
     kh, kw, cin, cout = cache.weight.shape
     if is_cupy_namespace(xp):  # one pass instead of three
-        dz = epilogues_cupy.relu_gradient(dy, cache.y)
+        dz = epilogues_cupy.relu_gradient(dy, cache.y, plus)
     else:
+        dy = dy if plus is None else dy + plus
         dz = xp.where(cache.y > 0, dy, xp.zeros_like(dy))
     dbias = column_sums(xp, xp.reshape(dz, (-1, cout)))
     if cache.cols is None:  # a lent convolution's forward: its gradients too
@@ -188,8 +190,8 @@ def cnn_backward(xp, dmaps, caches, taps):
     tap_grads = dict(zip(taps, dmaps, strict=True))
     for k in range(len(caches), 0, -1):
         extra = tap_grads.get(k)
-        if extra is not None:
-            dx = extra if dx is None else dx + extra
-        dx, dweight, dbias = conv_backward(xp, dx, caches[k - 1], need_dx=k > 1)
+        if dx is None:
+            dx, extra = extra, None
+        dx, dweight, dbias = conv_backward(xp, dx, caches[k - 1], need_dx=k > 1, plus=extra)
         grads[k - 1] = (dweight, dbias)
     return grads

@@ -50,7 +50,11 @@ def _convolution_kernels():
 def _gradient_kernel():
     import cupy
 
-    return cupy.ElementwiseKernel("T dout, M mask", "T dz", "dz = mask > (M)0 ? dout : (T)0", "xmesh_relu_gradient")
+    plain = cupy.ElementwiseKernel("T dout, M mask", "T dz", "dz = mask > (M)0 ? dout : (T)0", "xmesh_relu_gradient")
+    plus = cupy.ElementwiseKernel(
+        "T dout, T plus, M mask", "T dz", "dz = mask > (M)0 ? dout + plus : (T)0", "xmesh_relu_gradient_plus"
+    )
+    return plain, plus
 
 
 def plus_bias_relu(y, bias):
@@ -66,10 +70,11 @@ def bias_relu(y0, mixed, bias, residual=None):
     return with_residual(y0, mixed, bias, residual)
 
 
-def relu_gradient(dout, mask):
-    """``dout`` where the ReLU passed, else 0, in one pass: ``mask`` the forward's bool mask, or the
-    ReLU's output (positive where it passed)."""
-    return _gradient_kernel()(dout, mask)
+def relu_gradient(dout, mask, plus=None):
+    """``dout`` (``dout + plus`` where given) where the ReLU passed, else 0, in one pass: ``mask`` the
+    forward's bool mask, or the ReLU's output (positive where it passed)."""
+    plain, with_plus = _gradient_kernel()
+    return plain(dout, mask) if plus is None else with_plus(dout, plus, mask)
 
 
 _MIXED_SOURCE = r"""

@@ -79,10 +79,13 @@ def drb_layers(weights: dict) -> list:
 
 
 def pad_map(xp, fmap):
-    """A zero row and column appended to a (N,s,s,C) map: an index equal to s reads 0 (the original's rule)."""
+    """A zero row and column appended to a (N,s,s,C) map: an index equal to s reads 0 (the original's rule).
+    Only the row and column are zeroed, the rest written once from the map."""
     n, s, _, c = fmap.shape
-    out = xp.zeros((n, s + 1, s + 1, c), dtype=fmap.dtype)
+    out = xp.empty((n, s + 1, s + 1, c), dtype=fmap.dtype)
     out[:, :s, :s, :] = fmap
+    out[:, s, :, :] = 0
+    out[:, :s, s, :] = 0
     return out
 
 
