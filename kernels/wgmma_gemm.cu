@@ -377,6 +377,30 @@ __host__ __device__ constexpr int wg_interleaved_k(int kk) {
 // kt * WG_HELD_SLICE.
 #define WG_HELD_SLICE (2 * 64 * 128)
 
+// One held K slice's twelve wgmmas (four k8 steps of three products) into part, A's floats split in
+// registers (raw: rows g and g + 8, floats 8t .. 8t + 7 of the slice), committed; the fragments are
+// left in a_big and a_small, which the wgmmas read until a wait_group retires them.
+__device__ __forceinline__ void wg_held_products(float (&part)[32], const float (&raw)[2][8], unsigned stage,
+                                                 unsigned (&a_big)[4][4], unsigned (&a_small)[4][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int s = 2 * half; s < 2 * half + 2; ++s)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)   // registers: row g, g + 8 (column t), then the same at t + 4
+                wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int s = 2 * half; s < 2 * half + 2; ++s) {
+            const unsigned long long big = wg_desc(stage + 32 * s);
+            wg_mma(part, a_big[s], big, s > 0);
+            wg_mma(part, a_big[s], wg_desc(stage + 64 * 128 + 32 * s), 1);
+            wg_mma(part, a_small[s], big, 1);
+        }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
 // wg_mainloop for A in registers and B held (3xTF32, BN = 64): `raw` comes holding the tile's first
 // slice and leaves holding the first slice of the tile whose rows are `next` (the block's next tile,
 // or zeros; X's first row with WHOLE). Each slice's wgmmas run while the next slice's loads are in
@@ -391,29 +415,60 @@ __device__ __forceinline__ void wg_mainloop_direct(float (&acc)[32], float (&raw
     for (int i = 0; i < 32; ++i) acc[i] = part[i] = 0.0f;
 #pragma unroll 1
     for (int kt = 0; kt < ktiles; ++kt) {
-        const unsigned stage = held + kt * WG_HELD_SLICE;
         unsigned a_big[4][4], a_small[4][4];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-#pragma unroll
-            for (int s = 2 * half; s < 2 * half + 2; ++s)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)   // registers: row g, g + 8 (column t), then the same at t + 4
-                    wg_split<WG_3XTF32>(raw[e & 1][2 * s + (e >> 1)], a_big[s][e], a_small[s][e]);
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-            for (int s = 2 * half; s < 2 * half + 2; ++s) {
-                const unsigned long long big = wg_desc(stage + 32 * s);
-                wg_mma(part, a_big[s], big, s > 0);
-                wg_mma(part, a_big[s], wg_desc(stage + 64 * 128 + 32 * s), 1);
-                wg_mma(part, a_small[s], big, 1);
-            }
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        wg_held_products(part, raw, held + kt * WG_HELD_SLICE, a_big, a_small);
         if (kt + 1 < ktiles)
             wg_direct_load<VEC, WHOLE>(raw, rows, (kt + 1) * WG_BK + 8 * t, K);
         else
             wg_direct_load<VEC, WHOLE>(raw, next, 8 * t, K);
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wg_end_slice(a_big, a_small, part, acc);
+    }
+}
+
+// A's K slices through shared memory (the held forward built with WG_DRB_STREAMED): the block's
+// slices q = 0, 1, ... (its tiles' K slices in order) land in WG_DRB_SLOTS slots of a tile's 172 rows
+// of 128 bytes (the Tensor Memory Accelerator's 128-byte swizzle: row r's 16-byte chunk c at chunk
+// c ^ (r % 8)), slice q in slot q % WG_DRB_SLOTS. A slot's full barrier completes when its box has
+// landed, its empty barrier when every MMA warp has read its fragments. Rows 172-191 of the third
+// warpgroup read past the box: their products land in tile rows the epilogue never reads.
+#define WG_DRB_SLOTS 3
+#define WG_DRB_BOX_BYTES (WG_HYP * WG_DRB_VERTS * 128)   // 172 rows of 32 floats
+#define WG_DRB_SLOT_BYTES (22 * 1024)                    // the box, 1024-byte aligned (the swizzle's period)
+
+// This thread's rows g and g + 8 (tile rows r, r + 8), floats 8t .. 8t + 7, of slice q, once its slot
+// is full; then the warp's arrival on the slot's empty barrier.
+__device__ __forceinline__ void wg_slot_fetch(float (&raw)[2][8], const unsigned char* slots, unsigned full,
+                                              unsigned empty, int q, int r) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, s = q % WG_DRB_SLOTS;
+    wg_mbar_wait(full + 8 * s, (q / WG_DRB_SLOTS) & 1);
+    const unsigned char* slot = slots + s * WG_DRB_SLOT_BYTES;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {   // (r + 8 h) % 8 == g
+        const unsigned char* row = slot + (r + 8 * h) * 128;
+        const float4 lo = *reinterpret_cast<const float4*>(row + (((2 * t) ^ g) << 4));
+        const float4 hi = *reinterpret_cast<const float4*>(row + (((2 * t + 1) ^ g) << 4));
+        raw[h][0] = lo.x, raw[h][1] = lo.y, raw[h][2] = lo.z, raw[h][3] = lo.w;
+        raw[h][4] = hi.x, raw[h][5] = hi.y, raw[h][6] = hi.z, raw[h][7] = hi.w;
+    }
+    __syncwarp();
+    if (lane == 0) wg_mbar_arrive(empty + 8 * s);
+}
+
+// wg_mainloop_direct with A's slices from the slots: `raw` comes holding slice q's fragments and leaves
+// holding the next tile's first (slice q + ktiles), q advanced past the tile; the producer warpgroup
+// refills the slots.
+__device__ __forceinline__ void wg_mainloop_streamed(float (&acc)[32], float (&raw)[2][8], unsigned held,
+                                                     const unsigned char* slots, unsigned full, unsigned empty,
+                                                     int& q, int total, int ktiles, int r) {
+    float part[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = part[i] = 0.0f;
+#pragma unroll 1
+    for (int kt = 0; kt < ktiles; ++kt, ++q) {
+        unsigned a_big[4][4], a_small[4][4];
+        wg_held_products(part, raw, held + kt * WG_HELD_SLICE, a_big, a_small);
+        if (q + 1 < total) wg_slot_fetch(raw, slots, full, empty, q + 1, r);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         wg_end_slice(a_big, a_small, part, acc);
     }
@@ -521,9 +576,20 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #define WG_DRB_VERTS 4
 #define WG_DRB_ROWS 192
 #define WG_DRB_MMA_THREADS (2 * WG_DRB_ROWS)             // 3 MMA warpgroups
-#define WG_DRB_THREADS (WG_DRB_MMA_THREADS + 128)        // + the epilogue warpgroup
+#define WG_DRB_HANDOVER_THREADS (WG_DRB_MMA_THREADS + 128)   // + the epilogue warpgroup: the staging's barriers
+#ifdef WG_DRB_STREAMED   // + a producer warpgroup, one thread of which copies A's slices
+#define WG_DRB_THREADS (WG_DRB_HANDOVER_THREADS + 128)
+#else
+#define WG_DRB_THREADS WG_DRB_HANDOVER_THREADS
+#endif
+#ifdef WG_DRB_STREAMED
+#define WG_DRB_MMA_REGS 128   // 3 * 128 + 72 + 24 = 5 * 96, the registers a 640-thread block starts with
+#define WG_DRB_EPILOGUE_REGS 72
+#define WG_DRB_PRODUCER_REGS 24
+#else
 #define WG_DRB_MMA_REGS 144                              // 3 * 144 + 80 = 4 * 128 registers per thread
 #define WG_DRB_EPILOGUE_REGS 80
+#endif
 #define WG_Y_STRIDE_FULL 40   // floats per row of the y tiles in shared memory: conflict-free float2 stores
 #define WG_Y_STRIDE_LEAN 36   // the lean staging's (two-way conflicts on those stores, 5.5 KB less a block)
 #define WG_A1_STRIDE 44
@@ -541,6 +607,9 @@ WG_GEMM_KERNEL(wg_gemm_1x_s, WG_TF32, false)
 #define WG_DRB_LEAN_STAGING_BYTES (2 * WG_DRB_TILE_ROWS * WG_Y_STRIDE_LEAN * 4 + WG_DRB_BARRIER_BYTES)
 #if defined(WG_DRB_DIRECT_A) && !defined(WG_DRB_GRADIENT) && !(defined(WG_DRB_OPS) && WG_DRB_OPS == WG_3XTF32)
 #error "WG_DRB_DIRECT_A (A in registers, B held) needs the 3xTF32 mode's module (WG_DRB_OPS 3)"
+#endif
+#if defined(WG_DRB_STREAMED) && !(defined(WG_DRB_DIRECT_A) && defined(WG_DRB_LEAN) && !defined(WG_DRB_GRADIENT))
+#error "WG_DRB_STREAMED streams A to a held forward: it needs WG_DRB_DIRECT_A and WG_DRB_LEAN's staging"
 #endif
 #ifdef WG_DRB_GRADIENT
 #if !defined(WG_DRB_LINEAR) || !defined(WG_MIX_SPARSE)
@@ -585,7 +654,8 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                                              const float* __restrict__ res_f, float* __restrict__ out_f, int N,
                                              int cout, int tiles, const float* __restrict__ mask = nullptr,
                                              float* __restrict__ dy = nullptr, float* __restrict__ sums = nullptr,
-                                             float* __restrict__ activation = nullptr) {
+                                             float* __restrict__ activation = nullptr,
+                                             const WgTensorMap* xmap = nullptr) {
     static_assert(IO == WG_IO_F32 || wg_half(OPS), "16-bit activations belong to the 16-bit modes");
     using XT = typename WgActivation<IO == WG_IO_16>::type;   // X's elements
     using OT = typename WgActivation<IO != WG_IO_F32>::type;  // out's and the residual's
@@ -598,6 +668,10 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 #ifdef WG_DRB_DIRECT_A   // the held B slices in the ring's place
     const unsigned held = ring;
     float* y0s = ring_ptr + (cin + WG_BK - 1) / WG_BK * WG_HELD_SLICE / 4;
+#ifdef WG_DRB_STREAMED   // A's slots between the held slices and the staging
+    const unsigned char* slots = reinterpret_cast<const unsigned char*>(y0s);
+    y0s += WG_DRB_SLOTS * WG_DRB_SLOT_BYTES / 4;
+#endif
 #else
     float* y0s = ring_ptr + WG_DRB_STAGES * wg_stage_bytes(OPS, 64, WG_DRB_ROWS, IO == WG_IO_16) / 4;
 #endif
@@ -611,9 +685,15 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
 #endif
     const unsigned full = wg_smem(y0s) + WG_DRB_THIS_STAGING_BYTES - WG_DRB_BARRIER_BYTES;
     const unsigned empty = full + 8 * WG_DRB_STAGES;
+#ifdef WG_DRB_STREAMED
+    constexpr unsigned copies = 1;   // a slot's box, one copy
+    static_assert(WG_DRB_SLOTS <= WG_DRB_STAGES, "the slots' barriers are the ring's");
+#else
+    constexpr unsigned copies = WG_DRB_MMA_THREADS;   // every MMA thread's copies
+#endif
     if (threadIdx.x == 0) {
         for (int s = 0; s < WG_DRB_STAGES; ++s) {
-            wg_mbar_init(full + 8 * s, WG_DRB_MMA_THREADS);   // every MMA thread's copies
+            wg_mbar_init(full + 8 * s, copies);
             wg_mbar_init(empty + 8 * s, WG_DRB_MMA_THREADS / 32);   // every MMA warp done with the stage
         }
         wg_mbar_init_fence();
@@ -626,6 +706,24 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
         b = tile / ((long)col_tiles * vert_tiles);
     };
 
+#ifdef WG_DRB_STREAMED
+    const int ktiles = (cin + WG_BK - 1) / WG_BK;
+    const int total = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x * ktiles;   // the block's slices
+    if (threadIdx.x >= WG_DRB_HANDOVER_THREADS) {   // ---- the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_DRB_PRODUCER_REGS));
+        if (threadIdx.x == WG_DRB_HANDOVER_THREADS)   // slice q's box into slot q % WG_DRB_SLOTS once it is free
+            for (int q = 0; q < total; ++q) {
+                const int s = q % WG_DRB_SLOTS;
+                if (q >= WG_DRB_SLOTS) wg_mbar_wait(empty + 8 * s, (q / WG_DRB_SLOTS - 1) & 1);
+                long b;
+                int n0, c0;
+                origin((int)blockIdx.x + q / ktiles * (int)gridDim.x, b, n0, c0);
+                wg_tensor_copy_3d(wg_smem(slots) + s * WG_DRB_SLOT_BYTES, *xmap, q % ktiles * WG_BK, n0,
+                                  (int)(b * WG_HYP), full + 8 * s, WG_DRB_BOX_BYTES);
+            }
+        return;
+    }
+#endif
     if (threadIdx.x < WG_DRB_MMA_THREADS) {   // ---- MMA warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_DRB_MMA_REGS));
         const long plane_in = (long)N * ldx;
@@ -643,6 +741,10 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
         // vertices past N), each output row depending on its own A row alone. The carried gradient's
         // kernel measured no faster so (7.58-7.69 ms against 7.44-7.46 at batch 32) and the lean
         // module (339 inputs) has no whole slices: both keep the checked loads.
+        float raw[2][8];
+#ifdef WG_DRB_STREAMED
+        int q = 0;   // the slice whose fragments raw holds
+#else
 #if defined(WG_DRB_LEAN)
         constexpr bool whole = false;
 #else
@@ -662,9 +764,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                     if (r.row[h] == nullptr) r.row[h] = reinterpret_cast<const float*>(X);
             return r;
         };
-        float raw[2][8];
         WgDirectRows rows_now = direct_rows(blockIdx.x);
         wg_direct_load<VEC>(raw, rows_now, 8 * t, cin);
+#endif
         {   // every K slice of the block's B columns, once
             long b;
             int n0, c0;
@@ -678,6 +780,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the copies visible to wgmma
             wg_bar_sync<WG_MMA_BARRIER, WG_DRB_MMA_THREADS>();
         }
+#ifdef WG_DRB_STREAMED
+        if (total > 0) wg_slot_fetch(raw, slots, full, empty, 0, row0 + g);
+#endif
 #else
         WgRingBarriers bars{full, empty, 0u, 0u, 0u};
         WgRowPlan<WG_DRB_ROWS, wg_row_chunks<Rows>()> plan;   // of the tile whose copies are under way
@@ -697,7 +802,9 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             int n0, c0;
             origin(tile, b, n0, c0);
             float acc[32];
-#ifdef WG_DRB_DIRECT_A
+#if defined(WG_DRB_STREAMED)
+            wg_mainloop_streamed(acc, raw, held, slots, full, empty, q, total, ktiles, row0 + g);
+#elif defined(WG_DRB_DIRECT_A)
             const WgDirectRows rows_next = direct_rows(tile + gridDim.x);
             if (whole)   // whole implies VEC; WHOLE = VEC keeps the unreached VEC = false form compiling
                 wg_mainloop_direct<VEC, VEC>(acc, raw, held, rows_now, rows_next, cin);
@@ -712,7 +819,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
             // Every MMA warpgroup is past its last wgmma (the ring is free) and the epilogue warpgroup
             // is done with the previous tile: stage y0 (tile columns 0..31) and y1 (32..63), hand the
             // tile over, start the next tile's copies.
-            wg_bar_sync<WG_STAGING_FREE, WG_DRB_THREADS>();
+            wg_bar_sync<WG_STAGING_FREE, WG_DRB_HANDOVER_THREADS>();
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -721,7 +828,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                     float* dst = (j < 4 ? y0s : y1s) + (row0 + g + 8 * h) * WG_Y_STRIDE + 8 * (j & 3) + 2 * t;
                     *reinterpret_cast<float2*>(dst) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
                 }
-            wg_bar_arrive<WG_STAGING_FULL, WG_DRB_THREADS>();
+            wg_bar_arrive<WG_STAGING_FULL, WG_DRB_HANDOVER_THREADS>();
 #ifndef WG_DRB_DIRECT_A
             if (tile + (int)gridDim.x < tiles) start_copies(tile + gridDim.x);
 #endif
@@ -732,7 +839,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
         const int et = threadIdx.x - WG_DRB_MMA_THREADS;
         const int v = et >> 5, c = lane;
         const unsigned rs = wg_smem(r_s);
-        wg_bar_arrive<WG_STAGING_FREE, WG_DRB_THREADS>();   // the staging starts free
+        wg_bar_arrive<WG_STAGING_FREE, WG_DRB_HANDOVER_THREADS>();   // the staging starts free
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             long b;
             int n0, c0;
@@ -759,7 +866,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                 asm volatile("cp.async.commit_group;\n" ::);
             }
             const float bc = GRADIENT ? 0.0f : bias[c0 + c];   // the gradient's bias: +0, as a zero one's
-            wg_bar_sync<WG_STAGING_FULL, WG_DRB_THREADS>();
+            wg_bar_sync<WG_STAGING_FULL, WG_DRB_HANDOVER_THREADS>();
             if (staged) {
                 asm volatile("cp.async.wait_all;\n" ::);
                 wg_bar_sync<WG_EPILOGUE_BARRIER, 128>();
@@ -815,7 +922,7 @@ __device__ __forceinline__ void wg_drb_layer(const float* __restrict__ Xf, long 
                 sums[(b * N + n0 + v) * (long)cout + c0 + c] = dz_sum;
 #endif
             }
-            if (tile + (int)gridDim.x < tiles) wg_bar_arrive<WG_STAGING_FREE, WG_DRB_THREADS>();
+            if (tile + (int)gridDim.x < tiles) wg_bar_arrive<WG_STAGING_FREE, WG_DRB_HANDOVER_THREADS>();
         }
     }
 }
@@ -846,6 +953,14 @@ XM_KERNEL(wg_drb_layer_3x_v_grad) void __launch_bounds__(WG_DRB_THREADS, 1) wg_d
     const float* mask, float* out, float* dy, float* sums, int N, int cout, int tiles) {
     wg_drb_layer<WG_3XTF32, true, WG_IO_F32>(X, ldx, cin, Bbig, Bsmall, ldbt, nullptr, nullptr, res, out, N, cout,
                                              tiles, mask, dy, sums);
+}
+#elif defined(WG_DRB_STREAMED)   // X also through a tensor map of boxes of 32 columns x 4 vertices x 43 hypotheses
+XM_KERNEL(wg_drb_layer_3x_v_streamed) void __launch_bounds__(WG_DRB_THREADS, 1) wg_drb_layer_3x_v_streamed(
+    const __grid_constant__ WgTensorMap xmap, const float* X, long ldx, int cin, const float* Bbig,
+    const float* Bsmall, long ldbt, const float* a1, const float* bias, const float* res, float* out, int N,
+    int cout, int tiles WG_DRB_ACTIVATION_PARAM) {
+    wg_drb_layer<WG_3XTF32, true, WG_IO_F32>(X, ldx, cin, Bbig, Bsmall, ldbt, a1, bias, res, out, N, cout, tiles,
+                                             nullptr, nullptr, nullptr, WG_DRB_ACTIVATION_VALUE, &xmap);
 }
 #else
 #if !defined(WG_DRB_OPS) || WG_DRB_OPS == WG_3XTF32

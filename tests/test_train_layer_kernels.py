@@ -396,6 +396,40 @@ def test_the_layer_kernel_holding_the_weight_is_the_one_streaming_it(cin, row, c
     assert error < 1e-5 and apart < 1e-6
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_streamed_forward_is_the_float64_one(keep):
+    """A 192-wide forward without a residual holds its weight and takes X's K slices through three slots
+    that a producer warpgroup fills (WG_DRB_STREAMED): each block runs about nine tiles here, so the slots
+    wrap many times; with and without the ReLU output kept."""
+    import cupy
+
+    from xmesh.backends import get_backend
+    from xmesh.backends.cupy_backend.hopper import mixing_source
+    from xmesh.backends.cupy_backend.hopper.families import BLOCK_SMEM_LIMIT, DRB_LAYER
+
+    hopper = get_backend("cupy").hopper
+    if hopper is None:
+        pytest.skip("the wgmma kernels need compute capability 9.0")
+    assert DRB_LAYER.held_smem(192, streamed=True) <= BLOCK_SMEM_LIMIT  # the forward takes the streamed module
+    rng = np.random.default_rng(19 + keep)
+    b, n, c = 2, 401, 192
+    x = np.maximum(rng.standard_normal((b, K, n, c)), 0.0)
+    w0, w1 = (rng.standard_normal((c, c)) / np.sqrt(c) for _ in range(2))
+    bias = rng.standard_normal(c) * 0.3
+    a1 = sparse_support(rng)
+    relu = np.maximum(x @ w0 + np.einsum("ij,bjnc->binc", a1, x @ w1) + bias, 0.0)
+    f32 = [cupy.asarray(v.astype(np.float32)) for v in (x, w0, w1, a1, bias)]
+    weight = hopper.prepare_pair(f32[1], f32[2], interleaved=True)
+    mixing = mixing_source(a1.astype(np.float32))
+    out = hopper.drb_layer(f32[0], weight, f32[3], f32[4], None, mixing, keep_activation=keep)
+    if keep:
+        out, activation = out
+        assert activation is out
+    error = relative_error(out, relu)
+    print(f"streamed forward, keep {keep}: relative error {error:.2e}")
+    assert out.shape == relu.shape and error < 1e-5
+
+
 def test_the_lent_kernels_leave_numpy_arrays_to_numpy():
     """Once the CuPy backend lends its kernels, a NumPy training step in the same process still runs on
     NumPy: every lent product and the layer kernel decline arrays that are not CuPy's."""

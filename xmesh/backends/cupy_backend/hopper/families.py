@@ -56,12 +56,24 @@ class LayerKernel:
     #: for all its tiles (WG_HELD_SLICE).
     held_slice: int = 2 * 64 * 128
 
-    def held_smem(self, k: int, gradient: bool = False, lean: bool = False) -> int:
+    #: A streamed forward's slots for A's K slices (WG_DRB_SLOTS) and the bytes of one (WG_DRB_SLOT_BYTES:
+    #: a tile's 172 rows of 32 floats, rounded up to the 128-byte swizzle's 1024-byte period).
+    slots: int = 3
+    slot_bytes: int = 22 * 1024
+    #: A streamed forward's threads: a producer warpgroup beside the MMA and epilogue warpgroups.
+    streamed_threads: int = 640
+
+    def held_smem(self, k: int, gradient: bool = False, lean: bool = False, streamed: bool = False) -> int:
         """Shared memory of a block that holds a K of k (WG_DRB_DIRECT_A): every K slice of the block's B
-        columns in the ring's place, the staging (the carried gradient's with ``gradient``, the lean
-        one with ``lean``) after them, and the alignment slack."""
-        staging = self.gradient_staging_bytes if gradient else (self.lean_staging_bytes if lean else self.staging_bytes)
-        return -(-k // GEMM.bk) * self.held_slice + staging + 1024
+        columns in the ring's place, the slots of a ``streamed`` forward (WG_DRB_STREAMED), the staging
+        (the carried gradient's with ``gradient``, the lean one with ``lean`` or ``streamed``) after
+        them, and the alignment slack."""
+        if gradient:
+            staging = self.gradient_staging_bytes
+        else:
+            staging = self.lean_staging_bytes if lean or streamed else self.staging_bytes
+        slots = self.slots * self.slot_bytes if streamed else 0
+        return -(-k // GEMM.bk) * self.held_slice + slots + staging + 1024
 
     @property
     def gradient_staging_bytes(self) -> int:

@@ -8,9 +8,9 @@ import numpy as np
 
 from ...kernel_constants import HYPOTHESES
 from .activations import activation_dtype
-from .families import BLOCK_SMEM_LIMIT, DRB_LAYER, OPERANDS
+from .families import BLOCK_SMEM_LIMIT, DRB_LAYER, GEMM, OPERANDS
 from .gemm import PreparedWeight, smem_bytes
-from .layouts import hypothesis_rows
+from .layouts import hypothesis_rows, vertex_tile_map
 
 
 def _x_and_weight(x, ldx: int, weight: PreparedWeight) -> tuple:
@@ -32,8 +32,12 @@ class LayerFamily:
 
     @staticmethod
     def _held_staging(k: int, gradient: bool, residual: bool) -> str | None:
-        """Which staging a block holding a K of k takes: "full" (or the gradient's), "lean" (a forward
-        without a residual, WG_DRB_LEAN), or None where neither fits."""
+        """Which staging a block holding a K of k takes: "streamed" (a forward without a residual whose A
+        slices also fit in shared memory: WG_DRB_STREAMED, the lean staging, a producer warpgroup),
+        "full" (or the gradient's), "lean" (a forward without a residual, WG_DRB_LEAN), or None where
+        none fits."""
+        if not gradient and not residual and DRB_LAYER.held_smem(k, streamed=True) <= BLOCK_SMEM_LIMIT:
+            return "streamed"
         if DRB_LAYER.held_smem(k, gradient) <= BLOCK_SMEM_LIMIT:
             return "full"
         if not gradient and not residual and DRB_LAYER.held_smem(k, lean=True) <= BLOCK_SMEM_LIMIT:
@@ -47,10 +51,13 @@ class LayerFamily:
         if weight.operands != "3xtf32" or not self.holds_weight(weight.k, cout, gradient, residual):
             raise ValueError(f"a ({weight.k}, {weight.n}) {weight.operands} weight is not one the layer kernel holds")
         col_tiles = cout // DRB_LAYER.cols
-        lean = self._held_staging(weight.k, gradient, residual) == "lean"
-        prelude = "#define WG_DRB_DIRECT_A 1\n" + ("#define WG_DRB_LEAN 1\n" if lean else "")
+        staging = self._held_staging(weight.k, gradient, residual)
+        lean, streamed = staging == "lean", staging == "streamed"
+        prelude = "#define WG_DRB_DIRECT_A 1\n"
+        if lean or streamed:
+            prelude += "#define WG_DRB_LEAN 1\n" + ("#define WG_DRB_STREAMED 1\n" if streamed else "")
         return (
-            DRB_LAYER.held_smem(weight.k, gradient, lean),
+            DRB_LAYER.held_smem(weight.k, gradient, lean, streamed),
             min(tiles, self.sm_count // col_tiles * col_tiles),
             prelude,
         )
@@ -127,10 +134,16 @@ class LayerFamily:
             smem, blocks, held = self._held_launch(weight, False, tiles, residual is not None)
             mixing += held
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
+        streamed, threads = (), DRB_LAYER.threads  # a streamed forward also takes X through a tensor map
+        if "WG_DRB_STREAMED" in mixing:
+            if not vec:
+                raise ValueError(f"drb_layer: a streamed layer needs X's rows 16-byte aligned, got {x.strides}")
+            io, streamed, threads = "_v_streamed", (vertex_tile_map(x, GEMM.bk),), DRB_LAYER.streamed_threads
         self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
             (blocks,),
-            (DRB_LAYER.threads,),
+            (threads,),
             (
+                *streamed,
                 *_x_and_weight(x, ldx, weight),
                 a1,
                 bias,
