@@ -328,6 +328,7 @@ def test_the_hopper_weight_gradient_keeps_float32_accuracy(bn, k, m, n, row):
         (192, 196, 192, 150, False),  # whole K slices loaded unchecked, with vertices past N in the last tile
         (70, 72, 339, 90, True),  # a K tail, and 11 column tiles (the blocks a multiple of them)
         (70, 70, 64, 90, True),  # rows not 16-byte aligned: single-float loads
+        (70, 70, 64, 90, False),  # the same without a residual: lean, not streamed (its tensor map)
         (339, 340, 192, 150, False),  # the block's first layer: held beside the lean staging
     ],
 )

@@ -31,12 +31,13 @@ class LayerFamily:
         return self._held_staging(k, gradient, residual) is not None and self.sm_count >= -(-cout // DRB_LAYER.cols)
 
     @staticmethod
-    def _held_staging(k: int, gradient: bool, residual: bool) -> str | None:
+    def _held_staging(k: int, gradient: bool, residual: bool, aligned: bool = True) -> str | None:
         """Which staging a block holding a K of k takes: "streamed" (a forward without a residual whose A
-        slices also fit in shared memory: WG_DRB_STREAMED, the lean staging, a producer warpgroup),
-        "full" (or the gradient's), "lean" (a forward without a residual, WG_DRB_LEAN), or None where
-        none fits."""
-        if not gradient and not residual and DRB_LAYER.held_smem(k, streamed=True) <= BLOCK_SMEM_LIMIT:
+        slices also fit in shared memory, X's rows 16-byte ``aligned`` for its tensor map:
+        WG_DRB_STREAMED, the lean staging, a producer warpgroup), "full" (or the gradient's), "lean" (a
+        forward without a residual, WG_DRB_LEAN), or None where none fits."""
+        streamed_fits = DRB_LAYER.held_smem(k, streamed=True) <= BLOCK_SMEM_LIMIT
+        if not gradient and not residual and aligned and streamed_fits:
             return "streamed"
         if DRB_LAYER.held_smem(k, gradient) <= BLOCK_SMEM_LIMIT:
             return "full"
@@ -44,14 +45,16 @@ class LayerFamily:
             return "lean"
         return None
 
-    def _held_launch(self, weight: PreparedWeight, gradient: bool, tiles: int, residual: bool) -> tuple[int, int, str]:
+    def _held_launch(
+        self, weight: PreparedWeight, gradient: bool, tiles: int, residual: bool, aligned: bool = True
+    ) -> tuple[int, int, str]:
         """(shared memory, blocks, prelude) of a layer kernel holding an interleaved weight: blocks a
         multiple of the column tiles, so that each keeps one; the prelude's defines choose the module."""
         cout = weight.n // 2
         if weight.operands != "3xtf32" or not self.holds_weight(weight.k, cout, gradient, residual):
             raise ValueError(f"a ({weight.k}, {weight.n}) {weight.operands} weight is not one the layer kernel holds")
         col_tiles = cout // DRB_LAYER.cols
-        staging = self._held_staging(weight.k, gradient, residual)
+        staging = self._held_staging(weight.k, gradient, residual, aligned)
         lean, streamed = staging == "lean", staging == "streamed"
         prelude = "#define WG_DRB_DIRECT_A 1\n"
         if lean or streamed:
@@ -131,13 +134,11 @@ class LayerFamily:
         if keep_activation:
             mixing += "#define WG_DRB_ACTIVATION 1\n"
         if weight.interleaved:
-            smem, blocks, held = self._held_launch(weight, False, tiles, residual is not None)
+            smem, blocks, held = self._held_launch(weight, False, tiles, residual is not None, aligned=vec)
             mixing += held
         io = "_h16" if x16 else ("_v" if vec else "_s") + ("_o16" if out16 else "")
         streamed, threads = (), DRB_LAYER.threads  # a streamed forward also takes X through a tensor map
         if "WG_DRB_STREAMED" in mixing:
-            if not vec:
-                raise ValueError(f"drb_layer: a streamed layer needs X's rows 16-byte aligned, got {x.strides}")
             io, streamed, threads = "_v_streamed", (vertex_tile_map(x, GEMM.bk),), DRB_LAYER.streamed_threads
         self._kernel(f"wg_drb_layer_{part}{io}", smem, mixing, DRB_LAYER.source)(
             (blocks,),
