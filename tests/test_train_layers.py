@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gradcheck import check_gradients, namespace, namespaces
+from test_train_drb import host
 from xmesh.backends import get_backend
 from xmesh.model import cnn
 
@@ -259,10 +260,6 @@ def test_a_padded_map_is_the_map_with_a_zero_row_and_column(xpd):
     fmap = xpd.asarray(rng.standard_normal((2, 5, 5, 3)))
     leftover = xpd.full((2, 6, 6, 3), 7.0, dtype=fmap.dtype)
     del leftover
-
-    def host(a):
-        return a.get() if hasattr(a, "get") else np.asarray(a)
-
     out = host(stage2.pad_map(xpd, fmap))
     assert out.shape == (2, 6, 6, 3)
     assert np.array_equal(out[:, :5, :5, :], host(fmap))
