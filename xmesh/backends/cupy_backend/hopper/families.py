@@ -60,8 +60,11 @@ class LayerKernel:
     #: a tile's 172 rows of 32 floats, rounded up to the 128-byte swizzle's 1024-byte period).
     slots: int = 3
     slot_bytes: int = 22 * 1024
-    #: A streamed forward's threads: a producer warpgroup beside the MMA and epilogue warpgroups.
-    streamed_threads: int = 640
+
+    @property
+    def streamed_threads(self) -> int:
+        """A streamed forward's threads: a producer warpgroup beside the MMA and epilogue warpgroups."""
+        return self.threads + 128
 
     def held_smem(self, k: int, gradient: bool = False, lean: bool = False, streamed: bool = False) -> int:
         """Shared memory of a block that holds a K of k (WG_DRB_DIRECT_A): every K slice of the block's B
